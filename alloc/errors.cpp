@@ -1,0 +1,162 @@
+#include "errors.hpp"
+
+#include <cstdarg>
+#include <cstdio>
+
+namespace uvm {
+namespace {
+
+struct LastError {
+  uvm_status status = UVM_OK;
+  std::string message;
+};
+
+LastError& last_error() {
+  thread_local LastError error;
+  return error;
+}
+
+std::string vformat(const char* format, va_list args) {
+  va_list copy;
+  va_copy(copy, args);
+  const int length = std::vsnprintf(nullptr, 0, format, copy);
+  va_end(copy);
+  if (length <= 0) return {};
+  std::string text(static_cast<size_t>(length), '\0');
+  std::vsnprintf(&text[0], text.size() + 1, format, args);
+  return text;
+}
+
+std::string device_name(int device) {
+  if (device == UVM_LOCATION_CPU) return "cpu";
+  return std::to_string(device);
+}
+
+void record(uvm_status status, std::string message) noexcept {
+  try {
+    LastError& error = last_error();
+    error.status = status;
+    error.message = std::move(message);
+  } catch (...) {
+    last_error().status = status;  // the message could not be stored; the status still is
+  }
+}
+
+}  // namespace
+
+std::string Call::describe() const {
+  std::string text = name;
+  text += '(';
+  const char* separator = "";
+  char buffer[64];
+  if (has_ptr) {
+    std::snprintf(buffer, sizeof buffer, "ptr=%p", ptr);
+    text += buffer;
+    separator = ", ";
+  }
+  if (has_size) {
+    std::snprintf(buffer, sizeof buffer, "%ssize=%zu", separator, size);
+    text += buffer;
+    separator = ", ";
+  }
+  if (device != kNoDevice) {
+    text += separator;
+    text += "device=" + device_name(device);
+  }
+  return text + ')';
+}
+
+uvm_status fail(const Call& call, uvm_status status, const char* reason_format, ...) {
+  try {
+    va_list args;
+    va_start(args, reason_format);
+    std::string reason = vformat(reason_format, args);
+    va_end(args);
+    record(status, call.describe() + ": " + reason);
+  } catch (...) {
+    record(status, std::string());
+  }
+  return status;
+}
+
+cudaError_t clear_cuda_error(cudaError_t error) {
+  if (error != cudaSuccess) (void)cudaGetLastError();
+  return error;
+}
+
+uvm_status status_for(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess:
+      return UVM_OK;
+    case cudaErrorMemoryAllocation:
+      return UVM_ERROR_OUT_OF_MEMORY;
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorInitializationError:
+    case cudaErrorCompatNotSupportedOnDevice:
+      return UVM_ERROR_NO_DEVICE;
+    case cudaErrorStreamCaptureUnsupported:
+    case cudaErrorStreamCaptureImplicit:
+    case cudaErrorStreamCaptureInvalidated:
+      return UVM_ERROR_CAPTURING;
+    default:
+      return UVM_ERROR_CUDA;
+  }
+}
+
+uvm_status fail_cuda(const Call& call, cudaError_t error, const char* what_format, ...) {
+  clear_cuda_error(error);
+  const uvm_status status = status_for(error);
+  try {
+    va_list args;
+    va_start(args, what_format);
+    std::string what = vformat(what_format, args);
+    va_end(args);
+    std::string message = call.describe() + ": " + what + " failed: " + cudaGetErrorName(error) +
+                          " (" + cudaGetErrorString(error) + ")";
+    if (status == UVM_ERROR_NO_DEVICE) message += " — no usable CUDA device or driver";
+    record(status, std::move(message));
+  } catch (...) {
+    record(status, std::string());
+  }
+  return status;
+}
+
+}  // namespace uvm
+
+extern "C" {
+
+const char* uvm_status_string(int status) {
+  switch (status) {
+    case UVM_OK: return "UVM_OK";
+    case UVM_ERROR_INVALID_ARGUMENT: return "UVM_ERROR_INVALID_ARGUMENT";
+    case UVM_ERROR_NOT_MANAGED: return "UVM_ERROR_NOT_MANAGED";
+    case UVM_ERROR_UNSUPPORTED: return "UVM_ERROR_UNSUPPORTED";
+    case UVM_ERROR_LIMIT_EXCEEDED: return "UVM_ERROR_LIMIT_EXCEEDED";
+    case UVM_ERROR_CAPTURING: return "UVM_ERROR_CAPTURING";
+    case UVM_ERROR_CUDA: return "UVM_ERROR_CUDA";
+    case UVM_ERROR_OUT_OF_MEMORY: return "UVM_ERROR_OUT_OF_MEMORY";
+    case UVM_ERROR_NO_DEVICE: return "UVM_ERROR_NO_DEVICE";
+    case UVM_ERROR_INTERNAL: return "UVM_ERROR_INTERNAL";
+    default: return "UVM_ERROR_UNKNOWN";
+  }
+}
+
+const char* uvm_last_error(void) { return uvm::last_error().message.c_str(); }
+
+uvm_status uvm_last_status(void) { return uvm::last_error().status; }
+
+void uvm_clear_last_error(void) {
+  uvm::LastError& error = uvm::last_error();
+  error.status = UVM_OK;
+  error.message.clear();
+}
+
+#define UVM_STRINGIFY_(x) #x
+#define UVM_STRINGIFY(x) UVM_STRINGIFY_(x)
+const char* uvm_version(void) {
+  return UVM_STRINGIFY(UVM_VERSION_MAJOR) "." UVM_STRINGIFY(UVM_VERSION_MINOR) "." UVM_STRINGIFY(
+      UVM_VERSION_PATCH);
+}
+
+}  // extern "C"

@@ -1,0 +1,125 @@
+// uvm_malloc and uvm_free: managed allocation with limit, default advice, registry and stats.
+#include <cuda_runtime_api.h>
+
+#include "cuda_compat.hpp"
+#include "default_advice.hpp"
+#include "devices.hpp"
+#include "limits.hpp"
+#include "registry.hpp"
+#include "stats.hpp"
+
+namespace uvm {
+namespace {
+
+uvm_status apply_advice(const Call& call, void* ptr, size_t size, int device, uvm_advice_mode mode,
+                        const DeviceCaps& caps) {
+  // Without concurrent managed access the driver migrates whole allocations at launch time and
+  // ignores placement advice, so there is nothing useful to set.
+  if (mode == UVM_ADVICE_NONE || !caps.concurrent_managed_access) return UVM_OK;
+  const int preferred = mode == UVM_ADVICE_HOST ? UVM_LOCATION_CPU : device;
+  cudaError_t e = advise(ptr, size, cudaMemAdviseSetPreferredLocation, preferred);
+  if (e != cudaSuccess) {
+    return fail_cuda(call, e, "cudaMemAdvise(SetPreferredLocation, %s)",
+                     preferred == UVM_LOCATION_CPU ? "cpu" : std::to_string(device).c_str());
+  }
+  e = advise(ptr, size, cudaMemAdviseSetAccessedBy, device);
+  if (e != cudaSuccess) return fail_cuda(call, e, "cudaMemAdvise(SetAccessedBy, %d)", device);
+  return UVM_OK;
+}
+
+uvm_status allocate(const Call& call, size_t size, int device, void** out) {
+  if (uvm_status s = check_device(call, device, false)) return s;
+  DeviceCaps caps;
+  if (uvm_status s = device_caps(call, device, &caps)) return s;
+  if (!caps.managed_memory) {
+    return fail(call, UVM_ERROR_UNSUPPORTED, "device %d does not support managed memory", device);
+  }
+  uvm_advice_mode mode;
+  if (uvm_status s = default_advice(call, &mode)) return s;
+  size_t limit = 0;
+  if (uvm_status s = effective_limit(call, device, &limit)) return s;
+  size_t in_use = 0;
+  if (!try_reserve(device, size, limit, &in_use)) {
+    return fail(call, UVM_ERROR_LIMIT_EXCEEDED,
+                "%zu bytes live + %zu requested would pass the limit of %zu bytes on device %d "
+                "(raise it with uvm_set_limit or UVM_LIMIT_BYTES / UVM_LIMIT_FRACTION)",
+                in_use, size, limit, device);
+  }
+  ContextScope scope;
+  uvm_status status = scope.enter(call, device, ContextScope::When::always);
+  void* ptr = nullptr;
+  if (status == UVM_OK) {
+    const cudaError_t e = cudaMallocManaged(&ptr, size, cudaMemAttachGlobal);
+    if (e != cudaSuccess) {
+      status = fail_cuda(call, e, "cudaMallocManaged");
+      ptr = nullptr;
+    }
+  }
+  if (status == UVM_OK) {
+    status = apply_advice(call, ptr, size, device, mode, caps);
+    if (status != UVM_OK) clear_cuda_error(cudaFree(ptr));
+  }
+  if (status != UVM_OK) {
+    cancel_reservation(device, size);
+    return status;
+  }
+  registry().insert(ptr, size, device);
+  commit_reservation(device, size);
+  *out = ptr;
+  return UVM_OK;
+}
+
+bool exiting_error(cudaError_t e) {
+  return e == cudaErrorCudartUnloading || e == cudaErrorContextIsDestroyed;
+}
+
+uvm_status release(const Call& call, void* ptr, size_t size, int device) {
+  AllocationView found;
+  size_t host_bytes = 0;
+  if (!registry().erase(ptr, &found, &host_bytes)) {
+    AllocationView inside;
+    if (registry().find(ptr, &inside)) {
+      return fail(call, UVM_ERROR_INVALID_ARGUMENT,
+                  "pointer is inside the uvm allocation at %p (%zu bytes), not its start; not freed",
+                  reinterpret_cast<void*>(inside.base), inside.size);
+    }
+    return fail(call, UVM_ERROR_NOT_MANAGED,
+                "pointer was not allocated by uvm_malloc (or was already freed); not freed");
+  }
+  record_free(found.device, found.size, host_bytes);
+  uvm_status status = UVM_OK;
+  {
+    ContextScope scope;
+    status = scope.enter(call, found.device, ContextScope::When::always);
+    const cudaError_t e = cudaFree(ptr);
+    if (e != cudaSuccess && !exiting_error(e)) status = fail_cuda(call, e, "cudaFree");
+    else clear_cuda_error(e);
+  }
+  if (status == UVM_OK && (size != found.size || device != found.device)) {
+    return fail(call, UVM_ERROR_INVALID_ARGUMENT,
+                "allocation was made with size=%zu device=%d; freed anyway", found.size,
+                found.device);
+  }
+  return status;
+}
+
+}  // namespace
+}  // namespace uvm
+
+extern "C" {
+
+void* uvm_malloc(size_t size, int device, cudaStream_t /*stream: allocation is not stream-ordered*/) {
+  if (size == 0) return nullptr;
+  const uvm::Call call = uvm::Call::of("uvm_malloc").with_size(size).with_device(device);
+  void* ptr = nullptr;
+  const uvm_status status = uvm::guarded(call, [&] { return uvm::allocate(call, size, device, &ptr); });
+  return status == UVM_OK ? ptr : nullptr;
+}
+
+void uvm_free(void* ptr, size_t size, int device, cudaStream_t /*stream*/) {
+  if (ptr == nullptr) return;
+  const uvm::Call call = uvm::Call::of("uvm_free").with_ptr(ptr).with_size(size).with_device(device);
+  (void)uvm::guarded(call, [&] { return uvm::release(call, ptr, size, device); });
+}
+
+}  // extern "C"

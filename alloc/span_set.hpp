@@ -1,0 +1,25 @@
+// A set of disjoint byte spans [begin, end), kept sorted and merged. Each allocation uses one to
+// remember which of its bytes uvm last moved to the host.
+#pragma once
+
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+namespace uvm {
+
+class SpanSet {
+ public:
+  // Adds [begin, end); returns how many bytes were not in the set before.
+  size_t add(size_t begin, size_t end);
+  // Removes [begin, end); returns how many bytes were in the set.
+  size_t remove(size_t begin, size_t end);
+  size_t total() const { return total_; }
+  const std::vector<std::pair<size_t, size_t>>& spans() const { return spans_; }
+
+ private:
+  std::vector<std::pair<size_t, size_t>> spans_;
+  size_t total_ = 0;
+};
+
+}  // namespace uvm

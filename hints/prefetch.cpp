@@ -1,0 +1,77 @@
+// uvm_prefetch and uvm_prefetch_ranges: cudaMemPrefetchAsync with validation, coalescing and
+// accounting of what moved where.
+#include <vector>
+
+#include "../alloc/cuda_compat.hpp"
+#include "ranges.hpp"
+
+namespace uvm {
+namespace {
+
+// Checks the location and device support, then (inside the context the calls will use, so that
+// the capture query creates no context elsewhere) the capture state, and issues one call a range.
+uvm_status issue(const Call& call, const std::vector<HintRange>& ranges, int location,
+                 cudaStream_t stream) {
+  if (uvm_status s = check_device(call, location, true)) return s;
+  const int deciding = deciding_device(location, ranges.front());
+  if (uvm_status s = check_hint_support(call, deciding)) return s;
+  ContextScope scope;
+  if (uvm_status s = scope.enter(call, deciding, ContextScope::When::only_if_none_current)) return s;
+  if (uvm_status s = check_not_capturing(call, stream)) return s;
+  for (const HintRange& range : ranges) {
+    const void* ptr = reinterpret_cast<const void*>(range.begin);
+    const size_t size = range.end - range.begin;
+    if (cudaError_t e = prefetch_to(ptr, size, location, stream)) {
+      return fail_cuda(call, e, "cudaMemPrefetchAsync(%p, %zu bytes)", ptr, size);
+    }
+    account_prefetch(range, location);
+  }
+  return UVM_OK;
+}
+
+uvm_status prefetch(const Call& call, const void* ptr, size_t size, int location,
+                    cudaStream_t stream) {
+  if (size == 0) return UVM_OK;
+  HintRange range;
+  if (uvm_status s = resolve_range(call, ptr, size, &range)) return s;
+  return issue(call, {range}, location, stream);
+}
+
+uvm_status prefetch_ranges(const Call& call, const uvm_range* ranges, size_t count, int location,
+                           cudaStream_t stream) {
+  if (count == 0) return UVM_OK;
+  if (ranges == nullptr) return fail(call, UVM_ERROR_INVALID_ARGUMENT, "ranges is NULL");
+  std::vector<HintRange> resolved;
+  resolved.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    if (ranges[i].size == 0) continue;
+    HintRange range;
+    const Call item = Call::of("range").with_ptr(ranges[i].ptr).with_size(ranges[i].size);
+    if (uvm_status s = resolve_range(item, ranges[i].ptr, ranges[i].size, &range)) {
+      return fail(call, s, "range %zu of %zu is invalid: %s", i, count, uvm_last_error());
+    }
+    resolved.push_back(range);
+  }
+  if (resolved.empty()) return UVM_OK;
+  return issue(call, coalesce(std::move(resolved)), location, stream);
+}
+
+}  // namespace
+}  // namespace uvm
+
+extern "C" {
+
+uvm_status uvm_prefetch(const void* ptr, size_t size, int device, cudaStream_t stream) {
+  const uvm::Call call = uvm::Call::of("uvm_prefetch").with_ptr(ptr).with_size(size).with_device(device);
+  return uvm::guarded(call, [&] { return uvm::prefetch(call, ptr, size, device, stream); });
+}
+
+uvm_status uvm_prefetch_ranges(const uvm_range* ranges, size_t count, int device,
+                               cudaStream_t stream) {
+  const uvm::Call call = uvm::Call::of("uvm_prefetch_ranges").with_size(count).with_device(device);
+  return uvm::guarded(call, [&] {
+    return uvm::prefetch_ranges(call, ranges, count, device, stream);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,223 @@
+/* uvm.h — CUDA unified-memory (managed memory) allocator with a plain C ABI.
+ *
+ * The whole library on one page, in the order of its folders:
+ *   status and errors · allocation (alloc/) · registry queries · limits · stats · capabilities ·
+ *   hints (hints/): prefetch, ranges, advise, discard · residency queries.
+ *
+ * Conventions
+ * - Every entry is thread-safe and never lets a C++ exception escape.
+ * - Functions returning `uvm_status` return UVM_OK (0) on success. On failure they record a message
+ *   naming the call, pointer, size, device and CUDA error name, readable with uvm_last_error() on the
+ *   same thread, and leave no CUDA error pending (cudaGetLastError() is cleared).
+ * - `device` is a CUDA device ordinal; where a location is asked for, UVM_LOCATION_CPU (-1) means host.
+ * - Hints run in the caller's current CUDA context on the given stream; if the calling thread has no
+ *   current context, the target device's primary context is used (none is ever created elsewhere).
+ */
+#ifndef UVM_H
+#define UVM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <cuda_runtime_api.h> /* cudaStream_t */
+
+#if defined(_WIN32)
+#define UVM_API __declspec(dllexport)
+#else
+#define UVM_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define UVM_VERSION_MAJOR 0
+#define UVM_VERSION_MINOR 1
+#define UVM_VERSION_PATCH 0
+
+/* Location values used by prefetch and residency queries. */
+#define UVM_LOCATION_CPU (-1)  /* host memory (cudaCpuDeviceId) */
+#define UVM_LOCATION_NONE (-2) /* no single location: unset, or mixed over the range */
+
+/* ------------------------------------------------------------------------------------------------
+ * Status and errors
+ * ---------------------------------------------------------------------------------------------- */
+
+/* Result of every fallible call. Values are stable ABI. */
+typedef enum uvm_status {
+  UVM_OK = 0,
+  UVM_ERROR_INVALID_ARGUMENT = 1, /* a null pointer, bad device ordinal, range past its allocation… */
+  UVM_ERROR_NOT_MANAGED = 2,      /* the pointer is not CUDA managed memory */
+  UVM_ERROR_UNSUPPORTED = 3,      /* the device, driver or runtime lacks the feature */
+  UVM_ERROR_LIMIT_EXCEEDED = 4,   /* the allocation would pass the device's managed-memory limit */
+  UVM_ERROR_CAPTURING = 5,        /* the stream is being captured into a CUDA graph */
+  UVM_ERROR_CUDA = 6,             /* a CUDA runtime call failed; the message names it */
+  UVM_ERROR_OUT_OF_MEMORY = 7,    /* cudaMallocManaged could not allocate */
+  UVM_ERROR_NO_DEVICE = 8,        /* no CUDA device or driver is available */
+  UVM_ERROR_INTERNAL = 9          /* a bug or host out-of-memory inside uvm */
+} uvm_status;
+
+/* The status's name, e.g. "UVM_ERROR_NOT_MANAGED"; "UVM_ERROR_UNKNOWN" for other values. */
+UVM_API const char* uvm_status_string(int status);
+
+/* Message of the most recent failed uvm call on this thread, "" if none failed yet. Successful calls
+ * leave it as it was (errno-style). Valid until the next uvm call on this thread. */
+UVM_API const char* uvm_last_error(void);
+
+/* Status of the most recent failed uvm call on this thread, UVM_OK if none failed yet. */
+UVM_API uvm_status uvm_last_status(void);
+
+/* Forget this thread's last error and status. */
+UVM_API void uvm_clear_last_error(void);
+
+/* Library version, "MAJOR.MINOR.PATCH". */
+UVM_API const char* uvm_version(void);
+
+/* ------------------------------------------------------------------------------------------------
+ * Allocation — the exact signatures torch.cuda.memory.CUDAPluggableAllocator calls
+ * ---------------------------------------------------------------------------------------------- */
+
+/* Allocates `size` bytes of managed memory (cudaMallocManaged, cudaMemAttachGlobal) for `device`,
+ * applies the default advice, and registers it. The caller's current device and context are
+ * restored; no context is created on any other device. `stream` is unused (managed allocation is
+ * not stream-ordered). Returns NULL on failure (reason in uvm_last_error()). size 0 returns NULL
+ * and is not an error: nothing is allocated, and uvm_free(NULL, …) accepts it back. */
+UVM_API void* uvm_malloc(size_t size, int device, cudaStream_t stream);
+
+/* Frees memory from uvm_malloc (cudaFree, which waits for kernels still running). NULL is a no-op.
+ * An unknown pointer is never passed to CUDA: the error is recorded and it returns. `size`, `device`
+ * and `stream` are those of the allocation; a mismatch is recorded as an error but the memory is
+ * freed. cudaErrorCudartUnloading at process exit is tolerated. */
+UVM_API void uvm_free(void* ptr, size_t size, int device, cudaStream_t stream);
+
+/* Advice uvm_malloc applies to each new allocation for `device`. */
+typedef enum uvm_advice_mode {
+  UVM_ADVICE_DEVICE = 0, /* preferred location = device, accessed by device (the default) */
+  UVM_ADVICE_HOST = 1,   /* preferred location = CPU, accessed by device */
+  UVM_ADVICE_NONE = 2    /* no advice: the driver's first-touch placement */
+} uvm_advice_mode;
+
+/* Sets the advice for allocations made after this call. The first allocation reads the initial
+ * mode from env UVM_DEFAULT_ADVICE=device|host|none unless this was called before. */
+UVM_API uvm_status uvm_set_default_advice(uvm_advice_mode mode);
+
+/* The advice new allocations get now. */
+UVM_API uvm_advice_mode uvm_get_default_advice(void);
+
+/* ------------------------------------------------------------------------------------------------
+ * Registry queries
+ * ---------------------------------------------------------------------------------------------- */
+
+/* 1 if `ptr` points into CUDA managed memory (a uvm allocation or any other), else 0. */
+UVM_API int uvm_is_managed(const void* ptr);
+
+/* Base, size and device of the live uvm allocation that contains `ptr`. UVM_ERROR_NOT_MANAGED if
+ * no uvm allocation contains it. Any out-pointer may be NULL. */
+UVM_API uvm_status uvm_allocation_info(const void* ptr, void** base, size_t* size, int* device);
+
+/* ------------------------------------------------------------------------------------------------
+ * Limits — a per-device cap on live managed bytes allocated through uvm
+ * ---------------------------------------------------------------------------------------------- */
+
+/* Pass to uvm_set_limit to allow any size (oversubscription is then the caller's choice). */
+#define UVM_LIMIT_UNLIMITED ((size_t)-1)
+
+/* Sets the cap on live bytes for `device`; 0 restores the default. The default is the device's total
+ * memory, or env UVM_LIMIT_BYTES (bytes) or UVM_LIMIT_FRACTION (of total memory; >1 oversubscribes).
+ * A cap below the live bytes is allowed: later allocations fail until enough is freed. */
+UVM_API uvm_status uvm_set_limit(int device, size_t bytes);
+
+/* The cap in force for `device`. */
+UVM_API uvm_status uvm_get_limit(int device, size_t* bytes);
+
+/* ------------------------------------------------------------------------------------------------
+ * Stats — counters per device, for allocations made through uvm
+ * ---------------------------------------------------------------------------------------------- */
+
+typedef struct uvm_stats {
+  size_t live_bytes;            /* bytes allocated and not yet freed */
+  size_t peak_bytes;            /* highest live_bytes since start or uvm_reset_peak */
+  size_t live_allocations;      /* allocations not yet freed */
+  uint64_t total_allocations;   /* successful uvm_malloc calls (size > 0) */
+  uint64_t total_frees;         /* successful uvm_free calls (ptr != NULL) */
+  size_t limit_bytes;           /* the cap in force (see Limits) */
+  size_t host_resident_bytes;   /* live bytes whose last move by uvm was to the CPU */
+  uint64_t bytes_to_device;     /* bytes uvm prefetched to a GPU, in total */
+  uint64_t bytes_to_host;       /* bytes uvm prefetched to the CPU, in total */
+  uint64_t bytes_discarded;     /* bytes uvm discarded, in total */
+  uint64_t prefetch_calls;      /* cudaMemPrefetchAsync calls uvm issued, in total */
+} uvm_stats;
+
+/* Fills `stats` for `device`. Touches no CUDA context. */
+UVM_API uvm_status uvm_get_stats(int device, uvm_stats* stats);
+
+/* Sets peak_bytes of `device` to its current live_bytes. */
+UVM_API uvm_status uvm_reset_peak(int device);
+
+/* ------------------------------------------------------------------------------------------------
+ * Capabilities — probed once per device, then cached
+ * ---------------------------------------------------------------------------------------------- */
+
+typedef struct uvm_device_caps {
+  int managed_memory;            /* cudaDevAttrManagedMemory */
+  int concurrent_managed_access; /* cudaDevAttrConcurrentManagedAccess: needed by prefetch, advise */
+  int pageable_memory_access;    /* cudaDevAttrPageableMemoryAccess (HMM or ATS) */
+  int discard_supported;         /* uvm_discard can work: CUDA 13 runtime and driver, concurrent access */
+  size_t total_memory;           /* bytes of device memory */
+} uvm_device_caps;
+
+/* Number of CUDA devices; 0 (and UVM_ERROR_NO_DEVICE recorded) when there is no device or driver. */
+UVM_API int uvm_device_count(void);
+
+/* Fills `caps` for `device` without creating a context. */
+UVM_API uvm_status uvm_device_capabilities(int device, uvm_device_caps* caps);
+
+/* ------------------------------------------------------------------------------------------------
+ * Hints — prefetch, advise, discard
+ * ---------------------------------------------------------------------------------------------- */
+
+/* A byte range, for the batched calls. */
+typedef struct uvm_range {
+  const void* ptr;
+  size_t size;
+} uvm_range;
+
+/* Migrates [ptr, ptr+size) to `device` (UVM_LOCATION_CPU for host), asynchronously on `stream`
+ * (cudaMemPrefetchAsync). size 0 is a no-op. UVM_ERROR_NOT_MANAGED for other memory,
+ * UVM_ERROR_UNSUPPORTED without concurrentManagedAccess, UVM_ERROR_CAPTURING while `stream` is
+ * being captured (prefetch cannot be captured; the capture is left intact). */
+UVM_API uvm_status uvm_prefetch(const void* ptr, size_t size, int device, cudaStream_t stream);
+
+/* Prefetches all `ranges` to `device` with the fewest, largest driver calls: ranges are sorted, and
+ * overlapping or adjacent ranges inside one allocation are merged. Every range is validated before
+ * any call is issued. Empty ranges are skipped. */
+UVM_API uvm_status uvm_prefetch_ranges(const uvm_range* ranges, size_t count, int device,
+                                       cudaStream_t stream);
+
+/* cudaMemAdviseSetPreferredLocation: pages of the range prefer to live on `device` (or the CPU). */
+UVM_API uvm_status uvm_advise_preferred_location(const void* ptr, size_t size, int device);
+
+/* cudaMemAdviseSetAccessedBy: `device` keeps a mapping to the range wherever its pages live. */
+UVM_API uvm_status uvm_advise_accessed_by(const void* ptr, size_t size, int device);
+
+/* Tells the driver the range's contents are no longer needed (cudaMemDiscardBatchAsync), so its
+ * pages can be reclaimed without being copied; reading them before a write or prefetch gives
+ * indeterminate values. Needs a CUDA 13 runtime and driver, else UVM_ERROR_UNSUPPORTED. The legacy
+ * NULL stream is accepted (the driver rejects it: uvm orders the discard through a blocking stream
+ * of its own, which synchronizes with the legacy stream both ways). */
+UVM_API uvm_status uvm_discard(const void* ptr, size_t size, cudaStream_t stream);
+
+/* ------------------------------------------------------------------------------------------------
+ * Residency queries
+ * ---------------------------------------------------------------------------------------------- */
+
+/* Preferred location and last-prefetch location of the whole range (cudaMemRangeGetAttribute): a
+ * device ordinal, UVM_LOCATION_CPU, or UVM_LOCATION_NONE when unset or mixed. Either out-pointer may
+ * be NULL. */
+UVM_API uvm_status uvm_query_location(const void* ptr, size_t size, int* preferred_location,
+                                      int* last_prefetch_location);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* UVM_H */

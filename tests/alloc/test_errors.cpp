@@ -1,0 +1,82 @@
+// Status strings, the thread-local last error, and what failure messages name.
+#include <cstring>
+#include <thread>
+
+#include "fixture.hpp"
+
+TEST_CASE("every status has its own name", "[errors]") {
+  CHECK(std::string(uvm_status_string(UVM_OK)) == "UVM_OK");
+  CHECK(std::string(uvm_status_string(UVM_ERROR_INVALID_ARGUMENT)) == "UVM_ERROR_INVALID_ARGUMENT");
+  CHECK(std::string(uvm_status_string(UVM_ERROR_NOT_MANAGED)) == "UVM_ERROR_NOT_MANAGED");
+  CHECK(std::string(uvm_status_string(UVM_ERROR_UNSUPPORTED)) == "UVM_ERROR_UNSUPPORTED");
+  CHECK(std::string(uvm_status_string(UVM_ERROR_LIMIT_EXCEEDED)) == "UVM_ERROR_LIMIT_EXCEEDED");
+  CHECK(std::string(uvm_status_string(UVM_ERROR_CAPTURING)) == "UVM_ERROR_CAPTURING");
+  CHECK(std::string(uvm_status_string(UVM_ERROR_CUDA)) == "UVM_ERROR_CUDA");
+  CHECK(std::string(uvm_status_string(UVM_ERROR_OUT_OF_MEMORY)) == "UVM_ERROR_OUT_OF_MEMORY");
+  CHECK(std::string(uvm_status_string(UVM_ERROR_NO_DEVICE)) == "UVM_ERROR_NO_DEVICE");
+  CHECK(std::string(uvm_status_string(UVM_ERROR_INTERNAL)) == "UVM_ERROR_INTERNAL");
+  CHECK(std::string(uvm_status_string(10)) == "UVM_ERROR_UNKNOWN");
+  CHECK(std::string(uvm_status_string(-1)) == "UVM_ERROR_UNKNOWN");
+}
+
+TEST_CASE("the version string matches the header", "[errors]") {
+  const std::string expected = std::to_string(UVM_VERSION_MAJOR) + "." +
+                               std::to_string(UVM_VERSION_MINOR) + "." +
+                               std::to_string(UVM_VERSION_PATCH);
+  CHECK(expected == uvm_version());
+}
+
+TEST_CASE("the last error is kept errno-style until cleared", "[errors]") {
+  FakeMachine machine;
+  CHECK(last_error().empty());
+  CHECK(uvm_last_status() == UVM_OK);
+
+  CHECK(uvm_malloc(4096, 7, nullptr) == nullptr);
+  CHECK(uvm_last_status() == UVM_ERROR_INVALID_ARGUMENT);
+  const std::string message = last_error();
+  CHECK_THAT(message, Has("uvm_malloc(size=4096, device=7)"));
+  CHECK_THAT(message, Has("device 7 is not a CUDA device (there are 3)"));
+
+  void* ptr = uvm_malloc(4096, 0, nullptr);  // a success leaves the failure readable
+  REQUIRE(ptr != nullptr);
+  CHECK(last_error() == message);
+  uvm_free(ptr, 4096, 0, nullptr);
+
+  uvm_clear_last_error();
+  CHECK(last_error().empty());
+  CHECK(uvm_last_status() == UVM_OK);
+}
+
+TEST_CASE("the last error belongs to the thread that failed", "[errors]") {
+  FakeMachine machine;
+  std::string seen_in_other_thread = "unset";
+  std::thread other([&] {
+    CHECK(uvm_malloc(16, 9, nullptr) == nullptr);
+    seen_in_other_thread = last_error();
+  });
+  other.join();
+  CHECK_THAT(seen_in_other_thread, Has("device 9"));
+  CHECK(last_error().empty());
+}
+
+TEST_CASE("a failed CUDA call is named with its error and leaves nothing pending", "[errors]") {
+  FakeMachine machine;
+  fake::fail_next("cudaMallocManaged", cudaErrorMemoryAllocation);
+  CHECK(uvm_malloc(1 << 20, 0, nullptr) == nullptr);
+  CHECK(uvm_last_status() == UVM_ERROR_OUT_OF_MEMORY);
+  CHECK_THAT(last_error(), Has("uvm_malloc(size=1048576, device=0)"));
+  CHECK_THAT(last_error(), Has("cudaMallocManaged failed: cudaErrorMemoryAllocation (out of memory)"));
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+}
+
+TEST_CASE("other CUDA errors map to UVM_ERROR_CUDA with the error's name", "[errors]") {
+  FakeMachine machine;
+  void* ptr = uvm_malloc(4096, 0, nullptr);
+  REQUIRE(ptr != nullptr);
+  fake::fail_next("cudaMemPrefetchAsync", cudaErrorLaunchFailure);
+  CHECK(uvm_prefetch(ptr, 4096, 0, nullptr) == UVM_ERROR_CUDA);
+  CHECK_THAT(last_error(), Has("cudaMemPrefetchAsync("));
+  CHECK_THAT(last_error(), Has("cudaErrorLaunchFailure"));
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  uvm_free(ptr, 4096, 0, nullptr);
+}

@@ -1,0 +1,240 @@
+// uvm_malloc / uvm_free: registration, advice, failures, and the caller's context.
+#include "fixture.hpp"
+
+namespace {
+
+uvm_stats stats_of(int device) {
+  uvm_stats stats{};
+  REQUIRE(uvm_get_stats(device, &stats) == UVM_OK);
+  return stats;
+}
+
+}  // namespace
+
+TEST_CASE("size 0 returns NULL and is not an error", "[malloc]") {
+  FakeMachine machine;
+  CHECK(uvm_malloc(0, 0, nullptr) == nullptr);
+  CHECK(uvm_last_status() == UVM_OK);
+  CHECK(fake::ops().empty());
+  uvm_free(nullptr, 0, 0, nullptr);
+  CHECK(uvm_last_status() == UVM_OK);
+}
+
+TEST_CASE("an allocation is managed, registered, counted and freed", "[malloc]") {
+  FakeMachine machine;
+  const uvm_stats before = stats_of(0);
+  void* ptr = uvm_malloc(10000, 0, nullptr);
+  REQUIRE(ptr != nullptr);
+  CHECK(reinterpret_cast<uintptr_t>(ptr) % 256 == 0);
+  CHECK(uvm_is_managed(ptr) == 1);
+  CHECK(uvm_is_managed(static_cast<char*>(ptr) + 9999) == 1);
+
+  void* base = nullptr;
+  size_t size = 0;
+  int device = -5;
+  CHECK(uvm_allocation_info(static_cast<char*>(ptr) + 100, &base, &size, &device) == UVM_OK);
+  CHECK(base == ptr);
+  CHECK(size == 10000);
+  CHECK(device == 0);
+
+  uvm_stats during = stats_of(0);
+  CHECK(during.live_bytes == before.live_bytes + 10000);
+  CHECK(during.live_allocations == before.live_allocations + 1);
+  CHECK(during.total_allocations == before.total_allocations + 1);
+
+  uvm_free(ptr, 10000, 0, nullptr);
+  CHECK(uvm_last_status() == UVM_OK);
+  CHECK(fake::live_allocations() == 0);
+  const uvm_stats after = stats_of(0);
+  CHECK(after.live_bytes == before.live_bytes);
+  CHECK(after.total_frees == before.total_frees + 1);
+  CHECK(uvm_allocation_info(ptr, nullptr, nullptr, nullptr) == UVM_ERROR_NOT_MANAGED);
+}
+
+TEST_CASE("default advice: preferred location and accessed-by the device", "[malloc][advice]") {
+  FakeMachine machine;
+  void* ptr = uvm_malloc(8192, 1, nullptr);
+  REQUIRE(ptr != nullptr);
+  const auto preferred = FakeMachine::ops_named("advise:preferred");
+  const auto accessed = FakeMachine::ops_named("advise:accessed_by");
+  REQUIRE(preferred.size() == 1);
+  REQUIRE(accessed.size() == 1);
+  CHECK(preferred[0].ptr == ptr);
+  CHECK(preferred[0].size == 8192);
+  CHECK(preferred[0].location == 1);
+  CHECK(accessed[0].location == 1);
+  int where = 99;
+  CHECK(uvm_query_location(ptr, 8192, &where, nullptr) == UVM_OK);
+  CHECK(where == 1);
+  uvm_free(ptr, 8192, 1, nullptr);
+}
+
+TEST_CASE("advice modes host and none", "[malloc][advice]") {
+  FakeMachine machine;
+  REQUIRE(uvm_set_default_advice(UVM_ADVICE_HOST) == UVM_OK);
+  CHECK(uvm_get_default_advice() == UVM_ADVICE_HOST);
+  void* host_preferred = uvm_malloc(4096, 0, nullptr);
+  REQUIRE(host_preferred != nullptr);
+  REQUIRE(FakeMachine::ops_named("advise:preferred").size() == 1);
+  CHECK(FakeMachine::ops_named("advise:preferred")[0].location == UVM_LOCATION_CPU);
+  CHECK(FakeMachine::ops_named("advise:accessed_by")[0].location == 0);
+
+  REQUIRE(uvm_set_default_advice(UVM_ADVICE_NONE) == UVM_OK);
+  void* plain = uvm_malloc(4096, 0, nullptr);
+  REQUIRE(plain != nullptr);
+  CHECK(FakeMachine::ops_named("advise:preferred").size() == 1);  // none added
+
+  CHECK(uvm_set_default_advice(static_cast<uvm_advice_mode>(7)) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Has("mode 7"));
+  CHECK(uvm_get_default_advice() == UVM_ADVICE_NONE);
+  uvm_free(host_preferred, 4096, 0, nullptr);
+  uvm_free(plain, 4096, 0, nullptr);
+}
+
+TEST_CASE("no advice on a device without concurrent managed access", "[malloc][advice]") {
+  FakeMachine machine;
+  void* ptr = uvm_malloc(4096, 2, nullptr);
+  REQUIRE(ptr != nullptr);
+  CHECK(FakeMachine::ops_named("advise:preferred").empty());
+  uvm_free(ptr, 4096, 2, nullptr);
+}
+
+TEST_CASE("bad device ordinals are refused before CUDA is called", "[malloc]") {
+  FakeMachine machine;
+  for (int device : {-1, -2, 3, 64, 1000}) {
+    CAPTURE(device);
+    CHECK(uvm_malloc(4096, device, nullptr) == nullptr);
+    CHECK(uvm_last_status() == UVM_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(last_error(), Has("device " + std::to_string(device) + " is not a CUDA device"));
+  }
+  CHECK(fake::ops().empty());
+}
+
+TEST_CASE("a failed allocation leaves stats unchanged and nothing pending", "[malloc]") {
+  FakeMachine machine;
+  const uvm_stats before = stats_of(0);
+  fake::fail_next("cudaMallocManaged", cudaErrorMemoryAllocation);
+  CHECK(uvm_malloc(1 << 20, 0, nullptr) == nullptr);
+  const uvm_stats after = stats_of(0);
+  CHECK(after.live_bytes == before.live_bytes);
+  CHECK(after.total_allocations == before.total_allocations);
+  CHECK(after.peak_bytes == before.peak_bytes);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+}
+
+TEST_CASE("if advice fails the allocation is released", "[malloc][advice]") {
+  FakeMachine machine;
+  const uvm_stats before = stats_of(0);
+  fake::fail_next("cudaMemAdvise", cudaErrorInvalidValue);
+  CHECK(uvm_malloc(4096, 0, nullptr) == nullptr);
+  CHECK(uvm_last_status() == UVM_ERROR_CUDA);
+  CHECK_THAT(last_error(), Has("cudaMemAdvise(SetPreferredLocation, 0) failed: cudaErrorInvalidValue"));
+  CHECK(fake::live_allocations() == 0);
+  CHECK(stats_of(0).live_bytes == before.live_bytes);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+}
+
+TEST_CASE("uvm_free: NULL, unknown, interior, double and mismatched frees", "[malloc][free]") {
+  FakeMachine machine;
+  SECTION("NULL is a no-op") {
+    uvm_free(nullptr, 123, 0, nullptr);
+    CHECK(uvm_last_status() == UVM_OK);
+  }
+  SECTION("an unknown pointer is reported and never reaches CUDA") {
+    int on_stack = 0;
+    uvm_free(&on_stack, sizeof on_stack, 0, nullptr);
+    CHECK(uvm_last_status() == UVM_ERROR_NOT_MANAGED);
+    CHECK_THAT(last_error(), Has("was not allocated by uvm_malloc"));
+    CHECK(FakeMachine::ops_named("free").empty());
+  }
+  SECTION("an interior pointer is refused and the allocation survives") {
+    void* ptr = uvm_malloc(4096, 0, nullptr);
+    uvm_free(static_cast<char*>(ptr) + 64, 4096, 0, nullptr);
+    CHECK(uvm_last_status() == UVM_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(last_error(), Has("not its start"));
+    CHECK(uvm_is_managed(ptr) == 1);
+    uvm_free(ptr, 4096, 0, nullptr);
+  }
+  SECTION("a double free is reported") {
+    void* ptr = uvm_malloc(4096, 0, nullptr);
+    uvm_free(ptr, 4096, 0, nullptr);
+    CHECK(uvm_last_status() == UVM_OK);
+    uvm_free(ptr, 4096, 0, nullptr);
+    CHECK(uvm_last_status() == UVM_ERROR_NOT_MANAGED);
+    CHECK(FakeMachine::ops_named("free").size() == 1);
+  }
+  SECTION("a size or device mismatch is reported, and the memory is freed") {
+    void* ptr = uvm_malloc(4096, 0, nullptr);
+    uvm_free(ptr, 100, 1, nullptr);
+    CHECK(uvm_last_status() == UVM_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(last_error(), Has("size=4096 device=0"));
+    CHECK(fake::live_allocations() == 0);
+  }
+  SECTION("cudaErrorCudartUnloading at exit is tolerated") {
+    void* ptr = uvm_malloc(4096, 0, nullptr);
+    fake::fail_next("cudaFree", cudaErrorCudartUnloading);
+    uvm_free(ptr, 4096, 0, nullptr);
+    CHECK(uvm_last_status() == UVM_OK);
+    CHECK(uvm_allocation_info(ptr, nullptr, nullptr, nullptr) == UVM_ERROR_NOT_MANAGED);
+    CHECK(cudaPeekAtLastError() == cudaSuccess);
+  }
+}
+
+TEST_CASE("allocating on another device restores the caller's context", "[malloc][context]") {
+  FakeMachine machine;
+  SECTION("from device 0's context") {
+    fake::set_thread_context(0);
+    void* ptr = uvm_malloc(4096, 1, nullptr);
+    REQUIRE(ptr != nullptr);
+    CHECK(FakeMachine::ops_named("malloc")[0].context_device == 1);
+    CHECK(fake::current_context() == 0);
+    uvm_free(ptr, 4096, 1, nullptr);
+    CHECK(FakeMachine::ops_named("free")[0].context_device == 1);
+    CHECK(fake::current_context() == 0);
+  }
+  SECTION("from a thread with no context: none is created on device 0") {
+    fake::reset();
+    fake::set_thread_context(fake::kNoContext);
+    void* ptr = uvm_malloc(4096, 1, nullptr);
+    REQUIRE(ptr != nullptr);
+    CHECK(fake::current_context() == fake::kNoContext);
+    CHECK(fake::context_created(1));
+    CHECK_FALSE(fake::context_created(0));
+    int selected = -1;
+    cudaGetDevice(&selected);
+    CHECK(selected == 0);  // the runtime's selected device is untouched
+    uvm_free(ptr, 4096, 1, nullptr);
+    CHECK(fake::current_context() == fake::kNoContext);
+    CHECK_FALSE(fake::context_created(0));
+  }
+}
+
+TEST_CASE("without driver entry points the runtime device switch is restored", "[no_entry_points][scenario]") {
+  FakeMachine machine;
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  void* ptr = uvm_malloc(4096, 1, nullptr);
+  REQUIRE(ptr != nullptr);
+  CHECK(FakeMachine::ops_named("malloc")[0].context_device == 1);
+  int device = -1;
+  cudaGetDevice(&device);
+  CHECK(device == 0);
+  uvm_free(ptr, 4096, 1, nullptr);
+  cudaGetDevice(&device);
+  CHECK(device == 0);
+}
+
+TEST_CASE("no driver: allocation fails with a clear message", "[no_driver][scenario]") {
+  FakeMachine machine;
+  CHECK(uvm_device_count() == 0);
+  CHECK(uvm_last_status() == UVM_ERROR_NO_DEVICE);
+  uvm_clear_last_error();
+  CHECK(uvm_malloc(4096, 0, nullptr) == nullptr);
+  CHECK(uvm_last_status() == UVM_ERROR_NO_DEVICE);
+  CHECK_THAT(last_error(), Has("cudaGetDeviceCount failed: cudaErrorInsufficientDriver"));
+  CHECK_THAT(last_error(), Has("no usable CUDA device or driver"));
+  uvm_stats stats{};
+  CHECK(uvm_get_stats(0, &stats) == UVM_ERROR_NO_DEVICE);
+  uvm_device_caps caps{};
+  CHECK(uvm_device_capabilities(0, &caps) == UVM_ERROR_NO_DEVICE);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+}

@@ -1,0 +1,56 @@
+// A test double of the few CUDA runtime (and driver entry-point) calls uvm makes, linked only into
+// the CPU test programs in place of libcudart. It models devices, contexts (the thread's current
+// context vs its selected device), the thread's pending error, managed allocations in host memory,
+// and a log of every hint call, so uvm's logic can be checked exactly without a GPU.
+//
+// Devices are fixed per process, because uvm caches device probes for the life of a process:
+//   device 0: managed, concurrentManagedAccess, 1 GiB      device 1: same, 512 MiB
+//   device 2: managed, no concurrentManagedAccess, 256 MiB
+// env FAKE_CUDA_SCENARIO picks a different world at start-up:
+//   no_driver       cudaGetDeviceCount fails with cudaErrorInsufficientDriver
+//   no_entry_points the driver entry points cannot be resolved (uvm's runtime fallback)
+//   cuda12          driver and runtime report 12.8 (no discard)
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace fake {
+
+constexpr int kNoContext = -1;
+
+struct Op {
+  std::string call;   // "prefetch", "advise:preferred", "advise:accessed_by", "discard", "malloc", "free"
+  const void* ptr;
+  size_t size;
+  int location;       // device ordinal or -1 (CPU); for malloc/free the context's device
+  cudaStream_t stream;
+  int context_device; // the device whose context was current when the call ran
+};
+
+// Forgets allocations, the op log, injected failures and capture state; keeps contexts and this
+// thread's current context.
+void reset();
+
+// The next call to `call_name` (e.g. "cudaMallocManaged") returns `error` instead of running.
+void fail_next(const std::string& call_name, cudaError_t error);
+
+// Marks a stream as being captured (cudaStreamIsCapturing reports Active).
+void set_capturing(cudaStream_t stream, bool capturing);
+
+// A distinct stream handle (never dereferenced).
+cudaStream_t make_stream();
+
+std::vector<Op> ops();
+size_t live_allocations();
+
+// This thread's current context (device ordinal or kNoContext), and whether a device's context
+// exists. set_thread_context(kNoContext) simulates a fresh thread.
+int current_context();
+void set_thread_context(int device);
+bool context_created(int device);
+
+}  // namespace fake

@@ -1,0 +1,423 @@
+// Definitions of the CUDA runtime calls uvm uses, against a simulated machine (see fake_cuda.hpp).
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "fake_cuda.hpp"
+
+namespace {
+
+struct DeviceModel {
+  bool managed;
+  bool concurrent;
+  size_t total_memory;
+};
+
+const DeviceModel kDevices[] = {
+    {true, true, size_t{1} << 30}, {true, true, size_t{512} << 20}, {true, false, size_t{256} << 20}};
+constexpr int kDeviceCount = 3;
+
+struct Allocation {
+  size_t size;
+};
+
+struct LocationRecord {
+  uintptr_t begin, end;
+  int location;
+};
+
+struct World {
+  std::mutex mutex;
+  std::map<uintptr_t, Allocation> allocations;
+  std::vector<fake::Op> ops;
+  std::vector<LocationRecord> preferred, prefetched;
+  std::map<std::string, cudaError_t> injected;
+  std::set<cudaStream_t> capturing;
+  bool context_created[kDeviceCount] = {};
+  uintptr_t next_stream = 0x1000;
+};
+
+World& world() {
+  static World* w = new World();
+  return *w;
+}
+
+std::string scenario() {
+  const char* s = std::getenv("FAKE_CUDA_SCENARIO");
+  return s ? s : "";
+}
+
+thread_local int current_context = fake::kNoContext;
+thread_local int selected_device = 0;
+thread_local cudaError_t pending = cudaSuccess;
+
+cudaError_t set_error(cudaError_t e) {
+  if (e != cudaSuccess) pending = e;
+  return e;
+}
+
+// Returns the injected error for `call`, if any (World mutex held by caller).
+bool injected(World& w, const char* call, cudaError_t* error) {
+  auto it = w.injected.find(call);
+  if (it == w.injected.end()) return false;
+  *error = it->second;
+  w.injected.erase(it);
+  set_error(*error);
+  return true;
+}
+
+// The runtime creates the selected device's context on the first call that needs one.
+int ensure_context(World& w) {
+  if (current_context == fake::kNoContext) {
+    current_context = selected_device;
+    w.context_created[selected_device] = true;
+  }
+  return current_context;
+}
+
+int decode(cudaMemLocation location) {
+  return location.type == cudaMemLocationTypeHost ? cudaCpuDeviceId : location.id;
+}
+
+bool inside_one_allocation(World& w, const void* ptr, size_t size) {
+  const auto begin = reinterpret_cast<uintptr_t>(ptr);
+  auto it = w.allocations.upper_bound(begin);
+  if (it == w.allocations.begin()) return false;
+  --it;
+  return begin + size <= it->first + it->second.size && begin >= it->first;
+}
+
+int query(const std::vector<LocationRecord>& records, uintptr_t begin, uintptr_t end) {
+  for (auto it = records.rbegin(); it != records.rend(); ++it) {
+    if (it->end <= begin || it->begin >= end) continue;
+    if (it->begin <= begin && it->end >= end) return it->location;
+    return cudaInvalidDeviceId;  // the latest record covers only part: mixed
+  }
+  return cudaInvalidDeviceId;
+}
+
+// Fake context handles: addresses inside this array stand for the primary contexts.
+char context_handles[kDeviceCount];
+CUcontext handle_of(int device) { return reinterpret_cast<CUcontext>(&context_handles[device]); }
+
+CUresult fake_ctx_get_current(CUcontext* ctx) {
+  *ctx = current_context == fake::kNoContext ? nullptr : handle_of(current_context);
+  return CUDA_SUCCESS;
+}
+CUresult fake_ctx_set_current(CUcontext ctx) {
+  current_context = ctx == nullptr ? fake::kNoContext
+                                   : static_cast<int>(reinterpret_cast<char*>(ctx) - context_handles);
+  if (ctx != nullptr) {
+    std::lock_guard<std::mutex> lock(world().mutex);
+    world().context_created[current_context] = true;
+  }
+  return CUDA_SUCCESS;
+}
+CUresult fake_device_get(CUdevice* device, int ordinal) {
+  if (ordinal < 0 || ordinal >= kDeviceCount) return CUDA_ERROR_INVALID_DEVICE;
+  *device = ordinal;
+  return CUDA_SUCCESS;
+}
+CUresult fake_primary_ctx_retain(CUcontext* ctx, CUdevice device) {
+  std::lock_guard<std::mutex> lock(world().mutex);
+  world().context_created[device] = true;
+  *ctx = handle_of(device);
+  return CUDA_SUCCESS;
+}
+
+void log(World& w, const char* call, const void* ptr, size_t size, int location, cudaStream_t stream) {
+  w.ops.push_back(fake::Op{call, ptr, size, location, stream, current_context});
+}
+
+}  // namespace
+
+namespace fake {
+
+void reset() {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  for (auto& a : w.allocations) std::free(reinterpret_cast<void*>(a.first));
+  w.allocations.clear();
+  w.ops.clear();
+  w.preferred.clear();
+  w.prefetched.clear();
+  w.injected.clear();
+  w.capturing.clear();
+  for (bool& created : w.context_created) created = false;
+  pending = cudaSuccess;
+}
+
+void fail_next(const std::string& call_name, cudaError_t error) {
+  std::lock_guard<std::mutex> lock(world().mutex);
+  world().injected[call_name] = error;
+}
+
+void set_capturing(cudaStream_t stream, bool capturing) {
+  std::lock_guard<std::mutex> lock(world().mutex);
+  if (capturing) world().capturing.insert(stream);
+  else world().capturing.erase(stream);
+}
+
+cudaStream_t make_stream() {
+  std::lock_guard<std::mutex> lock(world().mutex);
+  return reinterpret_cast<cudaStream_t>(world().next_stream += 0x10);
+}
+
+std::vector<Op> ops() {
+  std::lock_guard<std::mutex> lock(world().mutex);
+  return world().ops;
+}
+
+size_t live_allocations() {
+  std::lock_guard<std::mutex> lock(world().mutex);
+  return world().allocations.size();
+}
+
+int current_context() { return ::current_context; }
+void set_thread_context(int device) {
+  ::current_context = device;
+  if (device != kNoContext) {
+    std::lock_guard<std::mutex> lock(world().mutex);
+    world().context_created[device] = true;
+  }
+}
+bool context_created(int device) {
+  std::lock_guard<std::mutex> lock(world().mutex);
+  return world().context_created[device];
+}
+
+}  // namespace fake
+
+extern "C" {
+
+cudaError_t cudaGetLastError(void) {
+  const cudaError_t e = pending;
+  pending = cudaSuccess;
+  return e;
+}
+
+cudaError_t cudaPeekAtLastError(void) { return pending; }
+
+const char* cudaGetErrorName(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInsufficientDriver: return "cudaErrorInsufficientDriver";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorNotSupported: return "cudaErrorNotSupported";
+    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
+    case cudaErrorCudartUnloading: return "cudaErrorCudartUnloading";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    default: return "cudaErrorUnknown";
+  }
+}
+
+const char* cudaGetErrorString(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInsufficientDriver: return "CUDA driver version is insufficient for CUDA runtime version";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    default: return "fake error";
+  }
+}
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  if (scenario() == "no_driver") {
+    *count = 0;
+    return set_error(cudaErrorInsufficientDriver);
+  }
+  *count = kDeviceCount;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int* device) {
+  *device = current_context != fake::kNoContext ? current_context : selected_device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+  if (device < 0 || device >= kDeviceCount) return set_error(cudaErrorInvalidDevice);
+  std::lock_guard<std::mutex> lock(world().mutex);
+  world().context_created[device] = true;
+  current_context = selected_device = device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (device < 0 || device >= kDeviceCount) return set_error(cudaErrorInvalidDevice);
+  const DeviceModel& d = kDevices[device];
+  switch (attr) {
+    case cudaDevAttrManagedMemory: *value = d.managed; break;
+    case cudaDevAttrConcurrentManagedAccess: *value = d.concurrent; break;
+    case cudaDevAttrPageableMemoryAccess: *value = 0; break;
+    default: return set_error(cudaErrorInvalidValue);
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (device < 0 || device >= kDeviceCount) return set_error(cudaErrorInvalidDevice);
+  std::memset(prop, 0, sizeof *prop);
+  prop->totalGlobalMem = kDevices[device].total_memory;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDriverGetVersion(int* version) {
+  *version = scenario() == "cuda12" ? 12080 : 13000;
+  return cudaSuccess;
+}
+
+cudaError_t cudaRuntimeGetVersion(int* version) {
+  *version = scenario() == "cuda12" ? 12080 : 13000;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int, unsigned long long,
+                                             cudaDriverEntryPointQueryResult* status) {
+  *fn = nullptr;
+  if (scenario() != "no_entry_points") {
+    if (!std::strcmp(symbol, "cuCtxGetCurrent")) *fn = reinterpret_cast<void*>(&fake_ctx_get_current);
+    if (!std::strcmp(symbol, "cuCtxSetCurrent")) *fn = reinterpret_cast<void*>(&fake_ctx_set_current);
+    if (!std::strcmp(symbol, "cuDeviceGet")) *fn = reinterpret_cast<void*>(&fake_device_get);
+    if (!std::strcmp(symbol, "cuDevicePrimaryCtxRetain")) *fn = reinterpret_cast<void*>(&fake_primary_ctx_retain);
+  }
+  if (status) *status = *fn ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMallocManaged(void** ptr, size_t size, unsigned int flags) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  cudaError_t error;
+  if (injected(w, "cudaMallocManaged", &error)) return error;
+  if (flags != cudaMemAttachGlobal) return set_error(cudaErrorInvalidValue);
+  const int device = ensure_context(w);
+  void* memory = std::aligned_alloc(256, (size + 255) / 256 * 256);
+  if (memory == nullptr) return set_error(cudaErrorMemoryAllocation);
+  w.allocations[reinterpret_cast<uintptr_t>(memory)] = Allocation{size};
+  log(w, "malloc", memory, size, device, nullptr);
+  *ptr = memory;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFree(void* ptr) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  cudaError_t error;
+  if (injected(w, "cudaFree", &error)) return error;
+  const int device = ensure_context(w);
+  auto it = w.allocations.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == w.allocations.end()) return set_error(cudaErrorInvalidValue);
+  log(w, "free", ptr, it->second.size, device, nullptr);
+  w.allocations.erase(it);
+  std::free(ptr);
+  return cudaSuccess;
+}
+
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* ptr) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  std::memset(attributes, 0, sizeof *attributes);
+  attributes->type = inside_one_allocation(w, ptr, 1) ? cudaMemoryTypeManaged : cudaMemoryTypeUnregistered;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemAdvise(const void* ptr, size_t size, cudaMemoryAdvise advice, cudaMemLocation location) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  cudaError_t error;
+  if (injected(w, "cudaMemAdvise", &error)) return error;
+  ensure_context(w);
+  if (!inside_one_allocation(w, ptr, size)) return set_error(cudaErrorInvalidValue);
+  const int where = decode(location);
+  const auto begin = reinterpret_cast<uintptr_t>(ptr);
+  if (advice == cudaMemAdviseSetPreferredLocation) {
+    w.preferred.push_back({begin, begin + size, where});
+    log(w, "advise:preferred", ptr, size, where, nullptr);
+  } else if (advice == cudaMemAdviseSetAccessedBy) {
+    log(w, "advise:accessed_by", ptr, size, where, nullptr);
+  } else {
+    return set_error(cudaErrorInvalidValue);
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemPrefetchAsync(const void* ptr, size_t size, cudaMemLocation location, unsigned int flags,
+                                 cudaStream_t stream) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  cudaError_t error;
+  if (injected(w, "cudaMemPrefetchAsync", &error)) return error;
+  ensure_context(w);
+  if (flags != 0 || !inside_one_allocation(w, ptr, size)) return set_error(cudaErrorInvalidValue);
+  if (w.capturing.count(stream)) return set_error(cudaErrorStreamCaptureUnsupported);
+  const int where = decode(location);
+  if (where != cudaCpuDeviceId && !kDevices[where].concurrent) return set_error(cudaErrorInvalidDevice);
+  const auto begin = reinterpret_cast<uintptr_t>(ptr);
+  w.prefetched.push_back({begin, begin + size, where});
+  log(w, "prefetch", ptr, size, where, stream);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemDiscardBatchAsync(void** ptrs, size_t* sizes, size_t count, unsigned long long flags,
+                                     cudaStream_t stream) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  cudaError_t error;
+  if (injected(w, "cudaMemDiscardBatchAsync", &error)) return error;
+  ensure_context(w);
+  // The real driver rejects the legacy NULL stream here (measured on an H100).
+  if (flags != 0 || stream == nullptr || stream == cudaStreamLegacy) return set_error(cudaErrorInvalidValue);
+  for (size_t i = 0; i < count; ++i) {
+    if (!inside_one_allocation(w, ptrs[i], sizes[i])) return set_error(cudaErrorInvalidValue);
+  }
+  for (size_t i = 0; i < count; ++i) log(w, "discard", ptrs[i], sizes[i], -2, stream);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemRangeGetAttribute(void* data, size_t data_size, cudaMemRangeAttribute attribute,
+                                     const void* ptr, size_t count) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  ensure_context(w);
+  if (data_size != sizeof(int) || !inside_one_allocation(w, ptr, count)) return set_error(cudaErrorInvalidValue);
+  const auto begin = reinterpret_cast<uintptr_t>(ptr);
+  if (attribute == cudaMemRangeAttributePreferredLocation) {
+    *static_cast<int*>(data) = query(w.preferred, begin, begin + count);
+  } else if (attribute == cudaMemRangeAttributeLastPrefetchLocation) {
+    *static_cast<int*>(data) = query(w.prefetched, begin, begin + count);
+  } else {
+    return set_error(cudaErrorInvalidValue);
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  ensure_context(w);
+  *status = w.capturing.count(stream) ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  ensure_context(w);
+  *stream = reinterpret_cast<cudaStream_t>(w.next_stream += 0x10);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+
+}  // extern "C"

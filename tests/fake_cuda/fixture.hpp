@@ -1,0 +1,26 @@
+// A clean fake machine for each CPU test: no allocations, no ops, default advice and limits, the
+// calling thread on device 0's context.
+#pragma once
+
+#include "fake_cuda.hpp"
+#include "uvm_test.hpp"
+
+struct FakeMachine {
+  FakeMachine() {
+    fake::reset();
+    for (int device = 0; device < 3; ++device) uvm_set_limit(device, 0);
+    uvm_set_default_advice(UVM_ADVICE_DEVICE);
+    fake::set_thread_context(0);
+    uvm_clear_last_error();
+  }
+  ~FakeMachine() { fake::reset(); }
+
+  // The hint ops logged so far, with one call name.
+  static std::vector<fake::Op> ops_named(const std::string& name) {
+    std::vector<fake::Op> selected;
+    for (const fake::Op& op : fake::ops()) {
+      if (op.call == name) selected.push_back(op);
+    }
+    return selected;
+  }
+};

@@ -1,0 +1,79 @@
+// uvm_discard: streams (including the legacy NULL stream the driver rejects), accounting, support.
+#include "fixture.hpp"
+
+namespace {
+constexpr size_t kSize = 1 << 20;
+}
+
+TEST_CASE("discard on an explicit stream", "[discard]") {
+  FakeMachine machine;
+  char* ptr = static_cast<char*>(uvm_malloc(kSize, 0, nullptr));
+  REQUIRE(ptr != nullptr);
+  REQUIRE(uvm_prefetch(ptr, kSize, UVM_LOCATION_CPU, nullptr) == UVM_OK);
+  uvm_stats before{};
+  REQUIRE(uvm_get_stats(0, &before) == UVM_OK);
+  cudaStream_t stream = fake::make_stream();
+
+  REQUIRE(uvm_discard(ptr, kSize / 4, stream) == UVM_OK);
+  const auto discards = FakeMachine::ops_named("discard");
+  REQUIRE(discards.size() == 1);
+  CHECK(discards[0].ptr == ptr);
+  CHECK(discards[0].size == kSize / 4);
+  CHECK(discards[0].stream == stream);
+  uvm_stats after{};
+  REQUIRE(uvm_get_stats(0, &after) == UVM_OK);
+  CHECK(after.bytes_discarded - before.bytes_discarded == kSize / 4);
+  CHECK(before.host_resident_bytes - after.host_resident_bytes == kSize / 4);
+  uvm_free(ptr, kSize, 0, nullptr);
+}
+
+TEST_CASE("discard on the legacy stream goes through uvm's ordering stream", "[discard]") {
+  FakeMachine machine;
+  char* ptr = static_cast<char*>(uvm_malloc(kSize, 0, nullptr));
+  REQUIRE(ptr != nullptr);
+  REQUIRE(uvm_discard(ptr, kSize, nullptr) == UVM_OK);
+  REQUIRE(uvm_discard(ptr, kSize, cudaStreamLegacy) == UVM_OK);
+  const auto discards = FakeMachine::ops_named("discard");
+  REQUIRE(discards.size() == 2);
+  CHECK(discards[0].stream != nullptr);
+  CHECK(discards[0].stream != cudaStreamLegacy);
+  CHECK(discards[1].stream == discards[0].stream);  // created once per device, then reused
+  CHECK(uvm_discard(ptr, kSize, cudaStreamPerThread) == UVM_OK);
+  CHECK(FakeMachine::ops_named("discard")[2].stream == cudaStreamPerThread);
+  uvm_free(ptr, kSize, 0, nullptr);
+}
+
+TEST_CASE("discard refuses what it cannot do", "[discard]") {
+  FakeMachine machine;
+  char* ptr = static_cast<char*>(uvm_malloc(kSize, 0, nullptr));
+  char* on_device2 = static_cast<char*>(uvm_malloc(kSize, 2, nullptr));
+  std::vector<char> host(64);
+  CHECK(uvm_discard(host.data(), 64, nullptr) == UVM_ERROR_NOT_MANAGED);
+  CHECK(uvm_discard(ptr, kSize + 1, nullptr) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK(uvm_discard(on_device2, kSize, nullptr) == UVM_ERROR_UNSUPPORTED);
+  cudaStream_t stream = fake::make_stream();
+  fake::set_capturing(stream, true);
+  CHECK(uvm_discard(ptr, kSize, stream) == UVM_ERROR_CAPTURING);
+  fake::fail_next("cudaMemDiscardBatchAsync", cudaErrorInvalidValue);
+  CHECK(uvm_discard(ptr, kSize, fake::make_stream()) == UVM_ERROR_CUDA);
+  CHECK_THAT(last_error(), Has("uvm_discard(ptr="));
+  CHECK_THAT(last_error(), Has("cudaMemDiscardBatchAsync failed: cudaErrorInvalidValue"));
+  CHECK(FakeMachine::ops_named("discard").empty());
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  uvm_free(ptr, kSize, 0, nullptr);
+  uvm_free(on_device2, kSize, 2, nullptr);
+}
+
+TEST_CASE("with a CUDA 12 driver discard is cleanly unsupported", "[cuda12][scenario]") {
+  FakeMachine machine;
+  uvm_device_caps caps{};
+  REQUIRE(uvm_device_capabilities(0, &caps) == UVM_OK);
+  CHECK(caps.discard_supported == 0);
+  char* ptr = static_cast<char*>(uvm_malloc(kSize, 0, nullptr));
+  REQUIRE(ptr != nullptr);
+  CHECK(uvm_discard(ptr, kSize, fake::make_stream()) == UVM_ERROR_UNSUPPORTED);
+  CHECK_THAT(last_error(), Has("needs a CUDA 13 runtime and driver"));
+  CHECK(FakeMachine::ops_named("discard").empty());
+  CHECK(uvm_prefetch(ptr, kSize, UVM_LOCATION_CPU, nullptr) == UVM_OK);  // the rest still works
+  uvm_free(ptr, kSize, 0, nullptr);
+}

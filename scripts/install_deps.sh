@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs what building and testing uvm needs, when it is missing: Meson (>= 1.0), Ninja,
+# pkg-config, a C/C++ compiler, binutils and Catch2 (Debian's header-only package). The CUDA toolkit
+# itself must already be there ($CUDA_HOME, $CUDA_PATH or /usr/local/cuda).
+set -euo pipefail
+
+cuda_home=${CUDA_HOME:-${CUDA_PATH:-/usr/local/cuda}}
+if [ ! -f "$cuda_home/include/cuda_runtime_api.h" ]; then
+  echo "uvm: no CUDA toolkit at $cuda_home (cuda_runtime_api.h missing)." >&2
+  echo "     Install the CUDA toolkit 12.x or 13.x, or point CUDA_HOME at it." >&2
+  exit 1
+fi
+
+have_catch2() { [ -f /usr/include/catch2/catch.hpp ] || [ -f /usr/include/catch2/catch_all.hpp ] ||
+                pkg-config --exists catch2 2>/dev/null; }
+meson_ok() { command -v meson >/dev/null && meson --version | awk -F. '{exit !($1 >= 1)}'; }
+
+missing=()
+command -v ninja >/dev/null || missing+=(ninja-build)
+command -v pkg-config >/dev/null || missing+=(pkg-config)
+command -v g++ >/dev/null || missing+=(g++)
+command -v cc >/dev/null || missing+=(gcc)
+command -v nm >/dev/null && command -v readelf >/dev/null || missing+=(binutils)
+command -v python3 >/dev/null || missing+=(python3)
+have_catch2 || missing+=(catch2)
+meson_ok || missing+=(meson)
+
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "uvm: installing ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+if ! meson_ok; then  # a distribution whose meson is older than 1.0
+  echo "uvm: the system meson is older than 1.0; installing meson from PyPI"
+  python3 -m pip install -q --user 'meson>=1.0'
+  export PATH="$HOME/.local/bin:$PATH"
+fi

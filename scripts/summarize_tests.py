@@ -1,0 +1,49 @@
+"""Turns meson's test log into one count of test cases: Catch2 programs count their test cases,
+other tests count as one. Prints each test's result, the reason of every skip and the output of
+every failure, then 'N passed, N failed, N skipped'. Exits 1 if anything failed or nothing ran."""
+import json
+import re
+import sys
+
+CATCH_ALL_PASSED = re.compile(r"All tests passed \(\d+ assertions? in (\d+) test cases?\)")
+CATCH_TOTALS = re.compile(r"^test cases:\s*(\d+)(.*)$", re.MULTILINE)
+
+
+def counts(stdout):
+    """(passed, failed, skipped) from a Catch2 summary, or None if there is none."""
+    match = CATCH_ALL_PASSED.search(stdout)
+    if match:
+        return int(match.group(1)), 0, 0
+    match = CATCH_TOTALS.search(stdout)
+    if not match:
+        return None
+    parts = dict((label, int(n)) for n, label in re.findall(r"(\d+) (passed|failed|skipped)", match.group(2)))
+    return parts.get("passed", 0), parts.get("failed", 0), parts.get("skipped", 0)
+
+
+def main(path):
+    passed = failed = skipped = 0
+    with open(path) as log:
+        results = [json.loads(line) for line in log if line.strip()]
+    for result in results:
+        name = result["name"]
+        status = result["result"]
+        stdout = result.get("stdout") or ""
+        if status == "SKIP":
+            reason = next((l for l in stdout.splitlines() if l.startswith("SKIP")), "no reason printed")
+            print(f"{name}: skipped — {reason}")
+            skipped += 1
+            continue
+        p, f, s = counts(stdout) or ((1, 0, 0) if status == "OK" else (0, 1, 0))
+        if status != "OK" and f == 0:
+            f = 1  # a crash or timeout after its cases passed still fails the program
+        passed, failed, skipped = passed + p, failed + f, skipped + s
+        print(f"{name}: {status} ({p} passed, {f} failed)")
+        if status != "OK":
+            print("  " + "\n  ".join(stdout.strip().splitlines()[-40:]))
+    print(f"{passed} passed, {failed} failed, {skipped} skipped")
+    return 1 if failed or passed == 0 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

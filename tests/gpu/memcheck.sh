@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Runs the GPU suite under compute-sanitizer memcheck; any error fails the test. Skips (77) with the
+# reason when there is no GPU or no compute-sanitizer.
+set -u
+suite=$1
+sanitizer=$(command -v compute-sanitizer || true)
+for dir in "${CUDA_HOME:-}" "${CUDA_PATH:-}" /usr/local/cuda; do
+  [ -z "$sanitizer" ] && [ -n "$dir" ] && [ -x "$dir/bin/compute-sanitizer" ] && sanitizer=$dir/bin/compute-sanitizer
+done
+"$suite" --list-test-names-only >/dev/null 2>&1
+if [ $? -eq 77 ]; then "$suite"; exit 77; fi  # prints its own reason: no GPU
+if [ -z "$sanitizer" ]; then echo "SKIP: compute-sanitizer not found"; exit 77; fi
+exec "$sanitizer" --tool memcheck --leak-check no --error-exitcode 99 "$suite"

@@ -1,5 +1,5 @@
 // The entry point of the CPU test programs.
-#if !__has_include(<catch2/catch_all.hpp>)
+#ifndef UVM_CATCH2_V3
 #define CATCH_CONFIG_RUNNER
 #endif
 #include "catch.hpp"

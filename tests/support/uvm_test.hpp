@@ -17,7 +17,7 @@ struct FreshError {
 inline void* as_ptr(uintptr_t address) { return reinterpret_cast<void*>(address); }
 
 // Substring matcher for CHECK_THAT, under both Catch2 v2 and v3 names.
-#if __has_include(<catch2/catch_all.hpp>)
+#ifdef UVM_CATCH2_V3
 inline auto Has(const std::string& text) { return Catch::Matchers::ContainsSubstring(text); }
 #else
 inline auto Has(const std::string& text) { return Catch::Contains(text); }

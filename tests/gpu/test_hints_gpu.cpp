@@ -144,18 +144,24 @@ TEST_CASE("hints during stream capture are refused and the capture stays valid",
 }
 
 TEST_CASE("a hint on the legacy stream while another stream captures globally", "[gpu][capture]") {
+  // A non-blocking stream's capture does not involve the legacy stream, so the prefetch is legal
+  // there; a blocking stream's capture would pull the legacy stream in, so uvm must refuse. Either
+  // way the capture must survive.
   Managed m(8 * MiB);
+  const bool blocking = GENERATE(false, true);
+  CAPTURE(blocking);
   cudaStream_t stream;
-  CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, blocking ? cudaStreamDefault : cudaStreamNonBlocking));
   CUDA_REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   const uvm_status status = uvm_prefetch(m.ptr, m.size, 0, nullptr);
   INFO(uvm_last_error());
-  CHECK(status == UVM_ERROR_CAPTURING);
+  CHECK(status == (blocking ? UVM_ERROR_CAPTURING : UVM_OK));
   CHECK(cudaPeekAtLastError() == cudaSuccess);
   CUDA_REQUIRE(cudaMemsetAsync(m.ptr, 0x43, m.size, stream));
   cudaGraph_t graph = nullptr;
   CHECK(cudaStreamEndCapture(stream, &graph) == cudaSuccess);
   (void)cudaGetLastError();
   if (graph) CUDA_REQUIRE(cudaGraphDestroy(graph));
+  CUDA_REQUIRE(cudaDeviceSynchronize());
   CUDA_REQUIRE(cudaStreamDestroy(stream));
 }

@@ -10,4 +10,7 @@ done
 "$suite" --list-test-names-only >/dev/null 2>&1
 if [ $? -eq 77 ]; then "$suite"; exit 77; fi  # prints its own reason: no GPU
 if [ -z "$sanitizer" ]; then echo "SKIP: compute-sanitizer not found"; exit 77; fi
-exec "$sanitizer" --tool memcheck --leak-check no --error-exitcode 99 "$suite"
+# memcheck also reports failed API calls. One test provokes one on purpose — uvm's capture probe on
+# the legacy stream (cudaErrorStreamCaptureImplicit, cleared at once) — so it runs outside memcheck,
+# in the plain gpu test, which checks that no error is left pending.
+exec "$sanitizer" --tool memcheck --leak-check no --error-exitcode 99 "$suite" "~[api_error_probe]"

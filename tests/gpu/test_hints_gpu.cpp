@@ -143,7 +143,7 @@ TEST_CASE("hints during stream capture are refused and the capture stays valid",
   CUDA_REQUIRE(cudaStreamDestroy(stream));
 }
 
-TEST_CASE("a hint on the legacy stream while another stream captures globally", "[gpu][capture]") {
+TEST_CASE("a hint on the legacy stream while another stream captures globally", "[gpu][capture][api_error_probe]") {
   // A non-blocking stream's capture does not involve the legacy stream, so the prefetch is legal
   // there; a blocking stream's capture would pull the legacy stream in, so uvm must refuse. Either
   // way the capture must survive.

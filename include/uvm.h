@@ -96,8 +96,8 @@ typedef enum uvm_advice_mode {
   UVM_ADVICE_NONE = 2    /* no advice: the driver's first-touch placement */
 } uvm_advice_mode;
 
-/* Sets the advice for allocations made after this call. The first allocation reads the initial
- * mode from env UVM_DEFAULT_ADVICE=device|host|none unless this was called before. */
+/* Sets the advice for allocations made after this call. Until it is called, the mode comes from env
+ * UVM_DEFAULT_ADVICE=device|host|none (default device); a malformed value makes uvm_malloc fail. */
 UVM_API uvm_status uvm_set_default_advice(uvm_advice_mode mode);
 
 /* The advice new allocations get now. */

@@ -7,10 +7,17 @@ import sys
 
 CATCH_ALL_PASSED = re.compile(r"All tests passed \(\d+ assertions? in (\d+) test cases?\)")
 CATCH_TOTALS = re.compile(r"^test cases:\s*(\d+)(.*)$", re.MULTILINE)
+PYTEST_TOTALS = re.compile(r"^=*\s*((?:\d+ (?:passed|failed|skipped|errors?|xfailed|xpassed|deselected)"
+                           r"(?:, )?)+) in [\d.]+s", re.MULTILINE)
 
 
 def counts(stdout):
-    """(passed, failed, skipped) from a Catch2 summary, or None if there is none."""
+    """(passed, failed, skipped) from a Catch2 or pytest summary, or None if there is none."""
+    match = PYTEST_TOTALS.search(stdout)
+    if match:
+        parts = dict((label, int(n)) for n, label in re.findall(r"(\d+) (\w+)", match.group(1)))
+        return (parts.get("passed", 0), parts.get("failed", 0) + parts.get("errors", 0) + parts.get("error", 0),
+                parts.get("skipped", 0))
     match = CATCH_ALL_PASSED.search(stdout)
     if match:
         return int(match.group(1)), 0, 0

@@ -1,0 +1,328 @@
+"""Compiling libuvm.so from the C++ sources, once per (sources, compiler, flags, CUDA) key.
+
+- The compiler runs in child processes with a real timeout that works from any thread; on timeout
+  the whole process group is killed.
+- Results are cached in UVM_CACHE_DIR (default ~/.cache/uvm) under a hash of everything that goes
+  into the build. Builders take an flock, so N processes build once, and the kernel drops the lock
+  of a builder that dies, so a stale lock never hangs anyone. The library is built in a temporary
+  directory and renamed into place; a sidecar checksum catches a truncated or corrupt copy.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import contextvars
+import enum
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+
+DEFAULT_TIMEOUT_S = 60.0
+SOURCE_DIRS = ("alloc", "hints", "include")
+CXX_FLAGS = ("-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-DNDEBUG")
+
+
+class BuildError(RuntimeError):
+    """The compiler could not be run or failed; the message says which and why."""
+
+
+class BuildTimeout(BuildError):
+    """The build ran past its timeout and was killed."""
+
+
+def source_root() -> Path:
+    """The C++ sources: inside the installed package, else the checkout above python_shim/."""
+    packaged = Path(__file__).resolve().parent / "_csrc"
+    if (packaged / "include" / "uvm.h").is_file():
+        return packaged
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "include" / "uvm.h").is_file():
+        return checkout
+    raise BuildError(f"uvm's C++ sources are missing (looked in {packaged} and {checkout})")
+
+
+def cuda_home() -> Path:
+    for candidate in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if candidate and (Path(candidate) / "include" / "cuda_runtime_api.h").is_file():
+            return Path(candidate)
+    raise BuildError("no CUDA toolkit found: set CUDA_HOME to a CUDA 12.x or 13.x toolkit "
+                     "(cuda_runtime_api.h and libcudart.so are needed)")
+
+
+def cuda_version(home: Path) -> str:
+    header = (home / "include" / "cuda_runtime_api.h").read_text(errors="replace")
+    match = re.search(r"#define\s+CUDART_VERSION\s+(\d+)", header)
+    return match.group(1) if match else "unknown"
+
+
+def cudart_dir(home: Path) -> Path:
+    for sub in ("lib64", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib", "lib"):
+        if (home / sub / "libcudart.so").exists():
+            return home / sub
+    raise BuildError(f"libcudart.so not found under {home}")
+
+
+def compiler() -> str:
+    chosen = os.environ.get("UVM_CXX") or os.environ.get("CXX") or "c++"
+    path = shutil.which(chosen)
+    if path is None:
+        raise BuildError(f"C++ compiler {chosen!r} not found (set UVM_CXX to one)")
+    return path
+
+
+def compile_timeout() -> float:
+    text = os.environ.get("UVM_COMPILE_TIMEOUT_S")
+    if not text:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        raise BuildError(f"UVM_COMPILE_TIMEOUT_S={text!r} is not a number of seconds") from None
+    if value <= 0:
+        raise BuildError(f"UVM_COMPILE_TIMEOUT_S={text!r} must be > 0")
+    return value
+
+
+def sources(root: Path) -> list[Path]:
+    return sorted(p for d in ("alloc", "hints") for p in (root / d).glob("*.cpp"))
+
+
+def build_key(root: Path, cxx: str, home: Path, timeout: float) -> str:
+    digest = hashlib.sha256()
+    for directory in SOURCE_DIRS:
+        for path in sorted((root / directory).rglob("*")):
+            if path.is_file():
+                digest.update(str(path.relative_to(root)).encode())
+                digest.update(path.read_bytes())
+    digest.update(cxx.encode())
+    digest.update(_compiler_version(cxx, timeout).encode())
+    digest.update(" ".join(CXX_FLAGS).encode())
+    digest.update(cuda_version(home).encode())
+    return digest.hexdigest()[:24]
+
+
+def _compiler_version(cxx: str, timeout: float) -> str:
+    try:
+        return (run([cxx, "--version"], timeout=timeout).splitlines() or ["unknown"])[0]
+    except BuildTimeout:
+        raise
+    except BuildError:
+        return "unknown"
+
+
+def run(command: list[str], timeout: float, cwd: Path | None = None) -> str:
+    """Runs `command` in its own process group; kills the group if it outlives `timeout`."""
+    try:
+        child = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 start_new_session=True, text=True)
+    except OSError as error:
+        raise BuildError(f"could not run {command[0]}: {error}") from None
+    try:
+        output, _ = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.communicate()
+        raise BuildTimeout(f"{Path(command[0]).name} did not finish within {timeout:g} s and was "
+                           f"killed (raise UVM_COMPILE_TIMEOUT_S if the machine is just slow)") from None
+    if child.returncode != 0:
+        raise BuildError(f"{' '.join(command[:2])} … failed (exit {child.returncode}):\n{output[-4000:]}")
+    return output
+
+
+def compile_library(root: Path, cxx: str, home: Path, out_dir: Path, timeout: float) -> Path:
+    """Compiles every source in parallel, then links libuvm.so in `out_dir`."""
+    deadline = time.monotonic() + timeout
+    include = ["-I", str(root / "include"), "-isystem", str(home / "include")]
+
+    def compile_one(source: Path) -> Path:
+        target = out_dir / (source.parent.name + "_" + source.stem + ".o")
+        run([cxx, *CXX_FLAGS, *include, "-c", str(source), "-o", str(target)],
+            timeout=max(deadline - time.monotonic(), 0.1))
+        return target
+
+    units = sources(root)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(units), os.cpu_count() or 1)) as pool:
+        objects = list(pool.map(compile_one, units))
+    library = out_dir / "libuvm.so"
+    run([cxx, "-shared", "-o", str(library), *map(str, objects),
+         f"-Wl,--version-script={root / 'alloc' / 'exports.map'}", "-Wl,-soname,libuvm.so.0",
+         "-L", str(cudart_dir(home)), "-lcudart"],
+        timeout=max(deadline - time.monotonic(), 0.1))
+    return library
+
+
+def cache_dir() -> Path:
+    """UVM_CACHE_DIR or ~/.cache/uvm; a temporary directory, with a warning, if that is not writable."""
+    chosen = Path(os.environ.get("UVM_CACHE_DIR") or Path.home() / ".cache" / "uvm")
+    try:
+        chosen.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=chosen, prefix=".write-probe-")
+        probe.close()
+        return chosen
+    except OSError as error:
+        fallback = Path(tempfile.gettempdir()) / f"uvm-cache-{os.getuid()}"
+        fallback.mkdir(parents=True, exist_ok=True)
+        warnings.warn(f"uvm: cache directory {chosen} is not writable ({error.strerror}); "
+                      f"using {fallback}", RuntimeWarning, stacklevel=3)
+        return fallback
+
+
+def _checksum(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _cached_library_is_valid(library: Path) -> bool:
+    sidecar = library.with_suffix(".sha256")
+    try:
+        return sidecar.read_text().strip() == _checksum(library)
+    except OSError:
+        return False
+
+
+def build(timeout: float | None = None) -> Path:
+    """Path to a built libuvm.so for the current sources: from the cache, or compiled now."""
+    prebuilt = os.environ.get("UVM_LIBRARY")
+    if prebuilt:
+        if not Path(prebuilt).is_file():
+            raise BuildError(f"UVM_LIBRARY={prebuilt!r} does not exist")
+        return Path(prebuilt)
+    timeout = compile_timeout() if timeout is None else timeout
+    deadline = time.monotonic() + timeout
+    root, home, cxx = source_root(), cuda_home(), compiler()
+    key = build_key(root, cxx, home, timeout)
+    directory = cache_dir()
+    library = directory / key / "libuvm.so"
+    if _cached_library_is_valid(library):
+        return library
+    library.parent.mkdir(parents=True, exist_ok=True)
+    with open(directory / f"{key}.lock", "w") as lock:
+        _lock_within(lock, deadline - time.monotonic())
+        if _cached_library_is_valid(library):  # another process built it while we waited
+            return library
+        with tempfile.TemporaryDirectory(dir=library.parent, prefix=".build-") as scratch:
+            built = compile_library(root, cxx, home, Path(scratch), deadline - time.monotonic())
+            checksum = _checksum(built)
+            os.replace(built, library)
+            library.with_suffix(".sha256").write_text(checksum + "\n")
+        with open(directory / "builds.log", "a") as log:  # one line per real build, for tests
+            log.write(f"{key} {os.getpid()} {time.time():.3f}\n")
+    return library
+
+
+def _lock_within(lock_file, timeout: float) -> None:
+    """flock with a deadline (flock itself has none)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise BuildTimeout(f"waited {timeout:g} s for another process building uvm "
+                                   f"(lock {lock_file.name})") from None
+            time.sleep(0.02)
+
+
+# --- The seed's compilation state (names as in Megatron-Core's unified_memory) ---------------------
+
+class CompilationState(enum.Enum):
+    UNATTEMPTED = 0
+    FAILURE = 1
+    SUCCESS = 2
+
+
+class UnifiedMemoryUnsupportedError(Exception):
+    """Unified memory cannot be used here; the message says why and what to do."""
+
+
+class UnifiedMemoryCompileTimeoutError(UnifiedMemoryUnsupportedError):
+    """Building the allocator ran past its timeout (UVM_COMPILE_TIMEOUT_S); the compiler was killed."""
+
+
+_compilation_state = CompilationState.UNATTEMPTED
+_compilation_error: str | None = None
+_so_path: str | None = None
+_alloc = None  # torch.cuda.memory.CUDAPluggableAllocator, kept for the life of the process
+_mod = None    # the loaded library (ctypes.CDLL); the seed's name for its compiled module
+_state_lock = threading.Lock()
+_timeout_override: contextvars.ContextVar[float | None] = contextvars.ContextVar("uvm_compile_timeout",
+                                                                                 default=None)
+
+
+@contextlib.contextmanager
+def _compile_timeout(timeout_s: float):
+    """Builds started inside this block (in this thread or task) give up after `timeout_s` seconds
+    and raise UnifiedMemoryCompileTimeoutError. Unlike a SIGALRM timer it works in any thread."""
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+    token = _timeout_override.set(float(timeout_s))
+    try:
+        yield
+    finally:
+        _timeout_override.reset(token)
+
+
+def build_library() -> str:
+    """Builds (or finds in the cache) libuvm.so and returns its path; no torch needed. Raises
+    UnifiedMemoryCompileTimeoutError or UnifiedMemoryUnsupportedError with the reason."""
+    global _so_path
+    try:
+        _so_path = str(build(_timeout_override.get()))
+    except BuildTimeout as error:
+        raise UnifiedMemoryCompileTimeoutError(str(error)) from None
+    except BuildError as error:
+        raise UnifiedMemoryUnsupportedError(f"building libuvm.so failed: {error}") from None
+    return _so_path
+
+
+def _torch_refusal() -> str | None:
+    """Why a torch MemPool on uvm cannot work in this process, or None."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed (uvm.library() gives the C library without it)"
+    if not hasattr(torch.cuda, "MemPool") or not hasattr(torch.cuda.memory, "CUDAPluggableAllocator"):
+        return f"torch {torch.__version__} has no torch.cuda.MemPool; upgrade torch (2.6 or later)"
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," + os.environ.get("PYTORCH_ALLOC_CONF", "")
+    if re.search(r"expandable_segments\s*:\s*true", conf, re.IGNORECASE):
+        return ("PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True, which pluggable-allocator pools "
+                "cannot use; remove it for processes that use uvm")
+    if not torch.cuda.is_available():
+        return "no CUDA device or driver is visible to torch (torch.cuda.is_available() is False)"
+    return None
+
+
+def compile_allocator() -> None:
+    """Builds libuvm.so and wraps it in a torch CUDAPluggableAllocator. Attempts once; later calls
+    return at once. Records the state (_compilation_state) and, on failure, the reason
+    (_compilation_error). Raises only UnifiedMemoryCompileTimeoutError, as the seed does."""
+    global _compilation_state, _compilation_error, _alloc, _mod
+    with _state_lock:
+        if _compilation_state is not CompilationState.UNATTEMPTED:
+            return
+        try:
+            from . import _lib
+            _mod = _lib.load(build_library())  # first, so ctypes users get the library regardless
+            refusal = _torch_refusal()
+            if refusal:
+                raise UnifiedMemoryUnsupportedError(refusal)
+            import torch
+            _alloc = torch.cuda.memory.CUDAPluggableAllocator(_so_path, "uvm_malloc", "uvm_free")
+            _compilation_state = CompilationState.SUCCESS
+        except UnifiedMemoryCompileTimeoutError as error:
+            _compilation_state, _compilation_error = CompilationState.FAILURE, str(error)
+            raise
+        except UnifiedMemoryUnsupportedError as error:
+            _compilation_state, _compilation_error = CompilationState.FAILURE, str(error)
+        except Exception as error:  # the compiler or torch failing in a way we did not foresee
+            _compilation_state = CompilationState.FAILURE
+            _compilation_error = f"{type(error).__name__}: {error}"

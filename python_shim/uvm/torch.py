@@ -1,0 +1,193 @@
+"""PyTorch side: the managed-memory pool, and hints on tensors and modules. torch is imported only
+inside these functions, so `import uvm` works without it. Python validates and gathers byte ranges;
+the C library decides and calls the driver."""
+from __future__ import annotations
+
+import ctypes
+
+from . import _build, _lib
+
+
+def create_unified_mempool(device=None, *, sync_ranks: bool = False):
+    """A torch.cuda.MemPool whose memory is CUDA managed memory from uvm (cudaMallocManaged, with
+    preferred location and accessed-by set to the device). Allocate into it with
+    `torch.cuda.use_mem_pool(pool)`. `device` (default: the current device) is where the pool's
+    allocations are made. With `sync_ranks=True` and torch.distributed initialized, every rank raises
+    if any rank failed to build. Raises UnifiedMemoryUnsupportedError with the recorded reason."""
+    _build.compile_allocator()
+    failed = _build._compilation_state is not _build.CompilationState.SUCCESS
+    if sync_ranks:
+        failed = _any_rank_failed(failed)
+    if failed:
+        reason = _build._compilation_error or "another rank could not build the uvm allocator"
+        raise _build.UnifiedMemoryUnsupportedError(f"unified memory is unavailable: {reason}")
+    import torch
+    with torch.cuda.device(_device_index(device)):
+        return torch.cuda.MemPool(_build._alloc.allocator())
+
+
+def _any_rank_failed(failed: bool) -> bool:
+    import torch
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        return failed
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    flag = torch.tensor([1 if failed else 0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def _device_index(device) -> int:
+    import torch
+    if device is None:
+        return torch.cuda.current_device()
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"a pool lives on a CUDA device, not {device}")
+    return torch.cuda.current_device() if device.index is None else device.index
+
+
+def _location(device) -> int:
+    """A device argument as uvm's location: a CUDA ordinal, or -1 for the CPU."""
+    import torch
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    if device.type == "cpu":
+        return _lib.UVM_LOCATION_CPU
+    if device.type == "cuda":
+        return torch.cuda.current_device() if device.index is None else device.index
+    raise ValueError(f"device must be a CUDA device or 'cpu', not {device}")
+
+
+def _span(tensor) -> tuple[int, int]:
+    """(first byte, byte count) of the memory a tensor or view spans, whatever its strides."""
+    low = high = 0
+    for size, stride in zip(tensor.shape, tensor.stride()):
+        extent = (size - 1) * stride
+        if extent < 0:
+            low += extent
+        else:
+            high += extent
+    item = tensor.element_size()
+    return tensor.data_ptr() + low * item, (high - low + 1) * item
+
+
+def _managed_span(tensor, what: str = "tensor") -> tuple[int, int] | None:
+    """The tensor's span, None for nothing to do; raises for what cannot be managed memory."""
+    import torch
+    if tensor is None:
+        return None
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, not {type(tensor).__name__}")
+    if tensor.numel() == 0:
+        return None
+    if not tensor.is_cuda:
+        raise ValueError(f"{what} is a {tensor.device} tensor; only CUDA tensors from a uvm pool are "
+                         "managed memory")
+    ptr, size = _span(tensor)
+    lib = _lib._get_ctypes_lib()
+    if not lib.uvm_is_managed(ptr):
+        raise RuntimeError(
+            f"{what} of shape {tuple(tensor.shape)} and dtype {tensor.dtype} at 0x{ptr:x} is not managed "
+            "memory from uvm: allocate it under torch.cuda.use_mem_pool(uvm.create_unified_mempool())")
+    return ptr, size
+
+
+def _stream_handle(stream, device_index: int | None = None) -> int:
+    import torch
+    if stream is None:
+        stream = torch.cuda.current_stream(device_index)
+    return stream.cuda_stream if hasattr(stream, "cuda_stream") else int(stream)
+
+
+def prefetch_managed_tensor(tensor, *, device, stream=None) -> None:
+    """cudaMemPrefetchAsync of the bytes `tensor` spans to `device` (a CUDA device or 'cpu'/-1), on
+    `stream` (default: the current stream). None and empty tensors are no-ops."""
+    span = _managed_span(tensor)
+    if span is None:
+        return
+    lib = _lib._get_ctypes_lib()
+    _lib.check(lib.uvm_prefetch(span[0], span[1], _location(device),
+                                _stream_handle(stream, tensor.device.index)), "uvm_prefetch")
+
+
+def advise_managed_tensor_preferred_location(tensor, *, device) -> None:
+    """cudaMemAdviseSetPreferredLocation on the bytes `tensor` spans (device or 'cpu'/-1)."""
+    span = _managed_span(tensor)
+    if span is None:
+        return
+    lib = _lib._get_ctypes_lib()
+    _lib.check(lib.uvm_advise_preferred_location(span[0], span[1], _location(device)),
+               "uvm_advise_preferred_location")
+
+
+def advise_managed_tensor_accessed_by(tensor, *, device) -> None:
+    """cudaMemAdviseSetAccessedBy: `device` keeps a mapping to the tensor's bytes wherever they live."""
+    span = _managed_span(tensor)
+    if span is None:
+        return
+    lib = _lib._get_ctypes_lib()
+    _lib.check(lib.uvm_advise_accessed_by(span[0], span[1], _location(device)), "uvm_advise_accessed_by")
+
+
+def discard_managed_tensor(tensor, *, stream=None) -> None:
+    """cudaMemDiscardBatchAsync of the tensor's bytes: their contents become indeterminate and the
+    pages can be reclaimed without a copy. CUDA 13 runtime and driver only."""
+    span = _managed_span(tensor)
+    if span is None:
+        return
+    lib = _lib._get_ctypes_lib()
+    _lib.check(lib.uvm_discard(span[0], span[1], _stream_handle(stream, tensor.device.index)),
+               "uvm_discard")
+
+
+def _module_spans(module, include_buffers: bool) -> list[tuple[int, int]]:
+    named = [("parameter", name, t) for name, t in module.named_parameters()]
+    if include_buffers:
+        named += [("buffer", name, t) for name, t in module.named_buffers()]
+    spans: dict[tuple[int, int], None] = {}
+    for kind, name, tensor in named:
+        span = _managed_span(tensor, what=f"{kind} {name!r}")
+        if span is not None:
+            spans[span] = None  # shared tensors count once
+    return list(spans)
+
+
+def prefetch_managed_module_parameters(module, *, device, include_buffers: bool = False, stream=None) -> int:
+    """Prefetches every parameter (and buffer, if asked) of `module` to `device` with the fewest
+    driver calls: adjacent tensors of one allocation become one cudaMemPrefetchAsync. Returns the
+    bytes initiated, shared tensors counted once."""
+    import torch
+    spans = _module_spans(module, include_buffers)
+    if not spans:
+        return 0
+    ranges = (_lib.Range * len(spans))(*[_lib.Range(ptr, size) for ptr, size in spans])
+    lib = _lib._get_ctypes_lib()
+    _lib.check(lib.uvm_prefetch_ranges(ranges, len(spans), _location(device),
+                                       _stream_handle(stream, torch.cuda.current_device())),
+               "uvm_prefetch_ranges")
+    return sum(size for _, size in spans)
+
+
+def advise_managed_module_parameters_preferred_location(module, *, device, include_buffers: bool = False) -> None:
+    """cudaMemAdviseSetPreferredLocation on every parameter (and buffer, if asked) of `module`."""
+    lib = _lib._get_ctypes_lib()
+    location = _location(device)
+    for ptr, size in _module_spans(module, include_buffers):
+        _lib.check(lib.uvm_advise_preferred_location(ptr, size, location), "uvm_advise_preferred_location")
+
+
+def where(tensor) -> dict:
+    """{'preferred': loc, 'last_prefetch': loc} for the tensor's bytes: a device ordinal, -1 for the
+    CPU, -2 when unset or mixed."""
+    span = _managed_span(tensor)
+    if span is None:
+        raise ValueError("an empty tensor has no location")
+    preferred, last = ctypes.c_int(), ctypes.c_int()
+    lib = _lib._get_ctypes_lib()
+    _lib.check(lib.uvm_query_location(span[0], span[1], ctypes.byref(preferred), ctypes.byref(last)),
+               "uvm_query_location")
+    return {"preferred": preferred.value, "last_prefetch": last.value}

@@ -34,4 +34,10 @@ status=${PIPESTATUS[0]}
 
 echo "== demo"
 "$build/uvm_demo"
+
+echo "== doctor"
+PYTHONPATH=python_shim python3 -m uvm doctor
+
+echo "== JIT build bench"
+PYTHONPATH=python_shim python3 bench/jit_bench.py
 exit "$status"

@@ -95,3 +95,13 @@ def test_stats_without_a_device_say_so():
         pytest.skip("a CUDA device is present: the no-device path is for CPU machines")
     with pytest.raises(uvm.UnifiedMemoryUnsupportedError, match="no usable CUDA device or driver"):
         uvm.stats(0)
+
+
+def test_doctor_exits_nonzero_with_the_reason_when_no_pool_can_be_made():
+    result = python("import sys, uvm.__main__ as m; sys.exit(m.main(['doctor']))", check=False)
+    if torch is not None and torch.cuda.is_available():
+        assert result.returncode == 0, result.stdout
+        assert "ok: uvm.create_unified_mempool() will work" in result.stdout
+    else:
+        assert result.returncode == 1
+        assert "not ok: a pool cannot be created:" in result.stdout

@@ -1,0 +1,75 @@
+"""python -m uvm doctor — what uvm sees here, and whether a pool can be created (exit 0) or why not."""
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+
+from . import _build, _lib
+
+
+def doctor() -> int:
+    print(f"uvm {__import__('uvm').__version__}, python {sys.version.split()[0]}")
+    problems: list[str] = []
+    try:
+        home = _build.cuda_home()
+        print(f"CUDA toolkit: {home} (CUDART_VERSION {_build.cuda_version(home)})")
+    except _build.BuildError as error:
+        problems.append(str(error))
+    try:
+        print(f"compiler: {_build.compiler()}")
+    except _build.BuildError as error:
+        problems.append(str(error))
+    print(f"cache dir: {os.environ.get('UVM_CACHE_DIR') or '~/.cache/uvm'}; "
+          f"timeout {os.environ.get('UVM_COMPILE_TIMEOUT_S') or _build.DEFAULT_TIMEOUT_S} s")
+    lib = None
+    try:
+        lib = _lib._get_ctypes_lib()
+        print(f"library: {_build._so_path}")
+    except _build.UnifiedMemoryUnsupportedError as error:
+        problems.append(str(error))
+    if lib is not None:
+        count = lib.uvm_device_count()
+        if count == 0:
+            problems.append(lib.uvm_last_error().decode(errors="replace"))
+        for device in range(count):
+            caps = _lib.DeviceCaps()
+            lib.uvm_device_capabilities(device, ctypes.byref(caps))
+            limit = ctypes.c_size_t()
+            lib.uvm_get_limit(device, ctypes.byref(limit))
+            stats = _lib.Stats()
+            lib.uvm_get_stats(device, ctypes.byref(stats))
+            print(f"device {device}: {caps.total_memory >> 20} MiB, managedMemory={caps.managed_memory}, "
+                  f"concurrentManagedAccess={caps.concurrent_managed_access}, "
+                  f"pageableMemoryAccess={caps.pageable_memory_access}, discard={caps.discard_supported}, "
+                  f"limit {limit.value >> 20} MiB, live {stats.live_bytes >> 20} MiB, "
+                  f"on host {stats.host_resident_bytes >> 20} MiB")
+            if not caps.concurrent_managed_access:
+                problems.append(f"device {device} lacks concurrentManagedAccess: prefetch and advice "
+                                "are unavailable there")
+    try:
+        import torch
+        print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), MemPool: "
+              f"{hasattr(torch.cuda, 'MemPool')}, cuda available: {torch.cuda.is_available()}")
+    except ImportError:
+        print("torch: not installed")
+    _build.compile_allocator()
+    print(f"compile state: {_build._compilation_state.name}")
+    if _build._compilation_state is not _build.CompilationState.SUCCESS:
+        problems.insert(0, f"a pool cannot be created: {_build._compilation_error}")
+    for problem in problems:
+        print(f"problem: {problem}")
+    ready = _build._compilation_state is _build.CompilationState.SUCCESS
+    print("ok: uvm.create_unified_mempool() will work" if ready else f"not ok: {problems[0]}")
+    return 0 if ready else 1
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["doctor"]:
+        return doctor()
+    print("usage: python -m uvm doctor", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

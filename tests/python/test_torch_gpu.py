@@ -1,0 +1,171 @@
+"""GPU: needs torch with CUDA and GPU 0 (skipped with the reason otherwise). Managed memory stays
+far below 25% of the card: the largest tensor here is 256 MiB."""
+import ctypes
+import gc
+import sys
+import threading
+
+import pytest
+from conftest import SHIM
+
+sys.path.insert(0, str(SHIM))
+import uvm  # noqa: E402
+
+torch = pytest.importorskip("torch", reason="torch is not installed here")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device visible to torch", allow_module_level=True)
+
+MiB = 1 << 20
+LAST_PREFETCH_LOCATION = 4  # cudaMemRangeAttributeLastPrefetchLocation
+
+
+def last_prefetch(tensor) -> int:
+    """Straight from the driver, not through uvm: cudaMemRangeGetAttribute(LastPrefetchLocation)."""
+    cudart = ctypes.CDLL("libcudart.so.13")  # the one torch already loaded
+    value = ctypes.c_int(-99)
+    ptr, size = uvm.torch._span(tensor)
+    status = cudart.cudaMemRangeGetAttribute(ctypes.byref(value), ctypes.c_size_t(4),
+                                             ctypes.c_int(LAST_PREFETCH_LOCATION), ctypes.c_void_p(ptr),
+                                             ctypes.c_size_t(size))
+    assert status == 0
+    return value.value
+
+
+@pytest.fixture(scope="module")
+def pool():
+    return uvm.create_unified_mempool()
+
+
+def test_pool_tensors_are_managed(pool):
+    assert uvm._compilation_state is uvm.CompilationState.SUCCESS
+    with torch.cuda.use_mem_pool(pool):
+        t = torch.arange(16 * MiB, device="cuda", dtype=torch.float32)
+    assert uvm.library().uvm_is_managed(t.data_ptr()) == 1
+    assert uvm.where(t)["preferred"] == 0
+    assert t[-1].item() == 16 * MiB - 1
+
+
+def test_tensor_prefetch_both_ways(pool):
+    with torch.cuda.use_mem_pool(pool):
+        t = torch.full((64 * MiB // 4,), 3.0, device="cuda")
+    uvm.prefetch_managed_tensor(t, device="cpu")
+    torch.cuda.synchronize()
+    assert last_prefetch(t) == -1
+    assert uvm.where(t)["last_prefetch"] == -1
+    uvm.prefetch_managed_tensor(t, device=0)
+    torch.cuda.synchronize()
+    assert last_prefetch(t) == 0
+    assert t.sum().item() == 3.0 * t.numel()
+    view = t[1000:2000]  # a view acts on the bytes it spans
+    uvm.prefetch_managed_tensor(view, device="cpu")
+    torch.cuda.synchronize()
+    assert last_prefetch(view) == -1
+    uvm.advise_managed_tensor_preferred_location(view, device="cpu")
+    uvm.advise_managed_tensor_accessed_by(view, device=0)
+    assert uvm.where(view)["preferred"] == -1
+
+
+def make_model(pool, layers=24, width=512):
+    with torch.cuda.use_mem_pool(pool):
+        model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)]).cuda()
+        model.register_buffer("scale", torch.ones(width, device="cuda"))
+    return model
+
+
+def test_module_prefetch_and_advice(pool):
+    model = make_model(pool)
+    before = uvm.stats(0)
+    moved = uvm.prefetch_managed_module_parameters(model, device="cpu", include_buffers=True)
+    torch.cuda.synchronize()
+    expected = sum(p.numel() * p.element_size() for p in model.parameters()) + model.scale.numel() * 4
+    assert moved == expected
+    after = uvm.stats(0)
+    assert after["bytes_to_host"] - before["bytes_to_host"] == moved
+    assert after["prefetch_calls"] - before["prefetch_calls"] < len(list(model.parameters()))
+    assert all(last_prefetch(p) == -1 for p in model.parameters())
+    assert uvm.prefetch_managed_module_parameters(model, device=0) == expected - model.scale.numel() * 4
+    torch.cuda.synchronize()
+    assert all(last_prefetch(p) == 0 for p in model.parameters())
+    uvm.advise_managed_module_parameters_preferred_location(model, device="cpu")
+    assert all(uvm.where(p)["preferred"] == -1 for p in model.parameters())
+
+
+def test_graph_replays_bit_identically_after_offload_and_onload(pool):
+    model = make_model(pool, layers=8)
+    with torch.cuda.use_mem_pool(pool):
+        static_in = torch.randn(64, 512, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            model(static_in)  # warm up outside capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = model(static_in)
+    graph.replay()
+    torch.cuda.synchronize()
+    reference = static_out.clone()
+    for _ in range(3):
+        uvm.prefetch_managed_module_parameters(model, device="cpu")
+        uvm.prefetch_managed_tensor(static_in, device="cpu")
+        torch.cuda.synchronize()
+        uvm.prefetch_managed_module_parameters(model, device=0)
+        uvm.prefetch_managed_tensor(static_in, device=0)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_out, reference)
+
+
+def test_a_plain_tensor_gets_a_helpful_error_and_torch_goes_on(pool):
+    plain = torch.ones(7, 3, device="cuda", dtype=torch.float16)
+    with pytest.raises(RuntimeError, match=r"shape \(7, 3\) and dtype torch.float16 at 0x[0-9a-f]+ is not "
+                                           r"managed memory from uvm"):
+        uvm.prefetch_managed_tensor(plain, device="cpu")
+    model = torch.nn.Linear(4, 4).cuda()
+    with pytest.raises(RuntimeError, match="parameter 'weight'"):
+        uvm.prefetch_managed_module_parameters(model, device="cpu")
+    assert (plain * 2).sum().item() == 42.0  # no stale CUDA error surfaces at the next kernel
+
+
+def test_live_bytes_return_to_baseline(pool):
+    gc.collect()
+    torch.cuda.synchronize()
+    baseline = uvm.stats(0)["live_bytes"]
+    second = uvm.create_unified_mempool()
+    with torch.cuda.use_mem_pool(second):
+        tensors = [torch.empty(8 * MiB, device="cuda") for _ in range(4)]
+    assert uvm.stats(0)["live_bytes"] >= baseline + 4 * 8 * MiB
+    del tensors, second
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    assert uvm.stats(0)["live_bytes"] == baseline
+
+
+def test_pool_from_a_worker_thread():
+    result = {}
+
+    def worker():
+        try:
+            own = uvm.create_unified_mempool()
+            with torch.cuda.use_mem_pool(own):
+                t = torch.ones(MiB, device="cuda")
+            result["managed"] = uvm.library().uvm_is_managed(t.data_ptr())
+            result["sum"] = t.sum().item()
+        except Exception as error:  # reported by the main thread
+            result["error"] = repr(error)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert result == {"managed": 1, "sum": float(MiB)}
+
+
+def test_stats_and_limit_from_python(pool):
+    uvm.set_limit(64 * MiB, device=0)
+    try:
+        assert uvm.stats(0)["limit_bytes"] == 64 * MiB
+    finally:
+        uvm.set_limit(None, device=0)
+    assert uvm.stats(0)["limit_bytes"] == torch.cuda.get_device_properties(0).total_memory

@@ -32,9 +32,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
-if ! python3 -m pytest --version >/dev/null 2>&1; then
-  echo "uvm: installing pytest from PyPI"
-  python3 -m pip install -q pytest 2>&1 | grep -v "as the 'root' user" || true
+if ! python3 -m pytest --version >/dev/null 2>&1 || ! python3 -c 'import setuptools' 2>/dev/null; then
+  echo "uvm: installing pytest and setuptools from PyPI"
+  python3 -m pip install -q pytest setuptools 2>&1 | grep -v "as the 'root' user" || true
 fi
 if ! meson_ok; then  # a distribution whose meson is older than 1.0
   echo "uvm: the system meson is older than 1.0; installing meson from PyPI"

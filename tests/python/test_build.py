@@ -144,3 +144,19 @@ def test_a_prebuilt_library_skips_the_compiler(cache):
     missing = python("import uvm\ntry:\n    uvm.library()\nexcept uvm.UnifiedMemoryUnsupportedError as e:\n"
                      "    print(e)", {**env, "UVM_LIBRARY": "/nope/libuvm.so"}).stdout
     assert "UVM_LIBRARY='/nope/libuvm.so' does not exist" in missing
+
+
+def test_pip_installed_package_carries_and_builds_the_sources(cache, tmp_path):
+    directory, env = cache
+    target = tmp_path / "site"
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                              "--target", str(target), str(SHIM)], capture_output=True, text=True, timeout=300)
+    assert install.returncode == 0, install.stdout + install.stderr
+    assert (target / "uvm" / "_csrc" / "include" / "uvm.h").is_file()
+    code = ("import sys; sys.path.insert(0, %r); import uvm, uvm._build as b; "
+            "print(b.source_root()); print(uvm.library().uvm_version().decode())" % str(target))
+    result = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env, "PYTHONPATH": ""},
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    root, version = result.stdout.split()
+    assert root == str(target / "uvm" / "_csrc") and version == "0.1.0"

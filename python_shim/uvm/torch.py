@@ -15,26 +15,28 @@ def create_unified_mempool(device=None, *, sync_ranks: bool = False):
     allocations are made. With `sync_ranks=True` and torch.distributed initialized, every rank raises
     if any rank failed to build. Raises UnifiedMemoryUnsupportedError with the recorded reason."""
     _build.compile_allocator()
-    failed = _build._compilation_state is not _build.CompilationState.SUCCESS
+    reason = None
+    if _build._compilation_state is not _build.CompilationState.SUCCESS:
+        reason = _build._compilation_error or "unknown reason"
     if sync_ranks:
-        failed = _any_rank_failed(failed)
-    if failed:
-        reason = _build._compilation_error or "another rank could not build the uvm allocator"
+        reason = _first_failure_across_ranks(reason)
+    if reason is not None:
         raise _build.UnifiedMemoryUnsupportedError(f"unified memory is unavailable: {reason}")
     import torch
     with torch.cuda.device(_device_index(device)):
         return torch.cuda.MemPool(_build._alloc.allocator())
 
 
-def _any_rank_failed(failed: bool) -> bool:
-    import torch
+def _first_failure_across_ranks(reason: str | None) -> str | None:
+    """With torch.distributed initialized, every rank learns the first failing rank's reason, so
+    all of them raise the same error; otherwise the local reason."""
     import torch.distributed as dist
     if not (dist.is_available() and dist.is_initialized()):
-        return failed
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    flag = torch.tensor([1 if failed else 0], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
+        return reason
+    reasons: list = [None] * dist.get_world_size()
+    dist.all_gather_object(reasons, reason)
+    failed = [(rank, text) for rank, text in enumerate(reasons) if text is not None]
+    return f"rank {failed[0][0]}: {failed[0][1]}" if failed else None
 
 
 def _device_index(device) -> int:

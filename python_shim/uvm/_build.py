@@ -96,7 +96,7 @@ def sources(root: Path) -> list[Path]:
     return sorted(p for d in ("alloc", "hints") for p in (root / d).glob("*.cpp"))
 
 
-def build_key(root: Path, cxx: str, home: Path, timeout: float) -> str:
+def build_key(root: Path, cxx: str, home: Path) -> str:
     digest = hashlib.sha256()
     for directory in SOURCE_DIRS:
         for path in sorted((root / directory).rglob("*")):
@@ -104,19 +104,18 @@ def build_key(root: Path, cxx: str, home: Path, timeout: float) -> str:
                 digest.update(str(path.relative_to(root)).encode())
                 digest.update(path.read_bytes())
     digest.update(cxx.encode())
-    digest.update(_compiler_version(cxx, timeout).encode())
+    digest.update(_compiler_identity(cxx).encode())
     digest.update(" ".join(CXX_FLAGS).encode())
     digest.update(cuda_version(home).encode())
     return digest.hexdigest()[:24]
 
 
-def _compiler_version(cxx: str, timeout: float) -> str:
-    try:
-        return (run([cxx, "--version"], timeout=timeout).splitlines() or ["unknown"])[0]
-    except BuildTimeout:
-        raise
-    except BuildError:
-        return "unknown"
+def _compiler_identity(cxx: str) -> str:
+    """The compiler's resolved path, size and mtime: an upgrade changes them, and reading them costs
+    no process (running `--version` on every cache hit took most of the warm path's time)."""
+    real = os.path.realpath(cxx)
+    info = os.stat(real)
+    return f"{real}:{info.st_size}:{info.st_mtime_ns}"
 
 
 def run(command: list[str], timeout: float, cwd: Path | None = None) -> str:
@@ -198,7 +197,7 @@ def build(timeout: float | None = None) -> Path:
     timeout = compile_timeout() if timeout is None else timeout
     deadline = time.monotonic() + timeout
     root, home, cxx = source_root(), cuda_home(), compiler()
-    key = build_key(root, cxx, home, timeout)
+    key = build_key(root, cxx, home)
     directory = cache_dir()
     library = directory / key / "libuvm.so"
     if _cached_library_is_valid(library):
@@ -209,7 +208,10 @@ def build(timeout: float | None = None) -> Path:
         if _cached_library_is_valid(library):  # another process built it while we waited
             return library
         with tempfile.TemporaryDirectory(dir=library.parent, prefix=".build-") as scratch:
-            built = compile_library(root, cxx, home, Path(scratch), deadline - time.monotonic())
+            try:
+                built = compile_library(root, cxx, home, Path(scratch), deadline - time.monotonic())
+            except BuildTimeout as error:
+                raise BuildTimeout(f"building libuvm.so did not finish within {timeout:g} s: {error}") from None
             checksum = _checksum(built)
             os.replace(built, library)
             library.with_suffix(".sha256").write_text(checksum + "\n")

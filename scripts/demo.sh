@@ -4,10 +4,7 @@
 # says that no CUDA device is present.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/install_deps.sh
-build=${UVM_BUILD_DIR:-build}
-[ -f "$build/build.ninja" ] || meson setup "$build" >/dev/null
-ninja -C "$build"
+source scripts/build.sh
 echo "built $(ls "$build"/libuvm.so.*.*.* 2>/dev/null | head -n 1)"
 set +e
 "$build/uvm_demo"

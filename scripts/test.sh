@@ -4,10 +4,7 @@
 # Extra arguments go to `meson test` (e.g. --suite cpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/install_deps.sh
-build=${UVM_BUILD_DIR:-build}
-[ -f "$build/build.ninja" ] || meson setup "$build" >/dev/null
-ninja -C "$build"
+source scripts/build.sh
 set +e
 meson test -C "$build" --print-errorlogs "$@" >"$build/meson-test.out" 2>&1
 set -e

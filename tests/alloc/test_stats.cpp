@@ -1,9 +1,7 @@
 // Stats stay exact, including under 8 threads allocating and freeing at once.
-#include <thread>
-#include <vector>
-
 #include "../../alloc/span_set.hpp"
 #include "fixture.hpp"
+#include "stress.hpp"
 
 TEST_CASE("peak bytes and reset", "[stats]") {
   FakeMachine machine;
@@ -28,33 +26,7 @@ TEST_CASE("peak bytes and reset", "[stats]") {
 
 TEST_CASE("8 threads x 10000 allocations keep exact stats", "[stats][threads]") {
   FakeMachine machine;
-  REQUIRE(uvm_reset_peak(0) == UVM_OK);
-  uvm_stats before{};
-  REQUIRE(uvm_get_stats(0, &before) == UVM_OK);
-  constexpr int kThreads = 8, kRounds = 10000;
-  std::vector<std::thread> threads;
-  std::vector<int> failures(kThreads, 0);
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([t, &failures] {
-      for (int i = 0; i < kRounds; ++i) {
-        const size_t size = 256 + static_cast<size_t>((t * 7919 + i * 104729) % 4096);
-        void* ptr = uvm_malloc(size, 0, nullptr);
-        if (ptr == nullptr) { ++failures[t]; continue; }
-        static_cast<char*>(ptr)[size - 1] = 1;
-        uvm_free(ptr, size, 0, nullptr);
-        if (uvm_last_status() != UVM_OK) ++failures[t];
-      }
-    });
-  }
-  for (auto& thread : threads) thread.join();
-  for (int t = 0; t < kThreads; ++t) CHECK(failures[t] == 0);
-  uvm_stats after{};
-  REQUIRE(uvm_get_stats(0, &after) == UVM_OK);
-  CHECK(after.total_allocations - before.total_allocations == uint64_t{kThreads} * kRounds);
-  CHECK(after.total_frees - before.total_frees == uint64_t{kThreads} * kRounds);
-  CHECK(after.live_bytes == before.live_bytes);
-  CHECK(after.live_allocations == before.live_allocations);
-  CHECK(after.peak_bytes <= before.live_bytes + kThreads * (256 + 4096));
+  check_threaded_alloc_free(8, 10000, 4096 + 256);
   CHECK(fake::live_allocations() == 0);
 }
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "gpu_support.hpp"
+#include "stress.hpp"
 
 using gpu::GiB;
 using gpu::Managed;
@@ -126,32 +127,6 @@ TEST_CASE("a thread with no context gets none left behind by uvm", "[gpu][contex
 }
 
 TEST_CASE("8 threads x 10000 allocations and frees keep exact stats", "[gpu][threads]") {
-  REQUIRE(uvm_reset_peak(0) == UVM_OK);
-  uvm_stats before{};
-  REQUIRE(uvm_get_stats(0, &before) == UVM_OK);
-  constexpr int kThreads = 8, kRounds = 10000;
-  constexpr size_t kMaxSize = 64 * 1024;
-  std::vector<int> failures(kThreads, 0);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([t, &failures] {
-      for (int i = 0; i < kRounds; ++i) {
-        const size_t size = 256 + static_cast<size_t>(t * 7919 + i * 104729) % (kMaxSize - 256);
-        void* ptr = uvm_malloc(size, 0, nullptr);
-        if (ptr == nullptr) { ++failures[t]; continue; }
-        uvm_free(ptr, size, 0, nullptr);
-        if (uvm_last_status() != UVM_OK) ++failures[t];
-      }
-    });
-  }
-  for (auto& thread : threads) thread.join();
-  for (int t = 0; t < kThreads; ++t) CHECK(failures[t] == 0);
-  uvm_stats after{};
-  REQUIRE(uvm_get_stats(0, &after) == UVM_OK);
-  CHECK(after.total_allocations - before.total_allocations == uint64_t{kThreads} * kRounds);
-  CHECK(after.total_frees - before.total_frees == uint64_t{kThreads} * kRounds);
-  CHECK(after.live_bytes == before.live_bytes);
-  CHECK(after.live_allocations == before.live_allocations);
-  CHECK(after.peak_bytes <= before.live_bytes + kThreads * kMaxSize);
+  check_threaded_alloc_free(8, 10000, 64 * 1024);
   CHECK(cudaPeekAtLastError() == cudaSuccess);
 }

@@ -169,3 +169,21 @@ def test_stats_and_limit_from_python(pool):
     finally:
         uvm.set_limit(None, device=0)
     assert uvm.stats(0)["limit_bytes"] == torch.cuda.get_device_properties(0).total_memory
+
+
+def test_discard_a_tensor_on_the_default_stream(pool):
+    caps = uvm._lib.DeviceCaps()
+    uvm.library().uvm_device_capabilities(0, ctypes.byref(caps))
+    with torch.cuda.use_mem_pool(pool):
+        t = torch.full((32 * MiB // 4,), 1.0, device="cuda")
+    if not caps.discard_supported:
+        with pytest.raises(uvm.UnifiedMemoryUnsupportedError, match="CUDA 13"):
+            uvm.discard_managed_tensor(t)
+        return
+    before = uvm.stats(0)["bytes_discarded"]
+    uvm.discard_managed_tensor(t)  # torch's default stream is the legacy stream the driver rejects
+    torch.cuda.synchronize()
+    assert uvm.stats(0)["bytes_discarded"] - before == t.numel() * 4
+    t.fill_(5.0)  # writing makes the range usable again
+    assert t.sum().item() == 5.0 * t.numel()
+    assert uvm.discard_managed_tensor(None) is None

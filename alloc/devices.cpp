@@ -213,9 +213,9 @@ ContextScope::~ContextScope() {
 extern "C" {
 
 int uvm_device_count(void) {
+  const uvm::Call call = uvm::Call::of("uvm_device_count");
   int count = 0;
-  (void)uvm::guarded(uvm::Call::of("uvm_device_count"),
-                     [&] { return uvm::device_count(uvm::Call::of("uvm_device_count"), &count); });
+  (void)uvm::guarded(call, [&] { return uvm::device_count(call, &count); });
   return count;
 }
 

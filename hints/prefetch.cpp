@@ -13,8 +13,12 @@ namespace {
 uvm_status issue(const Call& call, const std::vector<HintRange>& ranges, int location,
                  cudaStream_t stream) {
   if (uvm_status s = check_device(call, location, true)) return s;
+  // Every range's deciding device is checked before anything is issued: ranges to the CPU may come
+  // from allocations on several devices.
+  for (const HintRange& range : ranges) {
+    if (uvm_status s = check_hint_support(call, deciding_device(location, range))) return s;
+  }
   const int deciding = deciding_device(location, ranges.front());
-  if (uvm_status s = check_hint_support(call, deciding)) return s;
   ContextScope scope;
   if (uvm_status s = scope.enter(call, deciding, ContextScope::When::only_if_none_current)) return s;
   if (uvm_status s = check_not_capturing(call, stream)) return s;

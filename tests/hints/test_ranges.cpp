@@ -105,3 +105,17 @@ TEST_CASE("prefetch_ranges validates every range before issuing any", "[ranges][
   CHECK(FakeMachine::ops_named("prefetch").empty());
   uvm_free(a, 1 << 16, 0, nullptr);
 }
+
+TEST_CASE("prefetch_ranges to the CPU checks every owning device before issuing", "[ranges][prefetch]") {
+  FakeMachine machine;
+  char* on_device0 = static_cast<char*>(uvm_malloc(4096, 0, nullptr));
+  char* on_device2 = static_cast<char*>(uvm_malloc(4096, 2, nullptr));  // no concurrent access
+  REQUIRE(on_device0 != nullptr);
+  REQUIRE(on_device2 != nullptr);
+  const uvm_range ranges[] = {{on_device0, 4096}, {on_device2, 4096}};
+  CHECK(uvm_prefetch_ranges(ranges, 2, UVM_LOCATION_CPU, nullptr) == UVM_ERROR_UNSUPPORTED);
+  CHECK_THAT(last_error(), Has("device 2 lacks concurrentManagedAccess"));
+  CHECK(FakeMachine::ops_named("prefetch").empty());
+  uvm_free(on_device0, 4096, 0, nullptr);
+  uvm_free(on_device2, 4096, 2, nullptr);
+}

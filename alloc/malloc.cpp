@@ -6,6 +6,7 @@
 #include "devices.hpp"
 #include "limits.hpp"
 #include "registry.hpp"
+#include "staging.hpp"
 #include "stats.hpp"
 
 namespace uvm {
@@ -63,7 +64,7 @@ uvm_status allocate(const Call& call, size_t size, int device, void** out) {
     cancel_reservation(device, size);
     return status;
   }
-  registry().insert(ptr, size, device);
+  registry().insert(ptr, size, device, thread_tag());
   commit_reservation(device, size);
   *out = ptr;
   return UVM_OK;
@@ -87,6 +88,7 @@ uvm_status release(const Call& call, void* ptr, size_t size, int device) {
                 "pointer was not allocated by uvm_malloc (or was already freed); not freed");
   }
   record_free(found.device, found.size, host_bytes);
+  staging().release(found.base, found.base + found.size, nullptr);  // its staged copy is unwanted
   uvm_status status = UVM_OK;
   {
     ContextScope scope;

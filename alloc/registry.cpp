@@ -2,13 +2,14 @@
 
 #include <cuda_runtime_api.h>
 
+#include "devices.hpp"
 #include "errors.hpp"
 
 namespace uvm {
 
-void Registry::insert(const void* base, size_t size, int device) {
+void Registry::insert(const void* base, size_t size, int device, TagId tag) {
   std::lock_guard<std::mutex> lock(mutex_);
-  entries_[reinterpret_cast<uintptr_t>(base)] = Entry{size, device, SpanSet{}};
+  entries_[reinterpret_cast<uintptr_t>(base)] = Entry{size, device, tag, {}, {}, {}};
 }
 
 bool Registry::erase(const void* base, AllocationView* removed, size_t* host_bytes) {
@@ -36,9 +37,44 @@ long long Registry::record_move(uintptr_t base, size_t begin, size_t end, Move m
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = entries_.find(base);
   if (it == entries_.end()) return 0;  // freed meanwhile: nothing left to account
-  SpanSet& spans = it->second.host_spans;
-  if (move == Move::to_host) return static_cast<long long>(spans.add(begin, end));
-  return -static_cast<long long>(spans.remove(begin, end));
+  Entry& entry = it->second;
+  const size_t host_before = entry.host_spans.total();
+  const bool on_host = move == Move::to_host || move == Move::staged;
+  if (on_host) entry.host_spans.add(begin, end);
+  else entry.host_spans.remove(begin, end);
+  if (move == Move::staged) entry.staged_spans.add(begin, end);
+  else entry.staged_spans.remove(begin, end);
+  if (move == Move::discarded) entry.discarded_spans.add(begin, end);
+  else entry.discarded_spans.remove(begin, end);
+  return static_cast<long long>(entry.host_spans.total()) - static_cast<long long>(host_before);
+}
+
+bool Registry::selected(const Entry& entry, int device, bool any_tag, TagId tag) {
+  return (device == UVM_ANY_DEVICE || entry.device == device) && (any_tag || entry.tag == tag);
+}
+
+std::vector<AllocationView> Registry::select(int device, bool any_tag, TagId tag) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<AllocationView> found;
+  for (const auto& [base, entry] : entries_) {
+    if (selected(entry, device, any_tag, tag)) found.push_back(AllocationView{base, entry.size, entry.device});
+  }
+  return found;
+}
+
+uvm_residency Registry::residency(int device, bool any_tag, TagId tag) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  uvm_residency total{};
+  for (const auto& [base, entry] : entries_) {
+    if (!selected(entry, device, any_tag, tag)) continue;
+    total.allocations += 1;
+    total.live_bytes += entry.size;
+    total.host_bytes += entry.host_spans.total();
+    total.staged_bytes += entry.staged_spans.total();
+    total.discarded_bytes += entry.discarded_spans.total();
+  }
+  total.device_bytes = total.live_bytes - total.host_bytes - total.discarded_bytes;
+  return total;
 }
 
 size_t Registry::size() const {
@@ -82,6 +118,32 @@ uvm_status uvm_allocation_info(const void* ptr, void** base, size_t* size, int* 
     if (base) *base = reinterpret_cast<void*>(found.base);
     if (size) *size = found.size;
     if (device) *device = found.device;
+    return UVM_OK;
+  });
+}
+
+uvm_status uvm_allocation_ranges(int device, const char* tag, uvm_range* out, size_t capacity,
+                                 size_t* count) {
+  const uvm::Call call = uvm::Call::of("uvm_allocation_ranges").with_device(device);
+  return uvm::guarded(call, [&] {
+    if (count == nullptr) return uvm::fail(call, UVM_ERROR_INVALID_ARGUMENT, "count is NULL");
+    if (out == nullptr && capacity > 0) {
+      return uvm::fail(call, UVM_ERROR_INVALID_ARGUMENT, "out is NULL but capacity is %zu", capacity);
+    }
+    if (device != UVM_ANY_DEVICE) {
+      if (uvm_status s = uvm::check_device(call, device, false)) return s;
+    }
+    uvm::TagId id = uvm::kUntagged;
+    const bool any_tag = tag == nullptr;
+    if (!any_tag && !uvm::find_tag(tag, &id)) {
+      *count = 0;  // a tag never set: nothing carries it
+      return UVM_OK;
+    }
+    const auto found = uvm::registry().select(device, any_tag, id);
+    for (size_t i = 0; i < found.size() && i < capacity; ++i) {
+      out[i] = uvm_range{reinterpret_cast<const void*>(found[i].base), found[i].size};
+    }
+    *count = found.size();
     return UVM_OK;
   });
 }

@@ -1,12 +1,16 @@
-// The registry of live uvm allocations: base → size, device and the bytes last moved to the host.
+// The registry of live uvm allocations: base → size, device, tag, and where uvm last moved each
+// byte (to the host, into staging, or discarded).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "span_set.hpp"
+#include "tags.hpp"
+#include "uvm.h"
 
 namespace uvm {
 
@@ -16,11 +20,13 @@ struct AllocationView {
   int device = 0;
 };
 
-enum class Move { to_device, to_host, discarded };
+// to_host: migrated to the CPU. staged: copied to pinned staging and discarded on the device (it
+// counts as host-resident). discarded: no copy kept. to_device: back where it was allocated.
+enum class Move { to_device, to_host, staged, discarded };
 
 class Registry {
  public:
-  void insert(const void* base, size_t size, int device);
+  void insert(const void* base, size_t size, int device, TagId tag);
   // Removes the allocation that starts at `base`; fills `removed` and the bytes it had on the host.
   bool erase(const void* base, AllocationView* removed, size_t* host_bytes);
   // The allocation holding byte `ptr`, if any.
@@ -28,14 +34,22 @@ class Registry {
   // Records that [begin, end) of the allocation at `base` moved; returns the signed change in its
   // host-resident bytes.
   long long record_move(uintptr_t base, size_t begin, size_t end, Move move);
+  // Allocations of `device` (UVM_ANY_DEVICE: all) with `tag`; any_tag ignores the tag.
+  std::vector<AllocationView> select(int device, bool any_tag, TagId tag) const;
+  // Residency totals over the same selection.
+  uvm_residency residency(int device, bool any_tag, TagId tag) const;
   size_t size() const;
 
  private:
   struct Entry {
     size_t size;
     int device;
-    SpanSet host_spans;
+    TagId tag;
+    SpanSet host_spans;       // includes the staged ones
+    SpanSet staged_spans;
+    SpanSet discarded_spans;
   };
+  static bool selected(const Entry& entry, int device, bool any_tag, TagId tag);
   mutable std::mutex mutex_;
   std::map<uintptr_t, Entry> entries_;
 };

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <utility>
 #include <vector>
 
@@ -20,6 +21,17 @@ class SpanSet {
  private:
   std::vector<std::pair<size_t, size_t>> spans_;
   size_t total_ = 0;
+};
+
+}  // namespace uvm
+
+namespace uvm {
+
+// One byte range [begin, end) of the address space.
+struct Span {
+  uintptr_t begin = 0;
+  uintptr_t end = 0;
+  size_t size() const { return end - begin; }
 };
 
 }  // namespace uvm

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "../alloc/cuda_compat.hpp"
+#include "plan.hpp"
 #include "ranges.hpp"
 
 namespace uvm {
@@ -43,21 +44,10 @@ uvm_status prefetch(const Call& call, const void* ptr, size_t size, int location
 
 uvm_status prefetch_ranges(const Call& call, const uvm_range* ranges, size_t count, int location,
                            cudaStream_t stream) {
-  if (count == 0) return UVM_OK;
-  if (ranges == nullptr) return fail(call, UVM_ERROR_INVALID_ARGUMENT, "ranges is NULL");
   std::vector<HintRange> resolved;
-  resolved.reserve(count);
-  for (size_t i = 0; i < count; ++i) {
-    if (ranges[i].size == 0) continue;
-    HintRange range;
-    const Call item = Call::of("range").with_ptr(ranges[i].ptr).with_size(ranges[i].size);
-    if (uvm_status s = resolve_range(item, ranges[i].ptr, ranges[i].size, &range)) {
-      return fail(call, s, "range %zu of %zu is invalid: %s", i, count, uvm_last_error());
-    }
-    resolved.push_back(range);
-  }
+  if (uvm_status s = resolve_ranges(call, ranges, count, &resolved)) return s;
   if (resolved.empty()) return UVM_OK;
-  return issue(call, coalesce(std::move(resolved)), location, stream);
+  return issue(call, coalesce(std::move(resolved), kMergeGapBytes), location, stream);
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// uvm_query_location: where the driver prefers and last prefetched a range.
+// uvm_query_location: where the driver prefers and last prefetched a range. uvm_get_residency:
+// where uvm last put the bytes of a set of allocations.
 #include "target.hpp"
 
 namespace uvm {
@@ -37,8 +38,27 @@ uvm_status query_location(const Call& call, const void* ptr, size_t size, int* p
   return UVM_OK;
 }
 
+uvm_status residency(const Call& call, int device, const char* tag, uvm_residency* out) {
+  if (out == nullptr) return fail(call, UVM_ERROR_INVALID_ARGUMENT, "residency is NULL");
+  if (device != UVM_ANY_DEVICE) {
+    if (uvm_status s = check_device(call, device, false)) return s;
+  }
+  TagId id = kUntagged;
+  if (tag != nullptr && !find_tag(tag, &id)) {
+    *out = uvm_residency{};  // a tag never set: nothing carries it
+    return UVM_OK;
+  }
+  *out = registry().residency(device, tag == nullptr, id);
+  return UVM_OK;
+}
+
 }  // namespace
 }  // namespace uvm
+
+extern "C" uvm_status uvm_get_residency(int device, const char* tag, uvm_residency* residency) {
+  const uvm::Call call = uvm::Call::of("uvm_get_residency").with_device(device);
+  return uvm::guarded(call, [&] { return uvm::residency(call, device, tag, residency); });
+}
 
 extern "C" uvm_status uvm_query_location(const void* ptr, size_t size, int* preferred_location,
                                          int* last_prefetch_location) {

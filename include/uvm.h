@@ -1,8 +1,9 @@
 /* uvm.h — CUDA unified-memory (managed memory) allocator with a plain C ABI.
  *
  * The whole library on one page, in the order of its folders:
- *   status and errors · allocation (alloc/) · registry queries · limits · stats · capabilities ·
- *   hints (hints/): prefetch, ranges, advise, discard · residency queries.
+ *   status and errors · allocation and tags (alloc/) · registry queries · limits · stats ·
+ *   capabilities · hints (hints/): prefetch, ranges, advise, discard · offload and onload ·
+ *   residency queries.
  *
  * Conventions
  * - Every entry is thread-safe and never lets a C++ exception escape.
@@ -103,9 +104,33 @@ UVM_API uvm_status uvm_set_default_advice(uvm_advice_mode mode);
 /* The advice new allocations get now. */
 UVM_API uvm_advice_mode uvm_get_default_advice(void);
 
+/* Longest tag, in bytes, and how many distinct tags a process may use. */
+#define UVM_TAG_MAX_LENGTH 63
+#define UVM_MAX_TAGS 256
+
+/* Sets the tag uvm_malloc stores with every allocation this thread makes from now on ("weights",
+ * "kv_cache"), so a caller can later find, offload or discard all of them (uvm_allocation_ranges).
+ * NULL or "" means untagged. UVM_ERROR_INVALID_ARGUMENT for a tag longer than UVM_TAG_MAX_LENGTH or
+ * past UVM_MAX_TAGS distinct tags. PyTorch's caching allocator calls uvm_malloc on the allocating
+ * thread, so the tag applies to the tensors a thread creates — but it reuses cached blocks within a
+ * pool, so give each tag its own pool. */
+UVM_API uvm_status uvm_set_thread_tag(const char* tag);
+
+/* This thread's tag, "" when untagged. Valid for the life of the process. */
+UVM_API const char* uvm_get_thread_tag(void);
+
 /* ------------------------------------------------------------------------------------------------
  * Registry queries
  * ---------------------------------------------------------------------------------------------- */
+
+/* A byte range, for the batched calls. */
+typedef struct uvm_range {
+  const void* ptr;
+  size_t size;
+} uvm_range;
+
+/* For uvm_allocation_ranges and uvm_get_residency: every device. */
+#define UVM_ANY_DEVICE (-1)
 
 /* 1 if `ptr` points into CUDA managed memory (a uvm allocation or any other), else 0. */
 UVM_API int uvm_is_managed(const void* ptr);
@@ -113,6 +138,13 @@ UVM_API int uvm_is_managed(const void* ptr);
 /* Base, size and device of the live uvm allocation that contains `ptr`. UVM_ERROR_NOT_MANAGED if
  * no uvm allocation contains it. Any out-pointer may be NULL. */
 UVM_API uvm_status uvm_allocation_info(const void* ptr, void** base, size_t* size, int* device);
+
+/* The live uvm allocations of `device` (or UVM_ANY_DEVICE) whose tag is `tag` (NULL: any tag; "":
+ * untagged), by address. Writes at most `capacity` of them to `out` (which may be NULL when
+ * capacity is 0) and sets `*count` to how many there are, so a first call with capacity 0 sizes the
+ * array. Feed the result to uvm_offload_ranges, uvm_onload_ranges or uvm_discard_ranges. */
+UVM_API uvm_status uvm_allocation_ranges(int device, const char* tag, uvm_range* out, size_t capacity,
+                                         size_t* count);
 
 /* ------------------------------------------------------------------------------------------------
  * Limits — a per-device cap on live managed bytes allocated through uvm
@@ -175,12 +207,6 @@ UVM_API uvm_status uvm_device_capabilities(int device, uvm_device_caps* caps);
  * Hints — prefetch, advise, discard
  * ---------------------------------------------------------------------------------------------- */
 
-/* A byte range, for the batched calls. */
-typedef struct uvm_range {
-  const void* ptr;
-  size_t size;
-} uvm_range;
-
 /* Migrates [ptr, ptr+size) to `device` (UVM_LOCATION_CPU for host), asynchronously on `stream`
  * (cudaMemPrefetchAsync). size 0 is a no-op. UVM_ERROR_NOT_MANAGED for other memory,
  * UVM_ERROR_UNSUPPORTED without concurrentManagedAccess, UVM_ERROR_CAPTURING while `stream` is
@@ -188,8 +214,9 @@ typedef struct uvm_range {
 UVM_API uvm_status uvm_prefetch(const void* ptr, size_t size, int device, cudaStream_t stream);
 
 /* Prefetches all `ranges` to `device` with the fewest, largest driver calls: ranges are sorted, and
- * overlapping or adjacent ranges inside one allocation are merged. Every range is validated before
- * any call is issued. Empty ranges are skipped. */
+ * ranges inside one allocation that overlap, touch, or lie under 512 bytes apart (PyTorch's block
+ * granularity) are merged, gap included. Every range is validated before any call is issued. Empty
+ * ranges are skipped. */
 UVM_API uvm_status uvm_prefetch_ranges(const uvm_range* ranges, size_t count, int device,
                                        cudaStream_t stream);
 
@@ -206,9 +233,67 @@ UVM_API uvm_status uvm_advise_accessed_by(const void* ptr, size_t size, int devi
  * of its own, which synchronizes with the legacy stream both ways). */
 UVM_API uvm_status uvm_discard(const void* ptr, size_t size, cudaStream_t stream);
 
+/* Discards every range (see uvm_discard) in one driver call, after coalescing them like
+ * uvm_prefetch_ranges. Host copies uvm staged for these bytes are dropped too. */
+UVM_API uvm_status uvm_discard_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream);
+
+/* ------------------------------------------------------------------------------------------------
+ * Offload and onload — move memory off a GPU so others can use it, and bring it back
+ * ---------------------------------------------------------------------------------------------- */
+
+/* How uvm_offload_ranges moves bytes to the host. */
+typedef enum uvm_strategy {
+  UVM_STRATEGY_AUTO = 0,    /* the measured best: STAGED where discard is supported, else MIGRATE */
+  UVM_STRATEGY_MIGRATE = 1, /* cudaMemPrefetchAsync to the CPU; holds no extra host memory */
+  UVM_STRATEGY_STAGED = 2   /* copy into uvm's pinned staging memory, then discard (CUDA 13) */
+} uvm_strategy;
+
+/* Moves `ranges` off their GPUs, asynchronously on `stream`; once the stream reaches that point the
+ * device memory is reclaimable by any allocation (cudaMemGetInfo does not show it as free: see
+ * uvm_get_residency). Pointers never change. Ranges are validated first, then sorted and merged
+ * inside each allocation (gaps under 512 bytes, PyTorch's block granularity, are merged too), so
+ * the driver sees the fewest and largest calls; one call never spans two allocations (the driver
+ * rejects that). Bytes already offloaded are skipped. STAGED keeps the host copy in pinned memory
+ * that uvm reuses across cycles (uvm_release_staging gives it back). Touching offloaded bytes before
+ * uvm_onload_ranges gives indeterminate values for STAGED ones. UVM_ERROR_UNSUPPORTED for STAGED
+ * without discard support; UVM_ERROR_CAPTURING while `stream` is captured. */
+UVM_API uvm_status uvm_offload_ranges(const uvm_range* ranges, size_t count, uvm_strategy strategy,
+                                      cudaStream_t stream);
+
+/* Brings `ranges` back to the device of the allocation holding them, asynchronously on `stream`:
+ * staged bytes are copied back from pinned memory (populating and copying in pieces over uvm's own
+ * streams, joined to `stream` before and after), the rest is prefetched. Merged like offload. */
+UVM_API uvm_status uvm_onload_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream);
+
+/* Pinned host memory uvm holds for staged offload, and how much of it holds offloaded data. Either
+ * out-pointer may be NULL. */
+UVM_API uvm_status uvm_get_staging(size_t* capacity_bytes, size_t* staged_bytes);
+
+/* Frees the pinned staging memory that holds no offloaded data (waits for copies still reading it). */
+UVM_API uvm_status uvm_release_staging(void);
+
 /* ------------------------------------------------------------------------------------------------
  * Residency queries
  * ---------------------------------------------------------------------------------------------- */
+
+/* Where uvm last put the bytes of a set of allocations. The driver may move pages on its own (on
+ * access or under pressure); these counts are what uvm moved, the numbers cudaMemGetInfo lacks. */
+typedef struct uvm_residency {
+  size_t allocations;     /* live uvm allocations counted */
+  size_t live_bytes;      /* their bytes */
+  size_t device_bytes;    /* not moved off their device by uvm */
+  size_t host_bytes;      /* offloaded or prefetched to the host (includes staged_bytes) */
+  size_t staged_bytes;    /* held in uvm's pinned staging memory */
+  size_t discarded_bytes; /* discarded, with no copy kept */
+} uvm_residency;
+
+/* Fills `residency` for the allocations of `device` (or UVM_ANY_DEVICE) with tag `tag` (NULL: any;
+ * "": untagged). Touches no CUDA context. */
+UVM_API uvm_status uvm_get_residency(int device, const char* tag, uvm_residency* residency);
+
+/* Number of distinct tags used so far, and the name of tag `index` (NULL past the end); for listing. */
+UVM_API size_t uvm_tag_count(void);
+UVM_API const char* uvm_tag_name(size_t index);
 
 /* Preferred location and last-prefetch location of the whole range (cudaMemRangeGetAttribute): a
  * device ordinal, UVM_LOCATION_CPU, or UVM_LOCATION_NONE when unset or mixed. Either out-pointer may

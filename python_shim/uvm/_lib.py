@@ -10,6 +10,8 @@ from . import _build
 UVM_LOCATION_CPU = -1
 UVM_LOCATION_NONE = -2
 UVM_LIMIT_UNLIMITED = ctypes.c_size_t(-1).value
+UVM_ANY_DEVICE = -1
+STRATEGIES = {"auto": 0, "migrate": 1, "staged": 2}  # uvm_strategy
 
 (UVM_OK, UVM_ERROR_INVALID_ARGUMENT, UVM_ERROR_NOT_MANAGED, UVM_ERROR_UNSUPPORTED,
  UVM_ERROR_LIMIT_EXCEEDED, UVM_ERROR_CAPTURING, UVM_ERROR_CUDA, UVM_ERROR_OUT_OF_MEMORY,
@@ -35,6 +37,12 @@ class DeviceCaps(ctypes.Structure):
                 ("total_memory", ctypes.c_size_t)]
 
 
+class Residency(ctypes.Structure):
+    _fields_ = [("allocations", ctypes.c_size_t), ("live_bytes", ctypes.c_size_t),
+                ("device_bytes", ctypes.c_size_t), ("host_bytes", ctypes.c_size_t),
+                ("staged_bytes", ctypes.c_size_t), ("discarded_bytes", ctypes.c_size_t)]
+
+
 _size, _int, _ptr, _stream = ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p
 SIGNATURES = {
     "uvm_status_string": (ctypes.c_char_p, [_int]),
@@ -46,8 +54,11 @@ SIGNATURES = {
     "uvm_free": (None, [_ptr, _size, _int, _stream]),
     "uvm_set_default_advice": (_int, [_int]),
     "uvm_get_default_advice": (_int, []),
+    "uvm_set_thread_tag": (_int, [ctypes.c_char_p]),
+    "uvm_get_thread_tag": (ctypes.c_char_p, []),
     "uvm_is_managed": (_int, [_ptr]),
     "uvm_allocation_info": (_int, [_ptr, ctypes.POINTER(_ptr), ctypes.POINTER(_size), ctypes.POINTER(_int)]),
+    "uvm_allocation_ranges": (_int, [_int, ctypes.c_char_p, ctypes.POINTER(Range), _size, ctypes.POINTER(_size)]),
     "uvm_set_limit": (_int, [_int, _size]),
     "uvm_get_limit": (_int, [_int, ctypes.POINTER(_size)]),
     "uvm_get_stats": (_int, [_int, ctypes.POINTER(Stats)]),
@@ -59,6 +70,14 @@ SIGNATURES = {
     "uvm_advise_preferred_location": (_int, [_ptr, _size, _int]),
     "uvm_advise_accessed_by": (_int, [_ptr, _size, _int]),
     "uvm_discard": (_int, [_ptr, _size, _stream]),
+    "uvm_discard_ranges": (_int, [ctypes.POINTER(Range), _size, _stream]),
+    "uvm_offload_ranges": (_int, [ctypes.POINTER(Range), _size, _int, _stream]),
+    "uvm_onload_ranges": (_int, [ctypes.POINTER(Range), _size, _stream]),
+    "uvm_get_staging": (_int, [ctypes.POINTER(_size), ctypes.POINTER(_size)]),
+    "uvm_release_staging": (_int, []),
+    "uvm_get_residency": (_int, [_int, ctypes.c_char_p, ctypes.POINTER(Residency)]),
+    "uvm_tag_count": (_size, []),
+    "uvm_tag_name": (ctypes.c_char_p, [_size]),
     "uvm_query_location": (_int, [_ptr, _size, ctypes.POINTER(_int), ctypes.POINTER(_int)]),
 }
 

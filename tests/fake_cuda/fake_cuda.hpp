@@ -23,7 +23,9 @@ namespace fake {
 constexpr int kNoContext = -1;
 
 struct Op {
-  std::string call;   // "prefetch", "advise:preferred", "advise:accessed_by", "discard", "malloc", "free"
+  std::string call;   // "prefetch", "advise:preferred", "advise:accessed_by", "discard", "malloc", "free",
+                      // "copy:to_host", "copy:to_device" (ptr: the managed side), "host_alloc",
+                      // "host_free", "event_record", "wait_event" (ptr: the event), "stream_sync"
   const void* ptr;
   size_t size;
   int location;       // device ordinal or -1 (CPU); for malloc/free the context's device
@@ -31,8 +33,9 @@ struct Op {
   int context_device; // the device whose context was current when the call ran
 };
 
-// Forgets allocations, the op log, injected failures and capture state; keeps contexts and this
-// thread's current context.
+// Forgets allocations, the op log, injected failures and capture state; keeps contexts, this
+// thread's current context, pinned memory and events (uvm keeps its staging memory for the life of
+// the process).
 void reset();
 
 // The next call to `call_name` (e.g. "cudaMallocManaged") returns `error` instead of running.
@@ -46,9 +49,13 @@ cudaStream_t make_stream();
 
 std::vector<Op> ops();
 size_t live_allocations();
+size_t live_events();
 
 // This thread's current context (device ordinal or kNoContext), and whether a device's context
 // exists. set_thread_context(kNoContext) simulates a fresh thread.
+// The number of pinned host blocks alive.
+size_t pinned_blocks();
+
 int current_context();
 void set_thread_context(int device);
 bool context_created(int device);

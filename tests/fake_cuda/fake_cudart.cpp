@@ -41,6 +41,8 @@ struct World {
   std::set<cudaStream_t> capturing;
   bool context_created[kDeviceCount] = {};
   uintptr_t next_stream = 0x1000;
+  std::set<void*> pinned;
+  std::set<cudaEvent_t> live_events;
 };
 
 World& world() {
@@ -177,6 +179,16 @@ std::vector<Op> ops() {
 size_t live_allocations() {
   std::lock_guard<std::mutex> lock(world().mutex);
   return world().allocations.size();
+}
+
+size_t live_events() {
+  std::lock_guard<std::mutex> lock(world().mutex);
+  return world().live_events.size();
+}
+
+size_t pinned_blocks() {
+  std::lock_guard<std::mutex> lock(world().mutex);
+  return world().pinned.size();
 }
 
 int current_context() { return ::current_context; }
@@ -381,7 +393,10 @@ cudaError_t cudaMemDiscardBatchAsync(void** ptrs, size_t* sizes, size_t count, u
   for (size_t i = 0; i < count; ++i) {
     if (!inside_one_allocation(w, ptrs[i], sizes[i])) return set_error(cudaErrorInvalidValue);
   }
-  for (size_t i = 0; i < count; ++i) log(w, "discard", ptrs[i], sizes[i], -2, stream);
+  for (size_t i = 0; i < count; ++i) {
+    log(w, "discard", ptrs[i], sizes[i], -2, stream);
+    std::memset(ptrs[i], 0xDD, sizes[i]);  // the contents become indeterminate
+  }
   return cudaSuccess;
 }
 
@@ -419,5 +434,102 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  cudaError_t error;
+  if (injected(w, "cudaStreamSynchronize", &error)) return error;
+  ensure_context(w);
+  log(w, "stream_sync", nullptr, 0, -2, stream);
+  return cudaSuccess;
+}
+
+// Pinned host memory is plain host memory here; copies run at once, so stream order holds trivially.
+cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int flags) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  cudaError_t error;
+  if (injected(w, "cudaHostAlloc", &error)) return error;
+  ensure_context(w);
+  *ptr = std::aligned_alloc(256, (size + 255) / 256 * 256);
+  if (*ptr == nullptr) return set_error(cudaErrorMemoryAllocation);
+  w.pinned.insert(*ptr);
+  log(w, "host_alloc", *ptr, size, static_cast<int>(flags), nullptr);
+  return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void* ptr) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  ensure_context(w);
+  if (!w.pinned.erase(ptr)) return set_error(cudaErrorInvalidValue);
+  log(w, "host_free", ptr, 0, -2, nullptr);
+  std::free(ptr);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  cudaError_t error;
+  if (injected(w, "cudaMemcpyAsync", &error)) return error;
+  const int device = ensure_context(w);
+  if (kind != cudaMemcpyDefault) return set_error(cudaErrorInvalidValue);
+  // Like the driver: a copy may not run past the end of the managed allocation it touches.
+  const bool to_device = inside_one_allocation(w, dst, 1);
+  const void* managed = to_device ? dst : src;
+  if (!inside_one_allocation(w, managed, count)) return set_error(cudaErrorInvalidValue);
+  std::memmove(dst, src, count);
+  log(w, to_device ? "copy:to_device" : "copy:to_host", managed, count, to_device ? device : -1, stream);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  cudaError_t error;
+  if (injected(w, "cudaEventCreateWithFlags", &error)) return error;
+  ensure_context(w);
+  *event = reinterpret_cast<cudaEvent_t>(w.next_stream += 0x10);
+  w.live_events.insert(*event);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  cudaError_t error;
+  if (injected(w, "cudaEventRecord", &error)) return error;
+  ensure_context(w);
+  if (!w.live_events.count(event)) return set_error(cudaErrorInvalidResourceHandle);
+  log(w, "event_record", event, 0, -2, stream);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  return w.live_events.count(event) ? cudaSuccess : set_error(cudaErrorInvalidResourceHandle);
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) { return cudaEventQuery(event); }
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  return w.live_events.erase(event) ? cudaSuccess : set_error(cudaErrorInvalidResourceHandle);
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  cudaError_t error;
+  if (injected(w, "cudaStreamWaitEvent", &error)) return error;
+  ensure_context(w);
+  if (!w.live_events.count(event)) return set_error(cudaErrorInvalidResourceHandle);
+  log(w, "wait_event", event, 0, -2, stream);
+  return cudaSuccess;
+}
 
 }  // extern "C"

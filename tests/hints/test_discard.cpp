@@ -57,7 +57,7 @@ TEST_CASE("discard refuses what it cannot do", "[discard]") {
   fake::fail_next("cudaMemDiscardBatchAsync", cudaErrorInvalidValue);
   CHECK(uvm_discard(ptr, kSize, fake::make_stream()) == UVM_ERROR_CUDA);
   CHECK_THAT(last_error(), Has("uvm_discard(ptr="));
-  CHECK_THAT(last_error(), Has("cudaMemDiscardBatchAsync failed: cudaErrorInvalidValue"));
+  CHECK_THAT(last_error(), Has("cudaMemDiscardBatchAsync(1 ranges) failed: cudaErrorInvalidValue"));
   CHECK(FakeMachine::ops_named("discard").empty());
   CHECK(cudaPeekAtLastError() == cudaSuccess);
   uvm_free(ptr, kSize, 0, nullptr);

@@ -1,0 +1,216 @@
+#include "staging.hpp"
+
+#include <algorithm>
+
+#include "devices.hpp"
+
+namespace uvm {
+namespace {
+
+// Blocks are at least this big, so a model of many small tensors costs one cudaHostAlloc, not one
+// per tensor; the first offload of a big model gets one block of its whole size.
+constexpr size_t kMinBlockBytes = size_t{256} << 20;
+constexpr size_t kHostAlignment = 256;
+
+size_t aligned(size_t bytes) { return (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment; }
+
+// Drops the events that have completed, so the list stays short.
+void prune(std::vector<EventRef>* events) {
+  events->erase(std::remove_if(events->begin(), events->end(),
+                               [](const EventRef& e) {
+                                 return clear_cuda_error(cudaEventQuery(e->handle)) == cudaSuccess;
+                               }),
+                events->end());
+}
+
+}  // namespace
+
+CudaEvent::~CudaEvent() {
+  if (handle != nullptr) clear_cuda_error(cudaEventDestroy(handle));
+}
+
+uvm_status record_event(const Call& call, cudaStream_t stream, EventRef* out) {
+  auto event = std::make_shared<CudaEvent>();
+  if (cudaError_t e = cudaEventCreateWithFlags(&event->handle, cudaEventDisableTiming)) {
+    event->handle = nullptr;
+    return fail_cuda(call, e, "cudaEventCreateWithFlags");
+  }
+  if (cudaError_t e = cudaEventRecord(event->handle, stream)) return fail_cuda(call, e, "cudaEventRecord");
+  *out = std::move(event);
+  return UVM_OK;
+}
+
+uvm_status Staging::reserve(const Call& call, const std::vector<Span>& spans, std::vector<char*>* hosts,
+                            std::vector<EventRef>* wait_for) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  hosts->assign(spans.size(), nullptr);
+  for (auto& block : blocks_) {
+    if (block->live == 0) block->used = 0;  // rewind: its readers are waited for below
+  }
+  std::vector<std::shared_ptr<Block>> touched;
+  std::vector<size_t> pending;
+  size_t pending_bytes = 0;
+  auto place = [&](size_t i, const std::shared_ptr<Block>& block) {
+    (*hosts)[i] = block->host + block->used;
+    block->used += aligned(spans[i].size());
+    block->live += spans[i].size();
+    if (std::find(touched.begin(), touched.end(), block) == touched.end()) touched.push_back(block);
+  };
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const size_t need = aligned(spans[i].size());
+    auto fits = std::find_if(blocks_.begin(), blocks_.end(),
+                             [&](const auto& block) { return block->capacity - block->used >= need; });
+    if (fits != blocks_.end()) {
+      place(i, *fits);
+    } else {
+      pending.push_back(i);
+      pending_bytes += need;
+    }
+  }
+  if (!pending.empty()) {
+    auto block = std::make_shared<Block>();
+    block->capacity = std::max(kMinBlockBytes, pending_bytes);
+    void* host = nullptr;
+    if (cudaError_t e = cudaHostAlloc(&host, block->capacity, cudaHostAllocPortable)) {
+      for (size_t i = 0; i < spans.size(); ++i) {
+        if ((*hosts)[i] != nullptr) block_holding((*hosts)[i])->live -= spans[i].size();
+      }
+      return fail_cuda(call, e, "cudaHostAlloc(%zu bytes of pinned staging memory; offload with "
+                                "UVM_STRATEGY_MIGRATE to need none)", block->capacity);
+    }
+    block->host = static_cast<char*>(host);
+    clear_cuda_error(cudaGetDevice(&block->device));
+    blocks_.push_back(block);
+    for (size_t i : pending) place(i, block);
+  }
+  for (auto& block : touched) {
+    prune(&block->reads);
+    wait_for->insert(wait_for->end(), block->reads.begin(), block->reads.end());
+  }
+  return UVM_OK;
+}
+
+void Staging::cancel(const std::vector<Span>& spans, const std::vector<char*>& hosts) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t i = 0; i < spans.size(); ++i) {
+    if (auto block = block_holding(hosts[i])) block->live -= spans[i].size();
+  }
+}
+
+void Staging::commit(const std::vector<Span>& spans, const std::vector<char*>& hosts, EventRef written) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t i = 0; i < spans.size(); ++i) {
+    release_locked(spans[i].begin, spans[i].end, nullptr);  // a racing offload of the same bytes
+    entries_[spans[i].begin] = Entry{spans[i].end, hosts[i], block_holding(hosts[i]), written};
+  }
+}
+
+std::vector<StagedPiece> Staging::overlapping(uintptr_t begin, uintptr_t end) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<StagedPiece> pieces;
+  auto it = entries_.upper_bound(begin);
+  if (it != entries_.begin() && std::prev(it)->second.end > begin) --it;
+  for (; it != entries_.end() && it->first < end; ++it) {
+    const uintptr_t from = std::max(begin, it->first);
+    const uintptr_t to = std::min(end, it->second.end);
+    pieces.push_back(StagedPiece{Span{from, to}, it->second.host + (from - it->first), it->second.written});
+  }
+  return pieces;
+}
+
+void Staging::release(uintptr_t begin, uintptr_t end, const EventRef& read) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  release_locked(begin, end, read);
+}
+
+void Staging::release_locked(uintptr_t begin, uintptr_t end, const EventRef& read) {
+  auto it = entries_.upper_bound(begin);
+  if (it != entries_.begin() && std::prev(it)->second.end > begin) --it;
+  while (it != entries_.end() && it->first < end) {
+    const uintptr_t entry_begin = it->first;
+    const Entry entry = it->second;
+    it = entries_.erase(it);
+    const uintptr_t from = std::max(begin, entry_begin);
+    const uintptr_t to = std::min(end, entry.end);
+    give_back(*entry.block, to - from, read);
+    // A copy into staging may still be running (offload, then discard or free at once): the bytes
+    // are not reusable before it ends either.
+    if (entry.written) entry.block->reads.push_back(entry.written);
+    // Whatever lies outside [begin, end) stays staged.
+    if (entry_begin < from) entries_[entry_begin] = Entry{from, entry.host, entry.block, entry.written};
+    if (to < entry.end) {
+      it = entries_.emplace(to, Entry{entry.end, entry.host + (to - entry_begin), entry.block, entry.written}).first;
+      ++it;
+    }
+  }
+}
+
+void Staging::give_back(Block& block, size_t bytes, const EventRef& read) {
+  block.live -= bytes;
+  if (read) block.reads.push_back(read);
+}
+
+std::shared_ptr<Staging::Block> Staging::block_holding(const char* host) const {
+  for (const auto& block : blocks_) {
+    if (host >= block->host && host < block->host + block->capacity) return block;
+  }
+  return nullptr;
+}
+
+uvm_status Staging::free_unused(const Call& call) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = blocks_.begin(); it != blocks_.end();) {
+    Block& block = **it;
+    if (block.live != 0) {
+      ++it;
+      continue;
+    }
+    ContextScope scope;
+    if (uvm_status s = scope.enter(call, block.device, ContextScope::When::only_if_none_current)) return s;
+    for (const EventRef& read : block.reads) {
+      if (cudaError_t e = cudaEventSynchronize(read->handle)) return fail_cuda(call, e, "cudaEventSynchronize");
+    }
+    if (cudaError_t e = cudaFreeHost(block.host)) return fail_cuda(call, e, "cudaFreeHost(%p)", block.host);
+    it = blocks_.erase(it);
+  }
+  return UVM_OK;
+}
+
+size_t Staging::capacity_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t total = 0;
+  for (const auto& block : blocks_) total += block->capacity;
+  return total;
+}
+
+size_t Staging::staged_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t total = 0;
+  for (const auto& [begin, entry] : entries_) total += entry.end - begin;
+  return total;
+}
+
+Staging& staging() {
+  static Staging* instance = new Staging();
+  return *instance;
+}
+
+}  // namespace uvm
+
+extern "C" {
+
+uvm_status uvm_get_staging(size_t* capacity_bytes, size_t* staged_bytes) {
+  const uvm::Call call = uvm::Call::of("uvm_get_staging");
+  return uvm::guarded(call, [&] {
+    if (capacity_bytes) *capacity_bytes = uvm::staging().capacity_bytes();
+    if (staged_bytes) *staged_bytes = uvm::staging().staged_bytes();
+    return UVM_OK;
+  });
+}
+
+uvm_status uvm_release_staging(void) {
+  const uvm::Call call = uvm::Call::of("uvm_release_staging");
+  return uvm::guarded(call, [&] { return uvm::staging().free_unused(call); });
+}
+
+}  // extern "C"

@@ -1,0 +1,405 @@
+// transfer_probe: measures the raw driver paths uvm's offload/onload can take, on one GPU, so the
+// library's choices rest on numbers (issue 4: "onload into discarded pages was erratic: find out
+// why"). Not part of the library; built with nvcc by scripts/device_run.sh.
+//
+//   transfer_probe [total_MiB=4096] [cycles=3] [all|onload]
+//
+// Managed total stays at `total_MiB` (the device script passes at most 25 % of the card). For two
+// layouts (one allocation; ~190 mixed-size allocations like a torch pool's segments) it prints, per
+// cycle, GB/s of each offload and onload path, the time a kernel then takes to read the data (slow
+// means it was not on the GPU), and whether the data survived. A "pressure" step between offload and
+// onload has a plain cudaMalloc claim the freed memory, as the benchmark does.
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#define CHECK(call)                                                                      \
+  do {                                                                                   \
+    cudaError_t e_ = (call);                                                             \
+    if (e_ != cudaSuccess) {                                                             \
+      std::printf("FAIL %s:%d %s -> %s\n", __FILE__, __LINE__, #call, cudaGetErrorName(e_)); \
+      std::exit(1);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+namespace {
+
+constexpr size_t kMiB = size_t(1) << 20;
+
+__global__ void fill(uint32_t* data, size_t words, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < words; i += size_t(gridDim.x) * blockDim.x)
+    data[i] = uint32_t(i * 2654435761u) ^ seed;
+}
+
+__global__ void verify(const uint32_t* data, size_t words, uint32_t seed, unsigned long long* bad) {
+  unsigned long long mine = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < words; i += size_t(gridDim.x) * blockDim.x)
+    mine += data[i] != (uint32_t(i * 2654435761u) ^ seed);
+  if (mine) atomicAdd(bad, mine);
+}
+
+struct Layout {
+  std::string name;
+  std::vector<char*> bases;
+  std::vector<size_t> sizes;
+  size_t total = 0;
+};
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+cudaMemLocation gpu_loc(int device) { return {cudaMemLocationTypeDevice, device}; }
+cudaMemLocation cpu_loc() { return {cudaMemLocationTypeHost, 0}; }
+
+Layout make_layout(const std::string& name, const std::vector<size_t>& pattern_mib, size_t total, int device) {
+  Layout layout;
+  layout.name = name;
+  for (size_t i = 0; layout.total < total; ++i) {
+    size_t size = std::min(pattern_mib[i % pattern_mib.size()] * kMiB, total - layout.total);
+    char* p = nullptr;
+    CHECK(cudaMallocManaged(&p, size));
+    CHECK(cudaMemAdvise(p, size, cudaMemAdviseSetPreferredLocation, gpu_loc(device)));
+    CHECK(cudaMemAdvise(p, size, cudaMemAdviseSetAccessedBy, gpu_loc(device)));
+    layout.bases.push_back(p);
+    layout.sizes.push_back(size);
+    layout.total += size;
+  }
+  size_t adjacent = 0;
+  for (size_t i = 1; i < layout.bases.size(); ++i) {
+    const size_t rounded = (layout.sizes[i - 1] + 2 * kMiB - 1) / (2 * kMiB) * (2 * kMiB);
+    adjacent += layout.bases[i] == layout.bases[i - 1] + rounded;
+    adjacent += layout.bases[i] == layout.bases[i - 1] - ((layout.sizes[i] + 2 * kMiB - 1) / (2 * kMiB) * (2 * kMiB));
+  }
+  std::printf("layout %s: %zu allocations, %zu MiB, %zu of %zu neighbours adjacent in VA\n", name.c_str(),
+              layout.bases.size(), layout.total / kMiB, adjacent, layout.bases.size() - 1);
+  return layout;
+}
+
+void fill_all(const Layout& l, uint32_t seed) {
+  for (size_t i = 0; i < l.bases.size(); ++i)
+    fill<<<1024, 256>>>(reinterpret_cast<uint32_t*>(l.bases[i]), l.sizes[i] / 4, seed + uint32_t(i));
+  CHECK(cudaDeviceSynchronize());
+}
+
+// Returns (mismatched words, seconds the verify kernels took).
+std::pair<unsigned long long, double> verify_all(const Layout& l, uint32_t seed, unsigned long long* bad) {
+  *bad = 0;
+  const double start = now_s();
+  for (size_t i = 0; i < l.bases.size(); ++i)
+    verify<<<1024, 256>>>(reinterpret_cast<const uint32_t*>(l.bases[i]), l.sizes[i] / 4, seed + uint32_t(i), bad);
+  CHECK(cudaDeviceSynchronize());
+  return {*bad, now_s() - start};
+}
+
+// A plain allocation claims (reported free + 95 % of the offloaded bytes), proving reclaim; freed at once.
+bool pressure(size_t offloaded) {
+  size_t free_bytes = 0, total = 0;
+  CHECK(cudaMemGetInfo(&free_bytes, &total));
+  void* p = nullptr;
+  cudaError_t e = cudaMalloc(&p, free_bytes + offloaded / 100 * 95);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  CHECK(cudaMemset(p, 1, 1 << 20));
+  CHECK(cudaFree(p));
+  return true;
+}
+
+struct Path {
+  const char* offload_name;
+  const char* onload_name;
+  std::function<void(const Layout&, char*, cudaStream_t*)> offload;
+  std::function<void(const Layout&, char*, cudaStream_t*)> onload;
+};
+
+void batch_arrays(const Layout& l, std::vector<void*>* ptrs, std::vector<size_t>* sizes) {
+  ptrs->assign(l.bases.begin(), l.bases.end());
+  sizes->assign(l.sizes.begin(), l.sizes.end());
+}
+
+void run_path(const Layout& l, const Path& path, char* staging, cudaStream_t* streams, int cycles, bool with_pressure,
+              int device) {
+  unsigned long long* bad = nullptr;
+  CHECK(cudaMallocHost(&bad, sizeof(*bad)));
+  for (int cycle = 0; cycle < cycles; ++cycle) {
+    const uint32_t seed = 1000u * cycle + 7u;
+    fill_all(l, seed);
+    double t0 = now_s();
+    path.offload(l, staging, streams);
+    CHECK(cudaDeviceSynchronize());
+    const double off_s = now_s() - t0;
+    const bool reclaimed = with_pressure ? pressure(l.total) : true;
+    t0 = now_s();
+    path.onload(l, staging, streams);
+    CHECK(cudaDeviceSynchronize());
+    const double on_s = now_s() - t0;
+    auto [mismatch, read_s] = verify_all(l, seed, bad);
+    std::printf("  %-8s %-22s %-30s cycle %d: offload %6.1f GB/s  onload %6.1f GB/s  read-after %7.2f ms  %s%s\n",
+                l.name.c_str(), path.offload_name, path.onload_name, cycle, l.total / off_s / 1e9,
+                l.total / on_s / 1e9, read_s * 1e3, mismatch ? "DATA MISMATCH" : "ok",
+                with_pressure ? (reclaimed ? " reclaimed" : " NOT-reclaimed") : "");
+  }
+  CHECK(cudaFreeHost(bad));
+  (void)device;
+}
+
+void probe_cross_allocation(const Layout& l, int device, cudaStream_t stream, char* staging) {
+  for (size_t i = 1; i < l.bases.size(); ++i) {
+    if (l.bases[i] != l.bases[i - 1] + l.sizes[i - 1]) continue;
+    char* p = l.bases[i - 1];
+    size_t n = l.sizes[i - 1] + l.sizes[i];
+    std::printf("cross-allocation (allocations %zu and %zu adjacent):\n", i - 1, i);
+    cudaError_t e = cudaMemPrefetchAsync(p, n, cpu_loc(), 0, stream);
+    std::printf("  prefetch to CPU over both: %s\n", cudaGetErrorName(e));
+    cudaGetLastError();
+    e = cudaMemPrefetchAsync(p, n, gpu_loc(device), 0, stream);
+    std::printf("  prefetch to GPU over both: %s\n", cudaGetErrorName(e));
+    cudaGetLastError();
+    e = cudaMemcpyAsync(staging, p, n, cudaMemcpyDefault, stream);
+    std::printf("  memcpy D2H over both: %s\n", cudaGetErrorName(e));
+    cudaGetLastError();
+    CHECK(cudaStreamSynchronize(stream));
+    void* ptrs[1] = {p};
+    size_t sizes[1] = {n};
+    e = cudaMemDiscardBatchAsync(ptrs, sizes, 1, 0, stream);
+    std::printf("  discard over both: %s\n", cudaGetErrorName(e));
+    cudaGetLastError();
+    e = cudaMemcpyAsync(p, staging, n, cudaMemcpyDefault, stream);
+    std::printf("  memcpy H2D over both: %s\n", cudaGetErrorName(e));
+    cudaGetLastError();
+    CHECK(cudaStreamSynchronize(stream));
+    return;
+  }
+  std::printf("cross-allocation: no adjacent pair in layout %s\n", l.name.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const size_t total = (argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 4096) * kMiB;
+  const int cycles = argc > 2 ? std::atoi(argv[2]) : 3;
+  const int device = 0;
+  CHECK(cudaSetDevice(device));
+  cudaDeviceProp prop{};
+  CHECK(cudaGetDeviceProperties(&prop, device));
+  int driver = 0, runtime = 0;
+  CHECK(cudaDriverGetVersion(&driver));
+  CHECK(cudaRuntimeGetVersion(&runtime));
+  std::printf("device %s, %zu MiB; driver API %d, runtime %d; managed total %zu MiB\n", prop.name,
+              prop.totalGlobalMem / kMiB, driver, runtime, total / kMiB);
+  if (total > prop.totalGlobalMem / 4) {
+    std::printf("refusing: %zu MiB is above 25%% of the card\n", total / kMiB);
+    return 2;
+  }
+  cudaStream_t streams[4];
+  for (auto& s : streams) CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  char* staging = nullptr;
+  double t0 = now_s();
+  CHECK(cudaMallocHost(&staging, total));
+  std::printf("pinned staging of %zu MiB: %.0f ms to allocate\n", total / kMiB, (now_s() - t0) * 1e3);
+
+  auto offsets = [](const Layout& l) {
+    std::vector<size_t> at(l.bases.size());
+    size_t o = 0;
+    for (size_t i = 0; i < at.size(); ++i) at[i] = o, o += l.sizes[i];
+    return at;
+  };
+  const cudaMemLocation host = cpu_loc(), gpu = gpu_loc(device);
+
+  auto migrate_off = [&](const Layout& l, char*, cudaStream_t* s) {
+    for (size_t i = 0; i < l.bases.size(); ++i) CHECK(cudaMemPrefetchAsync(l.bases[i], l.sizes[i], host, 0, s[0]));
+  };
+  auto migrate_off_advise = [&](const Layout& l, char*, cudaStream_t* s) {
+    for (size_t i = 0; i < l.bases.size(); ++i) {
+      CHECK(cudaMemAdvise(l.bases[i], l.sizes[i], cudaMemAdviseSetPreferredLocation, host));
+      CHECK(cudaMemPrefetchAsync(l.bases[i], l.sizes[i], host, 0, s[0]));
+    }
+  };
+  auto migrate_off_4streams = [&](const Layout& l, char*, cudaStream_t* s) {
+    for (size_t i = 0; i < l.bases.size(); ++i) CHECK(cudaMemPrefetchAsync(l.bases[i], l.sizes[i], host, 0, s[i % 4]));
+  };
+  auto migrate_on = [&](const Layout& l, char*, cudaStream_t* s) {
+    for (size_t i = 0; i < l.bases.size(); ++i) {
+      CHECK(cudaMemAdvise(l.bases[i], l.sizes[i], cudaMemAdviseSetPreferredLocation, gpu));
+      CHECK(cudaMemPrefetchAsync(l.bases[i], l.sizes[i], gpu, 0, s[0]));
+    }
+  };
+  auto staged_off = [&](const Layout& l, char* staging, cudaStream_t* s) {
+    auto at = offsets(l);
+    for (size_t i = 0; i < l.bases.size(); ++i)
+      CHECK(cudaMemcpyAsync(staging + at[i], l.bases[i], l.sizes[i], cudaMemcpyDefault, s[0]));
+    std::vector<void*> p;
+    std::vector<size_t> n;
+    batch_arrays(l, &p, &n);
+    CHECK(cudaMemDiscardBatchAsync(p.data(), n.data(), p.size(), 0, s[0]));
+  };
+  auto staged_off_2streams = [&](const Layout& l, char* staging, cudaStream_t* s) {
+    auto at = offsets(l);
+    for (size_t i = 0; i < l.bases.size(); ++i)
+      CHECK(cudaMemcpyAsync(staging + at[i], l.bases[i], l.sizes[i], cudaMemcpyDefault, s[i % 2]));
+    CHECK(cudaStreamSynchronize(s[1]));
+    std::vector<void*> p;
+    std::vector<size_t> n;
+    batch_arrays(l, &p, &n);
+    CHECK(cudaMemDiscardBatchAsync(p.data(), n.data(), p.size(), 0, s[0]));
+  };
+  auto copy_in = [&](const Layout& l, char* staging, cudaStream_t* s) {
+    auto at = offsets(l);
+    for (size_t i = 0; i < l.bases.size(); ++i)
+      CHECK(cudaMemcpyAsync(l.bases[i], staging + at[i], l.sizes[i], cudaMemcpyDefault, s[0]));
+  };
+  auto populate_then_copy = [&](const Layout& l, char* staging, cudaStream_t* s) {
+    std::vector<void*> p;
+    std::vector<size_t> n;
+    batch_arrays(l, &p, &n);
+    cudaMemLocation loc = gpu;
+    size_t idx = 0;
+    CHECK(cudaMemPrefetchBatchAsync(p.data(), n.data(), p.size(), &loc, &idx, 1, 0, s[0]));
+    copy_in(l, staging, s);
+  };
+  auto discard_prefetch_then_copy = [&](const Layout& l, char* staging, cudaStream_t* s) {
+    std::vector<void*> p;
+    std::vector<size_t> n;
+    batch_arrays(l, &p, &n);
+    cudaMemLocation loc = gpu;
+    size_t idx = 0;
+    CHECK(cudaMemDiscardAndPrefetchBatchAsync(p.data(), n.data(), p.size(), &loc, &idx, 1, 0, s[0]));
+    copy_in(l, staging, s);
+  };
+  auto pipelined = [&](const Layout& l, char* staging, cudaStream_t* s) {
+    auto at = offsets(l);
+    for (size_t i = 0; i < l.bases.size(); ++i) {
+      // 64 MiB pieces: populate a piece, then copy it, alternating two streams.
+      for (size_t o = 0; o < l.sizes[i]; o += 64 * kMiB) {
+        const size_t n = std::min(64 * kMiB, l.sizes[i] - o);
+        cudaStream_t st = s[(o / (64 * kMiB) + i) % 2];
+        CHECK(cudaMemPrefetchAsync(l.bases[i] + o, n, gpu, 0, st));
+        CHECK(cudaMemcpyAsync(l.bases[i] + o, staging + at[i] + o, n, cudaMemcpyDefault, st));
+      }
+    }
+  };
+
+  // Onload variants that isolate why onload into discarded pages is erratic: which populate call,
+  // what granularity, and whether the populate is finished before the copies start.
+  double populate_s = 0;
+  auto populate_variant = [&](const char* api, size_t chunk, bool sync_between, int nstreams) {
+    return [&, api, chunk, sync_between, nstreams](const Layout& l, char* staging, cudaStream_t* s) {
+      auto at = offsets(l);
+      const std::string which = api;
+      std::vector<void*> p;
+      std::vector<size_t> n;
+      for (size_t i = 0; i < l.bases.size(); ++i)
+        for (size_t o = 0; o < l.sizes[i]; o += chunk) p.push_back(l.bases[i] + o), n.push_back(std::min(chunk, l.sizes[i] - o));
+      const double t = now_s();
+      cudaMemLocation loc = gpu;
+      size_t idx = 0;
+      if (which == "prefetch") {
+        for (size_t k = 0; k < p.size(); ++k) CHECK(cudaMemPrefetchAsync(p[k], n[k], gpu, 0, s[k % nstreams]));
+      } else if (which == "batch") {
+        CHECK(cudaMemPrefetchBatchAsync(p.data(), n.data(), p.size(), &loc, &idx, 1, 0, s[0]));
+      } else if (which == "dap") {
+        CHECK(cudaMemDiscardAndPrefetchBatchAsync(p.data(), n.data(), p.size(), &loc, &idx, 1, 0, s[0]));
+      }
+      if (sync_between) {
+        CHECK(cudaDeviceSynchronize());
+        populate_s = now_s() - t;
+      }
+      if (which == "interleaved") {
+        size_t k = 0;
+        for (size_t i = 0; i < l.bases.size(); ++i)
+          for (size_t o = 0; o < l.sizes[i]; o += chunk, ++k) {
+            CHECK(cudaMemPrefetchAsync(p[k], n[k], gpu, 0, s[k % nstreams]));
+            CHECK(cudaMemcpyAsync(p[k], staging + at[i] + o, n[k], cudaMemcpyDefault, s[k % nstreams]));
+          }
+        return;
+      }
+      if (!sync_between && nstreams > 1)
+        for (int k = 1; k < nstreams; ++k) {
+          cudaEvent_t ev;
+          CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+          CHECK(cudaEventRecord(ev, s[k]));
+          CHECK(cudaStreamWaitEvent(s[0], ev));
+          CHECK(cudaEventDestroy(ev));
+        }
+      size_t k = 0;
+      for (size_t i = 0; i < l.bases.size(); ++i)
+        for (size_t o = 0; o < l.sizes[i]; o += chunk, ++k)
+          CHECK(cudaMemcpyAsync(p[k], staging + at[i] + o, n[k], cudaMemcpyDefault, s[0]));
+    };
+  };
+  const size_t whole = size_t(1) << 40;
+  const std::vector<Path> onload_paths = {
+      {"staged", "prefetch,copy", staged_off, populate_variant("prefetch", whole, false, 1)},
+      {"staged", "prefetch|sync|copy", staged_off, populate_variant("prefetch", whole, true, 1)},
+      {"staged", "batch|sync|copy", staged_off, populate_variant("batch", whole, true, 1)},
+      {"staged", "dap|sync|copy", staged_off, populate_variant("dap", whole, true, 1)},
+      {"staged", "prefetch64M,copy", staged_off, populate_variant("prefetch", 64 * kMiB, false, 1)},
+      {"staged", "prefetch64M|sync|copy", staged_off, populate_variant("prefetch", 64 * kMiB, true, 1)},
+      {"staged", "batch64M|sync|copy", staged_off, populate_variant("batch", 64 * kMiB, true, 1)},
+      {"staged", "prefetch64M-4str|sync|copy", staged_off, populate_variant("prefetch", 64 * kMiB, true, 4)},
+      {"staged", "interleaved64M-1str", staged_off, populate_variant("interleaved", 64 * kMiB, false, 1)},
+      {"staged", "interleaved64M-2str", staged_off, populate_variant("interleaved", 64 * kMiB, false, 2)},
+      {"staged", "interleaved16M-2str", staged_off, populate_variant("interleaved", 16 * kMiB, false, 2)},
+  };
+  const bool onload_only = argc > 3 && std::string(argv[3]) == "onload";
+
+  const std::vector<Path> all_paths = {
+      {"migrate", "migrate", migrate_off, migrate_on},
+      {"migrate+advise-cpu", "migrate", migrate_off_advise, migrate_on},
+      {"migrate-4streams", "migrate", migrate_off_4streams, migrate_on},
+      {"staged", "copy-into-discarded", staged_off, copy_in},
+      {"staged", "populate-batch+copy", staged_off, populate_then_copy},
+      {"staged", "discard&prefetch+copy", staged_off, discard_prefetch_then_copy},
+      {"staged", "pipelined-64MiB-2str", staged_off, pipelined},
+      {"staged-2streams", "populate-batch+copy", staged_off_2streams, populate_then_copy},
+  };
+
+  const std::vector<Path>& paths = onload_only ? onload_paths : all_paths;
+
+  // Pinned memcpy of the same bytes: the limit.
+  {
+    char* plain = nullptr;
+    CHECK(cudaMalloc(&plain, total));
+    for (int cycle = 0; cycle < cycles; ++cycle) {
+      t0 = now_s();
+      CHECK(cudaMemcpyAsync(staging, plain, total, cudaMemcpyDeviceToHost, streams[0]));
+      CHECK(cudaStreamSynchronize(streams[0]));
+      const double out_s = now_s() - t0;
+      t0 = now_s();
+      CHECK(cudaMemcpyAsync(plain, staging, total, cudaMemcpyHostToDevice, streams[0]));
+      CHECK(cudaStreamSynchronize(streams[0]));
+      std::printf("  pinned memcpy cycle %d: out %6.1f GB/s  in %6.1f GB/s\n", cycle, total / out_s / 1e9,
+                  total / (now_s() - t0) / 1e9);
+    }
+    CHECK(cudaFree(plain));
+  }
+
+  const std::vector<std::pair<std::string, std::vector<size_t>>> layouts = {
+      {"one", {total / kMiB}},
+      {"mixed", {32, 22, 20, 2, 44, 8}},
+  };
+  for (const auto& [name, pattern] : layouts) {
+    Layout l = make_layout(name, pattern, total, device);
+    fill_all(l, 1);
+    probe_cross_allocation(l, device, streams[0], staging);
+    for (bool with_pressure : {false, true}) {
+      std::printf("%s pressure step:\n", with_pressure ? "with" : "without");
+      for (const Path& path : paths) {
+        populate_s = 0;
+        run_path(l, path, staging, streams, cycles, with_pressure, device);
+        if (populate_s > 0) std::printf("    (last cycle's populate alone: %.1f ms)\n", populate_s * 1e3);
+      }
+    }
+    for (char* p : l.bases) CHECK(cudaFree(p));
+  }
+  CHECK(cudaFreeHost(staging));
+  std::printf("probe done\n");
+  return 0;
+}

@@ -1,0 +1,65 @@
+#include "plan.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+namespace uvm {
+namespace {
+
+// Measured on an H100 (bench/transfer_probe.cu): populating a piece and copying it right after,
+// alternating two streams, ran 37–41 GB/s in every case; 16 MiB pieces were no better.
+constexpr size_t kDefaultChunkMiB = 64;
+constexpr int kDefaultStreams = 2;
+
+long parse_in_range(const char* text, long low, long high, long fallback) {
+  if (text == nullptr || *text == '\0') return fallback;
+  char* end = nullptr;
+  const long value = std::strtol(text, &end, 10);
+  if (*end != '\0' || value < low || value > high) return fallback;
+  return value;
+}
+
+}  // namespace
+
+uvm_strategy choose_strategy(uvm_strategy requested, bool discard_supported) {
+  if (requested != UVM_STRATEGY_AUTO) return requested;
+  return discard_supported ? UVM_STRATEGY_STAGED : UVM_STRATEGY_MIGRATE;
+}
+
+std::vector<Span> subtract(const Span& range, const std::vector<Span>& covered) {
+  std::vector<Span> parts;
+  uintptr_t at = range.begin;
+  for (const Span& c : covered) {
+    if (c.end <= at || c.begin >= range.end) continue;
+    if (c.begin > at) parts.push_back(Span{at, c.begin});
+    at = std::max(at, c.end);
+    if (at >= range.end) break;
+  }
+  if (at < range.end) parts.push_back(Span{at, range.end});
+  return parts;
+}
+
+std::vector<Span> split_into_chunks(const std::vector<Span>& spans, size_t chunk_bytes) {
+  std::vector<Span> chunks;
+  for (const Span& span : spans) {
+    for (uintptr_t at = span.begin; at < span.end; at += chunk_bytes) {
+      chunks.push_back(Span{at, at + std::min<size_t>(chunk_bytes, span.end - at)});
+    }
+  }
+  return chunks;
+}
+
+OnloadPipeline parse_onload_pipeline(const char* chunk_mib, const char* streams) {
+  return OnloadPipeline{
+      static_cast<size_t>(parse_in_range(chunk_mib, 1, 4096, kDefaultChunkMiB)) << 20,
+      static_cast<int>(parse_in_range(streams, 1, 8, kDefaultStreams))};
+}
+
+OnloadPipeline onload_pipeline() {
+  static const OnloadPipeline pipeline =
+      parse_onload_pipeline(std::getenv("UVM_ONLOAD_CHUNK_MIB"), std::getenv("UVM_ONLOAD_STREAMS"));
+  return pipeline;
+}
+
+}  // namespace uvm

@@ -1,0 +1,25 @@
+// Streams uvm owns, one set per device, created on first use in the current context and kept for
+// the life of the process.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "../alloc/errors.hpp"
+
+namespace uvm {
+
+// The legacy NULL stream or its alias.
+inline bool is_legacy_stream(cudaStream_t stream) {
+  return stream == nullptr || stream == cudaStreamLegacy;
+}
+
+// The driver rejects the legacy NULL stream for the batch calls (discard: cudaErrorInvalidValue,
+// measured on an H100). A blocking stream synchronizes with the legacy stream both ways, so work
+// issued on it keeps the caller's legacy-stream order exactly. For the current device.
+uvm_status ordering_stream(const Call& call, cudaStream_t* out);
+
+// `count` (at most 8) non-blocking streams of the current device for the onload pipeline; callers
+// join them to their own stream with events before and after.
+uvm_status worker_streams(const Call& call, int count, cudaStream_t* out);
+
+}  // namespace uvm

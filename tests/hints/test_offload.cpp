@@ -1,0 +1,269 @@
+// uvm_offload_ranges / uvm_onload_ranges against the fake runtime, which really copies bytes and
+// scribbles over discarded ones: data survives every strategy, calls are coalesced, staging memory
+// is reused, and failures are clean.
+#include <cstring>
+#include <numeric>
+
+#include "fixture.hpp"
+
+namespace {
+constexpr size_t kSize = 1 << 20;
+
+struct Buffer {
+  explicit Buffer(size_t size = kSize, int device = 0) : size(size), device(device) {
+    ptr = static_cast<unsigned char*>(uvm_malloc(size, device, nullptr));
+    REQUIRE(ptr != nullptr);
+    for (size_t i = 0; i < size; ++i) ptr[i] = static_cast<unsigned char>(i * 7 + 3);
+  }
+  ~Buffer() { uvm_free(ptr, size, device, nullptr); }
+  bool intact(size_t from = 0, size_t to = 0) const {
+    for (size_t i = from; i < (to ? to : size); ++i) {
+      if (ptr[i] != static_cast<unsigned char>(i * 7 + 3)) return false;
+    }
+    return true;
+  }
+  uvm_range whole() const { return uvm_range{ptr, size}; }
+  unsigned char* ptr;
+  size_t size;
+  int device;
+};
+
+// Tensors of one allocation, 512-byte aligned with small gaps, as PyTorch lays them out.
+std::vector<uvm_range> tensors_in(const Buffer& b, size_t count) {
+  std::vector<uvm_range> ranges;
+  const size_t stride = b.size / count;
+  for (size_t i = 0; i < count; ++i) ranges.push_back(uvm_range{b.ptr + i * stride, stride - 100});
+  return ranges;
+}
+
+uvm_residency residency(int device = 0, const char* tag = nullptr) {
+  uvm_residency r{};
+  REQUIRE(uvm_get_residency(device, tag, &r) == UVM_OK);
+  return r;
+}
+}  // namespace
+
+TEST_CASE("staged offload copies out and discards; onload restores the bytes", "[offload]") {
+  FakeMachine machine;
+  Buffer b;
+  cudaStream_t stream = fake::make_stream();
+  const auto ranges = tensors_in(b, 64);
+
+  REQUIRE(uvm_offload_ranges(ranges.data(), ranges.size(), UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  // 64 tensors with 100-byte gaps: one copy and one discard.
+  CHECK(FakeMachine::ops_named("copy:to_host").size() == 1);
+  const auto discards = FakeMachine::ops_named("discard");
+  REQUIRE(discards.size() == 1);
+  CHECK(discards[0].stream == stream);
+  CHECK_FALSE(b.intact(0, kSize - 100));  // discarded: the fake scribbles over it
+  CHECK(residency().staged_bytes == kSize - 100);
+  CHECK(residency().host_bytes == kSize - 100);
+  size_t capacity = 0, staged = 0;
+  REQUIRE(uvm_get_staging(&capacity, &staged) == UVM_OK);
+  CHECK(staged == kSize - 100);
+  CHECK(capacity >= staged);
+
+  REQUIRE(uvm_onload_ranges(ranges.data(), ranges.size(), stream) == UVM_OK);
+  CHECK(b.intact(0, kSize - 100));
+  CHECK(residency().device_bytes == kSize);
+  REQUIRE(uvm_get_staging(nullptr, &staged) == UVM_OK);
+  CHECK(staged == 0);
+  // Each chunk is populated before its copy; the worker streams join the caller's stream.
+  const auto copies = FakeMachine::ops_named("copy:to_device");
+  REQUIRE(copies.size() == 1);
+  CHECK(copies[0].stream != stream);
+  const auto prefetches = FakeMachine::ops_named("prefetch");
+  REQUIRE(prefetches.size() == 1);
+  CHECK(prefetches[0].location == 0);
+  CHECK(prefetches[0].stream == copies[0].stream);
+  bool caller_waits = false;
+  for (const auto& op : FakeMachine::ops_named("wait_event")) caller_waits |= op.stream == stream;
+  CHECK(caller_waits);
+}
+
+TEST_CASE("many cycles of every strategy keep the data and reuse the staging memory", "[offload]") {
+  FakeMachine machine;
+  Buffer a, b(3 * kSize + 5);
+  const std::vector<uvm_range> ranges = {a.whole(), b.whole()};
+  cudaStream_t stream = fake::make_stream();
+  REQUIRE(uvm_release_staging() == UVM_OK);  // start with none, so the count below is exact
+  for (uvm_strategy strategy : {UVM_STRATEGY_AUTO, UVM_STRATEGY_MIGRATE, UVM_STRATEGY_STAGED}) {
+    for (int cycle = 0; cycle < 50; ++cycle) {
+      REQUIRE(uvm_offload_ranges(ranges.data(), 2, strategy, stream) == UVM_OK);
+      REQUIRE(uvm_onload_ranges(ranges.data(), 2, stream) == UVM_OK);
+    }
+    CHECK(a.intact());
+    CHECK(b.intact());
+  }
+  CHECK(FakeMachine::ops_named("host_alloc").size() == 1);  // one block, reused 100 times
+}
+
+TEST_CASE("migrate offload prefetches to the CPU; auto stages where discard works", "[offload]") {
+  FakeMachine machine;
+  Buffer b;
+  const uvm_range r = b.whole();
+  REQUIRE(uvm_offload_ranges(&r, 1, UVM_STRATEGY_MIGRATE, nullptr) == UVM_OK);
+  const auto prefetches = FakeMachine::ops_named("prefetch");
+  REQUIRE(prefetches.size() == 1);
+  CHECK(prefetches[0].location == -1);
+  CHECK(FakeMachine::ops_named("discard").empty());
+  CHECK(residency().host_bytes == kSize);
+  CHECK(residency().staged_bytes == 0);
+  // Offloading again moves nothing new for staged bytes, and onload prefetches migrated ones back.
+  REQUIRE(uvm_onload_ranges(&r, 1, nullptr) == UVM_OK);
+  CHECK(FakeMachine::ops_named("prefetch").back().location == 0);
+  REQUIRE(uvm_offload_ranges(&r, 1, UVM_STRATEGY_AUTO, nullptr) == UVM_OK);
+  CHECK(FakeMachine::ops_named("discard").size() == 1);
+  REQUIRE(uvm_offload_ranges(&r, 1, UVM_STRATEGY_AUTO, nullptr) == UVM_OK);
+  CHECK(FakeMachine::ops_named("copy:to_host").size() == 1);  // already staged: skipped
+  REQUIRE(uvm_onload_ranges(&r, 1, nullptr) == UVM_OK);
+  CHECK(b.intact());
+}
+
+TEST_CASE("onload of part of a staged range keeps the rest staged", "[offload]") {
+  FakeMachine machine;
+  Buffer b;
+  const uvm_range whole = b.whole();
+  REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
+  const uvm_range middle{b.ptr + 1000, 5000};
+  REQUIRE(uvm_onload_ranges(&middle, 1, nullptr) == UVM_OK);
+  CHECK(b.intact(1000, 6000));
+  CHECK_FALSE(b.intact(0, 1000));
+  CHECK(residency().staged_bytes == kSize - 5000);
+  REQUIRE(uvm_onload_ranges(&whole, 1, nullptr) == UVM_OK);
+  CHECK(b.intact());
+  CHECK(residency().staged_bytes == 0);
+}
+
+TEST_CASE("discard and free drop staged copies", "[offload]") {
+  FakeMachine machine;
+  size_t staged = 0;
+  {
+    Buffer b;
+    const uvm_range r = b.whole();
+    REQUIRE(uvm_offload_ranges(&r, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
+    REQUIRE(uvm_discard_ranges(&r, 1, nullptr) == UVM_OK);
+    REQUIRE(uvm_get_staging(nullptr, &staged) == UVM_OK);
+    CHECK(staged == 0);
+    CHECK(residency().discarded_bytes == kSize);
+    REQUIRE(uvm_offload_ranges(&r, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
+  }  // freed while staged
+  REQUIRE(uvm_get_staging(nullptr, &staged) == UVM_OK);
+  CHECK(staged == 0);
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  size_t capacity = 1;
+  REQUIRE(uvm_get_staging(&capacity, nullptr) == UVM_OK);
+  CHECK(capacity == 0);
+  CHECK(fake::pinned_blocks() == 0);
+}
+
+TEST_CASE("offload and onload refuse what they cannot do, leaving the data in place", "[offload]") {
+  FakeMachine machine;
+  Buffer b;
+  Buffer other(kSize, 1);
+  const uvm_range r = b.whole();
+  std::vector<char> host(64);
+  const uvm_range not_managed{host.data(), host.size()};
+  CHECK(uvm_offload_ranges(&not_managed, 1, UVM_STRATEGY_AUTO, nullptr) == UVM_ERROR_NOT_MANAGED);
+  CHECK_THAT(last_error(), Has("uvm_offload_ranges(size=1): range 0 of 1 is invalid"));
+  CHECK(uvm_offload_ranges(&r, 1, static_cast<uvm_strategy>(7), nullptr) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Has("strategy 7 is not a uvm_strategy"));
+  const std::vector<uvm_range> two_devices = {r, other.whole()};
+  CHECK(uvm_offload_ranges(two_devices.data(), 2, UVM_STRATEGY_AUTO, nullptr) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Has("belong to devices 0 and 1"));
+  cudaStream_t stream = fake::make_stream();
+  fake::set_capturing(stream, true);
+  CHECK(uvm_offload_ranges(&r, 1, UVM_STRATEGY_STAGED, stream) == UVM_ERROR_CAPTURING);
+  CHECK(uvm_onload_ranges(&r, 1, stream) == UVM_ERROR_CAPTURING);
+
+  fake::fail_next("cudaHostAlloc", cudaErrorMemoryAllocation);
+  CHECK(uvm_offload_ranges(&r, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_ERROR_OUT_OF_MEMORY);
+  CHECK_THAT(last_error(), Has("cudaHostAlloc(268435456 bytes of pinned staging memory"));
+  fake::fail_next("cudaMemDiscardBatchAsync", cudaErrorInvalidValue);
+  CHECK(uvm_offload_ranges(&r, 1, UVM_STRATEGY_STAGED, fake::make_stream()) == UVM_ERROR_CUDA);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  size_t staged = 1;
+  REQUIRE(uvm_get_staging(nullptr, &staged) == UVM_OK);
+  CHECK(staged == 0);  // nothing half-staged
+  CHECK(b.intact());
+  CHECK(residency().device_bytes == kSize);
+}
+
+TEST_CASE("tags select allocations for offload, discard and residency", "[offload][tags]") {
+  FakeMachine machine;
+  REQUIRE(uvm_set_thread_tag("weights") == UVM_OK);
+  CHECK(std::string(uvm_get_thread_tag()) == "weights");
+  Buffer w1, w2;
+  REQUIRE(uvm_set_thread_tag("kv_cache") == UVM_OK);
+  Buffer kv;
+  REQUIRE(uvm_set_thread_tag(nullptr) == UVM_OK);
+  CHECK(std::string(uvm_get_thread_tag()).empty());
+  Buffer plain;
+
+  size_t count = 0;
+  REQUIRE(uvm_allocation_ranges(0, "weights", nullptr, 0, &count) == UVM_OK);
+  REQUIRE(count == 2);
+  std::vector<uvm_range> weights(count);
+  REQUIRE(uvm_allocation_ranges(0, "weights", weights.data(), weights.size(), &count) == UVM_OK);
+  REQUIRE(uvm_allocation_ranges(UVM_ANY_DEVICE, "", nullptr, 0, &count) == UVM_OK);
+  CHECK(count == 1);
+  REQUIRE(uvm_allocation_ranges(UVM_ANY_DEVICE, "never-used", nullptr, 0, &count) == UVM_OK);
+  CHECK(count == 0);
+  REQUIRE(uvm_allocation_ranges(0, nullptr, nullptr, 0, &count) == UVM_OK);
+  CHECK(count == 4);
+
+  REQUIRE(uvm_offload_ranges(weights.data(), weights.size(), UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
+  std::vector<uvm_range> kv_ranges(1);
+  REQUIRE(uvm_allocation_ranges(0, "kv_cache", kv_ranges.data(), 1, &count) == UVM_OK);
+  REQUIRE(uvm_discard_ranges(kv_ranges.data(), 1, nullptr) == UVM_OK);
+  CHECK(residency(0, "weights").staged_bytes == 2 * kSize);
+  CHECK(residency(0, "weights").device_bytes == 0);
+  CHECK(residency(0, "kv_cache").discarded_bytes == kSize);
+  CHECK(residency(0, "").device_bytes == kSize);
+  const uvm_residency all = residency(UVM_ANY_DEVICE);
+  CHECK(all.allocations == 4);
+  CHECK(all.live_bytes == 4 * kSize);
+  CHECK(all.device_bytes + all.host_bytes + all.discarded_bytes == all.live_bytes);
+
+  REQUIRE(uvm_onload_ranges(weights.data(), weights.size(), nullptr) == UVM_OK);
+  CHECK(w1.intact());
+  CHECK(w2.intact());
+  CHECK(plain.intact());
+  CHECK(uvm_tag_count() >= 2);
+  bool listed = false;
+  for (size_t i = 0; i < uvm_tag_count(); ++i) listed |= std::string(uvm_tag_name(i)) == "kv_cache";
+  CHECK(listed);
+  CHECK(uvm_tag_name(uvm_tag_count()) == nullptr);
+  CHECK(uvm_tag_name(static_cast<size_t>(-1)) == nullptr);
+  CHECK(uvm_set_thread_tag(std::string(UVM_TAG_MAX_LENGTH + 1, 'x').c_str()) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK(uvm_allocation_ranges(0, nullptr, nullptr, 3, &count) == UVM_ERROR_INVALID_ARGUMENT);
+}
+
+TEST_CASE("offload works from a thread with no context, in the owner's context only", "[offload]") {
+  FakeMachine machine;
+  Buffer b(kSize, 1);
+  const uvm_range r = b.whole();
+  fake::set_thread_context(fake::kNoContext);
+  REQUIRE(uvm_offload_ranges(&r, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
+  REQUIRE(uvm_onload_ranges(&r, 1, nullptr) == UVM_OK);
+  CHECK(fake::current_context() == fake::kNoContext);  // restored
+  for (const auto& op : fake::ops()) {
+    if (op.call.rfind("copy", 0) == 0 || op.call == "discard" || op.call == "prefetch") {
+      CHECK(op.context_device == 1);
+    }
+  }
+  CHECK(b.intact());
+}
+
+TEST_CASE("with a CUDA 12 driver auto falls back to migrate and staged is refused", "[cuda12][scenario]") {
+  FakeMachine machine;
+  Buffer b;
+  const uvm_range r = b.whole();
+  CHECK(uvm_offload_ranges(&r, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_ERROR_UNSUPPORTED);
+  CHECK_THAT(last_error(), Has("needs a CUDA 13 runtime and driver"));
+  REQUIRE(uvm_offload_ranges(&r, 1, UVM_STRATEGY_AUTO, nullptr) == UVM_OK);
+  CHECK(FakeMachine::ops_named("discard").empty());
+  CHECK(FakeMachine::ops_named("prefetch").size() == 1);
+  REQUIRE(uvm_onload_ranges(&r, 1, nullptr) == UVM_OK);
+  CHECK(b.intact());
+}

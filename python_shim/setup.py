@@ -1,5 +1,6 @@
 """Carries the C++ sources (alloc/, hints/, include/) inside the package as uvm/_csrc, so that an
-installed uvm compiles the same library as the checkout."""
+installed uvm compiles the same library as the checkout, and the offload benchmark, so that
+`python -m uvm bench` works there too."""
 import shutil
 from pathlib import Path
 
@@ -18,6 +19,8 @@ class BuildWithSources(build_py):
             if not source.is_dir():
                 raise SystemExit(f"uvm: {source} is missing; build from a uvm checkout")
             shutil.copytree(source, target / directory, dirs_exist_ok=True)
+        (target / "bench").mkdir(parents=True, exist_ok=True)
+        shutil.copy2(HERE.parent / "bench" / "offload_bench.py", target / "bench" / "offload_bench.py")
 
 
 setup(cmdclass={"build_py": BuildWithSources})

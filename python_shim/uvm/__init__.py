@@ -4,6 +4,7 @@
 `import uvm` needs no torch; the torch helpers import it when called."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 
 from . import _build, _lib
@@ -11,8 +12,9 @@ from ._build import (CompilationState, UnifiedMemoryCompileTimeoutError, Unified
                      _compile_timeout, compile_allocator)
 from ._lib import UVM_LOCATION_CPU, UVM_LOCATION_NONE, _get_ctypes_lib
 from .torch import (advise_managed_module_parameters_preferred_location, advise_managed_tensor_accessed_by,
-                    advise_managed_tensor_preferred_location, create_unified_mempool, discard_managed_tensor,
-                    prefetch_managed_module_parameters, prefetch_managed_tensor, where)
+                    advise_managed_tensor_preferred_location, create_unified_mempool, discard,
+                    discard_managed_tensor, offload, onload, prefetch_managed_module_parameters,
+                    prefetch_managed_tensor, where)
 
 __version__ = "0.1.0"
 
@@ -59,11 +61,62 @@ def set_limit(limit_bytes: int | None, device=None) -> None:
     _lib.check(lib.uvm_set_limit(_device_or_current(device), limit_bytes or 0), "uvm_set_limit")
 
 
+@contextlib.contextmanager
+def tag(name: str | None):
+    """Allocations this thread makes inside the block carry `name` ("weights", "kv_cache"), so that
+    `offload(name)`, `onload(name)`, `discard(name)` and `residency(tag=name)` act on all of them.
+    PyTorch reuses cached blocks within a pool, so give each tag its own pool:
+
+        with uvm.tag("weights"), torch.cuda.use_mem_pool(weights_pool):
+            model = build_model()
+    """
+    lib = _get_ctypes_lib()
+    previous = lib.uvm_get_thread_tag()
+    _lib.check(lib.uvm_set_thread_tag(None if name is None else name.encode()), "uvm_set_thread_tag")
+    try:
+        yield
+    finally:
+        lib.uvm_set_thread_tag(previous)
+
+
+def tags() -> list[str]:
+    """Every tag used in this process so far."""
+    lib = _get_ctypes_lib()
+    return [lib.uvm_tag_name(i).decode() for i in range(lib.uvm_tag_count())]
+
+
+def residency(device=None, tag: str | None = None) -> dict:
+    """Where uvm last put the bytes of the allocations of `device` (default: the current one; "all"
+    for every device) with `tag` (None: any; "": untagged): device_bytes, host_bytes (of which
+    staged_bytes sit in uvm's pinned memory), discarded_bytes. cudaMemGetInfo cannot tell you this:
+    it counts offloaded managed memory as used although any allocation can reclaim it."""
+    lib = _get_ctypes_lib()
+    result = _lib.Residency()
+    index = _lib.UVM_ANY_DEVICE if device == "all" else _device_or_current(device)
+    _lib.check(lib.uvm_get_residency(index, None if tag is None else tag.encode(), ctypes.byref(result)),
+               "uvm_get_residency")
+    return {name: getattr(result, name) for name, _ in _lib.Residency._fields_}
+
+
+def staging() -> dict:
+    """The pinned host memory uvm holds for staged offload: capacity_bytes, and staged_bytes in use."""
+    lib = _get_ctypes_lib()
+    capacity, staged = ctypes.c_size_t(), ctypes.c_size_t()
+    _lib.check(lib.uvm_get_staging(ctypes.byref(capacity), ctypes.byref(staged)), "uvm_get_staging")
+    return {"capacity_bytes": capacity.value, "staged_bytes": staged.value}
+
+
+def release_staging() -> None:
+    """Frees the pinned staging memory that holds no offloaded data."""
+    _lib.check(_get_ctypes_lib().uvm_release_staging(), "uvm_release_staging")
+
+
 __all__ = [
     "CompilationState", "UnifiedMemoryUnsupportedError", "UnifiedMemoryCompileTimeoutError",
     "compile_allocator", "create_unified_mempool", "prefetch_managed_tensor",
     "advise_managed_tensor_preferred_location", "advise_managed_tensor_accessed_by",
     "prefetch_managed_module_parameters", "advise_managed_module_parameters_preferred_location",
     "discard_managed_tensor", "where", "stats", "set_limit", "library", "UVM_LOCATION_CPU",
-    "UVM_LOCATION_NONE",
+    "UVM_LOCATION_NONE", "offload", "onload", "discard", "tag", "tags", "residency", "staging",
+    "release_staging",
 ]

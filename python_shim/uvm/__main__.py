@@ -1,4 +1,5 @@
-"""python -m uvm doctor — what uvm sees here, and whether a pool can be created (exit 0) or why not."""
+"""python -m uvm doctor — what uvm sees here, and whether a pool can be created (exit 0) or why not.
+python -m uvm bench [args] — the offload/onload benchmark (bench/offload_bench.py; --help)."""
 from __future__ import annotations
 
 import ctypes
@@ -44,6 +45,7 @@ def doctor() -> int:
                   f"pageableMemoryAccess={caps.pageable_memory_access}, discard={caps.discard_supported}, "
                   f"limit {limit.value >> 20} MiB, live {stats.live_bytes >> 20} MiB, "
                   f"on host {stats.host_resident_bytes >> 20} MiB")
+            _print_residency(lib, device)
             if not caps.concurrent_managed_access:
                 problems.append(f"device {device} lacks concurrentManagedAccess: prefetch and advice "
                                 "are unavailable there")
@@ -64,10 +66,44 @@ def doctor() -> int:
     return 0 if ready else 1
 
 
+def _print_residency(lib, device: int) -> None:
+    """What uvm moved where on `device`, per tag: the numbers cudaMemGetInfo lacks."""
+    names = [None] + [""] + [lib.uvm_tag_name(i).decode() for i in range(lib.uvm_tag_count())]
+    for name in names:
+        r = _lib.Residency()
+        lib.uvm_get_residency(device, None if name is None else name.encode(), ctypes.byref(r))
+        if name is not None and r.allocations == 0:
+            continue
+        label = "all tags" if name is None else f"tag {name!r}" if name else "untagged"
+        print(f"  {label}: {r.allocations} allocations, {r.live_bytes >> 20} MiB: on device "
+              f"{r.device_bytes >> 20} MiB, on host {r.host_bytes >> 20} MiB (staged {r.staged_bytes >> 20} "
+              f"MiB), discarded {r.discarded_bytes >> 20} MiB")
+    capacity, staged = ctypes.c_size_t(), ctypes.c_size_t()
+    lib.uvm_get_staging(ctypes.byref(capacity), ctypes.byref(staged))
+    if device == 0:
+        print(f"  pinned staging memory: {capacity.value >> 20} MiB held, {staged.value >> 20} MiB in use")
+
+
+def bench(argv: list[str]) -> int:
+    """Runs bench/offload_bench.py from the source tree, or the copy installed with the package."""
+    import pathlib
+    import runpy
+    here = pathlib.Path(__file__).resolve().parent
+    for script in (here.parents[1] / "bench" / "offload_bench.py", here / "_csrc" / "bench" / "offload_bench.py"):
+        if script.is_file():
+            sys.argv = [str(script), *argv]
+            runpy.run_path(str(script), run_name="__main__")
+            return 0
+    print("python -m uvm bench: bench/offload_bench.py is not in this installation", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["doctor"]:
         return doctor()
-    print("usage: python -m uvm doctor", file=sys.stderr)
+    if argv[:1] == ["bench"]:
+        return bench(argv[1:])
+    print("usage: python -m uvm doctor | python -m uvm bench [--help]", file=sys.stderr)
     return 2
 
 

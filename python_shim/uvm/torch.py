@@ -182,6 +182,97 @@ def advise_managed_module_parameters_preferred_location(module, *, device, inclu
         _lib.check(lib.uvm_advise_preferred_location(ptr, size, location), "uvm_advise_preferred_location")
 
 
+def _allocation_ranges(device: int, tag: str | None) -> list[tuple[int, int]]:
+    lib = _lib._get_ctypes_lib()
+    encoded = None if tag is None else tag.encode()
+    count = ctypes.c_size_t()
+    _lib.check(lib.uvm_allocation_ranges(device, encoded, None, 0, ctypes.byref(count)), "uvm_allocation_ranges")
+    ranges = (_lib.Range * count.value)()
+    _lib.check(lib.uvm_allocation_ranges(device, encoded, ranges, count.value, ctypes.byref(count)),
+               "uvm_allocation_ranges")
+    return [(r.ptr, r.size) for r in ranges[:count.value]]
+
+
+def _owner(ptr: int) -> int:
+    lib = _lib._get_ctypes_lib()
+    device = ctypes.c_int()
+    if lib.uvm_allocation_info(ptr, None, None, ctypes.byref(device)) != _lib.UVM_OK:
+        lib.uvm_clear_last_error()
+        import torch
+        return torch.cuda.current_device()  # managed memory uvm did not allocate
+    return device.value
+
+
+def _ranges_by_device(obj, include_buffers: bool, into: dict | None = None) -> dict[int, list]:
+    """The byte ranges `obj` covers, grouped by the device that owns them: a tensor, a module, a
+    MemPool, a tag (str), a device (int or torch.device: every uvm allocation on it), or an iterable
+    of these."""
+    import torch
+    into = {} if into is None else into
+    if isinstance(obj, torch.Tensor):
+        span = _managed_span(obj)
+        if span is not None:
+            into.setdefault(_owner(span[0]), []).append(span)
+    elif isinstance(obj, torch.nn.Module):
+        for span in _module_spans(obj, include_buffers):
+            into.setdefault(_owner(span[0]), []).append(span)
+    elif isinstance(obj, torch.cuda.MemPool):
+        for segment in obj.snapshot():
+            into.setdefault(segment["device"], []).append((segment["address"], segment["total_size"]))
+    elif isinstance(obj, str):
+        for span in _allocation_ranges(_lib.UVM_ANY_DEVICE, obj):
+            into.setdefault(_owner(span[0]), []).append(span)
+    elif isinstance(obj, (int, torch.device)) and not isinstance(obj, bool):
+        device = _location(obj)
+        if device < 0:
+            raise ValueError("offload and onload act on CUDA devices, not the CPU")
+        into.setdefault(device, []).extend(_allocation_ranges(device, None))
+    elif hasattr(obj, "__iter__"):
+        for item in obj:
+            _ranges_by_device(item, include_buffers, into)
+    else:
+        raise TypeError(f"cannot find managed memory in a {type(obj).__name__}: pass tensors, a module, "
+                        "a MemPool, a tag or a device")
+    return into
+
+
+def _move(entry: str, obj, stream, include_buffers: bool, *extra) -> int:
+    """Calls `entry` once per device that owns part of `obj`, on that device's stream."""
+    lib = _lib._get_ctypes_lib()
+    moved = 0
+    for device, spans in _ranges_by_device(obj, include_buffers).items():
+        ranges = (_lib.Range * len(spans))(*[_lib.Range(ptr, size) for ptr, size in spans])
+        arguments = (ranges, len(spans), *extra, _stream_handle(stream, device))
+        _lib.check(getattr(lib, entry)(*arguments), entry)
+        moved += sum(size for _, size in spans)
+    return moved
+
+
+def offload(obj, *, stream=None, strategy: str = "auto", include_buffers: bool = True) -> int:
+    """Moves `obj` off its GPU(s) so others can use the memory; pointers stay valid and
+    `onload(obj)` brings it back. `obj`: a tensor, module (parameters, and buffers unless
+    include_buffers=False), MemPool, tag, device, or an iterable of these. `strategy`: "auto" (the
+    measured best: "staged" on CUDA 13, else "migrate"), "migrate" (cudaMemPrefetchAsync to the CPU;
+    no extra host memory) or "staged" (copy into pinned memory uvm keeps, then discard). Asynchronous
+    on `stream` (default: each device's current stream): synchronize before counting on the freed
+    memory. Returns the bytes asked for, shared tensors counted once."""
+    if strategy not in _lib.STRATEGIES:
+        raise ValueError(f"strategy must be one of {sorted(_lib.STRATEGIES)}, not {strategy!r}")
+    return _move("uvm_offload_ranges", obj, stream, include_buffers, _lib.STRATEGIES[strategy])
+
+
+def onload(obj, *, stream=None, include_buffers: bool = True) -> int:
+    """Brings what `offload` moved back to its GPU: staged bytes are copied back, migrated ones
+    prefetched. Same `obj` forms as offload; asynchronous on `stream`. Returns the bytes asked for."""
+    return _move("uvm_onload_ranges", obj, stream, include_buffers)
+
+
+def discard(obj, *, stream=None, include_buffers: bool = True) -> int:
+    """cudaMemDiscardBatchAsync over everything `obj` covers (e.g. a "kv_cache" tag): the contents
+    become indeterminate and the pages are reclaimable without a copy. CUDA 13 only."""
+    return _move("uvm_discard_ranges", obj, stream, include_buffers)
+
+
 def where(tensor) -> dict:
     """{'preferred': loc, 'last_prefetch': loc} for the tensor's bytes: a device ordinal, -1 for the
     CPU, -2 when unset or mixed."""

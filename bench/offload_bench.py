@@ -1,0 +1,325 @@
+"""Offload/onload benchmark: how fast a model leaves the GPU and comes back (issue 4).
+
+A transformer-like model (64 layers of attention and MLP weights, biases and norms: 1,000+
+parameters of mixed sizes, bf16) is allocated in a uvm pool. One cycle: offload, a plain allocation
+claims the freed memory (proving it was reclaimable), free + empty_cache, onload, then a CUDA graph
+captured before the first offload is replayed and must give the same checksums. Every method runs in
+the same process, side by side:
+
+  uvm auto / migrate / staged   uvm.offload(model, strategy=...) and uvm.onload(model)
+  per-tensor prefetch           one cudaMemPrefetchAsync per parameter (Megatron's seed module)
+  module.to()                   model.to('cpu') / model.to('cuda') on a plain copy (pointers change)
+  pinned memcpy                 one cudaMemcpyAsync of the same bytes to/from pinned memory: the limit
+
+    python -m uvm bench [--sizes-mib 256,512,1024,2048,4096] [--cycles 3] [--out DIR]
+
+Writes results.json, results.md and offload_bandwidth.png (if matplotlib is there) to --out.
+Managed memory stays at or under 25 % of the card: bigger sizes are refused.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+import uvm
+from uvm import _lib
+
+LAYERS = 64
+MANAGED_SHARE = 0.25  # never more managed memory than this share of the card
+METHODS = ["uvm auto", "uvm migrate", "uvm staged", "per-tensor prefetch", "module.to()", "pinned memcpy"]
+
+
+def environment() -> dict:
+    props = torch.cuda.get_device_properties(0)
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"],
+                                capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        driver = "unknown"
+    return {"device": props.name, "memory_mib": props.total_memory >> 20, "driver": driver,
+            "torch": torch.__version__, "torch_cuda": torch.version.cuda, "uvm": uvm.__version__,
+            "python": platform.python_version(), "host": platform.node()}
+
+
+class Model(torch.nn.Module):
+    """Per layer: q, k, v, o (h×h) and an MLP (h×4h, 4h×h), all with biases, and two LayerNorms: 16
+    parameters of three shapes; 64 layers plus an embedding and a final norm make 1,027."""
+
+    def __init__(self, hidden: int, device):
+        super().__init__()
+        kw = {"device": device, "dtype": torch.bfloat16}
+        self.embed = torch.nn.Embedding(4096, hidden, **kw)
+        self.layers = torch.nn.ModuleList()
+        for _ in range(LAYERS):
+            layer = torch.nn.Module()
+            for name in ("q", "k", "v", "o"):
+                setattr(layer, name, torch.nn.Linear(hidden, hidden, **kw))
+            layer.up = torch.nn.Linear(hidden, 4 * hidden, **kw)
+            layer.down = torch.nn.Linear(4 * hidden, hidden, **kw)
+            layer.norm1 = torch.nn.LayerNorm(hidden, **kw)
+            layer.norm2 = torch.nn.LayerNorm(hidden, **kw)
+            self.layers.append(layer)
+        self.norm = torch.nn.LayerNorm(hidden, **kw)
+
+
+def hidden_for(total_bytes: int) -> int:
+    # 12 h² weights a layer, 2 bytes each, plus a 4096-row embedding; a multiple of 64.
+    h = math.sqrt(total_bytes / (LAYERS * 24))
+    return max(64, int(h) // 64 * 64)
+
+
+def model_bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def checksums(params):
+    """Exact integer checksums of every parameter's bits (sum and sum of squares)."""
+    out = []
+    for p in params:
+        bits = p.view(torch.int16).to(torch.int64)
+        out.append(bits.sum())
+        out.append((bits * bits).sum())
+    return torch.stack(out)
+
+
+class GraphCheck:
+    """A CUDA graph captured before any offload that reads every parameter; replayed after onload."""
+
+    def __init__(self, params):
+        self.params = params
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self.reference = checksums(params).clone()
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.output = checksums(params)
+
+    def replay_matches(self) -> bool:
+        self.graph.replay()
+        torch.cuda.synchronize()
+        return bool(torch.equal(self.output, self.reference))
+
+
+def claim_freed_memory(bytes_hidden: int) -> bool:
+    """A plain allocation of what cudaMemGetInfo reports free plus 95 % of the bytes it cannot see
+    (offloaded managed memory); True if it succeeded."""
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info()
+    # Nothing hidden (module.to, memcpy): leave headroom for the context's own allocations.
+    claim = free + int(0.95 * bytes_hidden) if bytes_hidden else free - (256 << 20)
+    try:
+        block = torch.empty(claim, dtype=torch.uint8, device="cuda")
+        block[-1] = 1
+        torch.cuda.synchronize()
+        del block
+        return True
+    except torch.OutOfMemoryError:
+        return False
+    finally:
+        torch.cuda.empty_cache()
+
+
+def timed(action) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    action()
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def per_tensor_loop(params, location: int):
+    lib = _lib._get_ctypes_lib()
+    stream = torch.cuda.current_stream().cuda_stream
+    for p in params:  # the seed's way: one driver call per parameter
+        _lib.check(lib.uvm_prefetch(p.data_ptr(), p.numel() * p.element_size(), location, stream), "uvm_prefetch")
+
+
+def run_size(size_mib: int, cycles: int, methods: list[str], progress) -> list[dict]:
+    total = torch.cuda.get_device_properties(0).total_memory
+    if size_mib << 20 > MANAGED_SHARE * total:
+        raise SystemExit(f"{size_mib} MiB is above {MANAGED_SHARE:.0%} of this card: refused (safety rule)")
+    pool = uvm.create_unified_mempool(0)
+    with torch.cuda.use_mem_pool(pool):
+        model = Model(hidden_for(size_mib << 20), "cuda")
+    params = list(model.parameters())
+    nbytes = model_bytes(model)
+    check = GraphCheck(params)
+    rows = []
+
+    def measure(method, offload, onload, hidden, graph=True):
+        if method not in methods:
+            return
+        results = []
+        for cycle in range(cycles + 1):  # cycle 0 warms up (pinned staging is allocated there)
+            t_off = timed(offload)
+            reclaimed = claim_freed_memory(hidden)
+            t_on = timed(onload)
+            ok = check.replay_matches() if graph else True
+            if cycle > 0:
+                results.append((t_off, t_on, reclaimed, ok))
+            progress()
+        off = statistics.median(nbytes / r[0] / 1e9 for r in results)
+        on = statistics.median(nbytes / r[1] / 1e9 for r in results)
+        rows.append({"size_mib": size_mib, "bytes": nbytes, "params": len(params), "method": method,
+                     "offload_gbps": round(off, 2), "onload_gbps": round(on, 2),
+                     "reclaimed": all(r[2] for r in results), "graph_ok": all(r[3] for r in results) if graph else None,
+                     "offload_s": [round(r[0], 5) for r in results], "onload_s": [round(r[1], 5) for r in results]})
+
+    for strategy in ("auto", "migrate", "staged"):
+        measure(f"uvm {strategy}", lambda s=strategy: uvm.offload(model, strategy=s), lambda: uvm.onload(model), nbytes)
+    measure("per-tensor prefetch", lambda: per_tensor_loop(params, _lib.UVM_LOCATION_CPU),
+            lambda: per_tensor_loop(params, 0), nbytes)
+    del check, params
+    # module.to() on a plain copy: pointers change, so no graph survives it.
+    if "module.to()" in methods:
+        with torch.no_grad():
+            plain = Model(hidden_for(size_mib << 20), "cuda")
+        measure("module.to()", lambda: plain.to("cpu"), lambda: plain.to("cuda"), 0, graph=False)
+        del plain
+    device_buffer = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    host_buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    measure("pinned memcpy", lambda: host_buffer.copy_(device_buffer, non_blocking=True),
+            lambda: device_buffer.copy_(host_buffer, non_blocking=True), 0, graph=False)
+    del device_buffer, host_buffer, model
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    del pool
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    """One row per size and method, with ratios to the pinned memcpy of the same size."""
+    lines = ["| model | params | method | offload GB/s | onload GB/s | offload vs pinned | onload vs pinned | "
+             "reclaimed | graph replay |", "|---|---|---|---|---|---|---|---|---|"]
+    for size in sorted({r["size_mib"] for r in rows}):
+        group = [r for r in rows if r["size_mib"] == size]
+        pinned = next((r for r in group if r["method"] == "pinned memcpy"), {"offload_gbps": math.nan, "onload_gbps": math.nan})
+        for r in group:
+            graph = {True: "identical", False: "MISMATCH", None: "n/a (pointers change)" if r["method"] == "module.to()" else "n/a"}[r["graph_ok"]]
+            lines.append(f"| {size} MiB | {r['params']} | {r['method']} | {r['offload_gbps']:.1f} | {r['onload_gbps']:.1f} | "
+                         f"{r['offload_gbps'] / pinned['offload_gbps']:.0%} | {r['onload_gbps'] / pinned['onload_gbps']:.0%} | "
+                         f"{'yes' if r['reclaimed'] else 'NO'} | {graph} |")
+    return "\n".join(lines)
+
+
+def goal_lines(rows: list[dict]) -> list[str]:
+    size = max(r["size_mib"] for r in rows)
+    by = {r["method"]: r for r in rows if r["size_mib"] == size}
+    if not {"uvm auto", "per-tensor prefetch", "pinned memcpy"} <= set(by):
+        return [f"{m} at {size} MiB: offload {r['offload_gbps']:.1f} GB/s, onload {r['onload_gbps']:.1f} GB/s"
+                for m, r in by.items()]
+    auto, loop, pinned = by["uvm auto"], by["per-tensor prefetch"], by["pinned memcpy"]
+    return [f"{size} MiB, {auto['params']} parameters: uvm auto offload {auto['offload_gbps']:.1f} GB/s "
+            f"(goal >= 40), onload {auto['onload_gbps']:.1f} GB/s (goal >= 45)",
+            f"vs per-tensor prefetch: offload {auto['offload_gbps'] / loop['offload_gbps']:.1f}x (goal >= 5x), "
+            f"onload {auto['onload_gbps'] / loop['onload_gbps']:.1f}x",
+            f"vs pinned memcpy: offload {auto['offload_gbps'] / pinned['offload_gbps']:.0%} (goal >= 75%), "
+            f"onload {auto['onload_gbps'] / pinned['onload_gbps']:.0%} (goal >= 80%)"]
+
+
+def plot(rows: list[dict], path: str) -> bool:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for axis, key, title in ((axes[0], "offload_gbps", "offload (GPU → host)"), (axes[1], "onload_gbps", "onload (host → GPU)")):
+        for method in METHODS:
+            points = sorted((r["size_mib"], r[key]) for r in rows if r["method"] == method)
+            axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=method)
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("model size (MiB)")
+        axis.set_title(title)
+        axis.grid(True, alpha=0.3)
+    axes[0].set_ylabel("GB/s")
+    axes[1].legend(loc="lower right", fontsize=8)
+    fig.suptitle(f"uvm offload/onload bandwidth, {torch.cuda.get_device_name(0)}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+class Progress:
+    """tqdm where it is installed, else one line per step."""
+
+    def __init__(self, total: int):
+        try:
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, desc="offload/onload cycles", unit="cycle")
+        except ImportError:
+            self.bar, self.done, self.total = None, 0, total
+
+    def __call__(self):
+        if self.bar is not None:
+            self.bar.update(1)
+        else:
+            self.done += 1
+            width = 40 * self.done // self.total
+            print(f"\r[{'#' * width}{'.' * (40 - width)}] {self.done}/{self.total} cycles", end="", file=sys.stderr)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+        else:
+            print(file=sys.stderr)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes-mib", default="256,512,1024,2048,4096")
+    parser.add_argument("--cycles", type=int, default=3, help="measured cycles per method (after one warm-up)")
+    parser.add_argument("--methods", default=",".join(METHODS), help="a comma-separated subset of: " + ", ".join(METHODS))
+    parser.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("no CUDA device is present: the benchmark needs one")
+        return 2
+    sizes = [int(s) for s in args.sizes_mib.split(",")]
+    methods = [m.strip() for m in args.methods.split(",")]
+    unknown = set(methods) - set(METHODS)
+    if unknown:
+        parser.error(f"unknown methods {sorted(unknown)}; choose from {METHODS}")
+    os.makedirs(args.out, exist_ok=True)
+    env = environment()
+    print(f"device {env['device']} ({env['memory_mib']} MiB), driver {env['driver']}, torch {env['torch']} "
+          f"(CUDA {env['torch_cuda']}), uvm {env['uvm']}")
+    progress = Progress(len(sizes) * len(methods) * (args.cycles + 1))
+    rows = []
+    for size in sizes:
+        rows += run_size(size, args.cycles, methods, progress)
+    progress.close()
+    table = markdown(rows)
+    goals = goal_lines(rows)
+    print(table)
+    print("\n".join(goals))
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump({"environment": env, "cycles": args.cycles, "rows": rows, "goals": goals}, f, indent=1)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(table + "\n\n" + "\n".join(f"- {g}" for g in goals) + "\n")
+    if plot(rows, os.path.join(args.out, "offload_bandwidth.png")):
+        print(f"plot: {os.path.join(args.out, 'offload_bandwidth.png')}")
+    bad = [r for r in rows if r["graph_ok"] is False or (r["method"].startswith("uvm") and not r["reclaimed"])]
+    for r in bad:
+        print(f"FAILED: {r['method']} at {r['size_mib']} MiB: graph_ok={r['graph_ok']} reclaimed={r['reclaimed']}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+// GPU 0 (needs concurrentManagedAccess; staged needs CUDA 13 discard): offload/onload through the C
+// ABI. Data survives 50 cycles of each strategy bit for bit, and the offloaded bytes are reclaimable
+// by a plain cudaMalloc of (reported free + 95 % of them), after which onload still restores them.
+#include <algorithm>
+#include <vector>
+
+#include "gpu_support.hpp"
+
+using gpu::GiB;
+using gpu::Managed;
+using gpu::MiB;
+
+namespace {
+
+// Fills `m` with a pattern that depends on `seed` and every byte's position.
+std::vector<unsigned char> fill(Managed& m, unsigned seed) {
+  std::vector<unsigned char> host(m.size);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<unsigned char>((i * 131 + seed) >> 3);
+  CUDA_REQUIRE(cudaMemcpy(m.ptr, host.data(), host.size(), cudaMemcpyDefault));
+  return host;
+}
+
+bool matches(const Managed& m, const std::vector<unsigned char>& expected) {
+  std::vector<unsigned char> now(m.size);
+  CUDA_REQUIRE(cudaMemcpy(now.data(), m.ptr, m.size, cudaMemcpyDefault));
+  return now == expected;
+}
+
+bool discard_supported() {
+  uvm_device_caps caps{};
+  return uvm_device_capabilities(0, &caps) == UVM_OK && caps.discard_supported;
+}
+
+}  // namespace
+
+TEST_CASE("50 offload/onload cycles of every strategy keep the bytes", "[gpu][offload]") {
+  REQUIRE(gpu::concurrent_managed_access());
+  Managed a(96 * MiB + 12345), b(3 * MiB);
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // Tensor-like pieces of `a` with small gaps, and all of `b`.
+  std::vector<uvm_range> ranges;
+  for (size_t at = 0; at + 1 * MiB <= a.size; at += 1 * MiB) ranges.push_back(uvm_range{a.ptr + at, 1 * MiB - 200});
+  ranges.push_back(uvm_range{b.ptr, b.size});
+  std::vector<uvm_strategy> strategies = {UVM_STRATEGY_AUTO, UVM_STRATEGY_MIGRATE};
+  if (discard_supported()) strategies.push_back(UVM_STRATEGY_STAGED);
+  for (uvm_strategy strategy : strategies) {
+    INFO("strategy " << strategy);
+    const auto expected_a = fill(a, strategy), expected_b = fill(b, strategy + 7);
+    for (int cycle = 0; cycle < 50; ++cycle) {
+      REQUIRE(uvm_offload_ranges(ranges.data(), ranges.size(), strategy, stream) == UVM_OK);
+      REQUIRE(uvm_onload_ranges(ranges.data(), ranges.size(), stream) == UVM_OK);
+    }
+    CUDA_REQUIRE(cudaStreamSynchronize(stream));
+    CHECK(matches(b, expected_b));
+    // Only the bytes inside the ranges were promised; the 200-byte gaps merged too, so all of `a`
+    // up to its last whole MiB holds.
+    std::vector<unsigned char> now(a.size);
+    CUDA_REQUIRE(cudaMemcpy(now.data(), a.ptr, a.size, cudaMemcpyDefault));
+    const size_t covered = (a.size / MiB) * MiB - 200;
+    CHECK(std::equal(now.begin(), now.begin() + covered, expected_a.begin()));
+  }
+  uvm_residency r{};
+  REQUIRE(uvm_get_residency(0, nullptr, &r) == UVM_OK);
+  CHECK(r.staged_bytes == 0);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("offloaded memory is reclaimable, and onload restores it after the claim", "[gpu][offload]") {
+  REQUIRE(gpu::concurrent_managed_access());
+  const size_t bytes = std::min<size_t>(2 * GiB, gpu::managed_budget() / 2);
+  std::vector<uvm_strategy> strategies = {UVM_STRATEGY_MIGRATE};
+  if (discard_supported()) strategies.push_back(UVM_STRATEGY_STAGED);
+  for (uvm_strategy strategy : strategies) {
+    INFO("strategy " << strategy);
+    Managed m(bytes);
+    CUDA_REQUIRE(cudaMemset(m.ptr, 0x5A, m.size));
+    const uvm_range r{m.ptr, m.size};
+    REQUIRE(uvm_offload_ranges(&r, 1, strategy, nullptr) == UVM_OK);
+    CUDA_REQUIRE(cudaDeviceSynchronize());
+    uvm_residency residency{};
+    REQUIRE(uvm_get_residency(0, nullptr, &residency) == UVM_OK);
+    CHECK(residency.host_bytes >= bytes);
+    size_t free_bytes = 0, total = 0;
+    CUDA_REQUIRE(cudaMemGetInfo(&free_bytes, &total));
+    void* plain = nullptr;
+    const size_t request = free_bytes + bytes / 100 * 95;
+    const cudaError_t e = cudaMalloc(&plain, request);
+    INFO("cudaMalloc(" << (request >> 20) << " MiB) with " << (free_bytes >> 20) << " MiB reported free: "
+                       << cudaGetErrorName(e));
+    (void)cudaGetLastError();
+    CHECK(e == cudaSuccess);
+    if (plain) {
+      CUDA_REQUIRE(cudaMemset(plain, 0x11, request));
+      CUDA_REQUIRE(cudaFree(plain));
+    }
+    REQUIRE(uvm_onload_ranges(&r, 1, nullptr) == UVM_OK);
+    CUDA_REQUIRE(cudaDeviceSynchronize());
+    std::vector<unsigned char> back(64 * MiB);
+    for (size_t at = 0; at < m.size; at += m.size / 4) {  // a few windows across the range
+      const size_t n = std::min(back.size(), m.size - at);
+      CUDA_REQUIRE(cudaMemcpy(back.data(), m.ptr + at, n, cudaMemcpyDefault));
+      CHECK(std::all_of(back.begin(), back.begin() + n, [](unsigned char c) { return c == 0x5A; }));
+    }
+  }
+}

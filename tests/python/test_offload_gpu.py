@@ -1,0 +1,153 @@
+"""GPU: uvm.offload / uvm.onload / uvm.discard on torch objects. Needs torch with CUDA and GPU 0
+(skipped with the reason otherwise). Managed memory stays far below 25 % of the card: the largest
+model here is 1 GiB."""
+import gc
+import sys
+
+import pytest
+from conftest import SHIM
+
+sys.path.insert(0, str(SHIM))
+import uvm  # noqa: E402
+
+torch = pytest.importorskip("torch", reason="torch is not installed here")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device visible to torch", allow_module_level=True)
+
+MiB = 1 << 20
+STRATEGIES = ["auto", "migrate", "staged"]
+
+
+def small_model(hidden=512, layers=8):
+    blocks = []
+    for _ in range(layers):
+        blocks += [torch.nn.Linear(hidden, 3 * hidden, device="cuda", dtype=torch.bfloat16),
+                   torch.nn.Linear(3 * hidden, hidden, device="cuda", dtype=torch.bfloat16),
+                   torch.nn.LayerNorm(hidden, device="cuda", dtype=torch.bfloat16)]
+    model = torch.nn.Sequential(*blocks)
+    model.register_buffer("steps", torch.arange(1000, device="cuda"))
+    return model
+
+
+def snapshot(model):
+    return [t.detach().clone() for t in list(model.parameters()) + list(model.buffers())]
+
+
+def same(model, reference) -> bool:
+    return all(torch.equal(a, b) for a, b in zip(list(model.parameters()) + list(model.buffers()), reference))
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_fifty_cycles_keep_every_bit_and_the_graph_replays(strategy):
+    pool = uvm.create_unified_mempool()
+    with torch.cuda.use_mem_pool(pool):
+        model = small_model()
+    reference = snapshot(model)
+    pointers = [p.data_ptr() for p in model.parameters()]
+    x = torch.randn(16, 512, device="cuda", dtype=torch.bfloat16)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        model(x)  # warm-up before capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = model(x)
+    graph.replay()
+    expected = y.clone()
+    for cycle in range(50):
+        moved = uvm.offload(model, strategy=strategy)
+        assert moved == sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+        torch.cuda.synchronize()
+        if cycle == 0:
+            assert uvm.residency()["host_bytes"] >= moved
+        uvm.onload(model)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, expected), f"graph replay differs after cycle {cycle}"
+        assert same(model, reference), f"data differs after cycle {cycle}"
+    assert [p.data_ptr() for p in model.parameters()] == pointers
+    del model, graph, y, expected, reference
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("strategy", ["migrate", "staged"])
+def test_offloaded_memory_is_reclaimed_and_onload_restores_it_after(strategy):
+    pool = uvm.create_unified_mempool()
+    with torch.cuda.use_mem_pool(pool):
+        weights = [torch.full((256 * MiB // 2,), float(i), device="cuda", dtype=torch.bfloat16) for i in range(4)]
+    offloaded = uvm.offload(weights, strategy=strategy)
+    torch.cuda.synchronize()
+    free, _ = torch.cuda.mem_get_info()
+    claim = torch.empty(free + int(0.95 * offloaded), dtype=torch.uint8, device="cuda")
+    claim.fill_(7)
+    torch.cuda.synchronize()
+    del claim
+    torch.cuda.empty_cache()
+    uvm.onload(weights)
+    torch.cuda.synchronize()
+    for i, w in enumerate(weights):
+        assert torch.equal(w, torch.full_like(w, float(i)))
+    del weights
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def test_tags_offload_weights_and_discard_the_kv_cache():
+    weights_pool, kv_pool = uvm.create_unified_mempool(), uvm.create_unified_mempool()
+    with uvm.tag("weights"), torch.cuda.use_mem_pool(weights_pool):
+        weights = torch.arange(32 * MiB // 4, device="cuda", dtype=torch.float32)
+    with uvm.tag("kv_cache"), torch.cuda.use_mem_pool(kv_pool):
+        kv = torch.ones(16 * MiB // 4, device="cuda")
+    assert "weights" in uvm.tags() and "kv_cache" in uvm.tags()
+    assert uvm.library().uvm_get_thread_tag() == b""  # restored after the blocks
+    uvm.offload("weights")
+    uvm.discard("kv_cache")
+    torch.cuda.synchronize()
+    w, k = uvm.residency(tag="weights"), uvm.residency(tag="kv_cache")
+    assert w["device_bytes"] == 0 and w["host_bytes"] == w["live_bytes"] >= weights.numel() * 4
+    assert k["discarded_bytes"] == k["live_bytes"] >= kv.numel() * 4
+    uvm.onload("weights")
+    torch.cuda.synchronize()
+    assert uvm.residency(tag="weights")["device_bytes"] == uvm.residency(tag="weights")["live_bytes"]
+    assert torch.equal(weights, torch.arange(32 * MiB // 4, device="cuda", dtype=torch.float32))
+    kv.fill_(2)  # a discarded range is usable again once written
+    assert kv.sum().item() == 2 * kv.numel()
+
+
+def test_a_whole_pool_and_a_side_stream():
+    pool = uvm.create_unified_mempool()
+    with torch.cuda.use_mem_pool(pool):
+        tensors = [torch.randn(n, device="cuda") for n in (1000, 5 * MiB, 123457)]
+    reference = [t.clone() for t in tensors]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    assert uvm.offload(pool, stream=side) >= sum(t.numel() * 4 for t in tensors)
+    uvm.onload(pool, stream=side)
+    side.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(tensors, reference))
+
+
+def test_module_prefetch_goes_through_the_coalescing_path():
+    pool = uvm.create_unified_mempool()
+    with torch.cuda.use_mem_pool(pool):
+        model = small_model(hidden=256, layers=4)
+    before = uvm.stats()["prefetch_calls"]
+    moved = uvm.prefetch_managed_module_parameters(model, device="cpu")
+    calls = uvm.stats()["prefetch_calls"] - before
+    assert moved == sum(p.numel() * p.element_size() for p in model.parameters())
+    assert 0 < calls < len(list(model.parameters()))  # neighbours merged into fewer calls
+    uvm.prefetch_managed_module_parameters(model, device=0)
+    torch.cuda.synchronize()
+
+
+def test_offload_refuses_plain_tensors_with_a_clear_error():
+    plain = torch.ones(10, device="cuda")
+    with pytest.raises(RuntimeError, match="not managed memory from uvm"):
+        uvm.offload(plain)
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        uvm.offload([], strategy="fast")
+    with pytest.raises(TypeError, match="cannot find managed memory"):
+        uvm.offload(3.5)
+    torch.cuda.synchronize()  # no stale CUDA error left for torch

@@ -154,6 +154,7 @@ def run_size(size_mib: int, cycles: int, methods: list[str], progress) -> list[d
     with torch.cuda.use_mem_pool(pool):
         model = Model(hidden_for(size_mib << 20), "cuda")
     params = list(model.parameters())
+    param_count = len(params)
     nbytes = model_bytes(model)
     check = GraphCheck(params)
     rows = []
@@ -172,7 +173,7 @@ def run_size(size_mib: int, cycles: int, methods: list[str], progress) -> list[d
             progress()
         off = statistics.median(nbytes / r[0] / 1e9 for r in results)
         on = statistics.median(nbytes / r[1] / 1e9 for r in results)
-        rows.append({"size_mib": size_mib, "bytes": nbytes, "params": len(params), "method": method,
+        rows.append({"size_mib": size_mib, "bytes": nbytes, "params": param_count, "method": method,
                      "offload_gbps": round(off, 2), "onload_gbps": round(on, 2),
                      "reclaimed": all(r[2] for r in results), "graph_ok": all(r[3] for r in results) if graph else None,
                      "offload_s": [round(r[0], 5) for r in results], "onload_s": [round(r[1], 5) for r in results]})

@@ -27,7 +27,7 @@ std::vector<Span> split_into_chunks(const std::vector<Span>& spans, size_t chunk
 
 // How onload copies staged bytes back: pieces of chunk_bytes, each populated (prefetched) and then
 // copied on one of `streams` in turn. Env UVM_ONLOAD_CHUNK_MIB (1–4096, default 64) and
-// UVM_ONLOAD_STREAMS (1–8, default 2) override, read once; a malformed value keeps the default.
+// UVM_ONLOAD_STREAMS (1–8, default 4) override, read once; a malformed value keeps the default.
 struct OnloadPipeline {
   size_t chunk_bytes;
   int streams;

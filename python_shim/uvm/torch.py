@@ -66,6 +66,8 @@ def _location(device) -> int:
 
 def _span(tensor) -> tuple[int, int]:
     """(first byte, byte count) of the memory a tensor or view spans, whatever its strides."""
+    if tensor.is_contiguous():
+        return tensor.data_ptr(), tensor.numel() * tensor.element_size()
     low = high = 0
     for size, stride in zip(tensor.shape, tensor.stride()):
         extent = (size - 1) * stride
@@ -146,6 +148,32 @@ def discard_managed_tensor(tensor, *, stream=None) -> None:
                "uvm_discard")
 
 
+def _cuda_span(tensor, what: str) -> tuple[int, tuple[int, int]] | None:
+    """(device, span) of a CUDA tensor without asking the library: the batched C call validates every
+    range itself, and `_explain` names the culprit if it refuses one."""
+    import torch
+    if tensor is None:
+        return None
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, not {type(tensor).__name__}")
+    if tensor.numel() == 0:
+        return None
+    if not tensor.is_cuda:
+        raise ValueError(f"{what} is a {tensor.device} tensor; only CUDA tensors from a uvm pool are managed memory")
+    return tensor.device.index, _span(tensor)
+
+
+def _named_tensors(obj, include_buffers: bool):
+    """(what, tensor) pairs of a tensor or module."""
+    import torch
+    if isinstance(obj, torch.Tensor):
+        return [("tensor", obj)]
+    named = [(f"parameter {name!r}", t) for name, t in obj.named_parameters()]
+    if include_buffers:
+        named += [(f"buffer {name!r}", t) for name, t in obj.named_buffers()]
+    return named
+
+
 def _module_spans(module, include_buffers: bool) -> list[tuple[int, int]]:
     named = [("parameter", name, t) for name, t in module.named_parameters()]
     if include_buffers:
@@ -203,30 +231,29 @@ def _owner(ptr: int) -> int:
     return device.value
 
 
-def _ranges_by_device(obj, include_buffers: bool, into: dict | None = None) -> dict[int, list]:
+def _ranges_by_device(obj, include_buffers: bool, into: dict | None = None) -> dict[int, dict]:
     """The byte ranges `obj` covers, grouped by the device that owns them: a tensor, a module, a
     MemPool, a tag (str), a device (int or torch.device: every uvm allocation on it), or an iterable
     of these."""
     import torch
     into = {} if into is None else into
-    if isinstance(obj, torch.Tensor):
-        span = _managed_span(obj)
-        if span is not None:
-            into.setdefault(_owner(span[0]), []).append(span)
-    elif isinstance(obj, torch.nn.Module):
-        for span in _module_spans(obj, include_buffers):
-            into.setdefault(_owner(span[0]), []).append(span)
+    if isinstance(obj, (torch.Tensor, torch.nn.Module)):
+        for what, tensor in _named_tensors(obj, include_buffers):
+            found = _cuda_span(tensor, what)
+            if found is not None and found[1] not in into.setdefault(found[0], {}):
+                into[found[0]][found[1]] = what  # shared tensors count once
     elif isinstance(obj, torch.cuda.MemPool):
         for segment in obj.snapshot():
-            into.setdefault(segment["device"], []).append((segment["address"], segment["total_size"]))
+            into.setdefault(segment["device"], {})[(segment["address"], segment["total_size"])] = "pool segment"
     elif isinstance(obj, str):
         for span in _allocation_ranges(_lib.UVM_ANY_DEVICE, obj):
-            into.setdefault(_owner(span[0]), []).append(span)
+            into.setdefault(_owner(span[0]), {})[span] = f"allocation tagged {obj!r}"
     elif isinstance(obj, (int, torch.device)) and not isinstance(obj, bool):
         device = _location(obj)
         if device < 0:
             raise ValueError("offload and onload act on CUDA devices, not the CPU")
-        into.setdefault(device, []).extend(_allocation_ranges(device, None))
+        for span in _allocation_ranges(device, None):
+            into.setdefault(device, {})[span] = f"allocation on device {device}"
     elif hasattr(obj, "__iter__"):
         for item in obj:
             _ranges_by_device(item, include_buffers, into)
@@ -240,12 +267,24 @@ def _move(entry: str, obj, stream, include_buffers: bool, *extra) -> int:
     """Calls `entry` once per device that owns part of `obj`, on that device's stream."""
     lib = _lib._get_ctypes_lib()
     moved = 0
-    for device, spans in _ranges_by_device(obj, include_buffers).items():
+    for device, named in _ranges_by_device(obj, include_buffers).items():
+        spans = list(named)
         ranges = (_lib.Range * len(spans))(*[_lib.Range(ptr, size) for ptr, size in spans])
-        arguments = (ranges, len(spans), *extra, _stream_handle(stream, device))
-        _lib.check(getattr(lib, entry)(*arguments), entry)
+        status = getattr(lib, entry)(ranges, len(spans), *extra, _stream_handle(stream, device))
+        if status == _lib.UVM_ERROR_NOT_MANAGED:
+            _explain_unmanaged(named)
+        _lib.check(status, entry)
         moved += sum(size for _, size in spans)
     return moved
+
+
+def _explain_unmanaged(named: dict) -> None:
+    """Raises naming the first range that is not managed memory (the C call said only its index)."""
+    lib = _lib._get_ctypes_lib()
+    for (ptr, size), what in named.items():
+        if not lib.uvm_is_managed(ptr):
+            raise RuntimeError(f"{what} at 0x{ptr:x} ({size} bytes) is not managed memory from uvm: allocate it "
+                               "under torch.cuda.use_mem_pool(uvm.create_unified_mempool())")
 
 
 def offload(obj, *, stream=None, strategy: str = "auto", include_buffers: bool = True) -> int:

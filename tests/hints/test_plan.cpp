@@ -39,7 +39,7 @@ TEST_CASE("split_into_chunks cuts each span, keeping order and every byte", "[pl
 TEST_CASE("the onload pipeline reads its env, keeping defaults for bad values", "[plan]") {
   const auto defaults = uvm::parse_onload_pipeline(nullptr, nullptr);
   CHECK(defaults.chunk_bytes == (size_t{64} << 20));
-  CHECK(defaults.streams == 2);
+  CHECK(defaults.streams == 4);
   const auto set = uvm::parse_onload_pipeline("16", "4");
   CHECK(set.chunk_bytes == (size_t{16} << 20));
   CHECK(set.streams == 4);

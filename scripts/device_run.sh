@@ -2,7 +2,8 @@
 # Everything a GPU machine run needs, in one call: environment facts, build, every suite (cpu, gpu
 # with compute-sanitizer), the demo, and the offload benchmark. Logs and results go to $OUT (or
 # ./device-out). Arguments go to `meson test`. Env: BENCH=full|sweep|none (default full: every size
-# and method; sweep adds onload pipeline settings at 4 GiB), TESTS=0 skips the tests, PROBE=1 runs bench/transfer_probe.cu,
+# and method; sweep adds onload pipeline settings at 4 GiB), TESTS=0 skips the tests, MULTI_GPU=1 runs
+# tests/multi_gpu/run.sh (2+ GPUs), PROBE=1 runs bench/transfer_probe.cu,
 # JIT_BENCH=1 the JIT build benchmark.
 # The device has no network: Catch2 travels as Debian's .deb in .deps/ (carry it), unpacked to /tmp.
 set -uo pipefail
@@ -36,6 +37,12 @@ grep -E '^ *[0-9]+/[0-9]+ ' "$OUT/meson-test.out"
 cp "$build/meson-logs/testlog.txt" "$OUT/testlog.txt"
 python3 scripts/summarize_tests.py "$build/meson-logs/testlog.json" | tee "$OUT/summary.txt"
 status=${PIPESTATUS[0]}
+fi
+
+if [ "${MULTI_GPU:-0}" = 1 ]; then
+  echo "== multi-GPU"
+  bash tests/multi_gpu/run.sh "$build" "$OUT" 2>&1 | tee "$OUT/multi_gpu.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
 echo "== demo"

@@ -13,4 +13,4 @@ if [ -z "$sanitizer" ]; then echo "SKIP: compute-sanitizer not found"; exit 77; 
 # memcheck also reports failed API calls. One test provokes one on purpose — uvm's capture probe on
 # the legacy stream (cudaErrorStreamCaptureImplicit, cleared at once) — so it runs outside memcheck,
 # in the plain gpu test, which checks that no error is left pending.
-exec "$sanitizer" --tool memcheck --leak-check no --error-exitcode 99 "$suite" "~[api_error_probe]"
+exec "$sanitizer" --tool memcheck --leak-check no --error-exitcode 99 "$suite" "~[api_error_probe]~[multi_gpu]"

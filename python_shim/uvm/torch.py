@@ -81,17 +81,10 @@ def _span(tensor) -> tuple[int, int]:
 
 def _managed_span(tensor, what: str = "tensor") -> tuple[int, int] | None:
     """The tensor's span, None for nothing to do; raises for what cannot be managed memory."""
-    import torch
-    if tensor is None:
+    found = _cuda_span(tensor, what)
+    if found is None:
         return None
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{what} must be a torch.Tensor, not {type(tensor).__name__}")
-    if tensor.numel() == 0:
-        return None
-    if not tensor.is_cuda:
-        raise ValueError(f"{what} is a {tensor.device} tensor; only CUDA tensors from a uvm pool are "
-                         "managed memory")
-    ptr, size = _span(tensor)
+    ptr, size = found[1]
     lib = _lib._get_ctypes_lib()
     if not lib.uvm_is_managed(ptr):
         raise RuntimeError(

@@ -2,7 +2,6 @@
 // accounting of what moved where.
 #include <vector>
 
-#include "../alloc/cuda_compat.hpp"
 #include "plan.hpp"
 #include "ranges.hpp"
 
@@ -23,15 +22,7 @@ uvm_status issue(const Call& call, const std::vector<HintRange>& ranges, int loc
   ContextScope scope;
   if (uvm_status s = scope.enter(call, deciding, ContextScope::When::only_if_none_current)) return s;
   if (uvm_status s = check_not_capturing(call, stream)) return s;
-  for (const HintRange& range : ranges) {
-    const void* ptr = reinterpret_cast<const void*>(range.begin);
-    const size_t size = range.end - range.begin;
-    if (cudaError_t e = prefetch_to(ptr, size, location, stream)) {
-      return fail_cuda(call, e, "cudaMemPrefetchAsync(%p, %zu bytes)", ptr, size);
-    }
-    account_prefetch(range, location);
-  }
-  return UVM_OK;
+  return prefetch_each(call, ranges, location, stream);
 }
 
 uvm_status prefetch(const Call& call, const void* ptr, size_t size, int location,

@@ -1,5 +1,6 @@
 #include "target.hpp"
 
+#include "../alloc/cuda_compat.hpp"
 #include "../alloc/stats.hpp"
 
 namespace uvm {
@@ -62,13 +63,24 @@ uvm_status check_hint_support(const Call& call, int device, DeviceCaps* caps) {
   return UVM_OK;
 }
 
-void account_prefetch(const HintRange& range, int location) {
+void account_move(const HintRange& range, Move move, uint64_t prefetch_calls) {
   if (range.allocation == 0) return;  // stats cover uvm allocations only
-  const bool to_host = location == UVM_LOCATION_CPU;
-  const long long host_delta =
-      registry().record_move(range.allocation, range.begin - range.allocation,
-                             range.end - range.allocation, to_host ? Move::to_host : Move::to_device);
-  record_move(range.owner_device, range.end - range.begin, to_host, host_delta, 1);
+  const long long host_delta = registry().record_move(range.allocation, range.begin - range.allocation,
+                                                      range.end - range.allocation, move);
+  record_move(range.owner_device, range.end - range.begin, move != Move::to_device, host_delta, prefetch_calls);
+}
+
+uvm_status prefetch_each(const Call& call, const std::vector<HintRange>& ranges, int location,
+                         cudaStream_t stream) {
+  for (const HintRange& range : ranges) {
+    const void* ptr = reinterpret_cast<const void*>(range.begin);
+    const size_t size = range.end - range.begin;
+    if (cudaError_t e = prefetch_to(ptr, size, location, stream)) {
+      return fail_cuda(call, e, "cudaMemPrefetchAsync(%p, %zu bytes)", ptr, size);
+    }
+    account_move(range, location == UVM_LOCATION_CPU ? Move::to_host : Move::to_device, 1);
+  }
+  return UVM_OK;
 }
 
 }  // namespace uvm

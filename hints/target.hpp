@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "../alloc/devices.hpp"
 #include "../alloc/registry.hpp"
@@ -34,8 +35,13 @@ inline int deciding_device(int location, const HintRange& range) {
   return location == UVM_LOCATION_CPU ? range.owner_device : location;
 }
 
-// Moves: records that [range.begin, range.end) moved (for uvm allocations only) in the registry
-// and the owner's stats.
-void account_prefetch(const HintRange& range, int location);
+// Records that [range.begin, range.end) moved (for uvm allocations only) in the registry and the
+// owner's stats, `prefetch_calls` driver prefetches having done it.
+void account_move(const HintRange& range, Move move, uint64_t prefetch_calls);
+
+// One cudaMemPrefetchAsync a range to `location` on `stream`, each accounted as it is issued. The
+// caller has validated the ranges and entered the context.
+uvm_status prefetch_each(const Call& call, const std::vector<HintRange>& ranges, int location,
+                         cudaStream_t stream);
 
 }  // namespace uvm

@@ -168,12 +168,9 @@ def _named_tensors(obj, include_buffers: bool):
 
 
 def _module_spans(module, include_buffers: bool) -> list[tuple[int, int]]:
-    named = [("parameter", name, t) for name, t in module.named_parameters()]
-    if include_buffers:
-        named += [("buffer", name, t) for name, t in module.named_buffers()]
     spans: dict[tuple[int, int], None] = {}
-    for kind, name, tensor in named:
-        span = _managed_span(tensor, what=f"{kind} {name!r}")
+    for what, tensor in _named_tensors(module, include_buffers):
+        span = _managed_span(tensor, what=what)
         if span is not None:
             spans[span] = None  # shared tensors count once
     return list(spans)

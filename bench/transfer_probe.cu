@@ -2,7 +2,7 @@
 // library's choices rest on numbers (issue 4: "onload into discarded pages was erratic: find out
 // why"). Not part of the library; built with nvcc by scripts/device_run.sh.
 //
-//   transfer_probe [total_MiB=4096] [cycles=3] [all|onload]
+//   transfer_probe [total_MiB=4096] [cycles=3] [all|onload|hazard|numa]
 //
 // Managed total stays at `total_MiB` (the device script passes at most 25 % of the card). For two
 // layouts (one allocation; ~190 mixed-size allocations like a torch pool's segments) it prints, per
@@ -14,8 +14,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <string>
+#include <thread>
 #include <vector>
 
 #define CHECK(call)                                                                      \
@@ -180,6 +185,164 @@ void probe_cross_allocation(const Layout& l, int device, cudaStream_t stream, ch
   std::printf("cross-allocation: no adjacent pair in layout %s\n", l.name.c_str());
 }
 
+
+// Host-side count of mismatched 4 KiB pages (one word checked per page; the data must be readable
+// from the CPU), and which 64 MiB chunks of the layout hold them.
+size_t host_mismatches(const Layout& l, uint32_t seed, std::string* bad_chunks) {
+  size_t bad = 0, offset = 0;
+  long last_chunk = -1;
+  for (size_t i = 0; i < l.bases.size(); ++i) {
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(l.bases[i]);
+    for (size_t k = 0; k < l.sizes[i] / 4; k += 1024) {
+      const uint32_t want = uint32_t(k * 2654435761u) ^ (seed + uint32_t(i));
+      if (w[k] == want) continue;
+      ++bad;
+      const long chunk = long((offset + 4 * k) / (64 * kMiB));
+      if (chunk != last_chunk && bad_chunks->size() < 120) *bad_chunks += " " + std::to_string(chunk);
+      last_chunk = chunk;
+    }
+    offset += l.sizes[i];
+  }
+  return bad;
+}
+
+// How staged bytes are copied back in a "hazard" run: per 64 MiB chunk, an optional prefetch to the
+// GPU before the copy, the copy, an optional prefetch after it; chunks round-robin over `streams`;
+// optionally one prefetch of everything once all copies are done. With threads > 1, that many CPU
+// threads issue the chunks (chunk k by thread k % threads, on stream k % streams).
+struct CopyBack {
+  const char* name;
+  bool prefetch_before;
+  bool prefetch_after;
+  int streams;
+  bool prefetch_all_after;
+  int threads = 1;
+};
+
+// "hazard": a staged cycle, then a migrate cycle of the same bytes. Does the staged onload leave
+// the pages in a state where a later prefetch to the CPU loses them? Each copy-back variant runs
+// with and without a plain allocation claiming the memory between offload and onload.
+void hazard_probe(const Layout& l, int device, char* staging, cudaStream_t* s, int cycles) {
+  const cudaMemLocation gpu = gpu_loc(device), host = cpu_loc();
+  std::vector<size_t> at(l.bases.size());
+  for (size_t i = 0, o = 0; i < at.size(); ++i) at[i] = o, o += l.sizes[i];
+  const size_t chunk = 64 * kMiB;
+  auto staged_off = [&] {
+    for (size_t i = 0; i < l.bases.size(); ++i)
+      CHECK(cudaMemcpyAsync(staging + at[i], l.bases[i], l.sizes[i], cudaMemcpyDefault, s[0]));
+    std::vector<void*> p(l.bases.begin(), l.bases.end());
+    std::vector<size_t> n(l.sizes.begin(), l.sizes.end());
+    CHECK(cudaMemDiscardBatchAsync(p.data(), n.data(), p.size(), 0, s[0]));
+    CHECK(cudaDeviceSynchronize());
+  };
+  auto copy_back = [&](const CopyBack& v) {
+    auto issue = [&](int thread) {
+      size_t k = 0;
+      for (size_t i = 0; i < l.bases.size(); ++i)
+        for (size_t o = 0; o < l.sizes[i]; o += chunk, ++k) {
+          if (int(k % v.threads) != thread) continue;
+          char* p = l.bases[i] + o;
+          const size_t n = std::min(chunk, l.sizes[i] - o);
+          cudaStream_t st = s[k % v.streams];
+          if (v.prefetch_before) CHECK(cudaMemPrefetchAsync(p, n, gpu, 0, st));
+          CHECK(cudaMemcpyAsync(p, staging + at[i] + o, n, cudaMemcpyDefault, st));
+          if (v.prefetch_after) CHECK(cudaMemPrefetchAsync(p, n, gpu, 0, st));
+        }
+    };
+    std::vector<std::thread> threads;
+    for (int t = 1; t < v.threads; ++t) threads.emplace_back([&, t] {
+      CHECK(cudaSetDevice(device));
+      issue(t);
+    });
+    issue(0);
+    for (std::thread& t : threads) t.join();
+    CHECK(cudaDeviceSynchronize());
+    if (v.prefetch_all_after) {
+      for (size_t i = 0; i < l.bases.size(); ++i) CHECK(cudaMemPrefetchAsync(l.bases[i], l.sizes[i], gpu, 0, s[0]));
+      CHECK(cudaDeviceSynchronize());
+    }
+  };
+  auto migrate = [&](cudaMemLocation where) {
+    for (size_t i = 0; i < l.bases.size(); ++i) CHECK(cudaMemPrefetchAsync(l.bases[i], l.sizes[i], where, 0, s[0]));
+    CHECK(cudaDeviceSynchronize());
+  };
+  const CopyBack variants[] = {
+      {"copy", false, false, 4, false},
+      {"copy|prefetch-all", false, false, 4, true},
+      {"copy,prefetch", false, true, 4, false},
+      {"prefetch,copy 1str", true, false, 1, false},
+      {"prefetch,copy 4str", true, false, 4, false},
+      {"prefetch,copy,prefetch 4str", true, true, 4, false},
+      {"prefetch,copy 4str|prefetch-all", true, false, 4, true},
+      {"prefetch,copy,prefetch 4str 2thr", true, true, 4, false, 2},
+      {"prefetch,copy,prefetch 4str 4thr", true, true, 4, false, 4},
+  };
+  unsigned long long* bad = nullptr;
+  CHECK(cudaMallocHost(&bad, sizeof(*bad)));
+  for (bool with_pressure : {false, true})
+    for (const CopyBack& v : variants)
+      for (int cycle = 0; cycle < cycles; ++cycle) {
+        const uint32_t seed = 77u + 1000u * cycle + uint32_t(&v - variants) * 10u;
+        fill_all(l, seed);
+        staged_off();
+        const bool reclaimed = with_pressure ? pressure(l.total) : true;
+        if (with_pressure && !v.prefetch_before && !v.prefetch_after) continue;  // faults at 0.6 GB/s
+        const double t0 = now_s();
+        copy_back(v);
+        const double on_gbs = l.total / (now_s() - t0) / 1e9;
+        const auto after_staged = verify_all(l, seed, bad).first;
+        migrate(host);
+        std::string chunks;
+        const size_t on_host = host_mismatches(l, seed, &chunks);
+        migrate(gpu);
+        const auto after_migrate = verify_all(l, seed, bad).first;
+        std::printf("  hazard %-5s %-32s %-13s cycle %d: onload %5.1f GB/s; bad words after staged %llu, "
+                    "bad pages on host after migrate-off %zu, bad words after migrate-on %llu%s%s\n",
+                    l.name.c_str(), v.name, with_pressure ? (reclaimed ? "pressure" : "NOT-reclaimed") : "no-pressure",
+                    cycle, on_gbs, after_staged, on_host, after_migrate,
+                    (after_staged || on_host || after_migrate) ? "  HAZARD in chunks" : "", chunks.c_str());
+      }
+  CHECK(cudaFreeHost(bad));
+}
+
+
+// "numa": pinned memcpy speed with the host buffer on each NUMA node (mmap + mbind +
+// cudaHostRegister), against the GPU's nearest node. Only plain device memory is used.
+void numa_probe(size_t total, int device, cudaStream_t stream, int cycles) {
+  int gpu_node = -1;
+  if (cudaDeviceGetAttribute(&gpu_node, cudaDevAttrHostNumaId, device) != cudaSuccess) cudaGetLastError();
+  std::printf("GPU %d: nearest NUMA node (cudaDevAttrHostNumaId) %d\n", device, gpu_node);
+  char* plain = nullptr;
+  CHECK(cudaMalloc(&plain, total));
+  for (int node = 0; node < 8; ++node) {
+    void* host = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (host == MAP_FAILED) break;
+    unsigned long mask = 1ul << node;
+    constexpr int kMpolBind = 2;
+    if (syscall(SYS_mbind, host, total, kMpolBind, &mask, sizeof(mask) * 8, 0) != 0) {
+      munmap(host, total);
+      std::printf("node %d: mbind refused (no such node)\n", node);
+      break;
+    }
+    std::memset(host, 1, total);
+    CHECK(cudaHostRegister(host, total, cudaHostRegisterPortable));
+    for (int cycle = 0; cycle < cycles; ++cycle) {
+      double t0 = now_s();
+      CHECK(cudaMemcpyAsync(host, plain, total, cudaMemcpyDeviceToHost, stream));
+      CHECK(cudaStreamSynchronize(stream));
+      const double out_s = now_s() - t0;
+      t0 = now_s();
+      CHECK(cudaMemcpyAsync(plain, host, total, cudaMemcpyHostToDevice, stream));
+      CHECK(cudaStreamSynchronize(stream));
+      std::printf("  pinned on node %d%s cycle %d: out %6.1f GB/s  in %6.1f GB/s\n", node,
+                  node == gpu_node ? " (GPU's node)" : "", cycle, total / out_s / 1e9, total / (now_s() - t0) / 1e9);
+    }
+    CHECK(cudaHostUnregister(host));
+    munmap(host, total);
+  }
+  CHECK(cudaFree(plain));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -200,6 +363,10 @@ int main(int argc, char** argv) {
   }
   cudaStream_t streams[4];
   for (auto& s : streams) CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  if (argc > 3 && std::string(argv[3]) == "numa") {
+    numa_probe(total, device, streams[0], cycles);
+    return 0;
+  }
   char* staging = nullptr;
   double t0 = now_s();
   CHECK(cudaMallocHost(&staging, total));
@@ -349,6 +516,7 @@ int main(int argc, char** argv) {
       {"staged", "interleaved16M-2str", staged_off, populate_variant("interleaved", 16 * kMiB, false, 2)},
   };
   const bool onload_only = argc > 3 && std::string(argv[3]) == "onload";
+  const bool hazard_only = argc > 3 && std::string(argv[3]) == "hazard";
 
   const std::vector<Path> all_paths = {
       {"migrate", "migrate", migrate_off, migrate_on},
@@ -388,6 +556,11 @@ int main(int argc, char** argv) {
   for (const auto& [name, pattern] : layouts) {
     Layout l = make_layout(name, pattern, total, device);
     fill_all(l, 1);
+    if (hazard_only) {
+      hazard_probe(l, device, staging, streams, cycles);
+      for (char* p : l.bases) CHECK(cudaFree(p));
+      continue;
+    }
     probe_cross_allocation(l, device, streams[0], staging);
     for (bool with_pressure : {false, true}) {
       std::printf("%s pressure step:\n", with_pressure ? "with" : "without");

@@ -96,12 +96,17 @@ uvm_status offload_staged(const Call& call, const std::vector<HintRange>& pieces
   return UVM_OK;
 }
 
-// Copies staged pieces back. Each chunk is populated (prefetched, which allocates its pages on the
-// device) and then copied, alternating uvm's worker streams. Copying into discarded pages without
-// populating faults page by page (0.6 GB/s on an H100); populating everything first and copying
-// after is just as slow whenever the driver has not reclaimed the discarded pages yet (the
-// prefetch then finds them resident and does nothing). Chunk by chunk it ran 37–41 GB/s in every
-// case measured (bench/transfer_probe.cu).
+// Copies staged pieces back, chunk by chunk on uvm's worker streams: prefetch, copy, prefetch.
+// - The prefetch before the copy populates the chunk. Copying into discarded pages without it
+//   faults page by page (0.6 GB/s on an H100); populating everything first and copying after is as
+//   slow whenever the driver has not yet reclaimed the discarded pages. Chunk by chunk it ran
+//   37–47 GB/s in every case measured.
+// - The prefetch after the copy undoes the discard. A copy's writes restore the data but leave the
+//   driver treating the pages as discardable, and the prefetch before it does not reliably clear
+//   that (it did not for the first chunk on each stream): a later prefetch to the CPU, or an
+//   eviction, would then drop the data and read back zeros. Measured with
+//   `transfer_probe … hazard` (docs/performance.md); once the pages hold the data the prefetch
+//   moves nothing and costs no bandwidth.
 uvm_status copy_back(const Call& call, int device, const std::vector<StagedWork>& work, cudaStream_t stream) {
   const OnloadPipeline pipeline = onload_pipeline();
   cudaStream_t workers[8] = {};
@@ -134,6 +139,10 @@ uvm_status copy_back(const Call& call, int device, const std::vector<StagedWork>
       const char* host = w.piece.host + (chunk.begin - w.piece.span.begin);
       if (cudaError_t e = cudaMemcpyAsync(ptr, host, chunk.size(), cudaMemcpyDefault, worker)) {
         return fail_cuda(call, e, "cudaMemcpyAsync(pinned staging → %p, %zu bytes)", ptr, chunk.size());
+      }
+      if (cudaError_t e = prefetch_to(ptr, chunk.size(), device, worker)) {
+        return fail_cuda(call, e, "cudaMemPrefetchAsync(%p, %zu bytes) undoing the discard after the copy", ptr,
+                         chunk.size());
       }
     }
   }

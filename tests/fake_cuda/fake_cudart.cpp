@@ -2,12 +2,15 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <iterator>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "fake_cuda.hpp"
 
@@ -23,8 +26,16 @@ const DeviceModel kDevices[] = {
     {true, true, size_t{1} << 30}, {true, true, size_t{512} << 20}, {true, false, size_t{256} << 20}};
 constexpr int kDeviceCount = 3;
 
+// What the driver believes about a managed byte, as measured with bench/transfer_probe.cu (hazard
+// mode): a discard marks bytes discardable; a copy into them restores the data but not the
+// driver's belief; a prefetch to a device after such a write undoes the discard. A prefetch to the
+// CPU drops bytes still marked (they arrive as zeros). A prefetch before the write is modelled as
+// not undoing it: on the device it did not, for the first chunk on each stream.
+enum class Discard : uint8_t { none, discarded, rewritten };
+
 struct Allocation {
   size_t size;
+  std::vector<Discard> discard;  // per byte; empty while nothing was discarded
 };
 
 struct LocationRecord {
@@ -131,6 +142,19 @@ CUresult fake_primary_ctx_retain(CUcontext* ctx, CUdevice device) {
   world().context_created[device] = true;
   *ctx = handle_of(device);
   return CUDA_SUCCESS;
+}
+
+// Applies `change` to the discard state of every byte of [ptr, ptr + size), which lies inside one
+// allocation (checked by the caller); `change` gets the state and the byte's address.
+template <typename Change>
+void update_discard(World& w, const void* ptr, size_t size, Change change) {
+  const auto begin = reinterpret_cast<uintptr_t>(ptr);
+  auto it = std::prev(w.allocations.upper_bound(begin));
+  std::vector<Discard>& state = it->second.discard;
+  if (state.empty()) state.assign(it->second.size, Discard::none);
+  for (size_t i = 0; i < size; ++i) {
+    change(state[begin - it->first + i], reinterpret_cast<char*>(begin + i));
+  }
 }
 
 void log(World& w, const char* call, const void* ptr, size_t size, int location, cudaStream_t stream) {
@@ -378,6 +402,14 @@ cudaError_t cudaMemPrefetchAsync(const void* ptr, size_t size, cudaMemLocation l
   const auto begin = reinterpret_cast<uintptr_t>(ptr);
   w.prefetched.push_back({begin, begin + size, where});
   log(w, "prefetch", ptr, size, where, stream);
+  update_discard(w, ptr, size, [where](Discard& state, char* byte) {
+    if (where == cudaCpuDeviceId && state != Discard::none) {
+      *byte = 0;
+      state = Discard::none;
+    } else if (where != cudaCpuDeviceId && state == Discard::rewritten) {
+      state = Discard::none;
+    }
+  });
   return cudaSuccess;
 }
 
@@ -396,6 +428,7 @@ cudaError_t cudaMemDiscardBatchAsync(void** ptrs, size_t* sizes, size_t count, u
   for (size_t i = 0; i < count; ++i) {
     log(w, "discard", ptrs[i], sizes[i], -2, stream);
     std::memset(ptrs[i], 0xDD, sizes[i]);  // the contents become indeterminate
+    update_discard(w, ptrs[i], sizes[i], [](Discard& state, char*) { state = Discard::discarded; });
   }
   return cudaSuccess;
 }
@@ -481,6 +514,11 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpy
   const void* managed = to_device ? dst : src;
   if (!inside_one_allocation(w, managed, count)) return set_error(cudaErrorInvalidValue);
   std::memmove(dst, src, count);
+  if (to_device) {
+    update_discard(w, dst, count, [](Discard& state, char*) {
+      if (state == Discard::discarded) state = Discard::rewritten;
+    });
+  }
   log(w, to_device ? "copy:to_device" : "copy:to_host", managed, count, to_device ? device : -1, stream);
   return cudaSuccess;
 }

@@ -105,3 +105,38 @@ TEST_CASE("offloaded memory is reclaimable, and onload restores it after the cla
     }
   }
 }
+
+TEST_CASE("after a staged cycle the pages are not discardable: migrating them to the CPU keeps the data",
+          "[gpu][offload]") {
+  // The sequence that lost data before onload prefetched each chunk after its copy: staged offload,
+  // onload while the driver still holds the discarded pages, then a prefetch to the CPU, which
+  // dropped (read back as zeros) the pages the driver still counted as discarded.
+  REQUIRE(gpu::concurrent_managed_access());
+  if (!discard_supported()) {
+    WARN("not run: staged offload needs CUDA 13 discard");
+    return;
+  }
+  Managed big(std::min<size_t>(512 * MiB, gpu::managed_budget() / 2)), small(40 * MiB + 4096);
+  const std::vector<uvm_range> ranges = {{big.ptr, big.size}, {small.ptr, small.size}};
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (unsigned cycle = 0; cycle < 3; ++cycle) {
+    INFO("cycle " << cycle);
+    const auto expected_big = fill(big, 11 + cycle), expected_small = fill(small, 29 + cycle);
+    REQUIRE(uvm_offload_ranges(ranges.data(), 2, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+    CUDA_REQUIRE(cudaStreamSynchronize(stream));
+    REQUIRE(uvm_onload_ranges(ranges.data(), 2, stream) == UVM_OK);
+    CUDA_REQUIRE(cudaStreamSynchronize(stream));
+    REQUIRE(uvm_offload_ranges(ranges.data(), 2, UVM_STRATEGY_MIGRATE, stream) == UVM_OK);
+    CUDA_REQUIRE(cudaStreamSynchronize(stream));
+    // Read where the data now is, on the CPU, before anything moves it back.
+    CHECK(std::equal(expected_big.begin(), expected_big.end(), big.ptr));
+    CHECK(std::equal(expected_small.begin(), expected_small.end(), small.ptr));
+    REQUIRE(uvm_onload_ranges(ranges.data(), 2, stream) == UVM_OK);
+    CUDA_REQUIRE(cudaStreamSynchronize(stream));
+    CHECK(matches(big, expected_big));
+    CHECK(matches(small, expected_small));
+  }
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+}

@@ -3,6 +3,8 @@
 // is reused, and failures are clean.
 #include <cstring>
 #include <numeric>
+#include <string>
+#include <vector>
 
 #include "fixture.hpp"
 
@@ -68,14 +70,22 @@ TEST_CASE("staged offload copies out and discards; onload restores the bytes", "
   CHECK(residency().device_bytes == kSize);
   REQUIRE(uvm_get_staging(nullptr, &staged) == UVM_OK);
   CHECK(staged == 0);
-  // Each chunk is populated before its copy; the worker streams join the caller's stream.
+  // Each chunk is prefetched before its copy (populate) and after it (undo the discard), on the same
+  // worker stream; the worker streams join the caller's stream.
   const auto copies = FakeMachine::ops_named("copy:to_device");
   REQUIRE(copies.size() == 1);
   CHECK(copies[0].stream != stream);
   const auto prefetches = FakeMachine::ops_named("prefetch");
-  REQUIRE(prefetches.size() == 1);
-  CHECK(prefetches[0].location == 0);
-  CHECK(prefetches[0].stream == copies[0].stream);
+  REQUIRE(prefetches.size() == 2);
+  for (const auto& prefetch : prefetches) {
+    CHECK(prefetch.location == 0);
+    CHECK(prefetch.stream == copies[0].stream);
+  }
+  std::vector<std::string> on_worker;
+  for (const fake::Op& op : fake::ops()) {
+    if (op.stream == copies[0].stream && (op.call == "prefetch" || op.call == "copy:to_device")) on_worker.push_back(op.call);
+  }
+  CHECK(on_worker == std::vector<std::string>{"prefetch", "copy:to_device", "prefetch"});
   bool caller_waits = false;
   for (const auto& op : FakeMachine::ops_named("wait_event")) caller_waits |= op.stream == stream;
   CHECK(caller_waits);
@@ -96,6 +106,23 @@ TEST_CASE("many cycles of every strategy keep the data and reuse the staging mem
     CHECK(b.intact());
   }
   CHECK(FakeMachine::ops_named("host_alloc").size() == 1);  // one block, reused 100 times
+}
+
+TEST_CASE("a staged onload leaves no page discardable: a migrate cycle afterwards keeps the data", "[offload]") {
+  // The fake drops bytes a prefetch to the CPU finds still marked discarded, as the driver does
+  // after a copy into discarded pages that no prefetch followed.
+  FakeMachine machine;
+  Buffer a, b(3 * kSize + 5);
+  const std::vector<uvm_range> ranges = {a.whole(), b.whole()};
+  cudaStream_t stream = fake::make_stream();
+  REQUIRE(uvm_offload_ranges(ranges.data(), 2, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  REQUIRE(uvm_onload_ranges(ranges.data(), 2, stream) == UVM_OK);
+  REQUIRE(uvm_offload_ranges(ranges.data(), 2, UVM_STRATEGY_MIGRATE, stream) == UVM_OK);
+  CHECK(a.intact());
+  CHECK(b.intact());
+  REQUIRE(uvm_onload_ranges(ranges.data(), 2, stream) == UVM_OK);
+  CHECK(a.intact());
+  CHECK(b.intact());
 }
 
 TEST_CASE("migrate offload prefetches to the CPU; auto stages where discard works", "[offload]") {

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Everything a GPU machine run needs, in one call: environment facts, build, every suite (cpu, gpu
 # with compute-sanitizer), the demo, and the offload benchmark. Logs and results go to $OUT (or
-# ./device-out). Arguments go to `meson test`. Env: BENCH=full|sweep|none (default full: every size
-# and method; sweep adds onload pipeline settings at 4 GiB), TESTS=0 skips the tests, MULTI_GPU=1 runs
-# tests/multi_gpu/run.sh (2+ GPUs), PROBE=1 runs bench/transfer_probe.cu,
-# JIT_BENCH=1 the JIT build benchmark.
+# ./device-out). Arguments go to `meson test`. Env:
+#   BENCH=full|quick|sweep|none  full (default): every size and method; quick: 4 GiB only; sweep:
+#                                quick, then onload pipeline settings (SWEEP, chunk MiB:streams)
+#   TESTS=0                      skips the tests
+#   MULTI_GPU=1                  runs tests/multi_gpu/run.sh (2+ GPUs)
+#   PROBE=1                      runs bench/transfer_probe.cu with PROBE_ARGS (default "4096 2")
+#   JIT_BENCH=1                  runs the JIT build benchmark
 # The device has no network: Catch2 travels as Debian's .deb in .deps/ (carry it), unpacked to /tmp.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -53,7 +56,7 @@ PYTHONPATH=python_shim python3 -m uvm doctor
 
 if [ "${PROBE:-0}" = 1 ]; then
   echo "== transfer probe"
-  nvcc -O2 -std=c++17 -arch=native -o "$build/transfer_probe" bench/transfer_probe.cu && "$build/transfer_probe" 4096 2 | tee "$OUT/probe.txt"
+  nvcc -O2 -std=c++17 -arch=native -o "$build/transfer_probe" bench/transfer_probe.cu && "$build/transfer_probe" ${PROBE_ARGS:-4096 2} | tee "$OUT/probe.txt"
 fi
 
 if [ "${JIT_BENCH:-0}" = 1 ]; then
@@ -64,10 +67,12 @@ fi
 bench=${BENCH:-full}
 if [ "$bench" != none ]; then
   echo "== offload bench"
-  PYTHONPATH=python_shim python3 -m uvm bench --out "$OUT/bench" || status=1
+  sizes=()
+  [ "$bench" != full ] && sizes=(--sizes-mib 4096)
+  PYTHONPATH=python_shim python3 -m uvm bench "${sizes[@]}" --out "$OUT/bench" || status=1
 fi
 if [ "$bench" = sweep ]; then
-  for setting in 32:2 128:2 32:4 64:4 16:8; do
+  for setting in ${SWEEP:-32:2 128:2 32:4 64:4 16:8}; do
     echo "== onload pipeline ${setting%%:*} MiB x ${setting##*:} streams"
     UVM_ONLOAD_CHUNK_MIB=${setting%%:*} UVM_ONLOAD_STREAMS=${setting##*:} PYTHONPATH=python_shim \
       python3 -m uvm bench --sizes-mib 4096 --methods "uvm staged,pinned memcpy" --out "$OUT/sweep-$setting" 2>/dev/null |

@@ -2,7 +2,7 @@
 // library's choices rest on numbers (issue 4: "onload into discarded pages was erratic: find out
 // why"). Not part of the library; built with nvcc by scripts/device_run.sh.
 //
-//   transfer_probe [total_MiB=4096] [cycles=3] [all|onload|hazard|numa]
+//   transfer_probe [total_MiB=4096] [cycles=3] [all|onload|hazard|numa] [hazard variant indices, e.g. 5,1]
 //
 // Managed total stays at `total_MiB` (the device script passes at most 25 % of the card). For two
 // layouts (one allocation; ~190 mixed-size allocations like a torch pool's segments) it prints, per
@@ -222,7 +222,7 @@ struct CopyBack {
 // "hazard": a staged cycle, then a migrate cycle of the same bytes. Does the staged onload leave
 // the pages in a state where a later prefetch to the CPU loses them? Each copy-back variant runs
 // with and without a plain allocation claiming the memory between offload and onload.
-void hazard_probe(const Layout& l, int device, char* staging, cudaStream_t* s, int cycles) {
+void hazard_probe(const Layout& l, int device, char* staging, cudaStream_t* s, int cycles, const std::string& only) {
   const cudaMemLocation gpu = gpu_loc(device), host = cpu_loc();
   std::vector<size_t> at(l.bases.size());
   for (size_t i = 0, o = 0; i < at.size(); ++i) at[i] = o, o += l.sizes[i];
@@ -282,6 +282,8 @@ void hazard_probe(const Layout& l, int device, char* staging, cudaStream_t* s, i
   for (bool with_pressure : {false, true})
     for (const CopyBack& v : variants)
       for (int cycle = 0; cycle < cycles; ++cycle) {
+        const std::string index = std::to_string(&v - variants);
+        if (!only.empty() && ("," + only + ",").find("," + index + ",") == std::string::npos) continue;
         const uint32_t seed = 77u + 1000u * cycle + uint32_t(&v - variants) * 10u;
         fill_all(l, seed);
         staged_off();
@@ -557,7 +559,7 @@ int main(int argc, char** argv) {
     Layout l = make_layout(name, pattern, total, device);
     fill_all(l, 1);
     if (hazard_only) {
-      hazard_probe(l, device, staging, streams, cycles);
+      hazard_probe(l, device, staging, streams, cycles, argc > 4 ? argv[4] : "");
       for (char* p : l.bases) CHECK(cudaFree(p));
       continue;
     }

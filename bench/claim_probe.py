@@ -43,22 +43,20 @@ def gbps(action) -> float:
     return nbytes / (time.perf_counter() - start) / 1e9
 
 
-def claim():
-    free, _ = torch.cuda.mem_get_info()
-    block = torch.empty(free - (256 << 20), dtype=torch.uint8, device="cuda")
-    block[-1] = 1
-    torch.cuda.synchronize()
-    del block
-    torch.cuda.empty_cache()
-
-
-def claim_no_free():
-    """The claim without giving the memory back before the copy."""
+def hold_claim():
+    """A plain allocation of all but 256 MiB of the free memory, touched, and kept."""
     free, _ = torch.cuda.mem_get_info()
     block = torch.empty(free - (256 << 20), dtype=torch.uint8, device="cuda")
     block[-1] = 1
     torch.cuda.synchronize()
     return block
+
+
+def claim():
+    """The benchmark's claim step: the allocation, then freed and given back to the driver."""
+    block = hold_claim()
+    del block
+    torch.cuda.empty_cache()
 
 
 print(torch.cuda.get_device_name(0), torch.__version__)
@@ -78,7 +76,7 @@ for _ in range(2):
     later = gbps(lambda: h2d(False))
     print(f"after claim+free:    H2D one call {one:5.1f} (next {again:5.1f}, after 2 s {later:5.1f})"
           f"  chunked {chunked:5.1f}  D2H {out:5.1f} GB/s")
-block = claim_no_free()
+block = hold_claim()
 held = gbps(lambda: h2d(False))
 del block
 torch.cuda.empty_cache()

@@ -5,9 +5,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <mutex>
-#include <iterator>
 #include <set>
 #include <string>
 #include <vector>
@@ -145,16 +145,18 @@ CUresult fake_primary_ctx_retain(CUcontext* ctx, CUdevice device) {
 }
 
 // Applies `change` to the discard state of every byte of [ptr, ptr + size), which lies inside one
-// allocation (checked by the caller); `change` gets the state and the byte's address.
+// allocation (checked by the caller); `change` gets the state and the byte's address. The state is
+// only kept for allocations a discard touched (`start`): on the others every change is a no-op.
 template <typename Change>
-void update_discard(World& w, const void* ptr, size_t size, Change change) {
+void update_discard(World& w, const void* ptr, size_t size, Change change, bool start = false) {
   const auto begin = reinterpret_cast<uintptr_t>(ptr);
   auto it = std::prev(w.allocations.upper_bound(begin));
   std::vector<Discard>& state = it->second.discard;
-  if (state.empty()) state.assign(it->second.size, Discard::none);
-  for (size_t i = 0; i < size; ++i) {
-    change(state[begin - it->first + i], reinterpret_cast<char*>(begin + i));
+  if (state.empty()) {
+    if (!start) return;
+    state.assign(it->second.size, Discard::none);
   }
+  for (size_t i = 0; i < size; ++i) change(state[begin - it->first + i], reinterpret_cast<char*>(begin + i));
 }
 
 void log(World& w, const char* call, const void* ptr, size_t size, int location, cudaStream_t stream) {
@@ -340,7 +342,7 @@ cudaError_t cudaMallocManaged(void** ptr, size_t size, unsigned int flags) {
   const int device = ensure_context(w);
   void* memory = std::aligned_alloc(256, (size + 255) / 256 * 256);
   if (memory == nullptr) return set_error(cudaErrorMemoryAllocation);
-  w.allocations[reinterpret_cast<uintptr_t>(memory)] = Allocation{size};
+  w.allocations[reinterpret_cast<uintptr_t>(memory)] = Allocation{size, {}};
   log(w, "malloc", memory, size, device, nullptr);
   *ptr = memory;
   return cudaSuccess;
@@ -428,7 +430,7 @@ cudaError_t cudaMemDiscardBatchAsync(void** ptrs, size_t* sizes, size_t count, u
   for (size_t i = 0; i < count; ++i) {
     log(w, "discard", ptrs[i], sizes[i], -2, stream);
     std::memset(ptrs[i], 0xDD, sizes[i]);  // the contents become indeterminate
-    update_discard(w, ptrs[i], sizes[i], [](Discard& state, char*) { state = Discard::discarded; });
+    update_discard(w, ptrs[i], sizes[i], [](Discard& state, char*) { state = Discard::discarded; }, true);
   }
   return cudaSuccess;
 }

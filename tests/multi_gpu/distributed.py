@@ -5,13 +5,17 @@ pool tensors, and both ranks moving at once is timed against one alone (a bench 
 import argparse
 import json
 import os
-import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 import uvm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from offload_bench import environment  # noqa: E402  (device, driver, torch and CUDA versions)
 
 GiB = 1 << 30
 parser = argparse.ArgumentParser()
@@ -91,14 +95,6 @@ uvm.onload(shared)
 dist.all_reduce(shared)
 assert torch.equal(shared, torch.full_like(shared, float(world * sum(r + 1 for r in range(world)))))
 
-def driver_version() -> str:
-    try:
-        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"],
-                              capture_output=True, text=True, timeout=20).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 both = [None] * world
 dist.all_gather_object(both, rows.get("both ranks at once"))
 if rank == 0:
@@ -106,8 +102,7 @@ if rank == 0:
     slowest_off = max(b[0] for b in both)
     slowest_on = max(b[1] for b in both)
     result = {
-        "device": torch.cuda.get_device_name(0), "driver": driver_version(), "torch": torch.__version__,
-        "cuda": torch.version.cuda, "bytes_per_rank": nbytes, "tensors_per_rank": len(weights), "ranks": world,
+        **environment(), "bytes_per_rank": nbytes, "tensors_per_rank": len(weights), "ranks": world,
         "one_gpu_offload_gbps": round(nbytes / alone_off / 1e9, 1), "one_gpu_onload_gbps": round(nbytes / alone_on / 1e9, 1),
         "aggregate_offload_gbps": round(world * nbytes / slowest_off / 1e9, 1),
         "aggregate_onload_gbps": round(world * nbytes / slowest_on / 1e9, 1)}

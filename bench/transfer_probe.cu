@@ -2,7 +2,8 @@
 // library's choices rest on numbers (issue 4: "onload into discarded pages was erratic: find out
 // why"). Not part of the library; built with nvcc by scripts/device_run.sh.
 //
-//   transfer_probe [total_MiB=4096] [cycles=3] [all|onload|hazard|numa] [hazard variant indices, e.g. 5,1]
+//   transfer_probe [total_MiB=4096] [cycles=3] [all|onload|hazard|numa|pipeline]
+//                  [hazard: variant indices, e.g. 5,1 | pipeline: pause in seconds after the claim]
 //
 // Managed total stays at `total_MiB` (the device script passes at most 25 % of the card). For two
 // layouts (one allocation; ~190 mixed-size allocations like a torch pool's segments) it prints, per
@@ -308,6 +309,232 @@ void hazard_probe(const Layout& l, int device, char* staging, cudaStream_t* s, i
 }
 
 
+// A copy by the SMs instead of a copy engine: each thread reads 16-byte words of pinned host memory
+// (mapped through UVA) and writes them to the device.
+__global__ void copy_words(uint4* dst, const uint4* src, size_t words) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < words; i += size_t(gridDim.x) * blockDim.x)
+    dst[i] = src[i];
+}
+
+// The same with four loads in flight per thread before any store.
+__global__ void copy_words4(uint4* dst, const uint4* src, size_t words) {
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+  for (; i + 3 * stride < words; i += 4 * stride) {
+    const uint4 a = src[i], b = src[i + stride], c = src[i + 2 * stride], d = src[i + 3 * stride];
+    dst[i] = a, dst[i + stride] = b, dst[i + 2 * stride] = c, dst[i + 3 * stride] = d;
+  }
+  for (; i < words; i += stride) dst[i] = src[i];
+}
+
+// How a chunk is copied host→device: 0 copy engine, 1 SMs, 2 SMs with 4 loads in flight, 3 copy
+// engine for even chunks and SMs (4 loads) for odd ones.
+enum CopyKind { kCe, kSm, kSm4, kMix };
+const char* copy_name(int how) { return how == kCe ? "ce" : how == kSm ? "sm" : how == kSm4 ? "sm4" : "mix"; }
+
+void sm_copy(void* dst, const void* src, size_t bytes, cudaStream_t stream, bool four) {
+  if (four) copy_words4<<<264, 1024, 0, stream>>>(static_cast<uint4*>(dst), static_cast<const uint4*>(src), bytes / 16);
+  else copy_words<<<264, 1024, 0, stream>>>(static_cast<uint4*>(dst), static_cast<const uint4*>(src), bytes / 16);
+  CHECK(cudaGetLastError());
+}
+
+// "pipeline": onload of a staged offload right after a plain allocation claimed and freed the memory
+// (the benchmark's cycle), by pipeline shape, against the host→device copy alone in the same window
+// (copy engine, SMs), into a plain buffer. `pause_s` sleeps between the free and the onload.
+void pipeline_probe(const Layout& l, int device, char* staging, cudaStream_t* s, int cycles, double pause_s) {
+  const cudaMemLocation gpu = gpu_loc(device), host = cpu_loc();
+  struct Chunk { char* ptr; const char* host; size_t n; };
+  std::vector<Chunk> chunks;
+  const size_t chunk = 64 * kMiB;
+  for (size_t i = 0, at = 0; i < l.bases.size(); at += l.sizes[i], ++i)
+    for (size_t o = 0; o < l.sizes[i]; o += chunk) chunks.push_back({l.bases[i] + o, staging + at + o, std::min(chunk, l.sizes[i] - o)});
+  auto staged_off = [&] {
+    for (const Chunk& c : chunks) CHECK(cudaMemcpyAsync(const_cast<char*>(c.host), c.ptr, c.n, cudaMemcpyDefault, s[0]));
+    std::vector<void*> p(l.bases.begin(), l.bases.end());
+    std::vector<size_t> n(l.sizes.begin(), l.sizes.end());
+    CHECK(cudaMemDiscardBatchAsync(p.data(), n.data(), p.size(), 0, s[0]));
+    CHECK(cudaDeviceSynchronize());
+  };
+  std::vector<cudaEvent_t> ev(chunks.size() + 8);
+  for (auto& e : ev) CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  auto copy = [&](int how, const Chunk& c, cudaStream_t st, size_t k = 0) {
+    if (how == kCe || (how == kMix && k % 2 == 0)) CHECK(cudaMemcpyAsync(c.ptr, c.host, c.n, cudaMemcpyDefault, st));
+    else sm_copy(c.ptr, c.host, c.n, st, how != kSm);
+  };
+  // shape: 0 prefetch,copy,prefetch round-robin on 4 streams (uvm today); 1 populate ahead on one
+  // stream, copy + prefetch on 3; 2 populate ahead, copies on 3, one prefetch of each chunk at the end;
+  // 3 populate everything on 4 streams, wait, then copy + prefetch (the serial bound); 4 no populate:
+  // copy (faulting), then prefetch; 5 as 0, populating with cudaMemDiscardAndPrefetchBatchAsync;
+  // 6 bounce (below).
+  std::vector<double> populate_ms, bounce_alloc_ms;
+  const size_t bounce_bytes = std::getenv("PROBE_BOUNCE_MIB") ? std::strtoull(std::getenv("PROBE_BOUNCE_MIB"), nullptr, 10) * kMiB
+                                                              : 1024 * kMiB;
+  auto onload = [&](int shape, int how) {
+    if (shape == 3) {
+      const double t = now_s();
+      for (size_t k = 0; k < chunks.size(); ++k) CHECK(cudaMemPrefetchAsync(chunks[k].ptr, chunks[k].n, gpu, 0, s[k % 4]));
+      CHECK(cudaDeviceSynchronize());
+      populate_ms.push_back((now_s() - t) * 1e3);
+    }
+    if (shape == 3 || shape == 4) {
+      for (size_t k = 0; k < chunks.size(); ++k) {
+        copy(how, chunks[k], s[k % 4], k);
+        CHECK(cudaMemPrefetchAsync(chunks[k].ptr, chunks[k].n, gpu, 0, s[k % 4]));
+      }
+      return;
+    }
+    if (shape == 6) {
+      // Bounce: the first `bounce_bytes` go host→device into a plain buffer at once (no populate
+      // needed), while s[1] populates their pages; each is then copied device→device into place.
+      // The rest runs as shape 0 on s[2], s[3].
+      const double t = now_s();
+      char* bounce = nullptr;
+      CHECK(cudaMallocAsync(reinterpret_cast<void**>(&bounce), bounce_bytes, s[0]));
+      size_t k = 0, at = 0;
+      for (; k < chunks.size() && at + chunks[k].n <= bounce_bytes; at += chunks[k].n, ++k) {
+        CHECK(cudaMemcpyAsync(bounce + at, chunks[k].host, chunks[k].n, cudaMemcpyHostToDevice, s[0]));
+        CHECK(cudaEventRecord(ev[k], s[0]));
+        CHECK(cudaMemPrefetchAsync(chunks[k].ptr, chunks[k].n, gpu, 0, s[1]));
+        CHECK(cudaStreamWaitEvent(s[1], ev[k], 0));
+        CHECK(cudaMemcpyAsync(chunks[k].ptr, bounce + at, chunks[k].n, cudaMemcpyDeviceToDevice, s[1]));
+        CHECK(cudaMemPrefetchAsync(chunks[k].ptr, chunks[k].n, gpu, 0, s[1]));
+      }
+      bounce_alloc_ms.push_back((now_s() - t) * 1e3);
+      for (size_t j = k; j < chunks.size(); ++j) {
+        cudaStream_t st = s[2 + j % 2];
+        CHECK(cudaMemPrefetchAsync(chunks[j].ptr, chunks[j].n, gpu, 0, st));
+        copy(how, chunks[j], st, j);
+        CHECK(cudaMemPrefetchAsync(chunks[j].ptr, chunks[j].n, gpu, 0, st));
+      }
+      CHECK(cudaEventRecord(ev[chunks.size()], s[1]));
+      CHECK(cudaStreamWaitEvent(s[0], ev[chunks.size()], 0));
+      CHECK(cudaFreeAsync(bounce, s[0]));
+      return;
+    }
+    if (shape == 0 || shape == 5) {
+      for (size_t k = 0; k < chunks.size(); ++k) {
+        cudaStream_t st = s[k % 4];
+        if (shape == 5) {
+          void* ptr = chunks[k].ptr;
+          size_t n = chunks[k].n, index = 0;
+          cudaMemLocation where = gpu;
+          CHECK(cudaMemDiscardAndPrefetchBatchAsync(&ptr, &n, 1, &where, &index, 1, 0, st));
+        } else {
+          CHECK(cudaMemPrefetchAsync(chunks[k].ptr, chunks[k].n, gpu, 0, st));
+        }
+        copy(how, chunks[k], st, k);
+        CHECK(cudaMemPrefetchAsync(chunks[k].ptr, chunks[k].n, gpu, 0, st));
+      }
+      return;
+    }
+    for (size_t k = 0; k < chunks.size(); ++k) {
+      CHECK(cudaMemPrefetchAsync(chunks[k].ptr, chunks[k].n, gpu, 0, s[0]));
+      CHECK(cudaEventRecord(ev[k], s[0]));
+    }
+    for (size_t k = 0; k < chunks.size(); ++k) {
+      cudaStream_t st = s[1 + k % 3];
+      CHECK(cudaStreamWaitEvent(st, ev[k], 0));
+      copy(how, chunks[k], st, k);
+      if (shape == 1) CHECK(cudaMemPrefetchAsync(chunks[k].ptr, chunks[k].n, gpu, 0, st));
+    }
+    if (shape == 2) {
+      for (int i = 1; i < 4; ++i) {
+        CHECK(cudaEventRecord(ev[chunks.size() + i], s[i]));
+        CHECK(cudaStreamWaitEvent(s[0], ev[chunks.size() + i], 0));
+      }
+      for (const Chunk& c : chunks) CHECK(cudaMemPrefetchAsync(c.ptr, c.n, gpu, 0, s[0]));
+    }
+  };
+  char* plain = nullptr;
+  CHECK(cudaMalloc(&plain, l.total));
+  auto pause = [&] { if (pause_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(pause_s)); };
+  // The copy alone, into plain memory, steady and right after a claim.
+  for (int how : {kCe, kSm, kSm4})
+    for (bool claim : {false, true})
+      for (int cycle = 0; cycle < cycles; ++cycle) {
+        if (claim) pressure(l.total), pause();
+        const double t0 = now_s();
+        for (const Chunk& c : chunks) copy(how, Chunk{plain + (c.host - staging), c.host, c.n}, s[0]);
+        CHECK(cudaDeviceSynchronize());
+        std::printf("  pipeline copy-alone %-4s %-12s cycle %d: %5.1f GB/s\n", copy_name(how),
+                    claim ? "after-claim" : "steady", cycle, l.total / (now_s() - t0) / 1e9);
+      }
+  unsigned long long* bad = nullptr;
+  CHECK(cudaMallocHost(&bad, sizeof(*bad)));
+  const char* names[] = {"prefetch,copy,prefetch rr4", "populate-ahead, copy+prefetch x3", "populate-ahead, copies x3, prefetch-all",
+                         "populate-all|sync|copy,prefetch", "copy (faulting),prefetch", "dap,copy,prefetch rr4",
+                         "bounce first GiB, rest rr2"};
+  const char* only = std::getenv("PROBE_SHAPES");  // e.g. "0,5": the shapes to run (default all)
+  for (int shape : {0, 6, 5, 3, 1, 2, 4})
+    for (int how : {kCe, kSm, kSm4, kMix})
+      for (int cycle = 0; cycle < cycles; ++cycle) {
+        if (only && !std::strchr(only, '0' + shape)) continue;
+        if (how == kMix && shape != 0) continue;
+        if (shape == 6 && how != kCe) continue;
+        if (shape == 4 && cycle > 0) continue;  // faults page by page: one cycle says it
+        const uint32_t seed = 500u + 1000u * cycle + 10u * shape + how;
+        fill_all(l, seed);
+        staged_off();
+        const bool reclaimed = pressure(l.total);
+        pause();
+        const double t0 = now_s();
+        onload(shape, how);
+        CHECK(cudaDeviceSynchronize());
+        const double gbs = l.total / (now_s() - t0) / 1e9;
+        const auto after = verify_all(l, seed, bad).first;
+        for (size_t i = 0; i < l.bases.size(); ++i) CHECK(cudaMemPrefetchAsync(l.bases[i], l.sizes[i], host, 0, s[0]));
+        CHECK(cudaDeviceSynchronize());
+        std::string where;
+        const size_t lost = host_mismatches(l, seed, &where);
+        for (size_t i = 0; i < l.bases.size(); ++i) CHECK(cudaMemPrefetchAsync(l.bases[i], l.sizes[i], gpu, 0, s[0]));
+        CHECK(cudaDeviceSynchronize());
+        std::printf("  pipeline %-5s %-40s %s cycle %d: onload %5.1f GB/s; bad words %llu, pages lost after migrate %zu%s",
+                    l.name.c_str(), names[shape], copy_name(how), cycle, gbs, after, lost,
+                    reclaimed ? "" : " NOT-reclaimed");
+        if (shape == 6) std::printf(" (bounce part issued in %.2f ms)", bounce_alloc_ms.back());
+        if (shape == 3) std::printf(" (populate alone %.1f ms = %.1f GB/s)", populate_ms.back(), l.total / populate_ms.back() / 1e6);
+        std::printf("\n");
+      }
+  // One timed cycle of shape 0 per copy kind, each op bracketed by timing events, written as CSV
+  // (chunk, stream, bytes, ms at: populate start, populate end, copy end, prefetch-after end) to the
+  // file named by PROBE_TIMELINE.
+  if (const char* path = std::getenv("PROBE_TIMELINE")) {
+    FILE* csv = std::fopen(path, "a");
+    std::vector<cudaEvent_t> marks(4 * chunks.size() + 1);
+    for (auto& e : marks) CHECK(cudaEventCreate(&e));
+    for (int how : {kCe, kSm4}) {
+      fill_all(l, 9);
+      staged_off();
+      pressure(l.total);
+      pause();
+      CHECK(cudaEventRecord(marks.back(), s[0]));
+      for (int i = 1; i < 4; ++i) CHECK(cudaStreamWaitEvent(s[i], marks.back(), 0));
+      for (size_t k = 0; k < chunks.size(); ++k) {
+        cudaStream_t st = s[k % 4];
+        CHECK(cudaEventRecord(marks[4 * k], st));
+        CHECK(cudaMemPrefetchAsync(chunks[k].ptr, chunks[k].n, gpu, 0, st));
+        CHECK(cudaEventRecord(marks[4 * k + 1], st));
+        copy(how, chunks[k], st, k);
+        CHECK(cudaEventRecord(marks[4 * k + 2], st));
+        CHECK(cudaMemPrefetchAsync(chunks[k].ptr, chunks[k].n, gpu, 0, st));
+        CHECK(cudaEventRecord(marks[4 * k + 3], st));
+      }
+      CHECK(cudaDeviceSynchronize());
+      for (size_t k = 0; k < chunks.size(); ++k) {
+        float t[4];
+        for (int j = 0; j < 4; ++j) CHECK(cudaEventElapsedTime(&t[j], marks.back(), marks[4 * k + j]));
+        std::fprintf(csv, "%s,%.1f,%s,%zu,%zu,%zu,%.3f,%.3f,%.3f,%.3f\n", l.name.c_str(), pause_s, copy_name(how), k,
+                     k % 4, chunks[k].n, t[0], t[1], t[2], t[3]);
+      }
+    }
+    for (auto& e : marks) CHECK(cudaEventDestroy(e));
+    std::fclose(csv);
+  }
+  CHECK(cudaFreeHost(bad));
+  CHECK(cudaFree(plain));
+  for (auto& e : ev) CHECK(cudaEventDestroy(e));
+}
+
 // "numa": pinned memcpy speed with the host buffer on each NUMA node (mmap + mbind +
 // cudaHostRegister), against the GPU's nearest node. Only plain device memory is used.
 void numa_probe(size_t total, int device, cudaStream_t stream, int cycles) {
@@ -519,6 +746,7 @@ int main(int argc, char** argv) {
   };
   const bool onload_only = argc > 3 && std::string(argv[3]) == "onload";
   const bool hazard_only = argc > 3 && std::string(argv[3]) == "hazard";
+  const bool pipeline_only = argc > 3 && std::string(argv[3]) == "pipeline";
 
   const std::vector<Path> all_paths = {
       {"migrate", "migrate", migrate_off, migrate_on},
@@ -558,6 +786,11 @@ int main(int argc, char** argv) {
   for (const auto& [name, pattern] : layouts) {
     Layout l = make_layout(name, pattern, total, device);
     fill_all(l, 1);
+    if (pipeline_only) {
+      pipeline_probe(l, device, staging, streams, cycles, argc > 4 ? std::atof(argv[4]) : 0.0);
+      for (char* p : l.bases) CHECK(cudaFree(p));
+      continue;
+    }
     if (hazard_only) {
       hazard_probe(l, device, staging, streams, cycles, argc > 4 ? argv[4] : "");
       for (char* p : l.bases) CHECK(cudaFree(p));

@@ -4,7 +4,8 @@
 # ./device-out). Arguments go to `meson test`. Env:
 #   BENCH=full|quick|sweep|none  full (default): every size and method; quick: 4 GiB only; sweep:
 #                                quick, then onload pipeline settings (SWEEP, chunk MiB:streams)
-#   TESTS=0                      skips the tests
+#   TESTS=0                      skips the tests (else also the GPU suite built against CUDA 12.8,
+#                                when .deps/cuda-12.8 is there: scripts/fetch_cuda12.sh)
 #   MULTI_GPU=1                  runs tests/multi_gpu/run.sh (2+ GPUs)
 #   PROBE=1                      runs bench/transfer_probe.cu with PROBE_ARGS (default "4096 2")
 #   JIT_BENCH=1                  runs the JIT build benchmark
@@ -23,14 +24,16 @@ meson --version
 
 if [ ! -f /usr/include/catch2/catch.hpp ] && ls .deps/catch2_*.deb >/dev/null 2>&1; then
   rm -rf /tmp/c2 && dpkg -x .deps/catch2_*.deb /tmp/c2
-  export PKG_CONFIG_PATH=/tmp/c2/usr/share/pkgconfig PKG_CONFIG_SYSROOT_DIR=/tmp/c2
+  # The package's .pc names /usr/include: point it at the unpacked copy (no sysroot, so that the
+  # nested CUDA 12 builds and the pkg-config example see pkg-config as a user would).
+  sed -i 's|^includedir=/usr/include|includedir=/tmp/c2/usr/include|' /tmp/c2/usr/share/pkgconfig/catch2.pc
+  export PKG_CONFIG_PATH=/tmp/c2/usr/share/pkgconfig
 fi
 
 build=build-device
 rm -rf "$build"
 meson setup "$build" >"$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
 ninja -C "$build" >"$OUT/build.log" 2>&1 || { tail -n 60 "$OUT/build.log"; exit 1; }
-unset PKG_CONFIG_SYSROOT_DIR  # the pkg-config example must find uvm.pc as a user would
 
 status=0
 if [ "${TESTS:-1}" = 1 ]; then
@@ -40,6 +43,16 @@ grep -E '^ *[0-9]+/[0-9]+ ' "$OUT/meson-test.out"
 cp "$build/meson-logs/testlog.txt" "$OUT/testlog.txt"
 python3 scripts/summarize_tests.py "$build/meson-logs/testlog.json" | tee "$OUT/summary.txt"
 status=${PIPESTATUS[0]}
+fi
+
+# The GPU suite once more, built against CUDA 12.8 headers and run on libcudart.so.12 (the cpu test
+# cuda-12.8-headers made that build): the CUDA 12 fallbacks on a real driver.
+if [ "${TESTS:-1}" = 1 ] && [ -f "$build/cuda-12.8/build.ninja" ]; then
+  echo "== gpu suite built against CUDA 12.8"
+  meson test -C "$build/cuda-12.8" --suite gpu --print-errorlogs >"$build/meson-test-cuda12.out" 2>&1
+  grep -E '^ *[0-9]+/[0-9]+ ' "$build/meson-test-cuda12.out"
+  cp "$build/cuda-12.8/meson-logs/testlog.txt" "$OUT/testlog-cuda12.txt"
+  python3 scripts/summarize_tests.py "$build/cuda-12.8/meson-logs/testlog.json" || status=1
 fi
 
 if [ "${MULTI_GPU:-0}" = 1 ]; then

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing uvm needs, when it is missing: Meson (>= 1.0), Ninja,
-# pkg-config, a C/C++ compiler, binutils and Catch2 (Debian's header-only package). The CUDA toolkit
+# pkg-config, a C/C++ compiler, binutils and Catch2 (Debian's header-only package), and the CUDA 12
+# runtime headers the cuda-12.x-headers tests build against (from PyPI, into .deps/). The CUDA toolkit
 # itself must already be there ($CUDA_HOME, $CUDA_PATH or /usr/local/cuda).
 set -euo pipefail
 
@@ -41,3 +42,5 @@ if ! meson_ok; then  # a distribution whose meson is older than 1.0
   python3 -m pip install -q --user 'meson>=1.0'
   export PATH="$HOME/.local/bin:$PATH"
 fi
+# CUDA 12 runtime headers for the cuda-12.x-headers tests (they skip, saying why, without them).
+bash scripts/fetch_cuda12.sh || echo "uvm: no CUDA 12 headers fetched; the cuda-12.x-headers tests will skip"

@@ -94,9 +94,11 @@ int ensure_context(World& w) {
   return current_context;
 }
 
+#if CUDART_VERSION >= 12020
 int decode(cudaMemLocation location) {
   return location.type == cudaMemLocationTypeHost ? cudaCpuDeviceId : location.id;
 }
+#endif
 
 bool inside_one_allocation(World& w, const void* ptr, size_t size) {
   const auto begin = reinterpret_cast<uintptr_t>(ptr);
@@ -161,6 +163,60 @@ void update_discard(World& w, const void* ptr, size_t size, Change change, bool 
 
 void log(World& w, const char* call, const void* ptr, size_t size, int location, cudaStream_t stream) {
   w.ops.push_back(fake::Op{call, ptr, size, location, stream, current_context});
+}
+
+cudaError_t advise_at(const void* ptr, size_t size, cudaMemoryAdvise advice, int where) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  cudaError_t error;
+  if (injected(w, "cudaMemAdvise", &error)) return error;
+  ensure_context(w);
+  if (!inside_one_allocation(w, ptr, size)) return set_error(cudaErrorInvalidValue);
+  const auto begin = reinterpret_cast<uintptr_t>(ptr);
+  if (advice == cudaMemAdviseSetPreferredLocation) {
+    w.preferred.push_back({begin, begin + size, where});
+    log(w, "advise:preferred", ptr, size, where, nullptr);
+  } else if (advice == cudaMemAdviseSetAccessedBy) {
+    log(w, "advise:accessed_by", ptr, size, where, nullptr);
+  } else {
+    return set_error(cudaErrorInvalidValue);
+  }
+  return cudaSuccess;
+}
+
+cudaError_t prefetch_to(const void* ptr, size_t size, int where, unsigned int flags, cudaStream_t stream) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  cudaError_t error;
+  if (injected(w, "cudaMemPrefetchAsync", &error)) return error;
+  ensure_context(w);
+  if (flags != 0 || !inside_one_allocation(w, ptr, size)) return set_error(cudaErrorInvalidValue);
+  if (w.capturing.count(stream)) return set_error(cudaErrorStreamCaptureUnsupported);
+  if (where != cudaCpuDeviceId && !kDevices[where].concurrent) return set_error(cudaErrorInvalidDevice);
+  const auto begin = reinterpret_cast<uintptr_t>(ptr);
+  w.prefetched.push_back({begin, begin + size, where});
+  log(w, "prefetch", ptr, size, where, stream);
+  update_discard(w, ptr, size, [where](Discard& state, char* byte) {
+    if (where == cudaCpuDeviceId && state != Discard::none) {
+      *byte = 0;
+      state = Discard::none;
+    } else if (where != cudaCpuDeviceId && state == Discard::rewritten) {
+      state = Discard::none;
+    }
+  });
+  return cudaSuccess;
+}
+
+cudaError_t entry_point(const char* symbol, void** fn, cudaDriverEntryPointQueryResult* status) {
+  *fn = nullptr;
+  if (scenario() != "no_entry_points") {
+    if (!std::strcmp(symbol, "cuCtxGetCurrent")) *fn = reinterpret_cast<void*>(&fake_ctx_get_current);
+    if (!std::strcmp(symbol, "cuCtxSetCurrent")) *fn = reinterpret_cast<void*>(&fake_ctx_set_current);
+    if (!std::strcmp(symbol, "cuDeviceGet")) *fn = reinterpret_cast<void*>(&fake_device_get);
+    if (!std::strcmp(symbol, "cuDevicePrimaryCtxRetain")) *fn = reinterpret_cast<void*>(&fake_primary_ctx_retain);
+  }
+  if (status) *status = *fn ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+  return cudaSuccess;
 }
 
 }  // namespace
@@ -320,18 +376,17 @@ cudaError_t cudaRuntimeGetVersion(int* version) {
   return cudaSuccess;
 }
 
+#if CUDART_VERSION >= 12050
 cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int, unsigned long long,
                                              cudaDriverEntryPointQueryResult* status) {
-  *fn = nullptr;
-  if (scenario() != "no_entry_points") {
-    if (!std::strcmp(symbol, "cuCtxGetCurrent")) *fn = reinterpret_cast<void*>(&fake_ctx_get_current);
-    if (!std::strcmp(symbol, "cuCtxSetCurrent")) *fn = reinterpret_cast<void*>(&fake_ctx_set_current);
-    if (!std::strcmp(symbol, "cuDeviceGet")) *fn = reinterpret_cast<void*>(&fake_device_get);
-    if (!std::strcmp(symbol, "cuDevicePrimaryCtxRetain")) *fn = reinterpret_cast<void*>(&fake_primary_ctx_retain);
-  }
-  if (status) *status = *fn ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
-  return cudaSuccess;
+  return entry_point(symbol, fn, status);
 }
+#else  // before CUDA 12.5 the runtime has only the unversioned form
+cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** fn, unsigned long long,
+                                    cudaDriverEntryPointQueryResult* status) {
+  return entry_point(symbol, fn, status);
+}
+#endif
 
 cudaError_t cudaMallocManaged(void** ptr, size_t size, unsigned int flags) {
   World& w = world();
@@ -370,50 +425,34 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const vo
   return cudaSuccess;
 }
 
+// The entry points as each header generation declares them (alloc/cuda_compat.hpp calls the same).
+#if CUDART_VERSION >= 13000
 cudaError_t cudaMemAdvise(const void* ptr, size_t size, cudaMemoryAdvise advice, cudaMemLocation location) {
-  World& w = world();
-  std::lock_guard<std::mutex> lock(w.mutex);
-  cudaError_t error;
-  if (injected(w, "cudaMemAdvise", &error)) return error;
-  ensure_context(w);
-  if (!inside_one_allocation(w, ptr, size)) return set_error(cudaErrorInvalidValue);
-  const int where = decode(location);
-  const auto begin = reinterpret_cast<uintptr_t>(ptr);
-  if (advice == cudaMemAdviseSetPreferredLocation) {
-    w.preferred.push_back({begin, begin + size, where});
-    log(w, "advise:preferred", ptr, size, where, nullptr);
-  } else if (advice == cudaMemAdviseSetAccessedBy) {
-    log(w, "advise:accessed_by", ptr, size, where, nullptr);
-  } else {
-    return set_error(cudaErrorInvalidValue);
-  }
-  return cudaSuccess;
+  return advise_at(ptr, size, advice, decode(location));
 }
 
 cudaError_t cudaMemPrefetchAsync(const void* ptr, size_t size, cudaMemLocation location, unsigned int flags,
                                  cudaStream_t stream) {
-  World& w = world();
-  std::lock_guard<std::mutex> lock(w.mutex);
-  cudaError_t error;
-  if (injected(w, "cudaMemPrefetchAsync", &error)) return error;
-  ensure_context(w);
-  if (flags != 0 || !inside_one_allocation(w, ptr, size)) return set_error(cudaErrorInvalidValue);
-  if (w.capturing.count(stream)) return set_error(cudaErrorStreamCaptureUnsupported);
-  const int where = decode(location);
-  if (where != cudaCpuDeviceId && !kDevices[where].concurrent) return set_error(cudaErrorInvalidDevice);
-  const auto begin = reinterpret_cast<uintptr_t>(ptr);
-  w.prefetched.push_back({begin, begin + size, where});
-  log(w, "prefetch", ptr, size, where, stream);
-  update_discard(w, ptr, size, [where](Discard& state, char* byte) {
-    if (where == cudaCpuDeviceId && state != Discard::none) {
-      *byte = 0;
-      state = Discard::none;
-    } else if (where != cudaCpuDeviceId && state == Discard::rewritten) {
-      state = Discard::none;
-    }
-  });
-  return cudaSuccess;
+  return prefetch_to(ptr, size, decode(location), flags, stream);
 }
+#elif CUDART_VERSION >= 12020
+cudaError_t cudaMemAdvise_v2(const void* ptr, size_t size, cudaMemoryAdvise advice, cudaMemLocation location) {
+  return advise_at(ptr, size, advice, decode(location));
+}
+
+cudaError_t cudaMemPrefetchAsync_v2(const void* ptr, size_t size, cudaMemLocation location, unsigned int flags,
+                                    cudaStream_t stream) {
+  return prefetch_to(ptr, size, decode(location), flags, stream);
+}
+#else
+cudaError_t cudaMemAdvise(const void* ptr, size_t size, cudaMemoryAdvise advice, int device) {
+  return advise_at(ptr, size, advice, device);
+}
+
+cudaError_t cudaMemPrefetchAsync(const void* ptr, size_t size, int device, cudaStream_t stream) {
+  return prefetch_to(ptr, size, device, 0, stream);
+}
+#endif
 
 cudaError_t cudaMemDiscardBatchAsync(void** ptrs, size_t* sizes, size_t count, unsigned long long flags,
                                      cudaStream_t stream) {

@@ -48,6 +48,22 @@ inline int last_prefetch_location(const void* ptr, size_t size) {
   return location;
 }
 
+// A driver API function, resolved through the runtime as uvm does (the suite links only cudart).
+inline void* driver_entry_point(const char* symbol) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050
+  const cudaError_t e = cudaGetDriverEntryPointByVersion(symbol, &fn, 12000, cudaEnableDefault, &found);
+#else  // the by-version form first appears in CUDA 12.5
+  const cudaError_t e = cudaGetDriverEntryPoint(symbol, &fn, cudaEnableDefault, &found);
+#endif
+  INFO(symbol << " -> " << cudaGetErrorName(e));
+  REQUIRE(e == cudaSuccess);
+  REQUIRE(found == cudaDriverEntryPointSuccess);
+  REQUIRE(fn != nullptr);
+  return fn;
+}
+
 }  // namespace gpu
 
 #define CUDA_REQUIRE(call)                                         \

@@ -107,10 +107,7 @@ TEST_CASE("failures name the problem and leave no CUDA error pending", "[gpu][er
 }
 
 TEST_CASE("a thread with no context gets none left behind by uvm", "[gpu][context]") {
-  void* get_current = nullptr;
-  cudaDriverEntryPointQueryResult found{};
-  CUDA_REQUIRE(cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &get_current, 12000,
-                                                cudaEnableDefault, &found));
+  void* get_current = gpu::driver_entry_point("cuCtxGetCurrent");
   auto ctx_get_current = reinterpret_cast<CUresult (*)(CUcontext*)>(get_current);
   CUcontext before = reinterpret_cast<CUcontext>(1), after = reinterpret_cast<CUcontext>(1);
   void* ptr = nullptr;

@@ -15,11 +15,7 @@ namespace {
 // Whether device `ordinal`'s primary context is active, asked of the driver directly.
 bool context_active(int ordinal) {
   using GetState = CUresult (*)(CUdevice, unsigned int*, int*);
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found{};
-  REQUIRE(cudaGetDriverEntryPointByVersion("cuDevicePrimaryCtxGetState", &fn, 12000, cudaEnableDefault, &found) ==
-          cudaSuccess);
-  REQUIRE(fn != nullptr);
+  void* fn = gpu::driver_entry_point("cuDevicePrimaryCtxGetState");
   unsigned int flags = 0;
   int active = -1;
   REQUIRE(reinterpret_cast<GetState>(fn)(ordinal, &flags, &active) == CUDA_SUCCESS);

@@ -5,7 +5,7 @@ namespace {
 constexpr size_t kSize = 1 << 20;
 }
 
-TEST_CASE("discard on an explicit stream", "[discard]") {
+TEST_CASE("discard on an explicit stream", "[discard][cuda13]") {
   FakeMachine machine;
   char* ptr = static_cast<char*>(uvm_malloc(kSize, 0, nullptr));
   REQUIRE(ptr != nullptr);
@@ -27,7 +27,7 @@ TEST_CASE("discard on an explicit stream", "[discard]") {
   uvm_free(ptr, kSize, 0, nullptr);
 }
 
-TEST_CASE("discard on the legacy stream goes through uvm's ordering stream", "[discard]") {
+TEST_CASE("discard on the legacy stream goes through uvm's ordering stream", "[discard][cuda13]") {
   FakeMachine machine;
   char* ptr = static_cast<char*>(uvm_malloc(kSize, 0, nullptr));
   REQUIRE(ptr != nullptr);
@@ -43,7 +43,7 @@ TEST_CASE("discard on the legacy stream goes through uvm's ordering stream", "[d
   uvm_free(ptr, kSize, 0, nullptr);
 }
 
-TEST_CASE("discard refuses what it cannot do", "[discard]") {
+TEST_CASE("discard refuses what it cannot do", "[discard][cuda13]") {
   FakeMachine machine;
   char* ptr = static_cast<char*>(uvm_malloc(kSize, 0, nullptr));
   char* on_device2 = static_cast<char*>(uvm_malloc(kSize, 2, nullptr));

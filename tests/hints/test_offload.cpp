@@ -45,7 +45,7 @@ uvm_residency residency(int device = 0, const char* tag = nullptr) {
 }
 }  // namespace
 
-TEST_CASE("staged offload copies out and discards; onload restores the bytes", "[offload]") {
+TEST_CASE("staged offload copies out and discards; onload restores the bytes", "[offload][cuda13]") {
   FakeMachine machine;
   Buffer b;
   cudaStream_t stream = fake::make_stream();
@@ -91,7 +91,7 @@ TEST_CASE("staged offload copies out and discards; onload restores the bytes", "
   CHECK(caller_waits);
 }
 
-TEST_CASE("many cycles of every strategy keep the data and reuse the staging memory", "[offload]") {
+TEST_CASE("many cycles of every strategy keep the data and reuse the staging memory", "[offload][cuda13]") {
   FakeMachine machine;
   Buffer a, b(3 * kSize + 5);
   const std::vector<uvm_range> ranges = {a.whole(), b.whole()};
@@ -108,7 +108,7 @@ TEST_CASE("many cycles of every strategy keep the data and reuse the staging mem
   CHECK(FakeMachine::ops_named("host_alloc").size() == 1);  // one block, reused 100 times
 }
 
-TEST_CASE("a staged onload leaves no page discardable: a migrate cycle afterwards keeps the data", "[offload]") {
+TEST_CASE("a staged onload leaves no page discardable: a migrate cycle afterwards keeps the data", "[offload][cuda13]") {
   // The fake drops bytes a prefetch to the CPU finds still marked discarded, as the driver does
   // after a copy into discarded pages that no prefetch followed.
   FakeMachine machine;
@@ -125,7 +125,7 @@ TEST_CASE("a staged onload leaves no page discardable: a migrate cycle afterward
   CHECK(b.intact());
 }
 
-TEST_CASE("migrate offload prefetches to the CPU; auto stages where discard works", "[offload]") {
+TEST_CASE("migrate offload prefetches to the CPU; auto stages where discard works", "[offload][cuda13]") {
   FakeMachine machine;
   Buffer b;
   const uvm_range r = b.whole();
@@ -147,7 +147,7 @@ TEST_CASE("migrate offload prefetches to the CPU; auto stages where discard work
   CHECK(b.intact());
 }
 
-TEST_CASE("onload of part of a staged range keeps the rest staged", "[offload]") {
+TEST_CASE("onload of part of a staged range keeps the rest staged", "[offload][cuda13]") {
   FakeMachine machine;
   Buffer b;
   const uvm_range whole = b.whole();
@@ -162,7 +162,7 @@ TEST_CASE("onload of part of a staged range keeps the rest staged", "[offload]")
   CHECK(residency().staged_bytes == 0);
 }
 
-TEST_CASE("discard and free drop staged copies", "[offload]") {
+TEST_CASE("discard and free drop staged copies", "[offload][cuda13]") {
   FakeMachine machine;
   size_t staged = 0;
   {
@@ -202,7 +202,14 @@ TEST_CASE("offload and onload refuse what they cannot do, leaving the data in pl
   fake::set_capturing(stream, true);
   CHECK(uvm_offload_ranges(&r, 1, UVM_STRATEGY_STAGED, stream) == UVM_ERROR_CAPTURING);
   CHECK(uvm_onload_ranges(&r, 1, stream) == UVM_ERROR_CAPTURING);
+  CHECK(b.intact());
+  CHECK(residency().device_bytes == kSize);
+}
 
+TEST_CASE("a failed staged offload leaves the data in place and nothing half-staged", "[offload][cuda13]") {
+  FakeMachine machine;
+  Buffer b;
+  const uvm_range r = b.whole();
   fake::fail_next("cudaHostAlloc", cudaErrorMemoryAllocation);
   CHECK(uvm_offload_ranges(&r, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_ERROR_OUT_OF_MEMORY);
   CHECK_THAT(last_error(), Has("cudaHostAlloc(268435456 bytes of pinned staging memory"));
@@ -216,7 +223,7 @@ TEST_CASE("offload and onload refuse what they cannot do, leaving the data in pl
   CHECK(residency().device_bytes == kSize);
 }
 
-TEST_CASE("tags select allocations for offload, discard and residency", "[offload][tags]") {
+TEST_CASE("tags select allocations for offload, discard and residency", "[offload][tags][cuda13]") {
   FakeMachine machine;
   REQUIRE(uvm_set_thread_tag("weights") == UVM_OK);
   CHECK(std::string(uvm_get_thread_tag()) == "weights");
@@ -271,7 +278,8 @@ TEST_CASE("offload works from a thread with no context, in the owner's context o
   Buffer b(kSize, 1);
   const uvm_range r = b.whole();
   fake::set_thread_context(fake::kNoContext);
-  REQUIRE(uvm_offload_ranges(&r, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
+  // auto: staged (copies and a discard) with CUDA 13, migrate (prefetches) with CUDA 12 headers.
+  REQUIRE(uvm_offload_ranges(&r, 1, UVM_STRATEGY_AUTO, nullptr) == UVM_OK);
   REQUIRE(uvm_onload_ranges(&r, 1, nullptr) == UVM_OK);
   CHECK(fake::current_context() == fake::kNoContext);  // restored
   for (const auto& op : fake::ops()) {

@@ -14,9 +14,10 @@ prefix=$(sed -n 's/^prefix=//p' "$pc")
 flags=$(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --define-variable=prefix="$stage$prefix" --cflags --libs uvm)
 cc -std=c99 -Wall -Wextra -Werror -o "$stage/offload_demo" "$source/docs/examples/offload_demo.c" $flags
 echo "built with: cc offload_demo.c $flags"
-libdir=$(dirname "$(find "$stage" -name 'libuvm.so.0' | head -n 1)")
+# At run time, every -L directory pkg-config named (staged uvm; a CUDA toolkit that ld.so may not know).
+libdirs=$(tr ' ' '\n' <<<"$flags" | sed -n 's/^-L//p' | paste -sd:)
 set +e
-output=$(LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$stage/offload_demo" 2>&1)
+output=$(LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$stage/offload_demo" 2>&1)
 status=$?
 set -e
 echo "$output"

@@ -425,23 +425,21 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const vo
   return cudaSuccess;
 }
 
-// The entry points as each header generation declares them (alloc/cuda_compat.hpp calls the same).
+// The entry points as each header generation declares them (alloc/cuda_compat.hpp calls the same):
+// the location forms are plain-named from CUDA 13 and carry a _v2 suffix in 12.2–12.9.
+#if CUDART_VERSION >= 12020
 #if CUDART_VERSION >= 13000
-cudaError_t cudaMemAdvise(const void* ptr, size_t size, cudaMemoryAdvise advice, cudaMemLocation location) {
+#define FAKE_LOCATION_FORM(name) name
+#else
+#define FAKE_LOCATION_FORM(name) name##_v2
+#endif
+cudaError_t FAKE_LOCATION_FORM(cudaMemAdvise)(const void* ptr, size_t size, cudaMemoryAdvise advice,
+                                              cudaMemLocation location) {
   return advise_at(ptr, size, advice, decode(location));
 }
 
-cudaError_t cudaMemPrefetchAsync(const void* ptr, size_t size, cudaMemLocation location, unsigned int flags,
-                                 cudaStream_t stream) {
-  return prefetch_to(ptr, size, decode(location), flags, stream);
-}
-#elif CUDART_VERSION >= 12020
-cudaError_t cudaMemAdvise_v2(const void* ptr, size_t size, cudaMemoryAdvise advice, cudaMemLocation location) {
-  return advise_at(ptr, size, advice, decode(location));
-}
-
-cudaError_t cudaMemPrefetchAsync_v2(const void* ptr, size_t size, cudaMemLocation location, unsigned int flags,
-                                    cudaStream_t stream) {
+cudaError_t FAKE_LOCATION_FORM(cudaMemPrefetchAsync)(const void* ptr, size_t size, cudaMemLocation location,
+                                                     unsigned int flags, cudaStream_t stream) {
   return prefetch_to(ptr, size, decode(location), flags, stream);
 }
 #else

@@ -130,6 +130,18 @@ void batch_arrays(const Layout& l, std::vector<void*>* ptrs, std::vector<size_t>
   sizes->assign(l.sizes.begin(), l.sizes.end());
 }
 
+// A staged offload of the whole layout on `stream`: each allocation copied to its place in
+// `staging` (allocations back to back), then one discard of them all. Not synchronized.
+void stage_out(const Layout& l, char* staging, cudaStream_t stream) {
+  size_t at = 0;
+  for (size_t i = 0; i < l.bases.size(); at += l.sizes[i], ++i)
+    CHECK(cudaMemcpyAsync(staging + at, l.bases[i], l.sizes[i], cudaMemcpyDefault, stream));
+  std::vector<void*> p;
+  std::vector<size_t> n;
+  batch_arrays(l, &p, &n);
+  CHECK(cudaMemDiscardBatchAsync(p.data(), n.data(), p.size(), 0, stream));
+}
+
 void run_path(const Layout& l, const Path& path, char* staging, cudaStream_t* streams, int cycles, bool with_pressure,
               int device) {
   unsigned long long* bad = nullptr;
@@ -229,11 +241,7 @@ void hazard_probe(const Layout& l, int device, char* staging, cudaStream_t* s, i
   for (size_t i = 0, o = 0; i < at.size(); ++i) at[i] = o, o += l.sizes[i];
   const size_t chunk = 64 * kMiB;
   auto staged_off = [&] {
-    for (size_t i = 0; i < l.bases.size(); ++i)
-      CHECK(cudaMemcpyAsync(staging + at[i], l.bases[i], l.sizes[i], cudaMemcpyDefault, s[0]));
-    std::vector<void*> p(l.bases.begin(), l.bases.end());
-    std::vector<size_t> n(l.sizes.begin(), l.sizes.end());
-    CHECK(cudaMemDiscardBatchAsync(p.data(), n.data(), p.size(), 0, s[0]));
+    stage_out(l, staging, s[0]);
     CHECK(cudaDeviceSynchronize());
   };
   auto copy_back = [&](const CopyBack& v) {
@@ -349,10 +357,7 @@ void pipeline_probe(const Layout& l, int device, char* staging, cudaStream_t* s,
   for (size_t i = 0, at = 0; i < l.bases.size(); at += l.sizes[i], ++i)
     for (size_t o = 0; o < l.sizes[i]; o += chunk) chunks.push_back({l.bases[i] + o, staging + at + o, std::min(chunk, l.sizes[i] - o)});
   auto staged_off = [&] {
-    for (const Chunk& c : chunks) CHECK(cudaMemcpyAsync(const_cast<char*>(c.host), c.ptr, c.n, cudaMemcpyDefault, s[0]));
-    std::vector<void*> p(l.bases.begin(), l.bases.end());
-    std::vector<size_t> n(l.sizes.begin(), l.sizes.end());
-    CHECK(cudaMemDiscardBatchAsync(p.data(), n.data(), p.size(), 0, s[0]));
+    stage_out(l, staging, s[0]);
     CHECK(cudaDeviceSynchronize());
   };
   std::vector<cudaEvent_t> ev(chunks.size() + 8);
@@ -627,15 +632,7 @@ int main(int argc, char** argv) {
       CHECK(cudaMemPrefetchAsync(l.bases[i], l.sizes[i], gpu, 0, s[0]));
     }
   };
-  auto staged_off = [&](const Layout& l, char* staging, cudaStream_t* s) {
-    auto at = offsets(l);
-    for (size_t i = 0; i < l.bases.size(); ++i)
-      CHECK(cudaMemcpyAsync(staging + at[i], l.bases[i], l.sizes[i], cudaMemcpyDefault, s[0]));
-    std::vector<void*> p;
-    std::vector<size_t> n;
-    batch_arrays(l, &p, &n);
-    CHECK(cudaMemDiscardBatchAsync(p.data(), n.data(), p.size(), 0, s[0]));
-  };
+  auto staged_off = [&](const Layout& l, char* staging, cudaStream_t* s) { stage_out(l, staging, s[0]); };
   auto staged_off_2streams = [&](const Layout& l, char* staging, cudaStream_t* s) {
     auto at = offsets(l);
     for (size_t i = 0; i < l.bases.size(); ++i)

@@ -35,24 +35,28 @@ rm -rf "$build"
 meson setup "$build" >"$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
 ninja -C "$build" >"$OUT/build.log" 2>&1 || { tail -n 60 "$OUT/build.log"; exit 1; }
 
+# Runs `meson test` in build dir $1 (further arguments go to it); the log goes to $OUT/testlog$2.txt
+# and the summary line is printed. Returns the summary's status.
+run_suite() {
+  local dir=$1 tag=$2
+  shift 2
+  meson test -C "$dir" --print-errorlogs "$@" >"$dir/meson-test.out" 2>&1
+  grep -E '^ *[0-9]+/[0-9]+ ' "$dir/meson-test.out"
+  cp "$dir/meson-logs/testlog.txt" "$OUT/testlog$tag.txt"
+  python3 scripts/summarize_tests.py "$dir/meson-logs/testlog.json"
+}
+
 status=0
 if [ "${TESTS:-1}" = 1 ]; then
-echo "== tests"
-meson test -C "$build" --print-errorlogs "$@" >"$OUT/meson-test.out" 2>&1
-grep -E '^ *[0-9]+/[0-9]+ ' "$OUT/meson-test.out"
-cp "$build/meson-logs/testlog.txt" "$OUT/testlog.txt"
-python3 scripts/summarize_tests.py "$build/meson-logs/testlog.json" | tee "$OUT/summary.txt"
-status=${PIPESTATUS[0]}
-fi
-
-# The GPU suite once more, built against CUDA 12.8 headers and run on libcudart.so.12 (the cpu test
-# cuda-12.8-headers made that build): the CUDA 12 fallbacks on a real driver.
-if [ "${TESTS:-1}" = 1 ] && [ -f "$build/cuda-12.8/build.ninja" ]; then
-  echo "== gpu suite built against CUDA 12.8"
-  meson test -C "$build/cuda-12.8" --suite gpu --print-errorlogs >"$build/meson-test-cuda12.out" 2>&1
-  grep -E '^ *[0-9]+/[0-9]+ ' "$build/meson-test-cuda12.out"
-  cp "$build/cuda-12.8/meson-logs/testlog.txt" "$OUT/testlog-cuda12.txt"
-  python3 scripts/summarize_tests.py "$build/cuda-12.8/meson-logs/testlog.json" || status=1
+  echo "== tests"
+  run_suite "$build" "" "$@" | tee "$OUT/summary.txt"
+  status=${PIPESTATUS[0]}
+  # The GPU suite once more, built against CUDA 12.8 headers and run on libcudart.so.12 (the cpu
+  # test cuda-12.8-headers made that build): the CUDA 12 fallbacks on a real driver.
+  if [ -f "$build/cuda-12.8/build.ninja" ]; then
+    echo "== gpu suite built against CUDA 12.8"
+    run_suite "$build/cuda-12.8" -cuda12 --suite gpu || status=1
+  fi
 fi
 
 if [ "${MULTI_GPU:-0}" = 1 ]; then

@@ -46,12 +46,12 @@ extern "C" {
 
 uvm_status uvm_set_default_advice(uvm_advice_mode mode) {
   const uvm::Call call = uvm::Call::of("uvm_set_default_advice");
-  if (mode != UVM_ADVICE_DEVICE && mode != UVM_ADVICE_HOST && mode != UVM_ADVICE_NONE) {
+  const int raw = uvm::raw_enum(mode);
+  if (raw != UVM_ADVICE_DEVICE && raw != UVM_ADVICE_HOST && raw != UVM_ADVICE_NONE) {
     return uvm::fail(call, UVM_ERROR_INVALID_ARGUMENT,
-                     "mode %d is not UVM_ADVICE_DEVICE, UVM_ADVICE_HOST or UVM_ADVICE_NONE",
-                     static_cast<int>(mode));
+                     "mode %d is not UVM_ADVICE_DEVICE, UVM_ADVICE_HOST or UVM_ADVICE_NONE", raw);
   }
-  uvm::chosen_mode.store(mode, std::memory_order_release);
+  uvm::chosen_mode.store(raw, std::memory_order_release);
   return UVM_OK;
 }
 

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstring>
 #include <string>
 
 #include "uvm.h"
@@ -46,6 +47,16 @@ cudaError_t clear_cuda_error(cudaError_t error);
 
 // The status a CUDA error maps to.
 uvm_status status_for(cudaError_t error);
+
+// The int a caller passed for an enum parameter, read without an enum load: C callers can pass any
+// int, and loading a value outside the enum's range is undefined behaviour (UBSan flags it).
+template <typename Enum>
+int raw_enum(const Enum& value) {
+  static_assert(sizeof(Enum) == sizeof(int), "uvm's C enums are int-sized");
+  int raw = 0;
+  std::memcpy(&raw, &value, sizeof raw);
+  return raw;
+}
 
 // Runs `body` (returning uvm_status) and turns any exception into UVM_ERROR_INTERNAL.
 template <typename Body>

@@ -64,6 +64,9 @@ uvm_status allocate(const Call& call, size_t size, int device, void** out) {
     cancel_reservation(device, size);
     return status;
   }
+  // Nothing uvm knew about these addresses can describe the new memory.
+  const auto begin = reinterpret_cast<uintptr_t>(ptr);
+  staging().forget(begin, begin + size);
   registry().insert(ptr, size, device, thread_tag());
   commit_reservation(device, size);
   *out = ptr;
@@ -74,10 +77,20 @@ bool exiting_error(cudaError_t e) {
   return e == cudaErrorCudartUnloading || e == cudaErrorContextIsDestroyed;
 }
 
+// Takes the allocation out of the registry and forgets its staged copy in one step under the moves
+// lock, so that no offload can stage it after this; an offload issued before is waited for by
+// cudaFree, which synchronizes with the work still running.
+bool forget_allocation(void* ptr, AllocationView* found, size_t* host_bytes) {
+  const auto moves = lock_moves();
+  if (!registry().erase(ptr, found, host_bytes)) return false;
+  staging().forget(found->base, found->base + found->size);
+  return true;
+}
+
 uvm_status release(const Call& call, void* ptr, size_t size, int device) {
   AllocationView found;
   size_t host_bytes = 0;
-  if (!registry().erase(ptr, &found, &host_bytes)) {
+  if (!forget_allocation(ptr, &found, &host_bytes)) {
     AllocationView inside;
     if (registry().find(ptr, &inside)) {
       return fail(call, UVM_ERROR_INVALID_ARGUMENT,
@@ -88,7 +101,6 @@ uvm_status release(const Call& call, void* ptr, size_t size, int device) {
                 "pointer was not allocated by uvm_malloc (or was already freed); not freed");
   }
   record_free(found.device, found.size, host_bytes);
-  staging().release(found.base, found.base + found.size, nullptr);  // its staged copy is unwanted
   uvm_status status = UVM_OK;
   {
     ContextScope scope;

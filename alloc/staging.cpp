@@ -29,14 +29,80 @@ CudaEvent::~CudaEvent() {
   if (handle != nullptr) clear_cuda_error(cudaEventDestroy(handle));
 }
 
-uvm_status record_event(const Call& call, cudaStream_t stream, EventRef* out) {
+uvm_status create_event(const Call& call, EventRef* out) {
   auto event = std::make_shared<CudaEvent>();
   if (cudaError_t e = cudaEventCreateWithFlags(&event->handle, cudaEventDisableTiming)) {
     event->handle = nullptr;
     return fail_cuda(call, e, "cudaEventCreateWithFlags");
   }
+  *out = std::move(event);
+  return UVM_OK;
+}
+
+uvm_status record_event(const Call& call, cudaStream_t stream, EventRef* out) {
+  EventRef event;
+  if (uvm_status s = create_event(call, &event)) return s;
   if (cudaError_t e = cudaEventRecord(event->handle, stream)) return fail_cuda(call, e, "cudaEventRecord");
   *out = std::move(event);
+  return UVM_OK;
+}
+
+// First fit, as reserve() places: the bytes no existing block could take.
+size_t Staging::unplaced_bytes(const std::vector<Span>& spans) const {
+  std::vector<size_t> free_bytes;
+  for (const auto& block : blocks_) free_bytes.push_back(block->capacity - (block->live == 0 ? 0 : block->used));
+  size_t unplaced = 0;
+  for (const Span& span : spans) {
+    const size_t need = aligned(span.size());
+    auto fits = std::find_if(free_bytes.begin(), free_bytes.end(), [&](size_t bytes) { return bytes >= need; });
+    if (fits != free_bytes.end()) *fits -= need;
+    else unplaced += need;
+  }
+  return unplaced;
+}
+
+uvm_status mark_or_wait(const Call& call, cudaStream_t stream, EventRef* out) {
+  auto event = std::make_shared<CudaEvent>();
+  cudaError_t e = cudaEventCreateWithFlags(&event->handle, cudaEventDisableTiming);
+  if (e != cudaSuccess) event->handle = nullptr;
+  else e = cudaEventRecord(event->handle, stream);
+  if (e == cudaSuccess) {
+    *out = std::move(event);
+    return UVM_OK;
+  }
+  clear_cuda_error(e);
+  out->reset();
+  if (cudaError_t waited = cudaStreamSynchronize(stream)) {
+    return fail_cuda(call, waited, "cudaStreamSynchronize (standing in for an event: %s)", cudaGetErrorName(e));
+  }
+  return UVM_OK;
+}
+
+uvm_status Staging::new_block(const Call& call, size_t bytes, std::shared_ptr<Block>* out) {
+  auto block = std::make_shared<Block>();
+  block->capacity = std::max(kMinBlockBytes, bytes);
+  void* host = nullptr;
+  if (cudaError_t e = cudaHostAlloc(&host, block->capacity, cudaHostAllocPortable)) {
+    return fail_cuda(call, e, "cudaHostAlloc(%zu bytes of pinned staging memory; offload with "
+                              "UVM_STRATEGY_MIGRATE to need none)", block->capacity);
+  }
+  block->host = static_cast<char*>(host);
+  clear_cuda_error(cudaGetDevice(&block->device));
+  *out = std::move(block);
+  return UVM_OK;
+}
+
+uvm_status Staging::ensure_capacity(const Call& call, const std::vector<Span>& spans) {
+  size_t missing = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    missing = unplaced_bytes(spans);
+  }
+  if (missing == 0) return UVM_OK;
+  std::shared_ptr<Block> block;
+  if (uvm_status s = new_block(call, missing, &block)) return s;
+  std::lock_guard<std::mutex> lock(mutex_);
+  blocks_.push_back(std::move(block));
   return UVM_OK;
 }
 
@@ -68,18 +134,15 @@ uvm_status Staging::reserve(const Call& call, const std::vector<Span>& spans, st
     }
   }
   if (!pending.empty()) {
-    auto block = std::make_shared<Block>();
-    block->capacity = std::max(kMinBlockBytes, pending_bytes);
-    void* host = nullptr;
-    if (cudaError_t e = cudaHostAlloc(&host, block->capacity, cudaHostAllocPortable)) {
+    // Only when another offload took the space ensure_capacity made: rare, so allocating under the
+    // lock here is acceptable.
+    std::shared_ptr<Block> block;
+    if (uvm_status s = new_block(call, pending_bytes, &block)) {
       for (size_t i = 0; i < spans.size(); ++i) {
         if ((*hosts)[i] != nullptr) block_holding((*hosts)[i])->live -= spans[i].size();
       }
-      return fail_cuda(call, e, "cudaHostAlloc(%zu bytes of pinned staging memory; offload with "
-                                "UVM_STRATEGY_MIGRATE to need none)", block->capacity);
+      return s;
     }
-    block->host = static_cast<char*>(host);
-    clear_cuda_error(cudaGetDevice(&block->device));
     blocks_.push_back(block);
     for (size_t i : pending) place(i, block);
   }
@@ -157,6 +220,32 @@ std::shared_ptr<Staging::Block> Staging::block_holding(const char* host) const {
   return nullptr;
 }
 
+void Staging::forget(uintptr_t begin, uintptr_t end) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  release_locked(begin, end, nullptr);
+  last_move_.erase(last_move_.lower_bound(begin), last_move_.lower_bound(end));
+}
+
+std::vector<EventRef> Staging::last_moves(const std::vector<uintptr_t>& allocations) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<EventRef> events;
+  for (uintptr_t base : allocations) {
+    auto it = last_move_.find(base);
+    if (it != last_move_.end() && std::find(events.begin(), events.end(), it->second) == events.end()) {
+      events.push_back(it->second);
+    }
+  }
+  return events;
+}
+
+void Staging::set_last_move(const std::vector<uintptr_t>& allocations, const EventRef& done) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (uintptr_t base : allocations) {
+    if (done) last_move_[base] = done;
+    else last_move_.erase(base);
+  }
+}
+
 uvm_status Staging::free_unused(const Call& call) {
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto it = blocks_.begin(); it != blocks_.end();) {
@@ -195,6 +284,11 @@ Staging& staging() {
   return *instance;
 }
 
+std::unique_lock<std::mutex> lock_moves() {
+  static auto* moves = new std::mutex();
+  return std::unique_lock<std::mutex>(*moves);
+}
+
 }  // namespace uvm
 
 extern "C" {
@@ -210,7 +304,10 @@ uvm_status uvm_get_staging(size_t* capacity_bytes, size_t* staged_bytes) {
 
 uvm_status uvm_release_staging(void) {
   const uvm::Call call = uvm::Call::of("uvm_release_staging");
-  return uvm::guarded(call, [&] { return uvm::staging().free_unused(call); });
+  return uvm::guarded(call, [&] {
+    const auto moves = uvm::lock_moves();  // no onload may be issuing copies out of a block it frees
+    return uvm::staging().free_unused(call);
+  });
 }
 
 }  // extern "C"

@@ -29,8 +29,16 @@ struct CudaEvent {
 };
 using EventRef = std::shared_ptr<CudaEvent>;
 
+// Creates an event (no timing) in the current context, not yet recorded.
+uvm_status create_event(const Call& call, EventRef* out);
+
 // Creates an event (no timing) in the current context and records it on `stream`.
 uvm_status record_event(const Call& call, cudaStream_t stream, EventRef* out);
+
+// An event recorded where the work issued on `stream` so far ends. If none can be created or
+// recorded, waits for the stream instead and gives null ("already complete"), recording no error;
+// fails only if that wait fails.
+uvm_status mark_or_wait(const Call& call, cudaStream_t stream, EventRef* out);
 
 // A staged piece of managed memory: its bytes are at `host` once `written` has completed.
 struct StagedPiece {
@@ -54,8 +62,19 @@ class Staging {
   // Forgets what is staged in [begin, end); its host bytes are free once `read` (may be null)
   // completes.
   void release(uintptr_t begin, uintptr_t end, const EventRef& read);
+  // Forgets everything uvm knew about [begin, end): what is staged there and the last move of any
+  // allocation starting there. uvm_free and uvm_malloc call it, so no host copy outlives its memory.
+  void forget(uintptr_t begin, uintptr_t end);
+  // Allocates, without holding any lock, the pinned block a reserve() of `spans` would have to add,
+  // so that cudaHostAlloc (1.6–2.3 s for 4 GiB on an H200) blocks no other uvm call.
+  uvm_status ensure_capacity(const Call& call, const std::vector<Span>& spans);
   // Frees the blocks that hold nothing, after the copies reading them finished.
   uvm_status free_unused(const Call& call);
+  // The events that the last move of each allocation (by base) ends with, without duplicates;
+  // a move issued on another stream must wait for them before touching the same bytes.
+  std::vector<EventRef> last_moves(const std::vector<uintptr_t>& allocations) const;
+  // Sets the last move of each allocation; a null event means it has completed.
+  void set_last_move(const std::vector<uintptr_t>& allocations, const EventRef& done);
   size_t capacity_bytes() const;
   size_t staged_bytes() const;
 
@@ -75,15 +94,25 @@ class Staging {
     EventRef written;
   };
   std::shared_ptr<Block> block_holding(const char* host) const;
+  size_t unplaced_bytes(const std::vector<Span>& spans) const;
+  static uvm_status new_block(const Call& call, size_t bytes, std::shared_ptr<Block>* out);
   void release_locked(uintptr_t begin, uintptr_t end, const EventRef& read);
   static void give_back(Block& block, size_t bytes, const EventRef& read);
 
   mutable std::mutex mutex_;
   std::vector<std::shared_ptr<Block>> blocks_;
   std::map<uintptr_t, Entry> entries_;  // by begin; disjoint
+  std::map<uintptr_t, EventRef> last_move_;  // by allocation base
 };
 
 // The process-wide staging store (never destroyed: no CUDA calls from static destructors).
 Staging& staging();
+
+// Held by offload, onload, discard, release_staging and by uvm_free while it forgets an allocation,
+// so that each sees the registry and the staging store as one consistent state: an offload cannot
+// stage bytes of an allocation being freed, and two moves of the same bytes never interleave on the
+// host. Never held across cudaHostAlloc in the common case (Staging::ensure_capacity runs first)
+// nor across cudaFree.
+std::unique_lock<std::mutex> lock_moves();
 
 }  // namespace uvm

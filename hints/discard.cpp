@@ -6,7 +6,7 @@
 #include "../alloc/staging.hpp"
 #include "../alloc/stats.hpp"
 #include "discard_batch.hpp"
-#include "plan.hpp"
+#include "order.hpp"
 #include "ranges.hpp"
 #include "streams.hpp"
 
@@ -51,15 +51,25 @@ uvm_status discard_batch(const Call& call, const std::vector<HintRange>& ranges,
 
 namespace {
 
-uvm_status discard(const Call& call, std::vector<HintRange> resolved, cudaStream_t stream) {
+// Under the moves lock from resolving the ranges to recording what happened, so that no offload or
+// onload of the same bytes interleaves; `resolve` fills the ranges.
+template <typename Resolve>
+uvm_status discard(const Call& call, Resolve&& resolve, cudaStream_t stream) {
+  const auto moves = lock_moves();
+  std::vector<HintRange> resolved;
+  if (uvm_status s = resolve(&resolved)) return s;
   if (resolved.empty()) return UVM_OK;
-  const std::vector<HintRange> ranges = coalesce(std::move(resolved), kMergeGapBytes);
+  const std::vector<HintRange> ranges = coalesce(std::move(resolved));
   if (uvm_status s = check_discard_support(call, ranges)) return s;
   ContextScope scope;
   if (uvm_status s = scope.enter(call, ranges.front().owner_device, ContextScope::When::only_if_none_current)) {
     return s;
   }
   if (uvm_status s = check_not_capturing(call, stream)) return s;
+  if (is_legacy_stream(stream)) {
+    if (uvm_status s = ordering_stream(call, &stream)) return s;
+  }
+  if (uvm_status s = wait_for_moves(call, ranges, stream)) return s;
   if (uvm_status s = discard_batch(call, ranges, stream)) return s;
   for (const HintRange& range : ranges) {
     staging().release(range.begin, range.end, nullptr);
@@ -68,7 +78,7 @@ uvm_status discard(const Call& call, std::vector<HintRange> resolved, cudaStream
         range.allocation, range.begin - range.allocation, range.end - range.allocation, Move::discarded);
     record_discard(range.owner_device, range.end - range.begin, host_delta);
   }
-  return UVM_OK;
+  return record_moves(call, ranges, stream);
 }
 
 }  // namespace
@@ -80,18 +90,23 @@ uvm_status uvm_discard(const void* ptr, size_t size, cudaStream_t stream) {
   const uvm::Call call = uvm::Call::of("uvm_discard").with_ptr(ptr).with_size(size);
   return uvm::guarded(call, [&] {
     if (size == 0) return UVM_OK;
-    uvm::HintRange range;
-    if (uvm_status s = uvm::resolve_range(call, ptr, size, &range)) return s;
-    return uvm::discard(call, {range}, stream);
+    const auto resolve = [&](std::vector<uvm::HintRange>* resolved) {
+      uvm::HintRange range;
+      if (uvm_status s = uvm::resolve_range(call, ptr, size, &range)) return s;
+      resolved->push_back(range);
+      return UVM_OK;
+    };
+    return uvm::discard(call, resolve, stream);
   });
 }
 
 uvm_status uvm_discard_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream) {
   const uvm::Call call = uvm::Call::of("uvm_discard_ranges").with_size(count);
   return uvm::guarded(call, [&] {
-    std::vector<uvm::HintRange> resolved;
-    if (uvm_status s = uvm::resolve_ranges(call, ranges, count, &resolved)) return s;
-    return uvm::discard(call, std::move(resolved), stream);
+    const auto resolve = [&](std::vector<uvm::HintRange>* resolved) {
+      return uvm::resolve_ranges(call, ranges, count, resolved);
+    };
+    return uvm::discard(call, resolve, stream);
   });
 }
 

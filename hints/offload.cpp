@@ -8,6 +8,7 @@
 #include "../alloc/staging.hpp"
 #include "../alloc/stats.hpp"
 #include "discard_batch.hpp"
+#include "order.hpp"
 #include "plan.hpp"
 #include "ranges.hpp"
 #include "streams.hpp"
@@ -21,18 +22,37 @@ struct StagedWork {
   StagedPiece piece;
 };
 
-// One stream belongs to one device, so one call moves the memory of one device.
-uvm_status single_device(const Call& call, const std::vector<HintRange>& ranges, int* device) {
-  *device = ranges.front().owner_device;
-  for (const HintRange& range : ranges) {
-    if (range.owner_device != *device) {
-      return fail(call, UVM_ERROR_INVALID_ARGUMENT,
-                  "the ranges belong to devices %d and %d; move each device's ranges in a call of its "
-                  "own, on a stream of that device",
-                  *device, range.owner_device);
-    }
+// The merged ranges of one call, all of one device: one stream belongs to one device.
+struct Target {
+  std::vector<HintRange> merged;
+  int device = 0;
+  DeviceCaps caps;
+};
+
+// Validates and merges the ranges, checks they belong to one device (named in order, not by heap
+// address) and that it supports hints.
+uvm_status resolve_target(const Call& call, const uvm_range* ranges, size_t count, Target* target) {
+  if (uvm_status s = resolve_and_coalesce(call, ranges, count, &target->merged)) return s;
+  if (target->merged.empty()) return UVM_OK;
+  int lowest = target->merged.front().owner_device, highest = lowest;
+  for (const HintRange& range : target->merged) {
+    lowest = std::min(lowest, range.owner_device);
+    highest = std::max(highest, range.owner_device);
   }
-  return UVM_OK;
+  if (lowest != highest) {
+    return fail(call, UVM_ERROR_INVALID_ARGUMENT,
+                "the ranges belong to devices %d and %d; move each device's ranges in a call of its "
+                "own, on a stream of that device",
+                lowest, highest);
+  }
+  target->device = lowest;
+  return check_hint_support(call, target->device, &target->caps);
+}
+
+// The device's own context, so that uvm's streams and events belong with the caller's stream.
+uvm_status enter_device(const Call& call, int device, cudaStream_t stream, ContextScope* scope) {
+  if (uvm_status s = scope->enter(call, device, ContextScope::When::always)) return s;
+  return check_not_capturing(call, stream);
 }
 
 HintRange clipped(const HintRange& range, const Span& span) {
@@ -48,25 +68,28 @@ std::vector<Span> spans_of(const std::vector<StagedPiece>& pieces) {
   return spans;
 }
 
-// Validates, merges, checks the one device and its support, and enters its context.
-uvm_status prepare(const Call& call, const uvm_range* ranges, size_t count, cudaStream_t stream,
-                   std::vector<HintRange>* merged, int* device, DeviceCaps* caps, ContextScope* scope) {
-  std::vector<HintRange> resolved;
-  if (uvm_status s = resolve_ranges(call, ranges, count, &resolved)) return s;
-  if (resolved.empty()) return UVM_OK;
-  *merged = coalesce(std::move(resolved), kMergeGapBytes);
-  if (uvm_status s = single_device(call, *merged, device)) return s;
-  if (uvm_status s = check_hint_support(call, *device, caps)) return s;
-  // The device's own context, so that uvm's streams and events belong with the caller's stream.
-  if (uvm_status s = scope->enter(call, *device, ContextScope::When::always)) return s;
-  return check_not_capturing(call, stream);
+std::vector<Span> spans_of(const std::vector<HintRange>& ranges) {
+  std::vector<Span> spans;
+  for (const HintRange& range : ranges) spans.push_back(Span{range.begin, range.end});
+  return spans;
+}
+
+// What an offload still has to move (bytes already staged are off the device), split into what is
+// staged and what is migrated: only uvm's own allocations are staged, since a host copy must die
+// with its memory and uvm cannot see a cudaFree of memory it did not allocate.
+void pieces_to_move(const std::vector<HintRange>& merged, bool staging_wanted, std::vector<HintRange>* staged,
+                    std::vector<HintRange>* migrated) {
+  for (const HintRange& range : merged) {
+    for (const Span& span : subtract(Span{range.begin, range.end}, spans_of(staging().overlapping(range.begin, range.end)))) {
+      (staging_wanted && range.allocation != 0 ? staged : migrated)->push_back(clipped(range, span));
+    }
+  }
 }
 
 // Copies every piece into pinned staging memory, then discards it on the device, all in `stream`
 // order: 50–52 GB/s on an H100, against 10–16 GB/s for a prefetch to the CPU.
 uvm_status offload_staged(const Call& call, const std::vector<HintRange>& pieces, cudaStream_t stream) {
-  std::vector<Span> spans;
-  for (const HintRange& piece : pieces) spans.push_back(Span{piece.begin, piece.end});
+  const std::vector<Span> spans = spans_of(pieces);
   std::vector<char*> hosts;
   std::vector<EventRef> reused;
   if (uvm_status s = staging().reserve(call, spans, &hosts, &reused)) return s;
@@ -86,17 +109,97 @@ uvm_status offload_staged(const Call& call, const std::vector<HintRange>& pieces
     }
   }
   if (uvm_status s = discard_batch(call, pieces, stream)) return give_up(s);
+  // Issued in stream order, the copies come before the discard: from here on the host copy is all
+  // there is of these bytes, so it is kept even if waiting for it fails.
   EventRef written;
-  if (record_event(call, stream, &written) != UVM_OK) {
-    // The copies and the discard are issued; without an event, wait for them here instead.
-    if (cudaError_t e = cudaStreamSynchronize(stream)) return fail_cuda(call, e, "cudaStreamSynchronize");
-  }
+  const uvm_status marked = mark_or_wait(call, stream, &written);
   staging().commit(spans, hosts, written);
   for (const HintRange& piece : pieces) account_move(piece, Move::staged, 0);
+  record_moves(pieces, written);
+  return marked;
+}
+
+uvm_status offload(const Call& call, const uvm_range* ranges, size_t count, int requested, cudaStream_t stream) {
+  if (requested != UVM_STRATEGY_AUTO && requested != UVM_STRATEGY_MIGRATE && requested != UVM_STRATEGY_STAGED) {
+    return fail(call, UVM_ERROR_INVALID_ARGUMENT, "strategy %d is not a uvm_strategy", requested);
+  }
+  Target sizing;
+  if (uvm_status s = resolve_target(call, ranges, count, &sizing)) return s;
+  if (sizing.merged.empty()) return UVM_OK;
+  ContextScope scope;
+  if (uvm_status s = enter_device(call, sizing.device, stream, &scope)) return s;
+  const uvm_strategy strategy = choose_strategy(static_cast<uvm_strategy>(requested), sizing.caps.discard_supported);
+  if (strategy == UVM_STRATEGY_STAGED && !sizing.caps.discard_supported) {
+    return fail(call, UVM_ERROR_UNSUPPORTED,
+                "staged offload discards the device pages, which needs a CUDA 13 runtime and driver; "
+                "use UVM_STRATEGY_AUTO or UVM_STRATEGY_MIGRATE");
+  }
+  if (requested == UVM_STRATEGY_STAGED) {
+    for (const HintRange& range : sizing.merged) {
+      if (range.allocation != 0) continue;
+      return fail(call, UVM_ERROR_INVALID_ARGUMENT,
+                  "the range at %p (%zu bytes) is managed memory not allocated by uvm: a staged host copy "
+                  "must die with its memory, and uvm cannot see such memory freed; offload it with "
+                  "UVM_STRATEGY_AUTO or UVM_STRATEGY_MIGRATE",
+                  reinterpret_cast<void*>(range.begin), static_cast<size_t>(range.end - range.begin));
+    }
+  }
+  const bool staging_wanted = strategy == UVM_STRATEGY_STAGED;
+  if (staging_wanted) {
+    // Any pinned memory this needs is allocated before the moves lock, so that the allocation
+    // (seconds for GiBs) holds up no uvm_free on another thread.
+    std::vector<HintRange> staged, migrated;
+    pieces_to_move(sizing.merged, true, &staged, &migrated);
+    if (uvm_status s = staging().ensure_capacity(call, spans_of(staged))) return s;
+  }
+  const auto moves = lock_moves();
+  // Once more under the lock: an allocation may have been freed, or its bytes moved, meanwhile.
+  Target target;
+  if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;
+  if (target.merged.empty()) return UVM_OK;
+  if (target.device != sizing.device) {
+    return fail(call, UVM_ERROR_INVALID_ARGUMENT, "the ranges were freed and reallocated on device %d meanwhile",
+                target.device);
+  }
+  std::vector<HintRange> staged, migrated;
+  pieces_to_move(target.merged, staging_wanted, &staged, &migrated);
+  std::vector<HintRange> all = staged;
+  all.insert(all.end(), migrated.begin(), migrated.end());
+  if (uvm_status s = wait_for_moves(call, all, stream)) return s;
+  if (!staged.empty()) {
+    if (uvm_status s = offload_staged(call, staged, stream)) return s;
+  }
+  if (migrated.empty()) return UVM_OK;
+  if (uvm_status s = prefetch_each(call, migrated, UVM_LOCATION_CPU, stream)) return s;
+  return record_moves(call, migrated, stream);
+}
+
+// After a failure half-way through an onload: waits for what the workers were given, so that no
+// copy outlives the call that failed and runs beside the next move of the same bytes.
+void settle_workers(const cudaStream_t* workers, int count) {
+  for (int i = 0; i < count; ++i) clear_cuda_error(cudaStreamSynchronize(workers[i]));
+}
+
+// Each worker waits for `stream` and for the copies that wrote the staged pieces.
+uvm_status start_workers(const Call& call, const std::vector<StagedWork>& work, cudaStream_t stream,
+                         const cudaStream_t* workers, int count) {
+  EventRef start;
+  if (uvm_status s = record_event(call, stream, &start)) return s;
+  std::vector<cudaEvent_t> before = {start->handle};
+  for (const StagedWork& w : work) {
+    if (w.piece.written && std::find(before.begin(), before.end(), w.piece.written->handle) == before.end()) {
+      before.push_back(w.piece.written->handle);
+    }
+  }
+  for (int i = 0; i < count; ++i) {
+    for (cudaEvent_t event : before) {
+      if (cudaError_t e = cudaStreamWaitEvent(workers[i], event, 0)) return fail_cuda(call, e, "cudaStreamWaitEvent");
+    }
+  }
   return UVM_OK;
 }
 
-// Copies staged pieces back, chunk by chunk on uvm's worker streams: prefetch, copy, prefetch.
+// One chunk back on a worker: prefetch, copy, prefetch.
 // - The prefetch before the copy populates the chunk. Copying into discarded pages without it
 //   faults page by page (0.6 GB/s on an H100); populating everything first and copying after is as
 //   slow whenever the driver has not yet reclaimed the discarded pages. Chunk by chunk it ran
@@ -107,96 +210,82 @@ uvm_status offload_staged(const Call& call, const std::vector<HintRange>& pieces
 //   eviction, would then drop the data and read back zeros. Measured with
 //   `transfer_probe … hazard` (docs/performance.md); once the pages hold the data the prefetch
 //   moves nothing and costs no bandwidth.
-uvm_status copy_back(const Call& call, int device, const std::vector<StagedWork>& work, cudaStream_t stream) {
-  const OnloadPipeline pipeline = onload_pipeline();
-  cudaStream_t workers[8] = {};
-  if (uvm_status s = worker_streams(call, pipeline.streams, workers)) return s;
-  EventRef start;
-  if (uvm_status s = record_event(call, stream, &start)) return s;
-  std::vector<cudaEvent_t> before = {start->handle};
-  for (const StagedWork& w : work) {
-    if (w.piece.written && std::find(before.begin(), before.end(), w.piece.written->handle) == before.end()) {
-      before.push_back(w.piece.written->handle);
-    }
+uvm_status copy_chunk(const Call& call, int device, const Span& chunk, const char* host, cudaStream_t worker) {
+  void* ptr = reinterpret_cast<void*>(chunk.begin);
+  if (cudaError_t e = prefetch_to(ptr, chunk.size(), device, worker)) {
+    return fail_cuda(call, e, "cudaMemPrefetchAsync(%p, %zu bytes) populating before the copy", ptr, chunk.size());
   }
-  for (int i = 0; i < pipeline.streams; ++i) {
-    for (cudaEvent_t event : before) {
-      if (cudaError_t e = cudaStreamWaitEvent(workers[i], event, 0)) return fail_cuda(call, e, "cudaStreamWaitEvent");
-    }
+  if (cudaError_t e = cudaMemcpyAsync(ptr, host, chunk.size(), cudaMemcpyDefault, worker)) {
+    return fail_cuda(call, e, "cudaMemcpyAsync(pinned staging → %p, %zu bytes)", ptr, chunk.size());
   }
-  size_t issued = 0;
-  std::vector<size_t> chunks_of(work.size());
-  for (size_t k = 0; k < work.size(); ++k) {
-    const StagedWork& w = work[k];
-    const auto chunks = split_into_chunks({w.piece.span}, pipeline.chunk_bytes);
-    chunks_of[k] = chunks.size();
-    for (const Span& chunk : chunks) {
-      cudaStream_t worker = workers[issued++ % pipeline.streams];
-      void* ptr = reinterpret_cast<void*>(chunk.begin);
-      if (cudaError_t e = prefetch_to(ptr, chunk.size(), device, worker)) {
-        return fail_cuda(call, e, "cudaMemPrefetchAsync(%p, %zu bytes) populating before the copy", ptr, chunk.size());
-      }
-      const char* host = w.piece.host + (chunk.begin - w.piece.span.begin);
-      if (cudaError_t e = cudaMemcpyAsync(ptr, host, chunk.size(), cudaMemcpyDefault, worker)) {
-        return fail_cuda(call, e, "cudaMemcpyAsync(pinned staging → %p, %zu bytes)", ptr, chunk.size());
-      }
-      if (cudaError_t e = prefetch_to(ptr, chunk.size(), device, worker)) {
-        return fail_cuda(call, e, "cudaMemPrefetchAsync(%p, %zu bytes) undoing the discard after the copy", ptr,
-                         chunk.size());
-      }
-    }
-  }
-  for (int i = 0; i < pipeline.streams && static_cast<size_t>(i) < issued; ++i) {
-    EventRef done;
-    if (uvm_status s = record_event(call, workers[i], &done)) return s;
-    if (cudaError_t e = cudaStreamWaitEvent(stream, done->handle, 0)) return fail_cuda(call, e, "cudaStreamWaitEvent");
-  }
-  EventRef read;
-  if (uvm_status s = record_event(call, stream, &read)) return s;
-  for (size_t k = 0; k < work.size(); ++k) {
-    staging().release(work[k].piece.span.begin, work[k].piece.span.end, read);
-    account_move(work[k].range, Move::to_device, chunks_of[k]);
+  if (cudaError_t e = prefetch_to(ptr, chunk.size(), device, worker)) {
+    return fail_cuda(call, e, "cudaMemPrefetchAsync(%p, %zu bytes) undoing the discard after the copy", ptr,
+                     chunk.size());
   }
   return UVM_OK;
 }
 
-uvm_status offload(const Call& call, const uvm_range* ranges, size_t count, uvm_strategy requested,
-                   cudaStream_t stream) {
-  if (requested != UVM_STRATEGY_AUTO && requested != UVM_STRATEGY_MIGRATE && requested != UVM_STRATEGY_STAGED) {
-    return fail(call, UVM_ERROR_INVALID_ARGUMENT, "strategy %d is not a uvm_strategy", static_cast<int>(requested));
+// `stream` waits for every worker that was given work.
+uvm_status join_workers(const Call& call, const cudaStream_t* workers, int used, cudaStream_t stream) {
+  for (int i = 0; i < used; ++i) {
+    EventRef done;
+    if (uvm_status s = record_event(call, workers[i], &done)) return s;
+    if (cudaError_t e = cudaStreamWaitEvent(stream, done->handle, 0)) return fail_cuda(call, e, "cudaStreamWaitEvent");
   }
-  std::vector<HintRange> merged;
-  int device = 0;
-  DeviceCaps caps;
-  ContextScope scope;
-  if (uvm_status s = prepare(call, ranges, count, stream, &merged, &device, &caps, &scope)) return s;
-  if (merged.empty()) return UVM_OK;
-  const uvm_strategy strategy = choose_strategy(requested, caps.discard_supported);
-  if (strategy == UVM_STRATEGY_STAGED && !caps.discard_supported) {
-    return fail(call, UVM_ERROR_UNSUPPORTED,
-                "staged offload discards the device pages, which needs a CUDA 13 runtime and driver; "
-                "use UVM_STRATEGY_AUTO or UVM_STRATEGY_MIGRATE");
+  return UVM_OK;
+}
+
+// Copies staged pieces back, chunk by chunk over uvm's worker streams, joined to `stream` before
+// and after; the pieces stay staged until every copy is issued and joined, so a failure loses
+// nothing: the next onload copies them again.
+uvm_status copy_back(const Call& call, int device, const std::vector<StagedWork>& work, cudaStream_t stream) {
+  const OnloadPipeline pipeline = onload_pipeline();
+  cudaStream_t workers[kMaxOnloadStreams] = {};
+  if (uvm_status s = worker_streams(call, pipeline.streams, workers)) return s;
+  if (uvm_status s = start_workers(call, work, stream, workers, pipeline.streams)) return s;
+  size_t issued = 0;
+  std::vector<size_t> chunks_of(work.size());
+  uvm_status status = UVM_OK;
+  for (size_t k = 0; k < work.size() && status == UVM_OK; ++k) {
+    const StagedWork& w = work[k];
+    const auto chunks = split_into_chunks({w.piece.span}, pipeline.chunk_bytes);
+    chunks_of[k] = chunks.size();
+    for (size_t c = 0; c < chunks.size() && status == UVM_OK; ++c) {
+      const char* host = w.piece.host + (chunks[c].begin - w.piece.span.begin);
+      status = copy_chunk(call, device, chunks[c], host, workers[issued++ % pipeline.streams]);
+    }
   }
-  // Bytes already staged are off the device; the rest moves.
-  std::vector<HintRange> pieces;
-  for (const HintRange& range : merged) {
-    const auto staged = spans_of(staging().overlapping(range.begin, range.end));
-    for (const Span& span : subtract(Span{range.begin, range.end}, staged)) pieces.push_back(clipped(range, span));
+  const int used = static_cast<int>(std::min<size_t>(issued, pipeline.streams));
+  if (status == UVM_OK) status = join_workers(call, workers, used, stream);
+  EventRef read;
+  if (status == UVM_OK) status = mark_or_wait(call, stream, &read);
+  if (status != UVM_OK) {
+    settle_workers(workers, used);
+    return status;
   }
-  if (pieces.empty()) return UVM_OK;
-  if (strategy == UVM_STRATEGY_STAGED) return offload_staged(call, pieces, stream);
-  return prefetch_each(call, pieces, UVM_LOCATION_CPU, stream);
+  for (size_t k = 0; k < work.size(); ++k) {
+    staging().release(work[k].piece.span.begin, work[k].piece.span.end, read);
+    account_move(work[k].range, Move::to_device, chunks_of[k]);
+  }
+  std::vector<HintRange> ranges;
+  for (const StagedWork& w : work) ranges.push_back(w.range);
+  record_moves(ranges, read);
+  return UVM_OK;
 }
 
 uvm_status onload(const Call& call, const uvm_range* ranges, size_t count, cudaStream_t stream) {
-  std::vector<HintRange> merged;
-  int device = 0;
-  DeviceCaps caps;
+  Target target;
+  if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;
+  if (target.merged.empty()) return UVM_OK;
   ContextScope scope;
-  if (uvm_status s = prepare(call, ranges, count, stream, &merged, &device, &caps, &scope)) return s;
+  if (uvm_status s = enter_device(call, target.device, stream, &scope)) return s;
+  const auto moves = lock_moves();
+  if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;  // freed meanwhile?
+  if (target.merged.empty()) return UVM_OK;
+  if (uvm_status s = wait_for_moves(call, target.merged, stream)) return s;
   std::vector<StagedWork> staged;
   std::vector<HintRange> migrated;
-  for (const HintRange& range : merged) {
+  for (const HintRange& range : target.merged) {
     const auto pieces = staging().overlapping(range.begin, range.end);
     for (const StagedPiece& piece : pieces) staged.push_back(StagedWork{clipped(range, piece.span), piece});
     for (const Span& span : subtract(Span{range.begin, range.end}, spans_of(pieces))) {
@@ -204,9 +293,11 @@ uvm_status onload(const Call& call, const uvm_range* ranges, size_t count, cudaS
     }
   }
   if (!staged.empty()) {
-    if (uvm_status s = copy_back(call, device, staged, stream)) return s;
+    if (uvm_status s = copy_back(call, target.device, staged, stream)) return s;
   }
-  return prefetch_each(call, migrated, device, stream);
+  if (migrated.empty()) return UVM_OK;
+  if (uvm_status s = prefetch_each(call, migrated, target.device, stream)) return s;
+  return record_moves(call, migrated, stream);
 }
 
 }  // namespace
@@ -217,7 +308,7 @@ extern "C" {
 uvm_status uvm_offload_ranges(const uvm_range* ranges, size_t count, uvm_strategy strategy,
                               cudaStream_t stream) {
   const uvm::Call call = uvm::Call::of("uvm_offload_ranges").with_size(count);
-  return uvm::guarded(call, [&] { return uvm::offload(call, ranges, count, strategy, stream); });
+  return uvm::guarded(call, [&] { return uvm::offload(call, ranges, count, uvm::raw_enum(strategy), stream); });
 }
 
 uvm_status uvm_onload_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream) {

@@ -10,11 +10,6 @@
 
 namespace uvm {
 
-// Ranges closer than this inside one allocation are merged, gap included: PyTorch's caching
-// allocator rounds every block to 512 bytes, so no other tensor can live in a smaller gap, and one
-// driver call costs tens of microseconds, far more than moving a few hundred bytes.
-constexpr size_t kMergeGapBytes = 512;
-
 // AUTO becomes STAGED where discard works (measured on an H100: 50–52 GB/s offload against 10–16
 // for migration), else MIGRATE. Others stay as asked.
 uvm_strategy choose_strategy(uvm_strategy requested, bool discard_supported);
@@ -25,9 +20,13 @@ std::vector<Span> subtract(const Span& range, const std::vector<Span>& covered);
 // Cuts `spans` into consecutive pieces of at most `chunk_bytes`.
 std::vector<Span> split_into_chunks(const std::vector<Span>& spans, size_t chunk_bytes);
 
+// The most worker streams an onload spreads its copies over (UVM_ONLOAD_STREAMS's upper bound).
+constexpr int kMaxOnloadStreams = 8;
+
 // How onload copies staged bytes back: pieces of chunk_bytes, each populated (prefetched) and then
 // copied on one of `streams` in turn. Env UVM_ONLOAD_CHUNK_MIB (1–4096, default 64) and
-// UVM_ONLOAD_STREAMS (1–8, default 4) override, read once; a malformed value keeps the default.
+// UVM_ONLOAD_STREAMS (1–kMaxOnloadStreams, default 4) override, read once; a malformed value keeps
+// the default.
 struct OnloadPipeline {
   size_t chunk_bytes;
   int streams;

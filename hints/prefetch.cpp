@@ -2,7 +2,8 @@
 // accounting of what moved where.
 #include <vector>
 
-#include "plan.hpp"
+#include "../alloc/staging.hpp"
+#include "order.hpp"
 #include "ranges.hpp"
 
 namespace uvm {
@@ -22,12 +23,16 @@ uvm_status issue(const Call& call, const std::vector<HintRange>& ranges, int loc
   ContextScope scope;
   if (uvm_status s = scope.enter(call, deciding, ContextScope::When::only_if_none_current)) return s;
   if (uvm_status s = check_not_capturing(call, stream)) return s;
+  // A prefetch to the CPU of bytes an onload is still copying back on uvm's streams would drop
+  // them (the driver still counts them as discarded): wait for the last move of each allocation.
+  if (uvm_status s = wait_for_moves(call, ranges, stream)) return s;
   return prefetch_each(call, ranges, location, stream);
 }
 
 uvm_status prefetch(const Call& call, const void* ptr, size_t size, int location,
                     cudaStream_t stream) {
   if (size == 0) return UVM_OK;
+  const auto moves = lock_moves();
   HintRange range;
   if (uvm_status s = resolve_range(call, ptr, size, &range)) return s;
   return issue(call, {range}, location, stream);
@@ -35,10 +40,11 @@ uvm_status prefetch(const Call& call, const void* ptr, size_t size, int location
 
 uvm_status prefetch_ranges(const Call& call, const uvm_range* ranges, size_t count, int location,
                            cudaStream_t stream) {
-  std::vector<HintRange> resolved;
-  if (uvm_status s = resolve_ranges(call, ranges, count, &resolved)) return s;
-  if (resolved.empty()) return UVM_OK;
-  return issue(call, coalesce(std::move(resolved), kMergeGapBytes), location, stream);
+  const auto moves = lock_moves();
+  std::vector<HintRange> merged;
+  if (uvm_status s = resolve_and_coalesce(call, ranges, count, &merged)) return s;
+  if (merged.empty()) return UVM_OK;
+  return issue(call, merged, location, stream);
 }
 
 }  // namespace

@@ -21,7 +21,7 @@ uvm_status resolve_ranges(const Call& call, const uvm_range* ranges, size_t coun
   return UVM_OK;
 }
 
-std::vector<HintRange> coalesce(std::vector<HintRange> ranges, size_t max_gap) {
+std::vector<HintRange> coalesce(std::vector<HintRange> ranges) {
   std::sort(ranges.begin(), ranges.end(),
             [](const HintRange& a, const HintRange& b) { return a.begin < b.begin; });
   std::vector<HintRange> merged;
@@ -30,7 +30,7 @@ std::vector<HintRange> coalesce(std::vector<HintRange> ranges, size_t max_gap) {
     if (!merged.empty()) {
       HintRange& last = merged.back();
       const bool same_allocation = range.allocation != 0 && range.allocation == last.allocation;
-      const bool joins = same_allocation ? range.begin <= last.end + max_gap : range.begin < last.end;
+      const bool joins = same_allocation ? range.begin <= last.end : range.begin < last.end;
       if (joins) {
         last.end = std::max(last.end, range.end);
         continue;
@@ -39,6 +39,14 @@ std::vector<HintRange> coalesce(std::vector<HintRange> ranges, size_t max_gap) {
     merged.push_back(range);
   }
   return merged;
+}
+
+uvm_status resolve_and_coalesce(const Call& call, const uvm_range* ranges, size_t count,
+                                std::vector<HintRange>* merged) {
+  std::vector<HintRange> resolved;
+  if (uvm_status s = resolve_ranges(call, ranges, count, &resolved)) return s;
+  *merged = coalesce(std::move(resolved));
+  return UVM_OK;
 }
 
 }  // namespace uvm

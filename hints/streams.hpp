@@ -18,7 +18,7 @@ inline bool is_legacy_stream(cudaStream_t stream) {
 // issued on it keeps the caller's legacy-stream order exactly. For the current device.
 uvm_status ordering_stream(const Call& call, cudaStream_t* out);
 
-// `count` (at most 8) non-blocking streams of the current device for the onload pipeline; callers
+// `count` (at most kMaxOnloadStreams) non-blocking streams of the current device for the onload pipeline; callers
 // join them to their own stream with events before and after.
 uvm_status worker_streams(const Call& call, int count, cudaStream_t* out);
 

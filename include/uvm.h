@@ -6,7 +6,12 @@
  *   residency queries.
  *
  * Conventions
- * - Every entry is thread-safe and never lets a C++ exception escape.
+ * - Every entry is thread-safe and never lets a C++ exception escape. Calls that move memory
+ *   (prefetch, offload, onload, discard, release_staging, and uvm_free forgetting an allocation)
+ *   take turns on the host, and a move of an allocation waits on its stream for the previous move
+ *   of that allocation, whatever stream that ran on: two threads moving the same bytes serialize.
+ * - No call changes a byte it was not given: ranges merge only when they overlap or touch, never
+ *   across a gap, however small (any byte in a gap may belong to a live tensor).
  * - Functions returning `uvm_status` return UVM_OK (0) on success. On failure they record a message
  *   naming the call, pointer, size, device and CUDA error name, readable with uvm_last_error() on the
  *   same thread, and leave no CUDA error pending (cudaGetLastError() is cleared).
@@ -214,9 +219,9 @@ UVM_API uvm_status uvm_device_capabilities(int device, uvm_device_caps* caps);
 UVM_API uvm_status uvm_prefetch(const void* ptr, size_t size, int device, cudaStream_t stream);
 
 /* Prefetches all `ranges` to `device` with the fewest, largest driver calls: ranges are sorted, and
- * ranges inside one allocation that overlap, touch, or lie under 512 bytes apart (PyTorch's block
- * granularity) are merged, gap included. Every range is validated before any call is issued. Empty
- * ranges are skipped. */
+ * ranges inside one allocation that overlap or touch are merged (PyTorch packs tensors whose sizes
+ * are multiples of 512 end to end); a gap is never merged. Every range is validated before any call
+ * is issued. Empty ranges are skipped. */
 UVM_API uvm_status uvm_prefetch_ranges(const uvm_range* ranges, size_t count, int device,
                                        cudaStream_t stream);
 
@@ -233,8 +238,9 @@ UVM_API uvm_status uvm_advise_accessed_by(const void* ptr, size_t size, int devi
  * of its own, which synchronizes with the legacy stream both ways). */
 UVM_API uvm_status uvm_discard(const void* ptr, size_t size, cudaStream_t stream);
 
-/* Discards every range (see uvm_discard) in one driver call, after coalescing them like
- * uvm_prefetch_ranges. Host copies uvm staged for these bytes are dropped too. */
+/* Discards every range (see uvm_discard) in one driver call, after merging them like
+ * uvm_prefetch_ranges: exactly the bytes named. Host copies uvm staged for these bytes are dropped
+ * too. */
 UVM_API uvm_status uvm_discard_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream);
 
 /* ------------------------------------------------------------------------------------------------
@@ -245,18 +251,21 @@ UVM_API uvm_status uvm_discard_ranges(const uvm_range* ranges, size_t count, cud
 typedef enum uvm_strategy {
   UVM_STRATEGY_AUTO = 0,    /* the measured best: STAGED where discard is supported, else MIGRATE */
   UVM_STRATEGY_MIGRATE = 1, /* cudaMemPrefetchAsync to the CPU; holds no extra host memory */
-  UVM_STRATEGY_STAGED = 2   /* copy into uvm's pinned staging memory, then discard (CUDA 13) */
+  UVM_STRATEGY_STAGED = 2   /* copy into uvm's pinned staging memory, then discard (CUDA 13); for
+                               uvm's own allocations only (AUTO migrates other managed memory) */
 } uvm_strategy;
 
 /* Moves `ranges` off their GPUs, asynchronously on `stream`; once the stream reaches that point the
  * device memory is reclaimable by any allocation (cudaMemGetInfo does not show it as free: see
  * uvm_get_residency). Pointers never change. Ranges are validated first, then sorted and merged
- * inside each allocation (gaps under 512 bytes, PyTorch's block granularity, are merged too), so
- * the driver sees the fewest and largest calls; one call never spans two allocations (the driver
- * rejects that). Bytes already offloaded are skipped. STAGED keeps the host copy in pinned memory
- * that uvm reuses across cycles (uvm_release_staging gives it back). Touching offloaded bytes before
- * uvm_onload_ranges gives indeterminate values for STAGED ones. UVM_ERROR_UNSUPPORTED for STAGED
- * without discard support; UVM_ERROR_CAPTURING while `stream` is captured. */
+ * where they overlap or touch inside one allocation (never across a gap: bytes between ranges stay
+ * where they are, untouched); one call never spans two allocations (the driver rejects that).
+ * Bytes already offloaded are skipped. STAGED keeps the host copy in pinned memory that uvm reuses
+ * across cycles (uvm_release_staging gives it back); the copy dies with its allocation. Touching
+ * offloaded bytes before uvm_onload_ranges gives indeterminate values for STAGED ones.
+ * UVM_ERROR_UNSUPPORTED for STAGED without discard support; UVM_ERROR_INVALID_ARGUMENT for STAGED
+ * on managed memory uvm did not allocate (uvm could not see it freed); UVM_ERROR_CAPTURING while
+ * `stream` is captured. */
 UVM_API uvm_status uvm_offload_ranges(const uvm_range* ranges, size_t count, uvm_strategy strategy,
                                       cudaStream_t stream);
 
@@ -269,7 +278,8 @@ UVM_API uvm_status uvm_onload_ranges(const uvm_range* ranges, size_t count, cuda
  * out-pointer may be NULL. */
 UVM_API uvm_status uvm_get_staging(size_t* capacity_bytes, size_t* staged_bytes);
 
-/* Frees the pinned staging memory that holds no offloaded data (waits for copies still reading it). */
+/* Frees the pinned staging memory that holds no offloaded data (waits for copies still reading it;
+ * if that wait fails, the block is kept and the next call tries again). */
 UVM_API uvm_status uvm_release_staging(void);
 
 /* ------------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 #include <cstdlib>
 
 #include "../../alloc/limits.hpp"
+#include "../../alloc/stats.hpp"
 #include "fixture.hpp"
 
 namespace {
@@ -98,7 +99,9 @@ TEST_CASE("limit environment values are parsed strictly", "[limits]") {
   CHECK(limit == total / 4);
   CHECK(parse_limit_env(nullptr, "1.5", total, &limit, &why));  // explicit oversubscription
   CHECK(limit == total / 2 * 3);
-  for (const char* bad : {"lots", "-5", "0", "12X", "64GB!", "99999999999999999999999"}) {
+  // The last two overflow 64 bits only through their suffix; wrapped, they would read 1 GiB and 1 TiB.
+  for (const char* bad : {"lots", "-5", "0", "12X", "64GB!", "99999999999999999999999", "17179869185G",
+                          "16777217T"}) {
     CAPTURE(bad);
     CHECK_FALSE(parse_limit_env(bad, nullptr, total, &limit, &why));
     CHECK_THAT(why, Has("UVM_LIMIT_BYTES='"));
@@ -123,6 +126,22 @@ TEST_CASE("a malformed limit variable fails allocation, naming the variable", "[
   CHECK(ptr != nullptr);
   uvm_free(ptr, 4096, 0, nullptr);
   unsetenv("UVM_LIMIT_BYTES");
+}
+
+TEST_CASE("an allocation still in flight counts against the limit", "[limits]") {
+  // Two allocations racing past the check must not both fit: the check counts reservations that
+  // have not reached the driver yet.
+  FakeMachine machine;
+  REQUIRE(uvm_set_limit(0, MiB) == UVM_OK);
+  size_t in_use = 0;
+  REQUIRE(uvm::try_reserve(0, 768 << 10, MiB, &in_use));  // another thread's allocation, under way
+  CHECK(uvm_malloc(512 << 10, 0, nullptr) == nullptr);
+  CHECK(uvm_last_status() == UVM_ERROR_LIMIT_EXCEEDED);
+  CHECK_THAT(last_error(), Has("786432 bytes live + 524288 requested"));
+  uvm::cancel_reservation(0, 768 << 10);
+  void* ptr = uvm_malloc(512 << 10, 0, nullptr);
+  CHECK(ptr != nullptr);
+  uvm_free(ptr, 512 << 10, 0, nullptr);
 }
 
 TEST_CASE("environment: UVM_LIMIT_FRACTION and UVM_DEFAULT_ADVICE", "[env][scenario]") {

@@ -36,6 +36,11 @@ TEST_CASE("an allocation is managed, registered, counted and freed", "[malloc]")
   CHECK(base == ptr);
   CHECK(size == 10000);
   CHECK(device == 0);
+  // One past the end belongs to whatever lies there, never to this allocation.
+  base = nullptr;
+  (void)uvm_allocation_info(static_cast<char*>(ptr) + 10000, &base, nullptr, nullptr);
+  CHECK(base != ptr);
+  uvm_clear_last_error();
 
   uvm_stats during = stats_of(0);
   CHECK(during.live_bytes == before.live_bytes + 10000);

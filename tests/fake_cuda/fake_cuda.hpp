@@ -41,6 +41,9 @@ void reset();
 // The next call to `call_name` (e.g. "cudaMallocManaged") returns `error` instead of running.
 void fail_next(const std::string& call_name, cudaError_t error);
 
+// Forgets the op log only.
+void reset_ops();
+
 // Marks a stream as being captured (cudaStreamIsCapturing reports Active).
 void set_capturing(cudaStream_t stream, bool capturing);
 

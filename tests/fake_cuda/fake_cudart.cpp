@@ -242,6 +242,11 @@ void fail_next(const std::string& call_name, cudaError_t error) {
   world().injected[call_name] = error;
 }
 
+void reset_ops() {
+  std::lock_guard<std::mutex> lock(world().mutex);
+  world().ops.clear();
+}
+
 void set_capturing(cudaStream_t stream, bool capturing) {
   std::lock_guard<std::mutex> lock(world().mutex);
   if (capturing) world().capturing.insert(stream);
@@ -534,6 +539,8 @@ cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int flags) {
 cudaError_t cudaFreeHost(void* ptr) {
   World& w = world();
   std::lock_guard<std::mutex> lock(w.mutex);
+  cudaError_t error;
+  if (injected(w, "cudaFreeHost", &error)) return error;
   ensure_context(w);
   if (!w.pinned.erase(ptr)) return set_error(cudaErrorInvalidValue);
   log(w, "host_free", ptr, 0, -2, nullptr);
@@ -590,7 +597,15 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   return w.live_events.count(event) ? cudaSuccess : set_error(cudaErrorInvalidResourceHandle);
 }
 
-cudaError_t cudaEventSynchronize(cudaEvent_t event) { return cudaEventQuery(event); }
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  {
+    World& w = world();
+    std::lock_guard<std::mutex> lock(w.mutex);
+    cudaError_t error;
+    if (injected(w, "cudaEventSynchronize", &error)) return error;
+  }
+  return cudaEventQuery(event);
+}
 
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
   World& w = world();

@@ -1,0 +1,24 @@
+// Ordering moves of the same bytes across streams. Offload, onload and discard each end with an
+// event that the next move of the same allocation waits for, whatever stream either runs on: a
+// copy back still running on uvm's worker streams must not meet a discard or a prefetch to the CPU
+// issued on another stream (the driver leaves such bytes undefined, or drops them as discarded).
+#pragma once
+
+#include <vector>
+
+#include "../alloc/staging.hpp"
+#include "target.hpp"
+
+namespace uvm {
+
+// Makes `stream` wait for the last move of every uvm allocation that `ranges` touch.
+uvm_status wait_for_moves(const Call& call, const std::vector<HintRange>& ranges, cudaStream_t stream);
+
+// Records that the moves just issued on `stream` for `ranges` end where the stream is now. If no
+// event can be recorded, waits for the stream instead.
+uvm_status record_moves(const Call& call, const std::vector<HintRange>& ranges, cudaStream_t stream);
+
+// The same, with an event the caller already recorded (null: the moves have completed).
+void record_moves(const std::vector<HintRange>& ranges, const EventRef& done);
+
+}  // namespace uvm

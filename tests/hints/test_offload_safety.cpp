@@ -1,0 +1,404 @@
+// Nothing is lost: offload, onload and discard change no byte they were not asked to move, whatever
+// the layout (tensors of 1 B to 3 MiB, exactly 512 B and multiples, views at odd offsets), whatever
+// runs beside them on other threads (the same ranges, frees, release_staging), and whichever CUDA
+// call fails half-way. The fake runtime really copies bytes and scribbles 0xDD over discarded ones.
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "fixture.hpp"
+
+namespace {
+
+constexpr uvm_strategy kStrategies[] = {UVM_STRATEGY_AUTO, UVM_STRATEGY_MIGRATE, UVM_STRATEGY_STAGED};
+
+unsigned char pattern(size_t i, unsigned seed) { return static_cast<unsigned char>(i * 131 + seed * 17 + 1); }
+
+// One uvm allocation cut into pieces; every other piece is "moved", the rest are "kept".
+struct Layout {
+  unsigned char* base = nullptr;
+  size_t size = 0;
+  std::vector<uvm_range> moved, kept;
+
+  Layout(const std::vector<size_t>& piece_sizes, size_t alignment) {
+    for (size_t piece : piece_sizes) size += (piece + alignment - 1) / alignment * alignment;
+    base = static_cast<unsigned char*>(uvm_malloc(size, 0, nullptr));
+    REQUIRE(base != nullptr);
+    size_t at = 0;
+    for (size_t i = 0; i < piece_sizes.size(); ++i) {
+      (i % 2 == 0 ? moved : kept).push_back(uvm_range{base + at, piece_sizes[i]});
+      at += (piece_sizes[i] + alignment - 1) / alignment * alignment;
+    }
+    fill(0);
+  }
+  ~Layout() { uvm_free(base, size, 0, nullptr); }
+  void fill(unsigned seed) {
+    for (size_t i = 0; i < size; ++i) base[i] = pattern(i, seed);
+  }
+  void write(const std::vector<uvm_range>& ranges, unsigned seed) {
+    for (const uvm_range& r : ranges) {
+      auto* p = static_cast<unsigned char*>(const_cast<void*>(r.ptr));
+      for (size_t i = 0; i < r.size; ++i) p[i] = pattern(static_cast<size_t>(p - base) + i, seed);
+    }
+  }
+  // The first range whose bytes do not hold `seed`'s pattern, or -1.
+  long first_wrong(const std::vector<uvm_range>& ranges, unsigned seed) const {
+    for (size_t k = 0; k < ranges.size(); ++k) {
+      auto* p = static_cast<const unsigned char*>(ranges[k].ptr);
+      for (size_t i = 0; i < ranges[k].size; ++i) {
+        if (p[i] != pattern(static_cast<size_t>(p - base) + i, seed)) return static_cast<long>(k);
+      }
+    }
+    return -1;
+  }
+};
+
+size_t staged_bytes() {
+  size_t staged = 0;
+  REQUIRE(uvm_get_staging(nullptr, &staged) == UVM_OK);
+  return staged;
+}
+
+// After everything was onloaded, discarded or freed, no pinned block may stay held.
+void check_no_staging_left() {
+  CHECK(staged_bytes() == 0);
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  size_t capacity = 1;
+  REQUIRE(uvm_get_staging(&capacity, nullptr) == UVM_OK);
+  CHECK(capacity == 0);
+  CHECK(fake::pinned_blocks() == 0);
+}
+
+}  // namespace
+
+TEST_CASE("kept tensors next to offloaded ones keep the values written meanwhile", "[offload][safety][cuda13]") {
+  // 512 B is the case a real GPU run lost: a 512-byte gap holds a whole PyTorch block.
+  const std::vector<std::pair<const char*, std::vector<size_t>>> layouts = {
+      {"64 x 512 B", std::vector<size_t>(64, 512)},
+      {"32 x 1024 B", std::vector<size_t>(32, 1024)},
+      {"1 B .. 3 MiB", {1, 7, 100, 511, 512, 513, 1000, 1024, 4096, 100000, 3 << 20, 3, 512, 2048}},
+      {"odd sizes", {3, 5, 9, 17, 33, 65, 129, 257, 511, 513, 1023, 1025}},
+  };
+  for (const auto& [name, sizes] : layouts) {
+    for (const size_t alignment : {size_t{512}, size_t{1}}) {  // PyTorch blocks; views packed end to end
+      for (const uvm_strategy strategy : kStrategies) {
+        CAPTURE(name, alignment, static_cast<int>(strategy));
+        FakeMachine machine;
+        Layout layout(sizes, alignment);
+        cudaStream_t stream = fake::make_stream();
+        REQUIRE(uvm_offload_ranges(layout.moved.data(), layout.moved.size(), strategy, stream) == UVM_OK);
+        layout.write(layout.kept, 1);  // the program goes on using the tensors that stayed
+        REQUIRE(uvm_onload_ranges(layout.moved.data(), layout.moved.size(), stream) == UVM_OK);
+        CHECK(layout.first_wrong(layout.kept, 1) == -1);
+        CHECK(layout.first_wrong(layout.moved, 0) == -1);
+        uvm_residency r{};
+        REQUIRE(uvm_get_residency(0, nullptr, &r) == UVM_OK);
+        CHECK(r.device_bytes == r.live_bytes);
+      }
+    }
+  }
+  check_no_staging_left();
+}
+
+TEST_CASE("discard drops exactly the ranges named", "[discard][safety][cuda13]") {
+  FakeMachine machine;
+  Layout layout(std::vector<size_t>(64, 512), 512);
+  REQUIRE(uvm_discard_ranges(layout.moved.data(), layout.moved.size(), fake::make_stream()) == UVM_OK);
+  CHECK(layout.first_wrong(layout.kept, 0) == -1);
+  uvm_residency r{};
+  REQUIRE(uvm_get_residency(0, nullptr, &r) == UVM_OK);
+  CHECK(r.discarded_bytes == 32 * 512);
+}
+
+TEST_CASE("ranges merge only when they overlap or touch", "[ranges][safety]") {
+  // Driver calls are what the merge rule decides; a gap of any size keeps two calls.
+  FakeMachine machine;
+  char* base = static_cast<char*>(uvm_malloc(1 << 16, 0, nullptr));
+  REQUIRE(base != nullptr);
+  for (const size_t gap : {size_t{0}, size_t{1}, size_t{511}, size_t{512}, size_t{513}}) {
+    CAPTURE(gap);
+    fake::reset_ops();
+    const uvm_range ranges[] = {{base, 512}, {base + 512 + gap, 512}, {base + 100, 50}};
+    REQUIRE(uvm_prefetch_ranges(ranges, 3, UVM_LOCATION_CPU, nullptr) == UVM_OK);
+    CHECK(FakeMachine::ops_named("prefetch").size() == (gap == 0 ? 1u : 2u));
+  }
+  uvm_free(base, 1 << 16, 0, nullptr);
+}
+
+TEST_CASE("staged offload keeps host copies only of uvm's own allocations", "[offload][safety][cuda13]") {
+  // A host copy must die with the memory it describes; uvm cannot see a cudaFree of memory it did
+  // not allocate, so such memory is migrated, never staged.
+  FakeMachine machine;
+  void* foreign = nullptr;
+  REQUIRE(cudaMallocManaged(&foreign, 4096, cudaMemAttachGlobal) == cudaSuccess);
+  std::memset(foreign, 0x5A, 4096);
+  const uvm_range r{foreign, 4096};
+  CHECK(uvm_offload_ranges(&r, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Has("not allocated by uvm"));
+  CHECK(FakeMachine::ops_named("copy:to_host").empty());
+  REQUIRE(uvm_offload_ranges(&r, 1, UVM_STRATEGY_AUTO, nullptr) == UVM_OK);
+  CHECK(FakeMachine::ops_named("discard").empty());
+  CHECK(FakeMachine::ops_named("prefetch").size() == 1);
+  CHECK(staged_bytes() == 0);
+  REQUIRE(cudaFree(foreign) == cudaSuccess);
+}
+
+TEST_CASE("a new allocation never inherits a staged copy of an old one", "[offload][safety][cuda13]") {
+  FakeMachine machine;
+  for (int round = 0; round < 20; ++round) {
+    auto* a = static_cast<unsigned char*>(uvm_malloc(8192, 0, nullptr));
+    REQUIRE(a != nullptr);
+    std::memset(a, 1, 8192);
+    const uvm_range r{a, 8192};
+    REQUIRE(uvm_offload_ranges(&r, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
+    uvm_free(a, 8192, 0, nullptr);  // freed while staged
+    auto* b = static_cast<unsigned char*>(uvm_malloc(8192, 0, nullptr));
+    REQUIRE(b != nullptr);
+    std::memset(b, 2, 8192);
+    const uvm_range rb{b, 8192};
+    REQUIRE(uvm_offload_ranges(&rb, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
+    REQUIRE(uvm_onload_ranges(&rb, 1, nullptr) == UVM_OK);
+    CHECK(b[0] == 2);
+    CHECK(b[8191] == 2);
+    uvm_free(b, 8192, 0, nullptr);
+  }
+  check_no_staging_left();
+}
+
+TEST_CASE("two threads offloading and onloading the same ranges lose nothing", "[offload][safety][threads][cuda13]") {
+  FakeMachine machine;
+  Layout layout(std::vector<size_t>(16, 4096), 512);
+  std::atomic<int> failures{0};
+  auto cycle = [&](uvm_strategy strategy) {
+    cudaStream_t stream = fake::make_stream();
+    for (int i = 0; i < 200; ++i) {
+      if (uvm_offload_ranges(layout.moved.data(), layout.moved.size(), strategy, stream) != UVM_OK) ++failures;
+      if (uvm_onload_ranges(layout.moved.data(), layout.moved.size(), stream) != UVM_OK) ++failures;
+    }
+  };
+  std::thread a(cycle, UVM_STRATEGY_STAGED), b(cycle, UVM_STRATEGY_STAGED), c(cycle, UVM_STRATEGY_AUTO),
+      d(cycle, UVM_STRATEGY_MIGRATE);
+  a.join();
+  b.join();
+  c.join();
+  d.join();
+  CHECK(failures == 0);
+  REQUIRE(uvm_onload_ranges(layout.moved.data(), layout.moved.size(), nullptr) == UVM_OK);
+  CHECK(layout.first_wrong(layout.moved, 0) == -1);
+  CHECK(layout.first_wrong(layout.kept, 0) == -1);
+  check_no_staging_left();
+}
+
+TEST_CASE("overlapping offload, onload and discard on three threads keep the books straight", "[offload][safety][threads][cuda13]") {
+  FakeMachine machine;
+  Layout layout(std::vector<size_t>(8, 8192), 512);
+  const std::vector<uvm_range> all = {uvm_range{layout.base, layout.size}};
+  const std::vector<uvm_range> half = {uvm_range{layout.base + 4096, layout.size / 2}};
+  std::atomic<bool> stop{false};
+  std::atomic<int> failures{0};
+  std::thread offloader([&] {
+    while (!stop) failures += uvm_offload_ranges(all.data(), 1, UVM_STRATEGY_STAGED, fake::make_stream()) != UVM_OK;
+  });
+  std::thread onloader([&] {
+    while (!stop) failures += uvm_onload_ranges(half.data(), 1, fake::make_stream()) != UVM_OK;
+  });
+  std::thread discarder([&] {
+    for (int i = 0; i < 300; ++i) failures += uvm_discard_ranges(layout.kept.data(), layout.kept.size(), fake::make_stream()) != UVM_OK;
+    stop = true;
+  });
+  offloader.join();
+  onloader.join();
+  discarder.join();
+  CHECK(failures == 0);
+  uvm_residency r{};
+  REQUIRE(uvm_get_residency(0, nullptr, &r) == UVM_OK);
+  CHECK(r.staged_bytes == staged_bytes());  // the registry and the staging store agree
+  REQUIRE(uvm_onload_ranges(all.data(), 1, nullptr) == UVM_OK);
+  REQUIRE(uvm_discard_ranges(all.data(), 1, fake::make_stream()) == UVM_OK);
+  check_no_staging_left();
+}
+
+TEST_CASE("free racing an offload of the same allocation leaves nothing staged", "[offload][safety][threads][cuda13]") {
+  FakeMachine machine;
+  for (int round = 0; round < 300; ++round) {
+    constexpr size_t kSize = 64 << 10;
+    void* p = uvm_malloc(kSize, 0, nullptr);
+    REQUIRE(p != nullptr);
+    const uvm_range r{p, kSize};
+    std::thread offloader([&] { (void)uvm_offload_ranges(&r, 1, UVM_STRATEGY_STAGED, fake::make_stream()); });
+    std::thread freer([&] { uvm_free(p, kSize, 0, nullptr); });
+    offloader.join();
+    freer.join();
+  }
+  check_no_staging_left();
+}
+
+TEST_CASE("release_staging racing offload and onload loses nothing", "[offload][safety][threads][cuda13]") {
+  FakeMachine machine;
+  Layout layout(std::vector<size_t>(8, 65536), 512);
+  std::atomic<bool> stop{false};
+  std::atomic<int> failures{0};
+  std::thread releaser([&] {
+    while (!stop) failures += uvm_release_staging() != UVM_OK;
+  });
+  for (int i = 0; i < 200; ++i) {
+    REQUIRE(uvm_offload_ranges(layout.moved.data(), layout.moved.size(), UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
+    layout.write(layout.kept, static_cast<unsigned>(i));
+    REQUIRE(uvm_onload_ranges(layout.moved.data(), layout.moved.size(), nullptr) == UVM_OK);
+    REQUIRE(layout.first_wrong(layout.moved, 0) == -1);
+    REQUIRE(layout.first_wrong(layout.kept, static_cast<unsigned>(i)) == -1);
+  }
+  stop = true;
+  releaser.join();
+  CHECK(failures == 0);
+  check_no_staging_left();
+}
+
+TEST_CASE("a thread's tag changes while another offloads by tag", "[offload][safety][threads][tags][cuda13]") {
+  FakeMachine machine;
+  std::atomic<bool> stop{false};
+  std::atomic<int> failures{0};
+  std::thread tagger([&] {  // Catch2 assertions are not thread-safe: count, check after the join
+    for (int i = 0; !stop; ++i) {
+      failures += uvm_set_thread_tag(i % 2 ? "race-a" : "race-b") != UVM_OK;
+      void* p = uvm_malloc(4096, 0, nullptr);
+      failures += p == nullptr;
+      uvm_free(p, 4096, 0, nullptr);
+    }
+    uvm_set_thread_tag(nullptr);
+  });
+  REQUIRE(uvm_set_thread_tag("race-a") == UVM_OK);
+  auto* mine = static_cast<unsigned char*>(uvm_malloc(4096, 0, nullptr));
+  REQUIRE(uvm_set_thread_tag(nullptr) == UVM_OK);
+  std::memset(mine, 9, 4096);
+  for (int i = 0; i < 200; ++i) {
+    std::vector<uvm_range> ranges(8);
+    size_t count = 0;
+    REQUIRE(uvm_allocation_ranges(0, "race-a", ranges.data(), ranges.size(), &count) == UVM_OK);
+    ranges.resize(std::min(count, ranges.size()));
+    // A listed allocation may be freed before the offload: a clear error, never a corruption.
+    const uvm_status s = uvm_offload_ranges(ranges.data(), ranges.size(), UVM_STRATEGY_STAGED, nullptr);
+    if (s != UVM_OK) {  // freed (not managed), or caught between cudaMallocManaged and registration
+      CHECK_THAT(last_error(), Has("is invalid") || Has("not allocated by uvm"));
+    }
+    const uvm_range r{mine, 4096};
+    REQUIRE(uvm_onload_ranges(&r, 1, nullptr) == UVM_OK);
+    REQUIRE(mine[0] == 9);
+    REQUIRE(mine[4095] == 9);
+  }
+  stop = true;
+  tagger.join();
+  CHECK(failures == 0);
+  uvm_free(mine, 4096, 0, nullptr);
+  check_no_staging_left();
+}
+
+TEST_CASE("set_limit while other threads allocate keeps the books exact", "[limits][safety][threads]") {
+  FakeMachine machine;
+  std::atomic<bool> stop{false};
+  std::thread limiter([&] {
+    for (int i = 0; !stop; ++i) uvm_set_limit(0, i % 2 ? (size_t{1} << 20) : 0);
+  });
+  std::vector<std::thread> workers;
+  std::atomic<int> allocated{0}, wrong_errors{0};
+  for (int t = 0; t < 3; ++t) {
+    workers.emplace_back([&] {
+      for (int i = 0; i < 2000; ++i) {
+        void* p = uvm_malloc(4096, 0, nullptr);
+        if (p == nullptr) {
+          wrong_errors += uvm_last_status() != UVM_ERROR_LIMIT_EXCEEDED;
+          continue;
+        }
+        ++allocated;
+        uvm_free(p, 4096, 0, nullptr);
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+  stop = true;
+  limiter.join();
+  uvm_set_limit(0, 0);
+  uvm_stats stats{};
+  REQUIRE(uvm_get_stats(0, &stats) == UVM_OK);
+  CHECK(stats.live_bytes == 0);
+  CHECK(allocated > 0);
+  CHECK(wrong_errors == 0);
+}
+
+namespace {
+// The body of the rollback test; its layout is freed before the test counts the events left.
+void check_rollbacks() {
+  Layout layout(std::vector<size_t>(8, 65536), 512);
+  cudaStream_t stream = fake::make_stream();
+  const auto offload = [&] {
+    return uvm_offload_ranges(layout.moved.data(), layout.moved.size(), UVM_STRATEGY_STAGED, stream);
+  };
+  const auto onload = [&] { return uvm_onload_ranges(layout.moved.data(), layout.moved.size(), stream); };
+
+  SECTION("offload: the copy out, the discard, the host allocation") {
+    for (const char* call : {"cudaMemcpyAsync", "cudaMemDiscardBatchAsync", "cudaHostAlloc"}) {
+      CAPTURE(call);
+      REQUIRE(uvm_release_staging() == UVM_OK);
+      fake::fail_next(call, cudaErrorLaunchFailure);
+      CHECK(offload() != UVM_OK);
+      CHECK_THAT(last_error(), Has(call));
+      CHECK(cudaPeekAtLastError() == cudaSuccess);
+      CHECK(staged_bytes() == 0);
+      CHECK(layout.first_wrong(layout.moved, 0) == -1);  // still on the device, untouched
+      check_no_staging_left();  // nothing reserved is left behind
+    }
+  }
+  SECTION("offload: no event can be made, so it waits for the stream instead") {
+    fake::fail_next("cudaEventCreateWithFlags", cudaErrorMemoryAllocation);
+    REQUIRE(offload() == UVM_OK);
+    CHECK(cudaPeekAtLastError() == cudaSuccess);
+    CHECK(FakeMachine::ops_named("stream_sync").size() == 1);
+    REQUIRE(onload() == UVM_OK);
+    CHECK(layout.first_wrong(layout.moved, 0) == -1);
+    check_no_staging_left();
+  }
+  SECTION("offload: the event record fails, then so does the synchronize that replaces it") {
+    fake::fail_next("cudaEventRecord", cudaErrorLaunchFailure);
+    fake::fail_next("cudaStreamSynchronize", cudaErrorLaunchFailure);
+    CHECK(offload() == UVM_ERROR_CUDA);
+    CHECK_THAT(last_error(), Has("cudaStreamSynchronize"));
+    // The copies and the discard were issued in stream order: the host copy is the data, so it is
+    // kept as staged, and onload brings it back.
+    REQUIRE(onload() == UVM_OK);
+    CHECK(layout.first_wrong(layout.moved, 0) == -1);
+    check_no_staging_left();
+  }
+  SECTION("onload: a copy back, a populate, the join") {
+    for (const char* call : {"cudaMemcpyAsync", "cudaMemPrefetchAsync", "cudaStreamWaitEvent", "cudaEventRecord"}) {
+      CAPTURE(call);
+      REQUIRE(offload() == UVM_OK);
+      layout.write(layout.kept, 3);
+      fake::fail_next(call, cudaErrorLaunchFailure);
+      CHECK(onload() != UVM_OK);
+      CHECK(cudaPeekAtLastError() == cudaSuccess);
+      REQUIRE(onload() == UVM_OK);  // what is still staged comes back on the next try
+      CHECK(layout.first_wrong(layout.moved, 0) == -1);
+      CHECK(layout.first_wrong(layout.kept, 3) == -1);
+      layout.write(layout.kept, 0);
+    }
+    check_no_staging_left();
+  }
+  SECTION("release_staging: waiting for a copy still reading a block fails") {
+    REQUIRE(offload() == UVM_OK);
+    REQUIRE(onload() == UVM_OK);
+    fake::fail_next("cudaEventSynchronize", cudaErrorLaunchFailure);
+    CHECK(uvm_release_staging() == UVM_ERROR_CUDA);
+    CHECK(cudaPeekAtLastError() == cudaSuccess);
+    check_no_staging_left();  // the next release frees it
+  }
+}
+}  // namespace
+
+TEST_CASE("every failed CUDA call in an offload or onload rolls back cleanly", "[offload][safety][rollback][cuda13]") {
+  FakeMachine machine;
+  const size_t events_before = fake::live_events();
+  check_rollbacks();
+  CHECK(fake::live_events() == events_before);  // no event outlives the memory it ordered
+}

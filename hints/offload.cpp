@@ -86,6 +86,19 @@ void pieces_to_move(const std::vector<HintRange>& merged, bool staging_wanted, s
   }
 }
 
+// Explicit STAGED only for uvm's own allocations: a host copy must die with its memory.
+uvm_status check_all_uvm_allocations(const Call& call, const std::vector<HintRange>& merged) {
+  for (const HintRange& range : merged) {
+    if (range.allocation != 0) continue;
+    return fail(call, UVM_ERROR_INVALID_ARGUMENT,
+                "the range at %p (%zu bytes) is managed memory not allocated by uvm: a staged host copy "
+                "must die with its memory, and uvm cannot see such memory freed; offload it with "
+                "UVM_STRATEGY_AUTO or UVM_STRATEGY_MIGRATE",
+                reinterpret_cast<void*>(range.begin), static_cast<size_t>(range.end - range.begin));
+  }
+  return UVM_OK;
+}
+
 // Copies every piece into pinned staging memory, then discards it on the device, all in `stream`
 // order: 50–52 GB/s on an H100, against 10–16 GB/s for a prefetch to the CPU.
 uvm_status offload_staged(const Call& call, const std::vector<HintRange>& pieces, cudaStream_t stream) {
@@ -135,14 +148,7 @@ uvm_status offload(const Call& call, const uvm_range* ranges, size_t count, int 
                 "use UVM_STRATEGY_AUTO or UVM_STRATEGY_MIGRATE");
   }
   if (requested == UVM_STRATEGY_STAGED) {
-    for (const HintRange& range : sizing.merged) {
-      if (range.allocation != 0) continue;
-      return fail(call, UVM_ERROR_INVALID_ARGUMENT,
-                  "the range at %p (%zu bytes) is managed memory not allocated by uvm: a staged host copy "
-                  "must die with its memory, and uvm cannot see such memory freed; offload it with "
-                  "UVM_STRATEGY_AUTO or UVM_STRATEGY_MIGRATE",
-                  reinterpret_cast<void*>(range.begin), static_cast<size_t>(range.end - range.begin));
-    }
+    if (uvm_status s = check_all_uvm_allocations(call, sizing.merged)) return s;
   }
   const bool staging_wanted = strategy == UVM_STRATEGY_STAGED;
   if (staging_wanted) {
@@ -160,6 +166,9 @@ uvm_status offload(const Call& call, const uvm_range* ranges, size_t count, int 
   if (target.device != sizing.device) {
     return fail(call, UVM_ERROR_INVALID_ARGUMENT, "the ranges were freed and reallocated on device %d meanwhile",
                 target.device);
+  }
+  if (requested == UVM_STRATEGY_STAGED) {
+    if (uvm_status s = check_all_uvm_allocations(call, target.merged)) return s;
   }
   std::vector<HintRange> staged, migrated;
   pieces_to_move(target.merged, staging_wanted, &staged, &migrated);

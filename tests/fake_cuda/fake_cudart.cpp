@@ -1,5 +1,6 @@
 // Definitions of the CUDA runtime calls uvm uses, against a simulated machine (see fake_cuda.hpp).
 #include <cuda.h>
+#include <sys/mman.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -52,7 +53,7 @@ struct World {
   std::set<cudaStream_t> capturing;
   bool context_created[kDeviceCount] = {};
   uintptr_t next_stream = 0x1000;
-  std::set<void*> pinned;
+  std::map<void*, size_t> pinned;  // mmap'ed, so a 256 MiB block costs only the pages touched
   std::set<cudaEvent_t> live_events;
 };
 
@@ -529,9 +530,10 @@ cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int flags) {
   cudaError_t error;
   if (injected(w, "cudaHostAlloc", &error)) return error;
   ensure_context(w);
-  *ptr = std::aligned_alloc(256, (size + 255) / 256 * 256);
-  if (*ptr == nullptr) return set_error(cudaErrorMemoryAllocation);
-  w.pinned.insert(*ptr);
+  void* memory = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (memory == MAP_FAILED) return set_error(cudaErrorMemoryAllocation);
+  *ptr = memory;
+  w.pinned[memory] = size;
   log(w, "host_alloc", *ptr, size, static_cast<int>(flags), nullptr);
   return cudaSuccess;
 }
@@ -542,9 +544,11 @@ cudaError_t cudaFreeHost(void* ptr) {
   cudaError_t error;
   if (injected(w, "cudaFreeHost", &error)) return error;
   ensure_context(w);
-  if (!w.pinned.erase(ptr)) return set_error(cudaErrorInvalidValue);
+  auto it = w.pinned.find(ptr);
+  if (it == w.pinned.end()) return set_error(cudaErrorInvalidValue);
   log(w, "host_free", ptr, 0, -2, nullptr);
-  std::free(ptr);
+  munmap(ptr, it->second);
+  w.pinned.erase(it);
   return cudaSuccess;
 }
 

@@ -278,10 +278,10 @@ TEST_CASE("a thread's tag changes while another offloads by tag", "[offload][saf
     size_t count = 0;
     REQUIRE(uvm_allocation_ranges(0, "race-a", ranges.data(), ranges.size(), &count) == UVM_OK);
     ranges.resize(std::min(count, ranges.size()));
-    // A listed allocation may be freed before the offload: a clear error, never a corruption.
-    const uvm_status s = uvm_offload_ranges(ranges.data(), ranges.size(), UVM_STRATEGY_STAGED, nullptr);
-    if (s != UVM_OK) {  // freed (not managed), or caught between cudaMallocManaged and registration
-      CHECK_THAT(last_error(), Has("is invalid") || Has("not allocated by uvm"));
+    // A listed allocation may be freed (or its address reused) before the offload: an error that
+    // names the offload, never a corruption of the allocation that stayed.
+    if (uvm_offload_ranges(ranges.data(), ranges.size(), UVM_STRATEGY_STAGED, nullptr) != UVM_OK) {
+      CHECK_THAT(last_error(), Has("uvm_offload_ranges(size="));
     }
     const uvm_range r{mine, 4096};
     REQUIRE(uvm_onload_ranges(&r, 1, nullptr) == UVM_OK);

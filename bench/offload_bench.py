@@ -309,28 +309,35 @@ def plot(rows: list[dict], path: str) -> bool:
 
 
 class Progress:
-    """tqdm where it is installed, else one line per step."""
+    """On a terminal, a bar (tqdm where installed) redrawn in place; elsewhere (a log file, a pipe)
+    one plain line per cycle, so a log holds no carriage-return fragments."""
 
-    def __init__(self, total: int):
-        try:
-            from tqdm import tqdm
-            self.bar = tqdm(total=total, desc="offload/onload cycles", unit="cycle")
-        except ImportError:
-            self.bar, self.done, self.total = None, 0, total
+    def __init__(self, total: int, stream=None):
+        self.stream = stream or sys.stderr
+        self.done, self.total, self.bar = 0, total, None
+        self.terminal = self.stream.isatty()
+        if self.terminal:
+            try:
+                from tqdm import tqdm
+                self.bar = tqdm(total=total, desc="offload/onload cycles", unit="cycle", file=self.stream)
+            except ImportError:
+                pass
 
     def __call__(self):
+        self.done += 1
         if self.bar is not None:
             self.bar.update(1)
-        else:
-            self.done += 1
+        elif self.terminal:
             width = 40 * self.done // self.total
-            print(f"\r[{'#' * width}{'.' * (40 - width)}] {self.done}/{self.total} cycles", end="", file=sys.stderr)
+            print(f"\r[{'#' * width}{'.' * (40 - width)}] {self.done}/{self.total} cycles", end="", file=self.stream)
+        else:
+            print(f"cycle {self.done}/{self.total}", file=self.stream, flush=True)
 
     def close(self):
         if self.bar is not None:
             self.bar.close()
-        else:
-            print(file=sys.stderr)
+        elif self.terminal:
+            print(file=self.stream)
 
 
 def main(argv=None) -> int:

@@ -32,7 +32,8 @@ fi
 
 build=build-device
 rm -rf "$build"
-meson setup "$build" >"$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
+# The sanitizer runs are CI's (they test the fake runtime, which is the same here).
+meson setup "$build" -Dsanitizers=false >"$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
 ninja -C "$build" >"$OUT/build.log" 2>&1 || { tail -n 60 "$OUT/build.log"; exit 1; }
 
 # Runs `meson test` in build dir $1 (further arguments go to it); the log goes to $OUT/testlog$2.txt

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building and testing uvm needs, when it is missing: Meson (>= 1.0), Ninja,
-# pkg-config, a C/C++ compiler, binutils and Catch2 (Debian's header-only package), and the CUDA 12
-# runtime headers the cuda-12.x-headers tests build against (from PyPI, into .deps/). The CUDA toolkit
-# itself must already be there ($CUDA_HOME, $CUDA_PATH or /usr/local/cuda).
+# pkg-config, a C/C++ compiler, binutils and Catch2 (Debian's header-only package), the Python
+# environment the tests run in (.venv: see below), and the CUDA 12 runtime headers the
+# cuda-12.x-headers tests build against (from PyPI, into .deps/). The CUDA toolkit itself must
+# already be there ($CUDA_HOME, $CUDA_PATH or /usr/local/cuda).
 set -euo pipefail
 
 cuda_home=${CUDA_HOME:-${CUDA_PATH:-/usr/local/cuda}}
@@ -33,9 +34,26 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
-if ! python3 -m pytest --version >/dev/null 2>&1 || ! python3 -c 'import setuptools' 2>/dev/null; then
-  echo "uvm: installing pytest and setuptools from PyPI"
-  python3 -m pip install -q pytest setuptools 2>&1 | grep -v "as the 'root' user" || true
+# The Python tests run in a virtualenv of uvm's own with exactly tests/python/requirements.txt in
+# it, so that nothing installed on the machine by hand can make them pass or fail. UVM_PYTHON names
+# another interpreter instead (the GPU machine's python3, which has torch and no network).
+if [ -z "${UVM_PYTHON:-}" ]; then
+  venv=${UVM_VENV:-$PWD/.venv}
+  if [ ! -x "$venv/bin/python" ] && ! python3 -m venv "$venv" >/dev/null 2>&1; then
+    rm -rf "$venv"
+    echo "uvm: installing python3-venv"
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-venv >/dev/null
+    python3 -m venv "$venv"
+  fi
+  if ! cmp -s tests/python/requirements.txt "$venv/uvm-requirements.txt"; then
+    echo "uvm: installing the test requirements into $venv"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check -r tests/python/requirements.txt
+    cp tests/python/requirements.txt "$venv/uvm-requirements.txt"
+  fi
+  export UVM_PYTHON=$venv/bin/python
 fi
 if ! meson_ok; then  # a distribution whose meson is older than 1.0
   echo "uvm: the system meson is older than 1.0; installing meson from PyPI"

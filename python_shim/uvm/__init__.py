@@ -54,10 +54,15 @@ def stats(device=None) -> dict:
 
 def set_limit(limit_bytes: int | None, device=None) -> None:
     """Caps the live managed bytes uvm allocates on `device`. None restores the default (the device's
-    total memory); a cap above it oversubscribes, which is the caller's explicit choice."""
+    total memory); a cap above it oversubscribes, which is the caller's explicit choice
+    (`uvm._lib.UVM_LIMIT_UNLIMITED`, 2**64 - 1, allows any size)."""
+    if limit_bytes is not None:
+        if isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int):
+            raise TypeError(f"limit_bytes must be an int number of bytes or None, not {type(limit_bytes).__name__}")
+        if not 0 < limit_bytes <= _lib.UVM_LIMIT_UNLIMITED:
+            raise ValueError(f"limit_bytes must be between 1 and 2**64 - 1 (or None for the default), "
+                             f"got {limit_bytes}")
     lib = _get_ctypes_lib()
-    if limit_bytes is not None and limit_bytes <= 0:
-        raise ValueError(f"limit_bytes must be > 0 or None, got {limit_bytes}")
     _lib.check(lib.uvm_set_limit(_device_or_current(device), limit_bytes or 0), "uvm_set_limit")
 
 
@@ -70,6 +75,8 @@ def tag(name: str | None):
         with uvm.tag("weights"), torch.cuda.use_mem_pool(weights_pool):
             model = build_model()
     """
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"a tag is a str (or None for untagged), not {type(name).__name__}")
     lib = _get_ctypes_lib()
     previous = lib.uvm_get_thread_tag()
     _lib.check(lib.uvm_set_thread_tag(None if name is None else name.encode()), "uvm_set_thread_tag")

@@ -84,18 +84,38 @@ def _print_residency(lib, device: int) -> None:
         print(f"  pinned staging memory: {capacity.value >> 20} MiB held, {staged.value >> 20} MiB in use")
 
 
+USAGE = """usage: python -m uvm doctor          what uvm sees here; exit 0 if a pool can be created
+       python -m uvm bench [--help]    the offload/onload benchmark (needs torch and a GPU)"""
+
+
 def bench(argv: list[str]) -> int:
-    """Runs bench/offload_bench.py from the source tree, or the copy installed with the package."""
+    """Runs bench/offload_bench.py from the source tree, or the copy installed with the package.
+    --help works without torch (it prints the script's own description)."""
+    import ast
     import pathlib
     import runpy
     here = pathlib.Path(__file__).resolve().parent
-    for script in (here.parents[1] / "bench" / "offload_bench.py", here / "_csrc" / "bench" / "offload_bench.py"):
-        if script.is_file():
-            sys.argv = [str(script), *argv]
-            runpy.run_path(str(script), run_name="__main__")
+    found = [s for s in (here.parents[1] / "bench" / "offload_bench.py", here / "_csrc" / "bench" / "offload_bench.py")
+             if s.is_file()]
+    if not found:
+        print("python -m uvm bench: bench/offload_bench.py is not in this installation", file=sys.stderr)
+        return 2
+    script = found[0]
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        if {"-h", "--help"} & set(argv):
+            print(ast.get_docstring(ast.parse(script.read_text())))
             return 0
-    print("python -m uvm bench: bench/offload_bench.py is not in this installation", file=sys.stderr)
-    return 2
+        print("python -m uvm bench: the benchmark needs torch with CUDA, and torch is not installed",
+              file=sys.stderr)
+        return 2
+    sys.argv = [str(script), *argv]
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+    return 0
 
 
 def main(argv: list[str]) -> int:
@@ -103,7 +123,10 @@ def main(argv: list[str]) -> int:
         return doctor()
     if argv[:1] == ["bench"]:
         return bench(argv[1:])
-    print("usage: python -m uvm doctor | python -m uvm bench [--help]", file=sys.stderr)
+    if argv[:1] in (["-h"], ["--help"], ["help"]):
+        print(USAGE)
+        return 0
+    print(USAGE, file=sys.stderr)
     return 2
 
 

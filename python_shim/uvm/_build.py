@@ -15,11 +15,14 @@ import contextvars
 import enum
 import fcntl
 import hashlib
+import math
 import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -87,8 +90,8 @@ def compile_timeout() -> float:
         value = float(text)
     except ValueError:
         raise BuildError(f"UVM_COMPILE_TIMEOUT_S={text!r} is not a number of seconds") from None
-    if value <= 0:
-        raise BuildError(f"UVM_COMPILE_TIMEOUT_S={text!r} must be > 0")
+    if not (math.isfinite(value) and value > 0):
+        raise BuildError(f"UVM_COMPILE_TIMEOUT_S={text!r} must be a finite number of seconds > 0")
     return value
 
 
@@ -118,35 +121,98 @@ def _compiler_identity(cxx: str) -> str:
     return f"{real}:{info.st_size}:{info.st_mtime_ns}"
 
 
-def run(command: list[str], timeout: float, cwd: Path | None = None) -> str:
-    """Runs `command` in its own process group; kills the group if it outlives `timeout`."""
+def run(command: list[str], timeout: float, cwd: Path | None = None, watchdog: "Watchdog | None" = None) -> str:
+    """Runs `command` in its own process group; kills the group if it outlives `timeout`. Output is
+    decoded leniently: a compiler's non-UTF-8 message must not hide behind a UnicodeDecodeError."""
     try:
         child = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 start_new_session=True, text=True)
+                                 start_new_session=True)
     except OSError as error:
         raise BuildError(f"could not run {command[0]}: {error}") from None
+    if watchdog is not None:
+        watchdog.watch(child.pid)
     try:
-        output, _ = child.communicate(timeout=timeout)
+        raw, _ = child.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(child.pid, signal.SIGKILL)
         child.communicate()
         raise BuildTimeout(f"{Path(command[0]).name} did not finish within {timeout:g} s and was "
                            f"killed (raise UVM_COMPILE_TIMEOUT_S if the machine is just slow)") from None
+    finally:
+        if watchdog is not None:
+            watchdog.forget(child.pid)
+    output = raw.decode(errors="replace")
     if child.returncode != 0:
         raise BuildError(f"{' '.join(command[:2])} … failed (exit {child.returncode}):\n{output[-4000:]}")
     return output
 
 
-def compile_library(root: Path, cxx: str, home: Path, out_dir: Path, timeout: float) -> Path:
+_WATCHDOG = """
+import os, shutil, signal, sys
+scratch, groups = sys.argv[1], set()
+for line in sys.stdin:
+    if line.startswith("+"):
+        groups.add(int(line[1:]))
+    elif line.startswith("-"):
+        groups.discard(int(line[1:]))
+    elif line.strip() == "done":
+        sys.exit(0)
+for group in groups:  # the builder died: its compilers and its scratch folder go with it
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except OSError:
+        pass
+shutil.rmtree(scratch, ignore_errors=True)
+"""
+
+
+class Watchdog:
+    """A small process that outlives a builder killed mid-build and then kills the compiler process
+    groups still running and removes the scratch folder: the compilers run in sessions of their own
+    (so that a timeout can kill each whole group), so nothing else would stop them."""
+
+    def __init__(self, scratch: Path):
+        self._lock = threading.Lock()
+        self._process = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(scratch)], stdin=subprocess.PIPE,
+                                         start_new_session=True, text=True)
+
+    def _say(self, line: str) -> None:
+        with self._lock:
+            try:
+                self._process.stdin.write(line + "\n")
+                self._process.stdin.flush()
+            except (BrokenPipeError, ValueError):
+                pass
+
+    def watch(self, pid: int) -> None:
+        self._say(f"+{pid}")
+
+    def forget(self, pid: int) -> None:
+        self._say(f"-{pid}")
+
+    def close(self) -> None:
+        self._say("done")
+        with self._lock:
+            self._process.stdin.close()
+        self._process.wait()
+
+
+def compile_library(root: Path, cxx: str, home: Path, out_dir: Path, timeout: float,
+                    watchdog: Watchdog | None = None) -> Path:
     """Compiles every source in parallel, then links libuvm.so in `out_dir`."""
     deadline = time.monotonic() + timeout
     include = ["-I", str(root / "include"), "-isystem", str(home / "include")]
 
+    def produced(target: Path) -> Path:
+        if not target.is_file():
+            raise BuildError(f"{cxx} exited 0 but wrote no {target.name}")
+        return target
+
     def compile_one(source: Path) -> Path:
         target = out_dir / (source.parent.name + "_" + source.stem + ".o")
         run([cxx, *CXX_FLAGS, *include, "-c", str(source), "-o", str(target)],
-            timeout=max(deadline - time.monotonic(), 0.1))
-        return target
+            timeout=max(deadline - time.monotonic(), 0.1), watchdog=watchdog)
+        return produced(target)
 
     units = sources(root)
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(units), os.cpu_count() or 1)) as pool:
@@ -155,24 +221,51 @@ def compile_library(root: Path, cxx: str, home: Path, out_dir: Path, timeout: fl
     run([cxx, "-shared", "-o", str(library), *map(str, objects),
          f"-Wl,--version-script={root / 'alloc' / 'exports.map'}", "-Wl,-soname,libuvm.so.0",
          "-L", str(cudart_dir(home)), "-lcudart"],
-        timeout=max(deadline - time.monotonic(), 0.1))
-    return library
+        timeout=max(deadline - time.monotonic(), 0.1), watchdog=watchdog)
+    return produced(library)
 
 
-def cache_dir() -> Path:
-    """UVM_CACHE_DIR or ~/.cache/uvm; a temporary directory, with a warning, if that is not writable."""
-    chosen = Path(os.environ.get("UVM_CACHE_DIR") or Path.home() / ".cache" / "uvm")
+def configured_cache_dir() -> Path:
+    return Path(os.environ.get("UVM_CACHE_DIR") or Path.home() / ".cache" / "uvm")
+
+
+def untrusted_reason(path: Path) -> str | None:
+    """Why a cache path may not hold a library this process loads, or None. Like any tool that
+    caches executables: it must be ours (or root's) and writable by no one else, or another user
+    could plant a library whose constructors would run in this process."""
     try:
-        chosen.mkdir(parents=True, exist_ok=True)
-        probe = tempfile.NamedTemporaryFile(dir=chosen, prefix=".write-probe-")
-        probe.close()
-        return chosen
+        info = path.lstat()
     except OSError as error:
-        fallback = Path(tempfile.gettempdir()) / f"uvm-cache-{os.getuid()}"
-        fallback.mkdir(parents=True, exist_ok=True)
-        warnings.warn(f"uvm: cache directory {chosen} is not writable ({error.strerror}); "
-                      f"using {fallback}", RuntimeWarning, stacklevel=3)
-        return fallback
+        return f"{path}: {error.strerror}"
+    if stat.S_ISLNK(info.st_mode):
+        return f"{path} is a symbolic link"
+    if info.st_uid not in (os.getuid(), 0):
+        return f"{path} belongs to uid {info.st_uid}, not to this user (uid {os.getuid()})"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path} is writable by other users (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
+def writable_cache_dir(chosen: Path, key: str) -> Path:
+    """`chosen` if it is ours, writable, and its folder for `key` (if any) is ours too; else a new
+    private temporary directory, with a warning (never a fixed path in the shared temporary
+    directory, which another user could prepare)."""
+    try:
+        chosen.mkdir(mode=0o700, parents=True, exist_ok=True)
+        reason = untrusted_reason(chosen)
+        if reason is None and (chosen / key).exists():
+            reason = untrusted_reason(chosen / key)
+        if reason is None:
+            probe = tempfile.NamedTemporaryFile(dir=chosen, prefix=".write-probe-")
+            probe.close()
+            return chosen
+    except OSError as error:
+        reason = f"{chosen} is not writable ({error.strerror})"
+    fallback = Path(tempfile.mkdtemp(prefix="uvm-cache-"))
+    warnings.warn(f"uvm: cache directory not used: {reason}; building in {fallback} (private to this "
+                  "process; set UVM_CACHE_DIR to a directory of your own to keep builds)",
+                  RuntimeWarning, stacklevel=4)
+    return fallback
 
 
 def _checksum(path: Path) -> str:
@@ -180,7 +273,12 @@ def _checksum(path: Path) -> str:
 
 
 def _cached_library_is_valid(library: Path) -> bool:
+    """The library and its checksum sidecar are there, agree, and no other user could have written
+    them (nor the folders holding them)."""
     sidecar = library.with_suffix(".sha256")
+    for path in (library.parent.parent, library.parent, library, sidecar):
+        if untrusted_reason(path) is not None:
+            return False
     try:
         return sidecar.read_text().strip() == _checksum(library)
     except OSError:
@@ -188,7 +286,8 @@ def _cached_library_is_valid(library: Path) -> bool:
 
 
 def build(timeout: float | None = None) -> Path:
-    """Path to a built libuvm.so for the current sources: from the cache, or compiled now."""
+    """Path to a built libuvm.so for the current sources: from the cache (a read-only one too), or
+    compiled now."""
     prebuilt = os.environ.get("UVM_LIBRARY")
     if prebuilt:
         if not Path(prebuilt).is_file():
@@ -198,20 +297,28 @@ def build(timeout: float | None = None) -> Path:
     deadline = time.monotonic() + timeout
     root, home, cxx = source_root(), cuda_home(), compiler()
     key = build_key(root, cxx, home)
-    directory = cache_dir()
+    cached = configured_cache_dir() / key / "libuvm.so"
+    if _cached_library_is_valid(cached):
+        return cached
+    directory = writable_cache_dir(configured_cache_dir(), key)
     library = directory / key / "libuvm.so"
     if _cached_library_is_valid(library):
         return library
-    library.parent.mkdir(parents=True, exist_ok=True)
+    library.parent.mkdir(mode=0o700, exist_ok=True)
     with open(directory / f"{key}.lock", "w") as lock:
         _lock_within(lock, deadline - time.monotonic())
         if _cached_library_is_valid(library):  # another process built it while we waited
             return library
+        for stale in library.parent.glob(".build-*"):  # left by a builder killed with its watchdog
+            shutil.rmtree(stale, ignore_errors=True)
         with tempfile.TemporaryDirectory(dir=library.parent, prefix=".build-") as scratch:
+            watchdog = Watchdog(Path(scratch))
             try:
-                built = compile_library(root, cxx, home, Path(scratch), deadline - time.monotonic())
+                built = compile_library(root, cxx, home, Path(scratch), deadline - time.monotonic(), watchdog)
             except BuildTimeout as error:
                 raise BuildTimeout(f"building libuvm.so did not finish within {timeout:g} s: {error}") from None
+            finally:
+                watchdog.close()
             checksum = _checksum(built)
             os.replace(built, library)
             library.with_suffix(".sha256").write_text(checksum + "\n")
@@ -294,10 +401,6 @@ def _torch_refusal() -> str | None:
         return "torch is not installed (uvm.library() gives the C library without it)"
     if not hasattr(torch.cuda, "MemPool") or not hasattr(torch.cuda.memory, "CUDAPluggableAllocator"):
         return f"torch {torch.__version__} has no torch.cuda.MemPool; upgrade torch (2.6 or later)"
-    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," + os.environ.get("PYTORCH_ALLOC_CONF", "")
-    if re.search(r"expandable_segments\s*:\s*true", conf, re.IGNORECASE):
-        return ("PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True, which pluggable-allocator pools "
-                "cannot use; remove it for processes that use uvm")
     if not torch.cuda.is_available():
         return "no CUDA device or driver is visible to torch (torch.cuda.is_available() is False)"
     return None

@@ -23,8 +23,40 @@ def create_unified_mempool(device=None, *, sync_ranks: bool = False):
     if reason is not None:
         raise _build.UnifiedMemoryUnsupportedError(f"unified memory is unavailable: {reason}")
     import torch
-    with torch.cuda.device(_device_index(device)):
-        return torch.cuda.MemPool(_build._alloc.allocator())
+    index = _device_index(device)
+    with torch.cuda.device(index):
+        pool = torch.cuda.MemPool(_build._alloc.allocator())
+    if _expandable_segments():
+        _check_pool_is_managed(pool, index)
+    return pool
+
+
+def _expandable_segments() -> bool:
+    import os
+    import re
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," + os.environ.get("PYTORCH_ALLOC_CONF", "")
+    return re.search(r"expandable_segments\s*:\s*true", conf, re.IGNORECASE) is not None
+
+
+def _check_pool_is_managed(pool, index: int) -> None:
+    """With expandable_segments:True, whether a pool uses its pluggable allocator depends on the torch
+    version (torch 2.11 does: measured on an H200). Decided by behaviour: one small tensor is made in
+    the pool and must be uvm's managed memory."""
+    import torch
+    reason = None
+    try:
+        with torch.cuda.device(index), torch.cuda.use_mem_pool(pool):
+            probe = torch.empty(512, dtype=torch.uint8, device=f"cuda:{index}")
+        if _lib._get_ctypes_lib().uvm_allocation_info(probe.data_ptr(), None, None, None) != _lib.UVM_OK:
+            _lib._get_ctypes_lib().uvm_clear_last_error()
+            reason = "tensors made in the pool are not uvm's managed memory"
+        del probe
+    except RuntimeError as error:
+        reason = f"torch refused the pool: {error}"
+    if reason is not None:
+        raise _build.UnifiedMemoryUnsupportedError(
+            f"unified memory is unavailable: PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True and with "
+            f"torch {torch.__version__} {reason}; remove expandable_segments:True for processes that use uvm")
 
 
 def _first_failure_across_ranks(reason: str | None) -> str | None:
@@ -94,10 +126,25 @@ def _managed_span(tensor, what: str = "tensor") -> tuple[int, int] | None:
 
 
 def _stream_handle(stream, device_index: int | None = None) -> int:
-    import torch
+    """A stream argument as a cudaStream_t: a torch stream, a raw handle, or None for the current
+    torch stream (the legacy default stream when torch is not installed)."""
     if stream is None:
+        try:
+            import torch
+        except ImportError:
+            return 0
         stream = torch.cuda.current_stream(device_index)
     return stream.cuda_stream if hasattr(stream, "cuda_stream") else int(stream)
+
+
+def _torch(what: str):
+    """torch, or a clear error naming what needed it."""
+    try:
+        import torch
+        return torch
+    except ImportError:
+        raise TypeError(f"{what} needs torch, which is not installed (tags and device ordinals work "
+                        "without it)") from None
 
 
 def prefetch_managed_tensor(tensor, *, device, stream=None) -> None:
@@ -144,9 +191,9 @@ def discard_managed_tensor(tensor, *, stream=None) -> None:
 def _cuda_span(tensor, what: str) -> tuple[int, tuple[int, int]] | None:
     """(device, span) of a CUDA tensor without asking the library: the batched C call validates every
     range itself, and `_explain` names the culprit if it refuses one."""
-    import torch
     if tensor is None:
         return None
+    torch = _torch(f"a {type(tensor).__name__} as a {what}")
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, not {type(tensor).__name__}")
     if tensor.numel() == 0:
@@ -211,22 +258,36 @@ def _allocation_ranges(device: int, tag: str | None) -> list[tuple[int, int]]:
     return [(r.ptr, r.size) for r in ranges[:count.value]]
 
 
-def _owner(ptr: int) -> int:
+def _owner(ptr: int) -> int | None:
+    """The device of the uvm allocation at `ptr`; None if it was freed since it was listed."""
     lib = _lib._get_ctypes_lib()
     device = ctypes.c_int()
     if lib.uvm_allocation_info(ptr, None, None, ctypes.byref(device)) != _lib.UVM_OK:
         lib.uvm_clear_last_error()
-        import torch
-        return torch.cuda.current_device()  # managed memory uvm did not allocate
+        return None
     return device.value
 
 
 def _ranges_by_device(obj, include_buffers: bool, into: dict | None = None) -> dict[int, dict]:
     """The byte ranges `obj` covers, grouped by the device that owns them: a tensor, a module, a
     MemPool, a tag (str), a device (int or torch.device: every uvm allocation on it), or an iterable
-    of these."""
-    import torch
+    of these. Tags and device ordinals need no torch."""
     into = {} if into is None else into
+    if obj is None:
+        raise TypeError("nothing to move: pass tensors, a module, a MemPool, a tag or a device, not None")
+    if isinstance(obj, str):
+        for span in _allocation_ranges(_lib.UVM_ANY_DEVICE, obj):
+            device = _owner(span[0])
+            if device is not None:  # an allocation freed since it was listed has nothing to move
+                into.setdefault(device, {})[span] = f"allocation tagged {obj!r}"
+        return into
+    if isinstance(obj, int) and not isinstance(obj, bool):
+        if obj < 0:
+            raise ValueError("offload and onload act on CUDA devices, not the CPU")
+        for span in _allocation_ranges(obj, None):
+            into.setdefault(obj, {})[span] = f"allocation on device {obj}"
+        return into
+    torch = _torch(f"finding managed memory in a {type(obj).__name__}")
     if isinstance(obj, (torch.Tensor, torch.nn.Module)):
         for what, tensor in _named_tensors(obj, include_buffers):
             found = _cuda_span(tensor, what)
@@ -235,15 +296,8 @@ def _ranges_by_device(obj, include_buffers: bool, into: dict | None = None) -> d
     elif isinstance(obj, torch.cuda.MemPool):
         for segment in obj.snapshot():
             into.setdefault(segment["device"], {})[(segment["address"], segment["total_size"])] = "pool segment"
-    elif isinstance(obj, str):
-        for span in _allocation_ranges(_lib.UVM_ANY_DEVICE, obj):
-            into.setdefault(_owner(span[0]), {})[span] = f"allocation tagged {obj!r}"
-    elif isinstance(obj, (int, torch.device)) and not isinstance(obj, bool):
-        device = _location(obj)
-        if device < 0:
-            raise ValueError("offload and onload act on CUDA devices, not the CPU")
-        for span in _allocation_ranges(device, None):
-            into.setdefault(device, {})[span] = f"allocation on device {device}"
+    elif isinstance(obj, torch.device):
+        _ranges_by_device(_location(obj), include_buffers, into)
     elif hasattr(obj, "__iter__"):
         for item in obj:
             _ranges_by_device(item, include_buffers, into)
@@ -305,6 +359,8 @@ def discard(obj, *, stream=None, include_buffers: bool = True) -> int:
 def where(tensor) -> dict:
     """{'preferred': loc, 'last_prefetch': loc} for the tensor's bytes: a device ordinal, -1 for the
     CPU, -2 when unset or mixed."""
+    if tensor is None:
+        raise TypeError("where() takes a tensor, not None")
     span = _managed_span(tensor)
     if span is None:
         raise ValueError("an empty tensor has no location")

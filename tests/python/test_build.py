@@ -114,6 +114,109 @@ def test_a_killed_builder_leaves_no_lock_behind(cache, tmp_path):
     assert builds(directory) == 1
 
 
+def test_a_killed_builder_leaves_no_compiler_running_and_no_scratch_folder(cache, tmp_path):
+    directory, env = cache
+    started, finished = tmp_path / "started", tmp_path / "finished"
+    env["UVM_CXX"] = str(fake_compiler(tmp_path, f"touch {started}; sleep 4; touch {finished}; exit 1"))
+    builder = subprocess.Popen([sys.executable, "-c", LOAD], env={**os.environ, "PYTHONPATH": str(SHIM), **env})
+    deadline = time.monotonic() + 60
+    while not started.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    builder.kill()  # the builder alone, as an OOM killer or a job scheduler would
+    builder.wait()
+    time.sleep(6)
+    assert not finished.exists(), "a compiler outlived the builder"
+    assert not list(directory.glob("*/.build-*")), "the killed builder's scratch folder is still there"
+
+
+def test_nan_or_infinite_timeouts_are_refused_by_name(cache):
+    directory, env = cache
+    for value in ("nan", "inf", "-inf", "0"):
+        env["UVM_COMPILE_TIMEOUT_S"] = value
+        out = python("import uvm\ntry:\n    uvm.library()\nexcept uvm.UnifiedMemoryUnsupportedError as e:\n"
+                     "    print(e)", env).stdout
+        assert f"UVM_COMPILE_TIMEOUT_S={value!r} must be a finite number of seconds > 0" in out, out
+    assert builds(directory) == 0
+
+
+def test_a_compiler_message_that_is_not_utf8_is_shown(cache, tmp_path):
+    directory, env = cache
+    env["UVM_CXX"] = str(fake_compiler(tmp_path, "printf 'fatal: caf\\351 \\377 broken\\n'; exit 1"))
+    out = python("import uvm; uvm.compile_allocator(); print(uvm._compilation_error)", env).stdout
+    assert "failed (exit 1)" in out and "fatal: caf" in out and "broken" in out, out
+
+
+def test_a_compiler_that_succeeds_but_writes_nothing_is_a_clear_failure(cache, tmp_path):
+    directory, env = cache
+    env["UVM_CXX"] = str(fake_compiler(tmp_path, "exit 0"))
+    out = python("import uvm; uvm.compile_allocator(); print(uvm._compilation_error)", env).stdout
+    assert "exited 0 but wrote no" in out and ".o" in out, out
+
+
+def test_a_cache_other_users_can_write_is_never_loaded(cache):
+    directory, env = cache
+    python(LOAD, env)
+    key_dir = next(directory.glob("*/libuvm.so")).parent
+    key_dir.chmod(0o777)  # anyone could have replaced the library
+    result = python("import warnings, uvm\nwith warnings.catch_warnings(record=True) as w:\n"
+                    "    warnings.simplefilter('always')\n    lib = uvm.library()\n"
+                    "print(uvm._so_path)\nprint(w[0].message if w else '')", env)
+    so_path, warning = result.stdout.splitlines()[:2]
+    assert not so_path.startswith(str(key_dir)), so_path
+    assert "is writable by other users" in warning, warning
+    assert builds(directory) == 1  # the rebuild happened in a private folder, not in the shared one
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="planting a file owned by another user needs root")
+def test_a_library_owned_by_another_user_is_never_loaded(cache):
+    directory, env = cache
+    python(LOAD, env)
+    library = next(directory.glob("*/libuvm.so"))
+    os.chown(library, 12345, 12345)
+    python(LOAD, env)
+    assert builds(directory) == 2  # rebuilt over it, not loaded
+    assert library.stat().st_uid == os.getuid()
+
+
+def test_a_library_planted_in_the_shared_temp_dir_is_never_loaded(cache, tmp_path):
+    """The old fallback, /tmp/uvm-cache-<uid>, was a fixed name another user could prepare: a planted
+    library with a matching checksum had its constructor run in the caller's process."""
+    directory, env = cache
+    shared_tmp = tmp_path / "tmp"
+    shared_tmp.mkdir()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    env.update({"UVM_CACHE_DIR": str(blocker / "cache"), "TMPDIR": str(shared_tmp)})
+    key = python("import uvm._build as b; print(b.build_key(b.source_root(), b.compiler(), b.cuda_home()))",
+                 env).stdout.strip()
+    marker = tmp_path / "constructor-ran"
+    planted_dir = shared_tmp / f"uvm-cache-{os.getuid()}" / key
+    planted_dir.mkdir(parents=True)
+    source = tmp_path / "planted.c"
+    source.write_text('#include <stdio.h>\n__attribute__((constructor)) static void run(void) '
+                      f'{{ fopen("{marker}", "w"); }}\n')
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(planted_dir / "libuvm.so"), str(source)], check=True)
+    import hashlib
+    digest = hashlib.sha256((planted_dir / "libuvm.so").read_bytes()).hexdigest()
+    (planted_dir / "libuvm.sha256").write_text(digest + "\n")
+    out = python("import warnings, uvm\nwarnings.simplefilter('ignore')\nprint(uvm.library().uvm_version().decode())",
+                 env).stdout
+    assert out.strip() == "0.1.0"
+    assert not marker.exists(), "the planted library was loaded"
+
+
+def test_a_valid_build_in_a_cache_we_cannot_write_is_used_as_it_is(cache):
+    directory, env = cache
+    python(LOAD, env)
+    code = ("import uvm, uvm._build as b\n"
+            "def refuse(chosen, key):\n    raise AssertionError('asked to write to the cache')\n"
+            "b.writable_cache_dir = refuse\n"
+            "print(uvm.library().uvm_version().decode())")
+    assert python(code, env).stdout.strip() == "0.1.0"
+    assert builds(directory) == 1
+
+
 def test_a_corrupt_cached_library_is_rebuilt(cache):
     directory, env = cache
     python(LOAD, env)
@@ -128,10 +231,12 @@ def test_an_unwritable_cache_falls_back_with_a_warning(cache, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     env["UVM_CACHE_DIR"] = str(blocker / "cache")
-    result = python("import warnings, uvm\nwith warnings.catch_warnings(record=True) as w:\n"
-                    "    warnings.simplefilter('always')\n    uvm.library()\nprint(w[0].message)", env)
-    assert "is not writable" in result.stdout
-    assert "uvm-cache-" in result.stdout
+    result = python("import os, stat, warnings, uvm\nwith warnings.catch_warnings(record=True) as w:\n"
+                    "    warnings.simplefilter('always')\n    uvm.library()\nprint(w[0].message)\n"
+                    "print(oct(stat.S_IMODE(os.stat(os.path.dirname(os.path.dirname(uvm._so_path))).st_mode)))", env)
+    message, mode = result.stdout.strip().splitlines()
+    assert "is not writable" in message and "uvm-cache-" in message and "private to this process" in message
+    assert mode == "0o700"
 
 
 def test_a_prebuilt_library_skips_the_compiler(cache):
@@ -146,10 +251,21 @@ def test_a_prebuilt_library_skips_the_compiler(cache):
     assert "UVM_LIBRARY='/nope/libuvm.so' does not exist" in missing
 
 
-def test_pip_installed_package_carries_and_builds_the_sources(cache, tmp_path):
+def index_reachable(tmp_path) -> bool:
+    """Whether pip can fetch from its configured package index (a build with isolation needs it)."""
+    probe = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(tmp_path / "probe"),
+                            "setuptools>=70.1"], capture_output=True, text=True, timeout=300)
+    return probe.returncode == 0
+
+
+@pytest.mark.parametrize("isolation", [False, True], ids=["no-build-isolation", "build-isolation"])
+def test_pip_installed_package_carries_and_builds_the_sources(cache, tmp_path, isolation):
     directory, env = cache
+    if isolation and not index_reachable(tmp_path):
+        pytest.skip("no package index reachable: a build with isolation fetches its backend")
     target = tmp_path / "site"
-    install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+    flags = [] if isolation else ["--no-build-isolation"]
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", *flags,
                               "--target", str(target), str(SHIM)], capture_output=True, text=True, timeout=300)
     assert install.returncode == 0, install.stdout + install.stderr
     assert (target / "uvm" / "_csrc" / "include" / "uvm.h").is_file()

@@ -75,6 +75,12 @@ void record_discard(int device, size_t bytes, long long host_delta) {
   add_host_bytes(a.stats, host_delta);
 }
 
+void record_prefetch_calls(int device, uint64_t calls) {
+  Account& a = account(device);
+  std::lock_guard<std::mutex> lock(a.mutex);
+  a.stats.prefetch_calls += calls;
+}
+
 uvm_stats snapshot(int device) {
   Account& a = account(device);
   std::lock_guard<std::mutex> lock(a.mutex);

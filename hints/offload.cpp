@@ -209,27 +209,32 @@ uvm_status start_workers(const Call& call, const std::vector<StagedWork>& work, 
 }
 
 // One chunk back on a worker: prefetch, copy, prefetch.
-// - The prefetch before the copy populates the chunk. Copying into discarded pages without it
+// - The prefetch before the copies populates the chunk. Copying into discarded pages without it
 //   faults page by page (0.6 GB/s on an H100); populating everything first and copying after is as
 //   slow whenever the driver has not yet reclaimed the discarded pages. Chunk by chunk it ran
 //   37–47 GB/s in every case measured.
-// - The prefetch after the copy undoes the discard. A copy's writes restore the data but leave the
-//   driver treating the pages as discardable, and the prefetch before it does not reliably clear
+// - The prefetch after the copies undoes the discard. A copy's writes restore the data but leave
+//   the driver treating the pages as discardable, and the prefetch before it does not reliably clear
 //   that (it did not for the first chunk on each stream): a later prefetch to the CPU, or an
 //   eviction, would then drop the data and read back zeros. Measured with
 //   `transfer_probe … hazard` (docs/performance.md); once the pages hold the data the prefetch
 //   moves nothing and costs no bandwidth.
-uvm_status copy_chunk(const Call& call, int device, const Span& chunk, const char* host, cudaStream_t worker) {
-  void* ptr = reinterpret_cast<void*>(chunk.begin);
-  if (cudaError_t e = prefetch_to(ptr, chunk.size(), device, worker)) {
-    return fail_cuda(call, e, "cudaMemPrefetchAsync(%p, %zu bytes) populating before the copy", ptr, chunk.size());
+// The prefetches may cover gaps between pieces (plan_onload decides which); the copies are exact.
+uvm_status copy_chunk(const Call& call, int device, const OnloadChunk& chunk, cudaStream_t worker) {
+  void* populate = reinterpret_cast<void*>(chunk.populate.begin);
+  if (cudaError_t e = prefetch_to(populate, chunk.populate.size(), device, worker)) {
+    return fail_cuda(call, e, "cudaMemPrefetchAsync(%p, %zu bytes) populating before the copy", populate,
+                     chunk.populate.size());
   }
-  if (cudaError_t e = cudaMemcpyAsync(ptr, host, chunk.size(), cudaMemcpyDefault, worker)) {
-    return fail_cuda(call, e, "cudaMemcpyAsync(pinned staging → %p, %zu bytes)", ptr, chunk.size());
+  for (const CopyPiece& copy : chunk.copies) {
+    void* ptr = reinterpret_cast<void*>(copy.span.begin);
+    if (cudaError_t e = cudaMemcpyAsync(ptr, copy.host, copy.span.size(), cudaMemcpyDefault, worker)) {
+      return fail_cuda(call, e, "cudaMemcpyAsync(pinned staging → %p, %zu bytes)", ptr, copy.span.size());
+    }
   }
-  if (cudaError_t e = prefetch_to(ptr, chunk.size(), device, worker)) {
-    return fail_cuda(call, e, "cudaMemPrefetchAsync(%p, %zu bytes) undoing the discard after the copy", ptr,
-                     chunk.size());
+  if (cudaError_t e = prefetch_to(populate, chunk.populate.size(), device, worker)) {
+    return fail_cuda(call, e, "cudaMemPrefetchAsync(%p, %zu bytes) undoing the discard after the copy", populate,
+                     chunk.populate.size());
   }
   return UVM_OK;
 }
@@ -244,27 +249,29 @@ uvm_status join_workers(const Call& call, const cudaStream_t* workers, int used,
   return UVM_OK;
 }
 
-// Copies staged pieces back, chunk by chunk over uvm's worker streams, joined to `stream` before
-// and after; the pieces stay staged until every copy is issued and joined, so a failure loses
-// nothing: the next onload copies them again.
+// A gap between staged pieces may be populated along with them only if uvm moved none of its bytes
+// off the device: then the prefetch moves nothing there.
+bool gap_is_resident(const Span& gap) {
+  return staging().overlapping(gap.begin, gap.end).empty() && !registry().moved_off(gap.begin, gap.end);
+}
+
+// Copies staged pieces (sorted by address) back, chunk by chunk over uvm's worker streams, joined
+// to `stream` before and after; the pieces stay staged until every copy is issued and joined, so a
+// failure loses nothing: the next onload copies them again.
 uvm_status copy_back(const Call& call, int device, const std::vector<StagedWork>& work, cudaStream_t stream) {
   const OnloadPipeline pipeline = onload_pipeline();
   cudaStream_t workers[kMaxOnloadStreams] = {};
   if (uvm_status s = worker_streams(call, pipeline.streams, workers)) return s;
   if (uvm_status s = start_workers(call, work, stream, workers, pipeline.streams)) return s;
-  size_t issued = 0;
-  std::vector<size_t> chunks_of(work.size());
+  std::vector<CopyPiece> pieces;
+  for (const StagedWork& w : work) pieces.push_back(CopyPiece{w.piece.span, w.range.allocation, w.piece.host});
+  const std::vector<OnloadChunk> chunks =
+      plan_onload(pieces, pipeline.chunk_bytes, kPopulateGapBytes, gap_is_resident);
   uvm_status status = UVM_OK;
-  for (size_t k = 0; k < work.size() && status == UVM_OK; ++k) {
-    const StagedWork& w = work[k];
-    const auto chunks = split_into_chunks({w.piece.span}, pipeline.chunk_bytes);
-    chunks_of[k] = chunks.size();
-    for (size_t c = 0; c < chunks.size() && status == UVM_OK; ++c) {
-      const char* host = w.piece.host + (chunks[c].begin - w.piece.span.begin);
-      status = copy_chunk(call, device, chunks[c], host, workers[issued++ % pipeline.streams]);
-    }
+  for (size_t c = 0; c < chunks.size() && status == UVM_OK; ++c) {
+    status = copy_chunk(call, device, chunks[c], workers[c % pipeline.streams]);
   }
-  const int used = static_cast<int>(std::min<size_t>(issued, pipeline.streams));
+  const int used = static_cast<int>(std::min<size_t>(chunks.size(), pipeline.streams));
   if (status == UVM_OK) status = join_workers(call, workers, used, stream);
   EventRef read;
   if (status == UVM_OK) status = mark_or_wait(call, stream, &read);
@@ -272,12 +279,13 @@ uvm_status copy_back(const Call& call, int device, const std::vector<StagedWork>
     settle_workers(workers, used);
     return status;
   }
-  for (size_t k = 0; k < work.size(); ++k) {
-    staging().release(work[k].piece.span.begin, work[k].piece.span.end, read);
-    account_move(work[k].range, Move::to_device, chunks_of[k]);
-  }
   std::vector<HintRange> ranges;
-  for (const StagedWork& w : work) ranges.push_back(w.range);
+  for (const StagedWork& w : work) {
+    staging().release(w.piece.span.begin, w.piece.span.end, read);
+    account_move(w.range, Move::to_device, 0);
+    ranges.push_back(w.range);
+  }
+  record_prefetch_calls(device, 2 * chunks.size());
   record_moves(ranges, read);
   return UVM_OK;
 }

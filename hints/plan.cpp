@@ -57,6 +57,31 @@ OnloadPipeline parse_onload_pipeline(const char* chunk_mib, const char* streams)
       static_cast<int>(parse_in_range(streams, 1, kMaxOnloadStreams, kDefaultStreams))};
 }
 
+std::vector<OnloadChunk> plan_onload(const std::vector<CopyPiece>& pieces, size_t chunk_bytes, size_t max_gap,
+                                     const std::function<bool(const Span&)>& gap_is_resident) {
+  std::vector<OnloadChunk> chunks;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const CopyPiece& piece = pieces[i];
+    const CopyPiece* before = i > 0 ? &pieces[i - 1] : nullptr;
+    for (uintptr_t at = piece.span.begin; at < piece.span.end;) {
+      const bool continues = at == piece.span.begin && before != nullptr && !chunks.empty() &&
+                             before->allocation == piece.allocation && piece.allocation != 0 &&
+                             piece.span.begin - before->span.end <= max_gap &&
+                             chunks.back().populate.end == before->span.end &&
+                             (piece.span.begin == before->span.end ||
+                              gap_is_resident(Span{before->span.end, piece.span.begin}));
+      const bool fits = continues && piece.span.begin - chunks.back().populate.begin < chunk_bytes;
+      if (!fits) chunks.push_back(OnloadChunk{Span{at, at}, {}});
+      OnloadChunk& chunk = chunks.back();
+      const uintptr_t end = std::min<uintptr_t>(piece.span.end, chunk.populate.begin + chunk_bytes);
+      chunk.copies.push_back(CopyPiece{Span{at, end}, piece.allocation, piece.host + (at - piece.span.begin)});
+      chunk.populate.end = end;
+      at = end;
+    }
+  }
+  return chunks;
+}
+
 OnloadPipeline onload_pipeline() {
   static const OnloadPipeline pipeline =
       parse_onload_pipeline(std::getenv("UVM_ONLOAD_CHUNK_MIB"), std::getenv("UVM_ONLOAD_STREAMS"));

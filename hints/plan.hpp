@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <vector>
 
 #include "../alloc/span_set.hpp"
@@ -33,5 +34,36 @@ struct OnloadPipeline {
 };
 OnloadPipeline onload_pipeline();
 OnloadPipeline parse_onload_pipeline(const char* chunk_mib, const char* streams);
+
+}  // namespace uvm
+
+namespace uvm {
+
+// A staged piece to copy back: its managed bytes, the uvm allocation holding them, its host copy.
+struct CopyPiece {
+  Span span;
+  uintptr_t allocation = 0;
+  const char* host = nullptr;
+};
+
+// One step of an onload on one worker stream: `populate` is prefetched to the device, each of
+// `copies` (pieces of pieces, inside `populate`) is copied back, and `populate` is prefetched again.
+struct OnloadChunk {
+  Span populate;
+  std::vector<CopyPiece> copies;
+};
+
+// Pieces closer than this inside one allocation share their populate prefetches (gap included).
+// Measured on an H200 with the 4 GiB benchmark model (1,027 tensors, biases of 2·hidden bytes
+// leave gaps): three calls per piece cut the onload from 44 to 25 GB/s.
+constexpr size_t kPopulateGapBytes = size_t{1} << 20;
+
+// Cuts `pieces` (sorted by address, disjoint) into chunks of at most `chunk_bytes` of address space.
+// Consecutive pieces of one allocation join one populate span when the gap between them is at most
+// `max_gap` and `gap_is_resident(gap)` says uvm moved none of its bytes off the device: prefetching
+// such a gap to the device moves nothing and changes no byte, while the copies stay exact (a gap
+// is never written). A piece longer than a chunk is split.
+std::vector<OnloadChunk> plan_onload(const std::vector<CopyPiece>& pieces, size_t chunk_bytes, size_t max_gap,
+                                     const std::function<bool(const Span&)>& gap_is_resident);
 
 }  // namespace uvm

@@ -102,6 +102,27 @@ TEST_CASE("kept tensors next to offloaded ones keep the values written meanwhile
   check_no_staging_left();
 }
 
+TEST_CASE("onload populates no byte that another offload moved off the device", "[offload][safety][cuda13]") {
+  // Pieces close together share their populate prefetches; a neighbour staged by another call sits
+  // between them and must stay off the device (its memory stays free) until it is onloaded itself.
+  FakeMachine machine;
+  Layout layout({512, 512, 512, 512, 512}, 512);  // moved: pieces 0, 2, 4; kept: 1, 3
+  const uvm_range neighbour = layout.kept[0];
+  REQUIRE(uvm_offload_ranges(&neighbour, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
+  REQUIRE(uvm_offload_ranges(layout.moved.data(), layout.moved.size(), UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
+  fake::reset_ops();
+  REQUIRE(uvm_onload_ranges(layout.moved.data(), layout.moved.size(), nullptr) == UVM_OK);
+  const auto begin = reinterpret_cast<uintptr_t>(neighbour.ptr);
+  for (const fake::Op& op : FakeMachine::ops_named("prefetch")) {
+    const auto at = reinterpret_cast<uintptr_t>(op.ptr);
+    CHECK((at + op.size <= begin || at >= begin + neighbour.size));
+  }
+  CHECK(FakeMachine::ops_named("prefetch").size() == 4);  // [0, 512) and [1024, 2560): 2 each
+  REQUIRE(uvm_onload_ranges(&neighbour, 1, nullptr) == UVM_OK);
+  CHECK(layout.first_wrong(layout.moved, 0) == -1);
+  CHECK(layout.first_wrong(layout.kept, 0) == -1);
+}
+
 TEST_CASE("discard drops exactly the ranges named", "[discard][safety][cuda13]") {
   FakeMachine machine;
   Layout layout(std::vector<size_t>(64, 512), 512);

@@ -46,3 +46,61 @@ TEST_CASE("the onload pipeline reads its env, keeping defaults for bad values", 
   CHECK(uvm::parse_onload_pipeline("0", "9").chunk_bytes == defaults.chunk_bytes);
   CHECK(uvm::parse_onload_pipeline("12x", "9").streams == defaults.streams);
 }
+
+namespace {
+uvm::CopyPiece piece(uintptr_t begin, uintptr_t end, uintptr_t allocation = 1) {
+  return uvm::CopyPiece{span(begin, end), allocation, reinterpret_cast<const char*>(begin + 100000)};
+}
+bool resident(const uvm::Span&) { return true; }
+
+// Every byte of every piece is copied exactly once, from its own host byte, and nothing else.
+void check_exact(const std::vector<uvm::OnloadChunk>& chunks, const std::vector<uvm::CopyPiece>& pieces) {
+  size_t copied = 0, wanted = 0;
+  for (const auto& p : pieces) wanted += p.span.size();
+  for (const auto& chunk : chunks) {
+    for (const auto& copy : chunk.copies) {
+      copied += copy.span.size();
+      CHECK(copy.span.begin >= chunk.populate.begin);
+      CHECK(copy.span.end <= chunk.populate.end);
+      CHECK(copy.host == reinterpret_cast<const char*>(copy.span.begin + 100000));
+      bool inside_a_piece = false;
+      for (const auto& p : pieces) inside_a_piece |= copy.span.begin >= p.span.begin && copy.span.end <= p.span.end;
+      CHECK(inside_a_piece);
+    }
+  }
+  CHECK(copied == wanted);
+}
+}  // namespace
+
+TEST_CASE("onload chunks populate neighbours together but copy only the pieces", "[plan]") {
+  const std::vector<uvm::CopyPiece> pieces = {piece(0, 100), piece(612, 1000), piece(1000, 1500), piece(3000, 3100)};
+  SECTION("small resident gaps join one populate span") {
+    const auto chunks = uvm::plan_onload(pieces, 1 << 20, 4096, resident);
+    REQUIRE(chunks.size() == 1);
+    CHECK(chunks[0].populate.begin == 0);
+    CHECK(chunks[0].populate.end == 3100);
+    CHECK(chunks[0].copies.size() == 4);
+    check_exact(chunks, pieces);
+  }
+  SECTION("a gap past the limit, or holding bytes moved off the device, splits") {
+    CHECK(uvm::plan_onload(pieces, 1 << 20, 1000, resident).size() == 2);  // the 1500-byte gap
+    const auto not_resident = [](const uvm::Span& gap) { return gap.begin != 100; };
+    const auto chunks = uvm::plan_onload(pieces, 1 << 20, 4096, not_resident);
+    REQUIRE(chunks.size() == 2);
+    CHECK(chunks[0].populate.end == 100);
+    CHECK(chunks[1].populate.begin == 612);
+    check_exact(chunks, pieces);
+  }
+  SECTION("pieces of two allocations never share a chunk") {
+    const std::vector<uvm::CopyPiece> two = {piece(0, 100, 1), piece(100, 200, 2)};
+    CHECK(uvm::plan_onload(two, 1 << 20, 4096, resident).size() == 2);
+  }
+  SECTION("chunks stay within chunk_bytes of address space; long pieces are cut") {
+    const std::vector<uvm::CopyPiece> long_ones = {piece(0, 250), piece(260, 270), piece(300, 700)};
+    const auto chunks = uvm::plan_onload(long_ones, 100, 4096, resident);
+    for (const auto& chunk : chunks) CHECK(chunk.populate.size() <= 100);
+    CHECK(chunks.size() == 7);  // [0,100) [100,200) [200,270) [300,400) ... [600,700)
+    check_exact(chunks, long_ones);
+  }
+  CHECK(uvm::plan_onload({}, 100, 100, resident).empty());
+}

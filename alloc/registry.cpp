@@ -49,16 +49,6 @@ long long Registry::record_move(uintptr_t base, size_t begin, size_t end, Move m
   return static_cast<long long>(entry.host_spans.total()) - static_cast<long long>(host_before);
 }
 
-bool Registry::moved_off(uintptr_t begin, uintptr_t end) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = entries_.upper_bound(begin);
-  if (it == entries_.begin()) return false;
-  --it;
-  if (begin - it->first >= it->second.size) return false;
-  const size_t from = begin - it->first, to = std::min<size_t>(end - it->first, it->second.size);
-  return it->second.host_spans.overlaps(from, to) || it->second.discarded_spans.overlaps(from, to);
-}
-
 bool Registry::selected(const Entry& entry, int device, bool any_tag, TagId tag) {
   return (device == UVM_ANY_DEVICE || entry.device == device) && (any_tag || entry.tag == tag);
 }

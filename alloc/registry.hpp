@@ -34,9 +34,6 @@ class Registry {
   // Records that [begin, end) of the allocation at `base` moved; returns the signed change in its
   // host-resident bytes.
   long long record_move(uintptr_t base, size_t begin, size_t end, Move move);
-  // Whether uvm moved any byte of [begin, end) off its device (to the host, into staging, or by a
-  // discard), within the allocation holding `begin`; false outside any allocation.
-  bool moved_off(uintptr_t begin, uintptr_t end) const;
   // Allocations of `device` (UVM_ANY_DEVICE: all) with `tag`; any_tag ignores the tag.
   std::vector<AllocationView> select(int device, bool any_tag, TagId tag) const;
   // Residency totals over the same selection.

@@ -23,13 +23,6 @@ size_t SpanSet::add(size_t begin, size_t end) {
   return total_ - before;
 }
 
-bool SpanSet::overlaps(size_t begin, size_t end) const {
-  // The first span ending after `begin` is the only candidate that can start before `end`.
-  auto it = std::upper_bound(spans_.begin(), spans_.end(), begin,
-                             [](size_t at, const std::pair<size_t, size_t>& span) { return at < span.second; });
-  return it != spans_.end() && it->first < end && begin < end;
-}
-
 size_t SpanSet::remove(size_t begin, size_t end) {
   if (begin >= end) return 0;
   size_t removed = 0;

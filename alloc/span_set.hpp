@@ -16,8 +16,6 @@ class SpanSet {
   // Removes [begin, end); returns how many bytes were in the set.
   size_t remove(size_t begin, size_t end);
   size_t total() const { return total_; }
-  // Whether any byte of [begin, end) is in the set.
-  bool overlaps(size_t begin, size_t end) const;
   const std::vector<std::pair<size_t, size_t>>& spans() const { return spans_; }
 
  private:

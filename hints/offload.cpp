@@ -219,7 +219,6 @@ uvm_status start_workers(const Call& call, const std::vector<StagedWork>& work, 
 //   eviction, would then drop the data and read back zeros. Measured with
 //   `transfer_probe … hazard` (docs/performance.md); once the pages hold the data the prefetch
 //   moves nothing and costs no bandwidth.
-// The prefetches may cover gaps between pieces (plan_onload decides which); the copies are exact.
 uvm_status copy_chunk(const Call& call, int device, const OnloadChunk& chunk, cudaStream_t worker) {
   void* populate = reinterpret_cast<void*>(chunk.populate.begin);
   if (cudaError_t e = prefetch_to(populate, chunk.populate.size(), device, worker)) {
@@ -249,12 +248,6 @@ uvm_status join_workers(const Call& call, const cudaStream_t* workers, int used,
   return UVM_OK;
 }
 
-// A gap between staged pieces may be populated along with them only if uvm moved none of its bytes
-// off the device: then the prefetch moves nothing there.
-bool gap_is_resident(const Span& gap) {
-  return staging().overlapping(gap.begin, gap.end).empty() && !registry().moved_off(gap.begin, gap.end);
-}
-
 // Copies staged pieces (sorted by address) back, chunk by chunk over uvm's worker streams, joined
 // to `stream` before and after; the pieces stay staged until every copy is issued and joined, so a
 // failure loses nothing: the next onload copies them again.
@@ -265,8 +258,7 @@ uvm_status copy_back(const Call& call, int device, const std::vector<StagedWork>
   if (uvm_status s = start_workers(call, work, stream, workers, pipeline.streams)) return s;
   std::vector<CopyPiece> pieces;
   for (const StagedWork& w : work) pieces.push_back(CopyPiece{w.piece.span, w.range.allocation, w.piece.host});
-  const std::vector<OnloadChunk> chunks =
-      plan_onload(pieces, pipeline.chunk_bytes, kPopulateGapBytes, gap_is_resident);
+  const std::vector<OnloadChunk> chunks = plan_onload(pieces, pipeline.chunk_bytes);
   uvm_status status = UVM_OK;
   for (size_t c = 0; c < chunks.size() && status == UVM_OK; ++c) {
     status = copy_chunk(call, device, chunks[c], workers[c % pipeline.streams]);

@@ -57,8 +57,7 @@ OnloadPipeline parse_onload_pipeline(const char* chunk_mib, const char* streams)
       static_cast<int>(parse_in_range(streams, 1, kMaxOnloadStreams, kDefaultStreams))};
 }
 
-std::vector<OnloadChunk> plan_onload(const std::vector<CopyPiece>& pieces, size_t chunk_bytes, size_t max_gap,
-                                     const std::function<bool(const Span&)>& gap_is_resident) {
+std::vector<OnloadChunk> plan_onload(const std::vector<CopyPiece>& pieces, size_t chunk_bytes) {
   std::vector<OnloadChunk> chunks;
   for (size_t i = 0; i < pieces.size(); ++i) {
     const CopyPiece& piece = pieces[i];
@@ -66,10 +65,7 @@ std::vector<OnloadChunk> plan_onload(const std::vector<CopyPiece>& pieces, size_
     for (uintptr_t at = piece.span.begin; at < piece.span.end;) {
       const bool continues = at == piece.span.begin && before != nullptr && !chunks.empty() &&
                              before->allocation == piece.allocation && piece.allocation != 0 &&
-                             piece.span.begin - before->span.end <= max_gap &&
-                             chunks.back().populate.end == before->span.end &&
-                             (piece.span.begin == before->span.end ||
-                              gap_is_resident(Span{before->span.end, piece.span.begin}));
+                             piece.span.begin == before->span.end && chunks.back().populate.end == before->span.end;
       const bool fits = continues && piece.span.begin - chunks.back().populate.begin < chunk_bytes;
       if (!fits) chunks.push_back(OnloadChunk{Span{at, at}, {}});
       OnloadChunk& chunk = chunks.back();

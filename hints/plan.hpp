@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstddef>
-#include <functional>
 #include <vector>
 
 #include "../alloc/span_set.hpp"
@@ -53,17 +52,10 @@ struct OnloadChunk {
   std::vector<CopyPiece> copies;
 };
 
-// Pieces closer than this inside one allocation share their populate prefetches (gap included).
-// Measured on an H200 with the 4 GiB benchmark model (1,027 tensors, biases of 2·hidden bytes
-// leave gaps): three calls per piece cut the onload from 44 to 25 GB/s.
-constexpr size_t kPopulateGapBytes = size_t{1} << 20;
-
-// Cuts `pieces` (sorted by address, disjoint) into chunks of at most `chunk_bytes` of address space.
-// Consecutive pieces of one allocation join one populate span when the gap between them is at most
-// `max_gap` and `gap_is_resident(gap)` says uvm moved none of its bytes off the device: prefetching
-// such a gap to the device moves nothing and changes no byte, while the copies stay exact (a gap
-// is never written). A piece longer than a chunk is split.
-std::vector<OnloadChunk> plan_onload(const std::vector<CopyPiece>& pieces, size_t chunk_bytes, size_t max_gap,
-                                     const std::function<bool(const Span&)>& gap_is_resident);
+// Cuts `pieces` (sorted by address, disjoint) into chunks of at most `chunk_bytes`; pieces of one
+// allocation that touch share a chunk. A gap between pieces is never populated: prefetching a
+// gap together with the pieces around it lost data on an H200 (zeros from a 64 KiB boundary on,
+// 1 run in 12), where prefetching exactly the copied bytes never did.
+std::vector<OnloadChunk> plan_onload(const std::vector<CopyPiece>& pieces, size_t chunk_bytes);
 
 }  // namespace uvm

@@ -51,7 +51,6 @@ namespace {
 uvm::CopyPiece piece(uintptr_t begin, uintptr_t end, uintptr_t allocation = 1) {
   return uvm::CopyPiece{span(begin, end), allocation, reinterpret_cast<const char*>(begin + 100000)};
 }
-bool resident(const uvm::Span&) { return true; }
 
 // Every byte of every piece is copied exactly once, from its own host byte, and nothing else.
 void check_exact(const std::vector<uvm::OnloadChunk>& chunks, const std::vector<uvm::CopyPiece>& pieces) {
@@ -72,35 +71,22 @@ void check_exact(const std::vector<uvm::OnloadChunk>& chunks, const std::vector<
 }
 }  // namespace
 
-TEST_CASE("onload chunks populate neighbours together but copy only the pieces", "[plan]") {
-  const std::vector<uvm::CopyPiece> pieces = {piece(0, 100), piece(612, 1000), piece(1000, 1500), piece(3000, 3100)};
-  SECTION("small resident gaps join one populate span") {
-    const auto chunks = uvm::plan_onload(pieces, 1 << 20, 4096, resident);
-    REQUIRE(chunks.size() == 1);
-    CHECK(chunks[0].populate.begin == 0);
-    CHECK(chunks[0].populate.end == 3100);
-    CHECK(chunks[0].copies.size() == 4);
-    check_exact(chunks, pieces);
-  }
-  SECTION("a gap past the limit, or holding bytes moved off the device, splits") {
-    CHECK(uvm::plan_onload(pieces, 1 << 20, 1000, resident).size() == 2);  // the 1500-byte gap
-    const auto not_resident = [](const uvm::Span& gap) { return gap.begin != 100; };
-    const auto chunks = uvm::plan_onload(pieces, 1 << 20, 4096, not_resident);
-    REQUIRE(chunks.size() == 2);
-    CHECK(chunks[0].populate.end == 100);
-    CHECK(chunks[1].populate.begin == 612);
-    check_exact(chunks, pieces);
-  }
-  SECTION("pieces of two allocations never share a chunk") {
-    const std::vector<uvm::CopyPiece> two = {piece(0, 100, 1), piece(100, 200, 2)};
-    CHECK(uvm::plan_onload(two, 1 << 20, 4096, resident).size() == 2);
-  }
-  SECTION("chunks stay within chunk_bytes of address space; long pieces are cut") {
-    const std::vector<uvm::CopyPiece> long_ones = {piece(0, 250), piece(260, 270), piece(300, 700)};
-    const auto chunks = uvm::plan_onload(long_ones, 100, 4096, resident);
-    for (const auto& chunk : chunks) CHECK(chunk.populate.size() <= 100);
-    CHECK(chunks.size() == 7);  // [0,100) [100,200) [200,270) [300,400) ... [600,700)
-    check_exact(chunks, long_ones);
-  }
-  CHECK(uvm::plan_onload({}, 100, 100, resident).empty());
+TEST_CASE("onload chunks: touching pieces share one, a gap never is populated", "[plan]") {
+  const std::vector<uvm::CopyPiece> pieces = {piece(0, 100), piece(100, 600), piece(612, 1000), piece(3000, 3100)};
+  const auto chunks = uvm::plan_onload(pieces, 1 << 20);
+  REQUIRE(chunks.size() == 3);
+  CHECK(chunks[0].populate.begin == 0);
+  CHECK(chunks[0].populate.end == 600);
+  CHECK(chunks[0].copies.size() == 2);
+  CHECK(chunks[1].populate.begin == 612);
+  CHECK(chunks[2].populate.end == 3100);
+  check_exact(chunks, pieces);
+  const std::vector<uvm::CopyPiece> two = {piece(0, 100, 1), piece(100, 200, 2)};
+  CHECK(uvm::plan_onload(two, 1 << 20).size() == 2);  // two allocations never share a chunk
+  const std::vector<uvm::CopyPiece> long_ones = {piece(0, 250), piece(250, 270), piece(300, 700)};
+  const auto cut = uvm::plan_onload(long_ones, 100);
+  for (const auto& chunk : cut) CHECK(chunk.populate.size() <= 100);
+  CHECK(cut.size() == 7);  // [0,100) [100,200) [200,270) [300,400) [400,500) [500,600) [600,700)
+  check_exact(cut, long_ones);
+  CHECK(uvm::plan_onload({}, 100).empty());
 }

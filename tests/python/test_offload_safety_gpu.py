@@ -208,3 +208,18 @@ print("stats", stats["allocated_bytes.all.current"] >= (1 << 22) and
 def test_expandable_segments_pools_are_managed_and_plain_tensors_are_not():
     out = python(EXPANDABLE, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, timeout=300).stdout
     assert out.split() == ["managed", "True", "plain", "True", "exact", "True", "True", "True", "stats", "True"], out
+
+
+def test_a_whole_tensor_moves_with_its_block_padding_and_a_view_moves_only_its_bytes(pool):
+    """The merge rule on the Python side: a tensor that is its whole storage owns its caching-allocator
+    block up to the next multiple of 512 bytes (no other tensor can lie there), so that padding moves
+    with it; a view of part of a storage moves exactly its bytes."""
+    with torch.cuda.use_mem_pool(pool):
+        whole = torch.ones(100, dtype=torch.uint8, device="cuda")
+        flat = torch.ones(4096, dtype=torch.uint8, device="cuda")
+    for obj, expected in ((whole, 512), (flat[1:101], 100), (flat, 4096)):
+        before = uvm.stats()["bytes_to_host"]
+        assert uvm.offload(obj, strategy="migrate") == obj.numel()  # the bytes asked for
+        uvm.onload(obj)
+        assert uvm.stats()["bytes_to_host"] - before == expected
+    torch.cuda.synchronize()

@@ -122,78 +122,64 @@ def _compiler_identity(cxx: str) -> str:
 
 
 def run(command: list[str], timeout: float, cwd: Path | None = None, watchdog: "Watchdog | None" = None) -> str:
-    """Runs `command` in its own process group; kills the group if it outlives `timeout`. Output is
-    decoded leniently: a compiler's non-UTF-8 message must not hide behind a UnicodeDecodeError."""
+    """Runs `command` in a process group of its own, or in the watchdog's; kills that group if the
+    command outlives `timeout`. Output is decoded leniently: a compiler's non-UTF-8 message must not
+    hide behind a UnicodeDecodeError."""
     try:
-        child = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
+        child = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, **_process_group(watchdog))
     except OSError as error:
         raise BuildError(f"could not run {command[0]}: {error}") from None
-    if watchdog is not None:
-        watchdog.watch(child.pid)
     try:
         raw, _ = child.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)
+        os.killpg(os.getpgid(child.pid), signal.SIGKILL)  # a build has one deadline: all of it stops
         child.communicate()
         raise BuildTimeout(f"{Path(command[0]).name} did not finish within {timeout:g} s and was "
                            f"killed (raise UVM_COMPILE_TIMEOUT_S if the machine is just slow)") from None
-    finally:
-        if watchdog is not None:
-            watchdog.forget(child.pid)
     output = raw.decode(errors="replace")
     if child.returncode != 0:
         raise BuildError(f"{' '.join(command[:2])} … failed (exit {child.returncode}):\n{output[-4000:]}")
     return output
 
 
+def _process_group(watchdog: "Watchdog | None") -> dict:
+    """Popen arguments that start a command in the watchdog's process group (so that it dies with
+    the builder), else in a new session."""
+    if watchdog is None:
+        return {"start_new_session": True}
+    if sys.version_info >= (3, 11):
+        return {"process_group": watchdog.group}
+    group = watchdog.group
+    return {"preexec_fn": lambda: os.setpgid(0, group)}
+
+
 _WATCHDOG = """
 import os, shutil, signal, sys
-scratch, groups = sys.argv[1], set()
-for line in sys.stdin:
-    if line.startswith("+"):
-        groups.add(int(line[1:]))
-    elif line.startswith("-"):
-        groups.discard(int(line[1:]))
-    elif line.strip() == "done":
-        sys.exit(0)
-for group in groups:  # the builder died: its compilers and its scratch folder go with it
-    try:
-        os.killpg(group, signal.SIGKILL)
-    except OSError:
-        pass
-shutil.rmtree(scratch, ignore_errors=True)
+if sys.stdin.read() != "done":  # end of input without "done": the builder died mid-build
+    shutil.rmtree(sys.argv[1], ignore_errors=True)
+    os.killpg(os.getpgid(0), signal.SIGKILL)  # the compilers share this process's group
 """
 
 
 class Watchdog:
-    """A small process that outlives a builder killed mid-build and then kills the compiler process
-    groups still running and removes the scratch folder: the compilers run in sessions of their own
-    (so that a timeout can kill each whole group), so nothing else would stop them."""
+    """A small process that leads the process group the compilers of one build run in. If the
+    builder dies mid-build (its end of the pipe closes without "done"), it removes the scratch folder
+    and kills the whole group: compilers started before the builder died cannot be left running,
+    since each joins the group as it is created."""
 
     def __init__(self, scratch: Path):
-        self._lock = threading.Lock()
+        new_group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": lambda: os.setpgid(0, 0)}
         self._process = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(scratch)], stdin=subprocess.PIPE,
-                                         start_new_session=True, text=True)
-
-    def _say(self, line: str) -> None:
-        with self._lock:
-            try:
-                self._process.stdin.write(line + "\n")
-                self._process.stdin.flush()
-            except (BrokenPipeError, ValueError):
-                pass
-
-    def watch(self, pid: int) -> None:
-        self._say(f"+{pid}")
-
-    def forget(self, pid: int) -> None:
-        self._say(f"-{pid}")
+                                         text=True, **new_group)
+        self.group = self._process.pid
 
     def close(self) -> None:
-        self._say("done")
-        with self._lock:
+        try:
+            self._process.stdin.write("done")
             self._process.stdin.close()
+        except (BrokenPipeError, ValueError):
+            pass  # killed with its group on a timeout
         self._process.wait()
 
 

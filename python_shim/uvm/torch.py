@@ -360,7 +360,9 @@ def offload(obj, *, stream=None, strategy: str = "auto", include_buffers: bool =
     measured best: "staged" on CUDA 13, else "migrate"), "migrate" (cudaMemPrefetchAsync to the CPU;
     no extra host memory) or "staged" (copy into pinned memory uvm keeps, then discard). Asynchronous
     on `stream` (default: each device's current stream): synchronize before counting on the freed
-    memory. Returns the bytes asked for, shared tensors counted once."""
+    memory. Only the bytes of what is passed move (with a whole-storage tensor's block padding,
+    where no other tensor can lie); neighbours are never touched. Returns the bytes asked for,
+    shared tensors counted once."""
     if strategy not in _lib.STRATEGIES:
         raise ValueError(f"strategy must be one of {sorted(_lib.STRATEGIES)}, not {strategy!r}")
     return _move("uvm_offload_ranges", obj, stream, include_buffers, _lib.STRATEGIES[strategy])

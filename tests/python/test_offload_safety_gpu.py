@@ -223,3 +223,102 @@ def test_a_whole_tensor_moves_with_its_block_padding_and_a_view_moves_only_its_b
         uvm.onload(obj)
         assert uvm.stats()["bytes_to_host"] - before == expected
     torch.cuda.synchronize()
+
+
+def test_release_staging_tag_changes_and_discards_racing_moves_keep_data_and_books(pool):
+    """On the GPU, beside two threads cycling the same tensors: one thread releases staging memory in a
+    loop, one allocates under changing tags, one discards a disjoint set and writes it again."""
+    moved, kept = interleaved(pool, [512, 4096, 100_000], copies=8)
+    with torch.cuda.use_mem_pool(pool):
+        scratch = [torch.empty(4096, dtype=torch.uint8, device="cuda") for _ in range(8)]
+    staged_before = uvm.staging()["staged_bytes"]
+    stop, errors = threading.Event(), []
+
+    def guarded(body):
+        def run():
+            try:
+                body()
+            except Exception as error:  # noqa: BLE001 - reported below
+                errors.append(error)
+        return threading.Thread(target=run)
+
+    def cycles():
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            for _ in range(15):
+                uvm.offload(moved, strategy="staged", stream=stream)
+                uvm.onload(moved, stream=stream)
+        stream.synchronize()
+
+    def releaser():
+        while not stop.is_set():
+            uvm.release_staging()
+
+    def tagger():
+        tag_pool = uvm.create_unified_mempool()
+        for i in range(40):
+            with uvm.tag(f"race-{i % 2}"), torch.cuda.use_mem_pool(tag_pool):
+                t = torch.ones(1 << 16, dtype=torch.uint8, device="cuda")
+            uvm.offload(f"race-{i % 2}")
+            uvm.onload(f"race-{i % 2}")
+            assert t.sum().item() == t.numel()
+            del t
+
+    def discarder():
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            for seed in range(20):
+                uvm.discard(scratch, stream=stream)
+                fill(scratch, seed)
+        stream.synchronize()
+
+    workers = [guarded(cycles), guarded(cycles), guarded(tagger), guarded(discarder)]
+    side = guarded(releaser)
+    side.start()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    stop.set()
+    side.join()
+    assert errors == []
+    uvm.onload(moved)
+    assert wrong(moved, 0) == [] and wrong(kept, 0) == [] and wrong(scratch, 19) == []
+    assert uvm.staging()["staged_bytes"] == staged_before
+
+
+def test_set_limit_while_threads_allocate_keeps_the_books_exact():
+    """Small limits only (64 MiB and 1 MiB requests): a bug in the limit cannot reach the driver with a
+    large managed request."""
+    lib = uvm.library()
+    before = uvm.stats(0)["live_bytes"]
+    stop, failures = threading.Event(), []
+
+    def limiter():
+        while not stop.is_set():
+            lib.uvm_set_limit(0, before + (64 << 20))
+            lib.uvm_set_limit(0, before + (4 << 20))
+
+    def allocator():
+        for _ in range(200):
+            p = lib.uvm_malloc(1 << 20, 0, None)
+            if not p:
+                if lib.uvm_last_status() != uvm._lib.UVM_ERROR_LIMIT_EXCEEDED:
+                    failures.append(lib.uvm_last_error())
+                continue
+            if uvm.stats(0)["live_bytes"] > before + (64 << 20):
+                failures.append("past the largest limit")
+            lib.uvm_free(p, 1 << 20, 0, None)
+
+    threads = [threading.Thread(target=allocator) for _ in range(3)]
+    side = threading.Thread(target=limiter)
+    side.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    side.join()
+    lib.uvm_set_limit(0, 0)
+    assert failures == []
+    assert uvm.stats(0)["live_bytes"] == before

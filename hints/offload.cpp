@@ -106,7 +106,10 @@ uvm_status offload_staged(const Call& call, const std::vector<HintRange>& pieces
   std::vector<char*> hosts;
   std::vector<EventRef> reused;
   if (uvm_status s = staging().reserve(call, spans, &hosts, &reused)) return s;
+  // On a failure, copies already issued may still be writing into the reserved host bytes: wait for
+  // them before the bytes can be handed out again. The data stays where it was, on the device.
   auto give_up = [&](uvm_status status) {
+    clear_cuda_error(cudaStreamSynchronize(stream));
     staging().cancel(spans, hosts);
     return status;
   };

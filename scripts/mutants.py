@@ -1,0 +1,39 @@
+"""Mutation check: each mutant below survived the CPU suite once; the tests that kill it now must
+fail when it is applied. Applies one at a time to the sources, rebuilds the test program in
+BUILD_DIR (default build), runs the named tests, and restores the source. Prints KILLED or
+SURVIVED per mutant; exits 1 if any survived.
+
+    python3 scripts/mutants.py [BUILD_DIR]
+"""
+import os
+import subprocess
+import sys
+
+BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
+# (source, original text, mutated text, test program, Catch2 filter)
+MUTANTS = [
+ ("alloc/limits.cpp", "if (value > (std::numeric_limits<size_t>::max() >> shift)) return false;", "", "alloc_tests", "[limits]"),
+ ("alloc/stats.cpp", "const size_t in_use = a.stats.live_bytes + a.reserved;", "const size_t in_use = a.stats.live_bytes;", "alloc_tests", "[limits]"),
+ ("alloc/registry.cpp", "if (address - it->first >= it->second.size) return false;", "if (address - it->first > it->second.size) return false;", "alloc_tests", "[malloc]"),
+ ("hints/ranges.cpp", "same_allocation ? range.begin <= last.end :", "same_allocation ? range.begin <= last.end + 512 :", "hints_tests", "[safety]"),
+ ("hints/offload.cpp", "    staging().cancel(spans, hosts);\n    return status;", "    return status;", "hints_tests", "[rollback]"),
+ ("alloc/tags.cpp", "if (count > UVM_MAX_TAGS) {", "if (count > UVM_MAX_TAGS + 1) {", "alloc_tests", "[tag_limit]"),
+ ("alloc/tags.cpp", "if (count > UVM_MAX_TAGS) {", "if (count >= UVM_MAX_TAGS) {", "alloc_tests", "[tag_limit]"),
+]
+os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+env = {**os.environ, "UVM_LIMIT_BYTES": "", "UVM_LIMIT_FRACTION": "", "UVM_DEFAULT_ADVICE": ""}
+survived = 0
+for path, old, new, binary, tag in MUTANTS:
+    src = open(path).read()
+    assert src.count(old) == 1, (path, old)
+    open(path, "w").write(src.replace(old, new))
+    try:
+        b = subprocess.run(["ninja", "-C", BUILD, f"tests/{binary}"], capture_output=True, text=True)
+        assert b.returncode == 0, b.stdout[-2000:]
+        r = subprocess.run([f"{BUILD}/tests/{binary}", tag], capture_output=True, text=True, env=env, timeout=300)
+        survived += r.returncode == 0
+        print(f"{'KILLED' if r.returncode else 'SURVIVED'}: {path}: {old.strip()[:60]!r} -> {new.strip()[:60]!r}")
+    finally:
+        open(path, "w").write(src)
+subprocess.run(["ninja", "-C", BUILD], capture_output=True)
+sys.exit(1 if survived else 0)

@@ -225,6 +225,19 @@ def test_a_whole_tensor_moves_with_its_block_padding_and_a_view_moves_only_its_b
     torch.cuda.synchronize()
 
 
+def run_beside(side, workers) -> None:
+    """Runs the `workers` threads to their end while `side(stop)` loops beside them until `stop` is set."""
+    stop = threading.Event()
+    side_thread = threading.Thread(target=side, args=(stop,))
+    side_thread.start()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    stop.set()
+    side_thread.join()
+
+
 def test_release_staging_tag_changes_and_discards_racing_moves_keep_data_and_books(pool):
     """On the GPU, beside two threads cycling the same tensors: one thread releases staging memory in a
     loop, one allocates under changing tags, one discards a disjoint set and writes it again."""
@@ -232,15 +245,15 @@ def test_release_staging_tag_changes_and_discards_racing_moves_keep_data_and_boo
     with torch.cuda.use_mem_pool(pool):
         scratch = [torch.empty(4096, dtype=torch.uint8, device="cuda") for _ in range(8)]
     staged_before = uvm.staging()["staged_bytes"]
-    stop, errors = threading.Event(), []
+    errors = []
 
     def guarded(body):
-        def run():
+        def run(*args):
             try:
-                body()
+                body(*args)
             except Exception as error:  # noqa: BLE001 - reported below
                 errors.append(error)
-        return threading.Thread(target=run)
+        return run
 
     def cycles():
         stream = torch.cuda.Stream()
@@ -250,7 +263,7 @@ def test_release_staging_tag_changes_and_discards_racing_moves_keep_data_and_boo
                 uvm.onload(moved, stream=stream)
         stream.synchronize()
 
-    def releaser():
+    def releaser(stop):
         while not stop.is_set():
             uvm.release_staging()
 
@@ -272,15 +285,8 @@ def test_release_staging_tag_changes_and_discards_racing_moves_keep_data_and_boo
                 fill(scratch, seed)
         stream.synchronize()
 
-    workers = [guarded(cycles), guarded(cycles), guarded(tagger), guarded(discarder)]
-    side = guarded(releaser)
-    side.start()
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    stop.set()
-    side.join()
+    run_beside(guarded(releaser), [threading.Thread(target=guarded(body))
+                                   for body in (cycles, cycles, tagger, discarder)])
     assert errors == []
     uvm.onload(moved)
     assert wrong(moved, 0) == [] and wrong(kept, 0) == [] and wrong(scratch, 19) == []
@@ -292,9 +298,9 @@ def test_set_limit_while_threads_allocate_keeps_the_books_exact():
     large managed request."""
     lib = uvm.library()
     before = uvm.stats(0)["live_bytes"]
-    stop, failures = threading.Event(), []
+    failures = []
 
-    def limiter():
+    def limiter(stop):
         while not stop.is_set():
             lib.uvm_set_limit(0, before + (64 << 20))
             lib.uvm_set_limit(0, before + (4 << 20))
@@ -310,15 +316,7 @@ def test_set_limit_while_threads_allocate_keeps_the_books_exact():
                 failures.append("past the largest limit")
             lib.uvm_free(p, 1 << 20, 0, None)
 
-    threads = [threading.Thread(target=allocator) for _ in range(3)]
-    side = threading.Thread(target=limiter)
-    side.start()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    stop.set()
-    side.join()
+    run_beside(limiter, [threading.Thread(target=allocator) for _ in range(3)])
     lib.uvm_set_limit(0, 0)
     assert failures == []
     assert uvm.stats(0)["live_bytes"] == before

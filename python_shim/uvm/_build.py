@@ -133,11 +133,16 @@ def run(command: list[str], timeout: float, cwd: Path | None = None, watchdog: "
     try:
         raw, _ = child.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        if watchdog is not None:
+            watchdog.timed_out.set()  # before the kill: the compilers it takes down say "timeout" too
         os.killpg(os.getpgid(child.pid), signal.SIGKILL)  # a build has one deadline: all of it stops
         child.communicate()
         raise BuildTimeout(f"{Path(command[0]).name} did not finish within {timeout:g} s and was "
                            f"killed (raise UVM_COMPILE_TIMEOUT_S if the machine is just slow)") from None
     output = raw.decode(errors="replace")
+    if child.returncode != 0 and watchdog is not None and watchdog.timed_out.is_set():
+        raise BuildTimeout(f"{Path(command[0]).name} was killed: the build ran past its timeout "
+                           f"(raise UVM_COMPILE_TIMEOUT_S if the machine is just slow)")
     if child.returncode != 0:
         raise BuildError(f"{' '.join(command[:2])} … failed (exit {child.returncode}):\n{output[-4000:]}")
     return output
@@ -173,6 +178,7 @@ class Watchdog:
         self._process = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(scratch)], stdin=subprocess.PIPE,
                                          text=True, **new_group)
         self.group = self._process.pid
+        self.timed_out = threading.Event()
 
     def close(self) -> None:
         try:

@@ -1,6 +1,6 @@
 #include "devices.hpp"
 
-#include <cuda.h>  // driver types only; the driver functions come from cudaGetDriverEntryPoint*
+#include "driver_api.hpp"
 
 #include <atomic>
 #include <mutex>
@@ -61,28 +61,13 @@ struct DriverApi {
   bool available = false;
 };
 
-template <typename Fn>
-bool resolve(const char* symbol, Fn* fn) {
-  void* address = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-#if CUDART_VERSION >= 12050
-  cudaError_t e = cudaGetDriverEntryPointByVersion(symbol, &address, 12000, cudaEnableDefault, &found);
-#else
-  cudaError_t e = cudaGetDriverEntryPoint(symbol, &address, cudaEnableDefault, &found);
-#endif
-  clear_cuda_error(e);
-  if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || address == nullptr) return false;
-  *fn = reinterpret_cast<Fn>(address);
-  return true;
-}
-
 const DriverApi& driver_api() {
   static DriverApi* api = [] {
     auto* d = new DriverApi();
-    d->available = resolve("cuCtxGetCurrent", &d->ctx_get_current) &&
-                   resolve("cuCtxSetCurrent", &d->ctx_set_current) &&
-                   resolve("cuDeviceGet", &d->device_get) &&
-                   resolve("cuDevicePrimaryCtxRetain", &d->primary_ctx_retain);
+    d->available = resolve_driver("cuCtxGetCurrent", &d->ctx_get_current) &&
+                   resolve_driver("cuCtxSetCurrent", &d->ctx_set_current) &&
+                   resolve_driver("cuDeviceGet", &d->device_get) &&
+                   resolve_driver("cuDevicePrimaryCtxRetain", &d->primary_ctx_retain);
     return d;
   }();
   return *api;

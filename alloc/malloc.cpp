@@ -1,4 +1,5 @@
-// uvm_malloc and uvm_free: managed allocation with limit, default advice, registry and stats.
+// uvm_malloc, uvm_malloc_releasable and uvm_free: managed or releasable allocation with limit,
+// default advice (managed only), registry and stats.
 #include <cuda_runtime_api.h>
 
 #include "cuda_compat.hpp"
@@ -8,6 +9,7 @@
 #include "registry.hpp"
 #include "staging.hpp"
 #include "stats.hpp"
+#include "vmm.hpp"
 
 namespace uvm {
 namespace {
@@ -28,11 +30,24 @@ uvm_status apply_advice(const Call& call, void* ptr, size_t size, int device, uv
   return UVM_OK;
 }
 
-uvm_status allocate(const Call& call, size_t size, int device, void** out) {
+// Managed memory with the default advice applied.
+uvm_status allocate_managed(const Call& call, size_t size, int device, const DeviceCaps& caps,
+                            uvm_advice_mode mode, void** out) {
+  void* ptr = nullptr;
+  if (cudaError_t e = cudaMallocManaged(&ptr, size, cudaMemAttachGlobal)) return fail_cuda(call, e, "cudaMallocManaged");
+  if (uvm_status s = apply_advice(call, ptr, size, device, mode, caps)) {
+    clear_cuda_error(cudaFree(ptr));
+    return s;
+  }
+  *out = ptr;
+  return UVM_OK;
+}
+
+uvm_status allocate(const Call& call, size_t size, int device, Backing backing, void** out) {
   if (uvm_status s = check_device(call, device, false)) return s;
   DeviceCaps caps;
   if (uvm_status s = device_caps(call, device, &caps)) return s;
-  if (!caps.managed_memory) {
+  if (backing == Backing::managed && !caps.managed_memory) {
     return fail(call, UVM_ERROR_UNSUPPORTED, "device %d does not support managed memory", device);
   }
   uvm_advice_mode mode;
@@ -50,15 +65,8 @@ uvm_status allocate(const Call& call, size_t size, int device, void** out) {
   uvm_status status = scope.enter(call, device, ContextScope::When::always);
   void* ptr = nullptr;
   if (status == UVM_OK) {
-    const cudaError_t e = cudaMallocManaged(&ptr, size, cudaMemAttachGlobal);
-    if (e != cudaSuccess) {
-      status = fail_cuda(call, e, "cudaMallocManaged");
-      ptr = nullptr;
-    }
-  }
-  if (status == UVM_OK) {
-    status = apply_advice(call, ptr, size, device, mode, caps);
-    if (status != UVM_OK) clear_cuda_error(cudaFree(ptr));
+    status = backing == Backing::managed ? allocate_managed(call, size, device, caps, mode, &ptr)
+                                         : vmm_allocate(call, size, device, &ptr);
   }
   if (status != UVM_OK) {
     cancel_reservation(device, size);
@@ -67,7 +75,7 @@ uvm_status allocate(const Call& call, size_t size, int device, void** out) {
   // Nothing uvm knew about these addresses can describe the new memory.
   const auto begin = reinterpret_cast<uintptr_t>(ptr);
   staging().forget(begin, begin + size);
-  registry().insert(ptr, size, device, thread_tag());
+  registry().insert(ptr, size, device, thread_tag(), backing);
   commit_reservation(device, size);
   *out = ptr;
   return UVM_OK;
@@ -105,9 +113,17 @@ uvm_status release(const Call& call, void* ptr, size_t size, int device) {
   {
     ContextScope scope;
     status = scope.enter(call, found.device, ContextScope::When::always);
-    const cudaError_t e = cudaFree(ptr);
-    if (e != cudaSuccess && !exiting_error(e)) status = fail_cuda(call, e, "cudaFree");
-    else clear_cuda_error(e);
+    if (found.backing == Backing::releasable) {
+      // Like cudaFree, wait for the work that may still use the memory before unmapping it.
+      const cudaError_t e = cudaDeviceSynchronize();
+      if (e != cudaSuccess && !exiting_error(e)) status = fail_cuda(call, e, "cudaDeviceSynchronize before unmapping");
+      else clear_cuda_error(e);
+      if (status == UVM_OK && !exiting_error(e)) status = vmm_free(call, found.base);
+    } else {
+      const cudaError_t e = cudaFree(ptr);
+      if (e != cudaSuccess && !exiting_error(e)) status = fail_cuda(call, e, "cudaFree");
+      else clear_cuda_error(e);
+    }
   }
   if (status == UVM_OK && (size != found.size || device != found.device)) {
     return fail(call, UVM_ERROR_INVALID_ARGUMENT,
@@ -126,7 +142,17 @@ void* uvm_malloc(size_t size, int device, cudaStream_t /*stream: allocation is n
   if (size == 0) return nullptr;
   const uvm::Call call = uvm::Call::of("uvm_malloc").with_size(size).with_device(device);
   void* ptr = nullptr;
-  const uvm_status status = uvm::guarded(call, [&] { return uvm::allocate(call, size, device, &ptr); });
+  const uvm_status status =
+      uvm::guarded(call, [&] { return uvm::allocate(call, size, device, uvm::Backing::managed, &ptr); });
+  return status == UVM_OK ? ptr : nullptr;
+}
+
+void* uvm_malloc_releasable(size_t size, int device, cudaStream_t /*stream: mapping is not stream-ordered*/) {
+  if (size == 0) return nullptr;
+  const uvm::Call call = uvm::Call::of("uvm_malloc_releasable").with_size(size).with_device(device);
+  void* ptr = nullptr;
+  const uvm_status status =
+      uvm::guarded(call, [&] { return uvm::allocate(call, size, device, uvm::Backing::releasable, &ptr); });
   return status == UVM_OK ? ptr : nullptr;
 }
 

@@ -7,16 +7,16 @@
 
 namespace uvm {
 
-void Registry::insert(const void* base, size_t size, int device, TagId tag) {
+void Registry::insert(const void* base, size_t size, int device, TagId tag, Backing backing) {
   std::lock_guard<std::mutex> lock(mutex_);
-  entries_[reinterpret_cast<uintptr_t>(base)] = Entry{size, device, tag, {}, {}, {}};
+  entries_[reinterpret_cast<uintptr_t>(base)] = Entry{size, device, tag, backing, false, {}, {}, {}};
 }
 
 bool Registry::erase(const void* base, AllocationView* removed, size_t* host_bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = entries_.find(reinterpret_cast<uintptr_t>(base));
   if (it == entries_.end()) return false;
-  *removed = AllocationView{it->first, it->second.size, it->second.device};
+  *removed = AllocationView{it->first, it->second.size, it->second.device, it->second.backing};
   *host_bytes = it->second.host_spans.total();
   entries_.erase(it);
   return true;
@@ -29,7 +29,7 @@ bool Registry::find(const void* ptr, AllocationView* found) const {
   if (it == entries_.begin()) return false;
   --it;
   if (address - it->first >= it->second.size) return false;
-  *found = AllocationView{it->first, it->second.size, it->second.device};
+  *found = AllocationView{it->first, it->second.size, it->second.device, it->second.backing};
   return true;
 }
 
@@ -49,6 +49,20 @@ long long Registry::record_move(uintptr_t base, size_t begin, size_t end, Move m
   return static_cast<long long>(entry.host_spans.total()) - static_cast<long long>(host_before);
 }
 
+bool Registry::all_off_device(uintptr_t base) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = entries_.find(base);
+  if (it == entries_.end()) return false;
+  const Entry& entry = it->second;
+  return entry.host_spans.total() + entry.discarded_spans.total() == entry.size;
+}
+
+void Registry::set_released(uintptr_t base, bool released) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = entries_.find(base);
+  if (it != entries_.end()) it->second.released = released;
+}
+
 bool Registry::selected(const Entry& entry, int device, bool any_tag, TagId tag) {
   return (device == UVM_ANY_DEVICE || entry.device == device) && (any_tag || entry.tag == tag);
 }
@@ -57,7 +71,7 @@ std::vector<AllocationView> Registry::select(int device, bool any_tag, TagId tag
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<AllocationView> found;
   for (const auto& [base, entry] : entries_) {
-    if (selected(entry, device, any_tag, tag)) found.push_back(AllocationView{base, entry.size, entry.device});
+    if (selected(entry, device, any_tag, tag)) found.push_back(AllocationView{base, entry.size, entry.device, entry.backing});
   }
   return found;
 }
@@ -72,6 +86,7 @@ uvm_residency Registry::residency(int device, bool any_tag, TagId tag) const {
     total.host_bytes += entry.host_spans.total();
     total.staged_bytes += entry.staged_spans.total();
     total.discarded_bytes += entry.discarded_spans.total();
+    if (entry.released) total.released_bytes += entry.size;
   }
   total.device_bytes = total.live_bytes - total.host_bytes - total.discarded_bytes;
   return total;
@@ -101,7 +116,7 @@ int uvm_is_managed(const void* ptr) {
   if (ptr == nullptr) return 0;
   try {
     uvm::AllocationView found;
-    if (uvm::registry().find(ptr, &found)) return 1;
+    if (uvm::registry().find(ptr, &found)) return found.backing == uvm::Backing::managed ? 1 : 0;
     return uvm::cuda_reports_managed(ptr) ? 1 : 0;
   } catch (...) {
     return 0;

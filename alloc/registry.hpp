@@ -14,10 +14,16 @@
 
 namespace uvm {
 
+// managed: cudaMallocManaged (uvm_malloc). releasable: device memory mapped through CUDA virtual
+// memory management (uvm_malloc_releasable), whose physical memory uvm returns to the driver once
+// all of its bytes are off the device (alloc/vmm.hpp).
+enum class Backing : uint8_t { managed, releasable };
+
 struct AllocationView {
   uintptr_t base = 0;
   size_t size = 0;
   int device = 0;
+  Backing backing = Backing::managed;
 };
 
 // to_host: migrated to the CPU. staged: copied to pinned staging and discarded on the device (it
@@ -26,7 +32,7 @@ enum class Move { to_device, to_host, staged, discarded };
 
 class Registry {
  public:
-  void insert(const void* base, size_t size, int device, TagId tag);
+  void insert(const void* base, size_t size, int device, TagId tag, Backing backing);
   // Removes the allocation that starts at `base`; fills `removed` and the bytes it had on the host.
   bool erase(const void* base, AllocationView* removed, size_t* host_bytes);
   // The allocation holding byte `ptr`, if any.
@@ -34,6 +40,11 @@ class Registry {
   // Records that [begin, end) of the allocation at `base` moved; returns the signed change in its
   // host-resident bytes.
   long long record_move(uintptr_t base, size_t begin, size_t end, Move move);
+  // True if uvm moved every byte of the allocation at `base` off its device (offloaded, staged or
+  // discarded): its device copy holds nothing anyone asked to keep.
+  bool all_off_device(uintptr_t base) const;
+  // Marks whether the physical memory of the releasable allocation at `base` was given back.
+  void set_released(uintptr_t base, bool released);
   // Allocations of `device` (UVM_ANY_DEVICE: all) with `tag`; any_tag ignores the tag.
   std::vector<AllocationView> select(int device, bool any_tag, TagId tag) const;
   // Residency totals over the same selection.
@@ -45,6 +56,8 @@ class Registry {
     size_t size;
     int device;
     TagId tag;
+    Backing backing;
+    bool released;            // releasable only: its physical memory is given back
     SpanSet host_spans;       // includes the staged ones
     SpanSet staged_spans;
     SpanSet discarded_spans;

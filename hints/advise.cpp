@@ -10,6 +10,7 @@ uvm_status advise_range(const Call& call, const void* ptr, size_t size, cudaMemo
   if (size == 0) return UVM_OK;
   HintRange range;
   if (uvm_status s = resolve_range(call, ptr, size, &range)) return s;
+  if (uvm_status s = check_all_managed(call, {range}, "advise")) return s;
   if (uvm_status s = check_device(call, location, allow_cpu)) return s;
   if (uvm_status s = check_hint_support(call, deciding_device(location, range))) return s;
   ContextScope scope;

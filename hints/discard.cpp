@@ -1,5 +1,5 @@
 // uvm_discard and uvm_discard_ranges: cudaMemDiscardBatchAsync (CUDA 13), with the legacy NULL
-// stream made usable. Staged host copies of discarded bytes are dropped: they are no longer wanted.
+// stream made usable; releasable memory is released instead once none of it is left. Staged host copies of discarded bytes are dropped: they are no longer wanted.
 #include <set>
 #include <vector>
 
@@ -8,6 +8,7 @@
 #include "discard_batch.hpp"
 #include "order.hpp"
 #include "ranges.hpp"
+#include "release.hpp"
 #include "streams.hpp"
 
 namespace uvm {
@@ -15,6 +16,7 @@ namespace uvm {
 uvm_status check_discard_support(const Call& call, const std::vector<HintRange>& ranges) {
   std::set<int> checked;
   for (const HintRange& range : ranges) {
+    if (range.releasable) continue;  // uvm releases its physical memory: no driver discard needed
     if (!checked.insert(range.owner_device).second) continue;
     DeviceCaps caps;
     if (uvm_status s = check_hint_support(call, range.owner_device, &caps)) return s;
@@ -70,7 +72,13 @@ uvm_status discard(const Call& call, Resolve&& resolve, cudaStream_t stream) {
     if (uvm_status s = ordering_stream(call, &stream)) return s;
   }
   if (uvm_status s = wait_for_moves(call, ranges, stream)) return s;
-  if (uvm_status s = discard_batch(call, ranges, stream)) return s;
+  std::vector<HintRange> managed;
+  for (const HintRange& range : ranges) {
+    if (!range.releasable) managed.push_back(range);
+  }
+  if (!managed.empty()) {
+    if (uvm_status s = discard_batch(call, managed, stream)) return s;
+  }
   for (const HintRange& range : ranges) {
     staging().release(range.begin, range.end, nullptr);
     if (range.allocation == 0) continue;
@@ -78,7 +86,8 @@ uvm_status discard(const Call& call, Resolve&& resolve, cudaStream_t stream) {
         range.allocation, range.begin - range.allocation, range.end - range.allocation, Move::discarded);
     record_discard(range.owner_device, range.end - range.begin, host_delta);
   }
-  return record_moves(call, ranges, stream);
+  if (uvm_status s = record_moves(call, ranges, stream)) return s;
+  return release_emptied(call, ranges, stream);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // uvm_offload_ranges and uvm_onload_ranges: moving memory off a GPU and back, by migration
 // (prefetch) or by staging (copy out to pinned memory + discard; populate + copy back).
 #include <algorithm>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "discard_batch.hpp"
 #include "order.hpp"
 #include "plan.hpp"
+#include "release.hpp"
 #include "ranges.hpp"
 #include "streams.hpp"
 
@@ -76,14 +78,40 @@ std::vector<Span> spans_of(const std::vector<HintRange>& ranges) {
 
 // What an offload still has to move (bytes already staged are off the device), split into what is
 // staged and what is migrated: only uvm's own allocations are staged, since a host copy must die
-// with its memory and uvm cannot see a cudaFree of memory it did not allocate.
+// with its memory and uvm cannot see a cudaFree of memory it did not allocate. Releasable memory is
+// not managed, so it is always staged.
 void pieces_to_move(const std::vector<HintRange>& merged, bool staging_wanted, std::vector<HintRange>* staged,
                     std::vector<HintRange>* migrated) {
   for (const HintRange& range : merged) {
+    const bool stage = range.releasable || (staging_wanted && range.allocation != 0);
     for (const Span& span : subtract(Span{range.begin, range.end}, spans_of(staging().overlapping(range.begin, range.end)))) {
-      (staging_wanted && range.allocation != 0 ? staged : migrated)->push_back(clipped(range, span));
+      (stage ? staged : migrated)->push_back(clipped(range, span));
     }
   }
+}
+
+bool any_managed(const std::vector<HintRange>& ranges) {
+  return std::any_of(ranges.begin(), ranges.end(), [](const HintRange& r) { return !r.releasable; });
+}
+
+std::vector<HintRange> managed_only(const std::vector<HintRange>& ranges) {
+  std::vector<HintRange> managed;
+  for (const HintRange& range : ranges) {
+    if (!range.releasable) managed.push_back(range);
+  }
+  return managed;
+}
+
+// MIGRATE moves managed pages; releasable memory is device memory, which only staging can move.
+uvm_status check_no_releasable(const Call& call, const std::vector<HintRange>& merged) {
+  for (const HintRange& range : merged) {
+    if (!range.releasable) continue;
+    return fail(call, UVM_ERROR_INVALID_ARGUMENT,
+                "the range at %p is in a releasable allocation (device memory, not managed), which "
+                "cannot migrate; offload it with UVM_STRATEGY_AUTO or UVM_STRATEGY_STAGED",
+                reinterpret_cast<void*>(range.begin));
+  }
+  return UVM_OK;
 }
 
 // Explicit STAGED only for uvm's own allocations: a host copy must die with its memory.
@@ -124,7 +152,10 @@ uvm_status offload_staged(const Call& call, const std::vector<HintRange>& pieces
       return give_up(fail_cuda(call, e, "cudaMemcpyAsync(%p → pinned staging, %zu bytes)", ptr, spans[i].size()));
     }
   }
-  if (uvm_status s = discard_batch(call, pieces, stream)) return give_up(s);
+  const std::vector<HintRange> managed = managed_only(pieces);
+  if (!managed.empty()) {
+    if (uvm_status s = discard_batch(call, managed, stream)) return give_up(s);
+  }
   // Issued in stream order, the copies come before the discard: from here on the host copy is all
   // there is of these bytes, so it is kept even if waiting for it fails.
   EventRef written;
@@ -144,8 +175,11 @@ uvm_status offload(const Call& call, const uvm_range* ranges, size_t count, int 
   if (sizing.merged.empty()) return UVM_OK;
   ContextScope scope;
   if (uvm_status s = enter_device(call, sizing.device, stream, &scope)) return s;
+  if (requested == UVM_STRATEGY_MIGRATE) {
+    if (uvm_status s = check_no_releasable(call, sizing.merged)) return s;
+  }
   const uvm_strategy strategy = choose_strategy(static_cast<uvm_strategy>(requested), sizing.caps.discard_supported);
-  if (strategy == UVM_STRATEGY_STAGED && !sizing.caps.discard_supported) {
+  if (strategy == UVM_STRATEGY_STAGED && !sizing.caps.discard_supported && any_managed(sizing.merged)) {
     return fail(call, UVM_ERROR_UNSUPPORTED,
                 "staged offload discards the device pages, which needs a CUDA 13 runtime and driver; "
                 "use UVM_STRATEGY_AUTO or UVM_STRATEGY_MIGRATE");
@@ -154,12 +188,14 @@ uvm_status offload(const Call& call, const uvm_range* ranges, size_t count, int 
     if (uvm_status s = check_all_uvm_allocations(call, sizing.merged)) return s;
   }
   const bool staging_wanted = strategy == UVM_STRATEGY_STAGED;
-  if (staging_wanted) {
+  {
     // Any pinned memory this needs is allocated before the moves lock, so that the allocation
     // (seconds for GiBs) holds up no uvm_free on another thread.
     std::vector<HintRange> staged, migrated;
-    pieces_to_move(sizing.merged, true, &staged, &migrated);
-    if (uvm_status s = staging().ensure_capacity(call, spans_of(staged))) return s;
+    pieces_to_move(sizing.merged, staging_wanted, &staged, &migrated);
+    if (!staged.empty()) {
+      if (uvm_status s = staging().ensure_capacity(call, spans_of(staged))) return s;
+    }
   }
   const auto moves = lock_moves();
   // Once more under the lock: an allocation may have been freed, or its bytes moved, meanwhile.
@@ -173,6 +209,9 @@ uvm_status offload(const Call& call, const uvm_range* ranges, size_t count, int 
   if (requested == UVM_STRATEGY_STAGED) {
     if (uvm_status s = check_all_uvm_allocations(call, target.merged)) return s;
   }
+  if (requested == UVM_STRATEGY_MIGRATE) {
+    if (uvm_status s = check_no_releasable(call, target.merged)) return s;
+  }
   std::vector<HintRange> staged, migrated;
   pieces_to_move(target.merged, staging_wanted, &staged, &migrated);
   std::vector<HintRange> all = staged;
@@ -181,9 +220,11 @@ uvm_status offload(const Call& call, const uvm_range* ranges, size_t count, int 
   if (!staged.empty()) {
     if (uvm_status s = offload_staged(call, staged, stream)) return s;
   }
-  if (migrated.empty()) return UVM_OK;
-  if (uvm_status s = prefetch_each(call, migrated, UVM_LOCATION_CPU, stream)) return s;
-  return record_moves(call, migrated, stream);
+  if (!migrated.empty()) {
+    if (uvm_status s = prefetch_each(call, migrated, UVM_LOCATION_CPU, stream)) return s;
+    if (uvm_status s = record_moves(call, migrated, stream)) return s;
+  }
+  return release_emptied(call, target.merged, stream);
 }
 
 // After a failure half-way through an onload: waits for what the workers were given, so that no
@@ -222,9 +263,12 @@ uvm_status start_workers(const Call& call, const std::vector<StagedWork>& work, 
 //   eviction, would then drop the data and read back zeros. Measured with
 //   `transfer_probe … hazard` (docs/performance.md); once the pages hold the data the prefetch
 //   moves nothing and costs no bandwidth.
-uvm_status copy_chunk(const Call& call, int device, const OnloadChunk& chunk, cudaStream_t worker) {
+//
+// A chunk of releasable memory (device memory, mapped before the onload) is only copied.
+uvm_status copy_chunk(const Call& call, int device, const OnloadChunk& chunk, bool managed, cudaStream_t worker) {
   void* populate = reinterpret_cast<void*>(chunk.populate.begin);
-  if (cudaError_t e = prefetch_to(populate, chunk.populate.size(), device, worker)) {
+  const cudaError_t populated = managed ? prefetch_to(populate, chunk.populate.size(), device, worker) : cudaSuccess;
+  if (cudaError_t e = populated) {
     return fail_cuda(call, e, "cudaMemPrefetchAsync(%p, %zu bytes) populating before the copy", populate,
                      chunk.populate.size());
   }
@@ -234,6 +278,7 @@ uvm_status copy_chunk(const Call& call, int device, const OnloadChunk& chunk, cu
       return fail_cuda(call, e, "cudaMemcpyAsync(pinned staging → %p, %zu bytes)", ptr, copy.span.size());
     }
   }
+  if (!managed) return UVM_OK;
   if (cudaError_t e = prefetch_to(populate, chunk.populate.size(), device, worker)) {
     return fail_cuda(call, e, "cudaMemPrefetchAsync(%p, %zu bytes) undoing the discard after the copy", populate,
                      chunk.populate.size());
@@ -260,11 +305,18 @@ uvm_status copy_back(const Call& call, int device, const std::vector<StagedWork>
   if (uvm_status s = worker_streams(call, pipeline.streams, workers)) return s;
   if (uvm_status s = start_workers(call, work, stream, workers, pipeline.streams)) return s;
   std::vector<CopyPiece> pieces;
-  for (const StagedWork& w : work) pieces.push_back(CopyPiece{w.piece.span, w.range.allocation, w.piece.host});
+  std::set<uintptr_t> releasable;
+  for (const StagedWork& w : work) {
+    pieces.push_back(CopyPiece{w.piece.span, w.range.allocation, w.piece.host});
+    if (w.range.releasable) releasable.insert(w.range.allocation);
+  }
   const std::vector<OnloadChunk> chunks = plan_onload(pieces, pipeline.chunk_bytes);
   uvm_status status = UVM_OK;
+  uint64_t prefetches = 0;
   for (size_t c = 0; c < chunks.size() && status == UVM_OK; ++c) {
-    status = copy_chunk(call, device, chunks[c], workers[c % pipeline.streams]);
+    const bool managed = releasable.count(chunks[c].copies.front().allocation) == 0;
+    status = copy_chunk(call, device, chunks[c], managed, workers[c % pipeline.streams]);
+    if (managed) prefetches += 2;
   }
   const int used = static_cast<int>(std::min<size_t>(chunks.size(), pipeline.streams));
   if (status == UVM_OK) status = join_workers(call, workers, used, stream);
@@ -280,7 +332,7 @@ uvm_status copy_back(const Call& call, int device, const std::vector<StagedWork>
     account_move(w.range, Move::to_device, 0);
     ranges.push_back(w.range);
   }
-  record_prefetch_calls(device, 2 * chunks.size());
+  record_prefetch_calls(device, prefetches);
   record_moves(ranges, read);
   return UVM_OK;
 }
@@ -295,6 +347,7 @@ uvm_status onload(const Call& call, const uvm_range* ranges, size_t count, cudaS
   if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;  // freed meanwhile?
   if (target.merged.empty()) return UVM_OK;
   if (uvm_status s = wait_for_moves(call, target.merged, stream)) return s;
+  if (uvm_status s = restore_released(call, target.merged)) return s;
   std::vector<StagedWork> staged;
   std::vector<HintRange> migrated;
   for (const HintRange& range : target.merged) {
@@ -307,9 +360,16 @@ uvm_status onload(const Call& call, const uvm_range* ranges, size_t count, cudaS
   if (!staged.empty()) {
     if (uvm_status s = copy_back(call, target.device, staged, stream)) return s;
   }
-  if (migrated.empty()) return UVM_OK;
-  if (uvm_status s = prefetch_each(call, migrated, target.device, stream)) return s;
-  return record_moves(call, migrated, stream);
+  // Releasable bytes that were not staged (discarded, or never moved) are already on the device
+  // once it is mapped again; there is nothing to prefetch.
+  std::vector<HintRange> to_prefetch;
+  for (const HintRange& range : migrated) {
+    if (range.releasable) account_move(range, Move::to_device, 0);
+    else to_prefetch.push_back(range);
+  }
+  if (to_prefetch.empty()) return UVM_OK;
+  if (uvm_status s = prefetch_each(call, to_prefetch, target.device, stream)) return s;
+  return record_moves(call, to_prefetch, stream);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@ namespace {
 // the capture query creates no context elsewhere) the capture state, and issues one call a range.
 uvm_status issue(const Call& call, const std::vector<HintRange>& ranges, int location,
                  cudaStream_t stream) {
+  if (uvm_status s = check_all_managed(call, ranges, "prefetch")) return s;
   if (uvm_status s = check_device(call, location, true)) return s;
   // Every range's deciding device is checked before anything is issued: ranges to the CPU may come
   // from allocations on several devices.

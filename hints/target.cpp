@@ -19,7 +19,8 @@ uvm_status resolve_range(const Call& call, const void* ptr, size_t size, HintRan
                   static_cast<size_t>(begin + size - allocation.base - allocation.size),
                   reinterpret_cast<void*>(allocation.base), allocation.size);
     }
-    *range = HintRange{begin, begin + size, allocation.base, allocation.device};
+    *range = HintRange{begin, begin + size, allocation.base, allocation.device,
+                       allocation.backing == Backing::releasable};
     return UVM_OK;
   }
   const void* last = reinterpret_cast<const void*>(begin + size - 1);
@@ -31,6 +32,18 @@ uvm_status resolve_range(const Call& call, const void* ptr, size_t size, HintRan
   int current = 0;
   if (cudaError_t e = cudaGetDevice(&current)) return fail_cuda(call, e, "cudaGetDevice");
   *range = HintRange{begin, begin + size, 0, current};
+  return UVM_OK;
+}
+
+uvm_status check_all_managed(const Call& call, const std::vector<HintRange>& ranges, const char* what) {
+  for (const HintRange& range : ranges) {
+    if (!range.releasable) continue;
+    return fail(call, UVM_ERROR_NOT_MANAGED,
+                "%p is in a releasable allocation (%p, device memory from uvm_malloc_releasable), not "
+                "managed memory: %s does not apply to it; move it with uvm_offload_ranges and "
+                "uvm_onload_ranges",
+                reinterpret_cast<void*>(range.begin), reinterpret_cast<void*>(range.allocation), what);
+  }
   return UVM_OK;
 }
 

@@ -17,10 +17,15 @@ struct HintRange {
   uintptr_t end = 0;
   uintptr_t allocation = 0;  // base of the uvm allocation, 0 for other managed memory
   int owner_device = 0;      // the uvm allocation's device, else the caller's current device
+  bool releasable = false;   // a uvm_malloc_releasable allocation (device memory, not managed)
 };
 
 // Validates [ptr, ptr + size) (size > 0) and fills `range`.
 uvm_status resolve_range(const Call& call, const void* ptr, size_t size, HintRange* range);
+
+// UVM_ERROR_NOT_MANAGED if any range is releasable device memory, which `what` (prefetch, advise)
+// cannot act on.
+uvm_status check_all_managed(const Call& call, const std::vector<HintRange>& ranges, const char* what);
 
 // UVM_ERROR_CAPTURING if `stream` is being captured into a graph (checked before any call that
 // cannot be captured, so the capture stays valid).

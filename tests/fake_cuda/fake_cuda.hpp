@@ -22,10 +22,19 @@ namespace fake {
 
 constexpr int kNoContext = -1;
 
+// The byte new physical memory (cuMemMap) is filled with, so that data a test expects back is
+// never there by accident.
+constexpr unsigned char kFreshPhysical = 0xA5;
+
+// Live virtual-memory reservations (releasable allocations) and how many are mapped.
+size_t live_reservations();
+size_t mapped_reservations();
+
 struct Op {
   std::string call;   // "prefetch", "advise:preferred", "advise:accessed_by", "discard", "malloc", "free",
                       // "copy:to_host", "copy:to_device" (ptr: the managed side), "host_alloc",
-                      // "host_free", "event_record", "wait_event" (ptr: the event), "stream_sync"
+                      // "host_free", "event_record", "wait_event" (ptr: the event), "stream_sync",
+                      // "device_sync", "vmm_create", "vmm_map", "vmm_unmap"
   const void* ptr;
   size_t size;
   int location;       // device ordinal or -1 (CPU); for malloc/free the context's device

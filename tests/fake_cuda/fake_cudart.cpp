@@ -55,6 +55,15 @@ struct World {
   uintptr_t next_stream = 0x1000;
   std::map<void*, size_t> pinned;  // mmap'ed, so a 256 MiB block costs only the pages touched
   std::set<cudaEvent_t> live_events;
+  // Virtual memory management: reserved ranges (mmap'ed PROT_NONE until mapped) and physical
+  // handles. Mapping fills the range with kFreshPhysical, as new physical memory holds no data.
+  struct Reservation {
+    size_t size;
+    CUmemGenericAllocationHandle mapped = 0;
+  };
+  std::map<uintptr_t, Reservation> reservations;
+  std::map<CUmemGenericAllocationHandle, size_t> handles;
+  CUmemGenericAllocationHandle next_handle = 1;
 };
 
 World& world() {
@@ -101,7 +110,17 @@ int decode(cudaMemLocation location) {
 }
 #endif
 
+// A mapped reservation holding [ptr, ptr + size): device memory a copy may touch.
+bool inside_mapped_reservation(World& w, const void* ptr, size_t size) {
+  const auto begin = reinterpret_cast<uintptr_t>(ptr);
+  auto it = w.reservations.upper_bound(begin);
+  if (it == w.reservations.begin()) return false;
+  --it;
+  return it->second.mapped != 0 && begin >= it->first && begin + size <= it->first + it->second.size;
+}
+
 bool inside_one_allocation(World& w, const void* ptr, size_t size) {
+  if (inside_mapped_reservation(w, ptr, size)) return true;
   const auto begin = reinterpret_cast<uintptr_t>(ptr);
   auto it = w.allocations.upper_bound(begin);
   if (it == w.allocations.begin()) return false;
@@ -208,6 +227,120 @@ cudaError_t prefetch_to(const void* ptr, size_t size, int where, unsigned int fl
   return cudaSuccess;
 }
 
+// An injected failure for a driver call: CUDA_ERROR_OUT_OF_MEMORY for cudaErrorMemoryAllocation,
+// else CUDA_ERROR_INVALID_VALUE. The driver API leaves no runtime error pending.
+bool injected_driver(World& w, const char* call, CUresult* result) {
+  auto it = w.injected.find(call);
+  if (it == w.injected.end()) return false;
+  *result = it->second == cudaErrorMemoryAllocation ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_INVALID_VALUE;
+  w.injected.erase(it);
+  return true;
+}
+
+constexpr size_t kGranularity = size_t{64} << 10;
+
+CUresult fake_get_error_name(CUresult result, const char** name) {
+  *name = result == CUDA_ERROR_OUT_OF_MEMORY ? "CUDA_ERROR_OUT_OF_MEMORY"
+          : result == CUDA_ERROR_INVALID_VALUE ? "CUDA_ERROR_INVALID_VALUE"
+                                               : "CUDA_ERROR_UNKNOWN";
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_mem_get_granularity(size_t* granularity, const CUmemAllocationProp* prop, CUmemAllocationGranularity_flags) {
+  if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop->location.id >= kDeviceCount) return CUDA_ERROR_INVALID_VALUE;
+  *granularity = kGranularity;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_mem_address_reserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr, unsigned long long) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  CUresult r;
+  if (injected_driver(w, "cuMemAddressReserve", &r)) return r;
+  if (size == 0 || size % kGranularity || alignment % kGranularity) return CUDA_ERROR_INVALID_VALUE;
+  void* range = mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (range == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  w.reservations[reinterpret_cast<uintptr_t>(range)] = World::Reservation{size};
+  *ptr = reinterpret_cast<CUdeviceptr>(range);
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_mem_address_free(CUdeviceptr ptr, size_t size) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  auto it = w.reservations.find(ptr);
+  if (it == w.reservations.end() || it->second.size != size || it->second.mapped) return CUDA_ERROR_INVALID_VALUE;
+  munmap(reinterpret_cast<void*>(ptr), size);
+  w.reservations.erase(it);
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_mem_create(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
+                         unsigned long long) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  CUresult r;
+  if (injected_driver(w, "cuMemCreate", &r)) return r;
+  if (size % kGranularity || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
+  *handle = w.next_handle++;
+  w.handles[*handle] = size;
+  log(w, "vmm_create", nullptr, size, prop->location.id, nullptr);
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_mem_release(CUmemGenericAllocationHandle handle) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  for (const auto& r : w.reservations) {
+    if (r.second.mapped == handle) return CUDA_ERROR_INVALID_VALUE;  // still mapped (the fake is strict)
+  }
+  return w.handles.erase(handle) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult fake_mem_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                      unsigned long long) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  CUresult r;
+  if (injected_driver(w, "cuMemMap", &r)) return r;
+  auto it = w.reservations.find(ptr);
+  auto h = w.handles.find(handle);
+  if (it == w.reservations.end() || h == w.handles.end() || it->second.mapped || offset != 0 ||
+      size != it->second.size || size != h->second) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  it->second.mapped = handle;
+  void* range = reinterpret_cast<void*>(ptr);
+  mprotect(range, size, PROT_READ | PROT_WRITE);
+  std::memset(range, fake::kFreshPhysical, size);
+  log(w, "vmm_map", range, size, -2, nullptr);
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_mem_unmap(CUdeviceptr ptr, size_t size) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  auto it = w.reservations.find(ptr);
+  if (it == w.reservations.end() || !it->second.mapped || size != it->second.size) return CUDA_ERROR_INVALID_VALUE;
+  it->second.mapped = 0;
+  void* range = reinterpret_cast<void*>(ptr);
+  madvise(range, size, MADV_DONTNEED);
+  mprotect(range, size, PROT_NONE);  // touching released memory faults, as on the device
+  log(w, "vmm_unmap", range, size, -2, nullptr);
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_mem_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  auto it = w.reservations.find(ptr);
+  if (it == w.reservations.end() || !it->second.mapped || size != it->second.size || count != 1 ||
+      desc->flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+
 cudaError_t entry_point(const char* symbol, void** fn, cudaDriverEntryPointQueryResult* status) {
   *fn = nullptr;
   if (scenario() != "no_entry_points") {
@@ -215,6 +348,19 @@ cudaError_t entry_point(const char* symbol, void** fn, cudaDriverEntryPointQuery
     if (!std::strcmp(symbol, "cuCtxSetCurrent")) *fn = reinterpret_cast<void*>(&fake_ctx_set_current);
     if (!std::strcmp(symbol, "cuDeviceGet")) *fn = reinterpret_cast<void*>(&fake_device_get);
     if (!std::strcmp(symbol, "cuDevicePrimaryCtxRetain")) *fn = reinterpret_cast<void*>(&fake_primary_ctx_retain);
+    const std::pair<const char*, void*> vmm[] = {
+        {"cuGetErrorName", reinterpret_cast<void*>(&fake_get_error_name)},
+        {"cuMemGetAllocationGranularity", reinterpret_cast<void*>(&fake_mem_get_granularity)},
+        {"cuMemAddressReserve", reinterpret_cast<void*>(&fake_mem_address_reserve)},
+        {"cuMemAddressFree", reinterpret_cast<void*>(&fake_mem_address_free)},
+        {"cuMemCreate", reinterpret_cast<void*>(&fake_mem_create)},
+        {"cuMemRelease", reinterpret_cast<void*>(&fake_mem_release)},
+        {"cuMemMap", reinterpret_cast<void*>(&fake_mem_map)},
+        {"cuMemUnmap", reinterpret_cast<void*>(&fake_mem_unmap)},
+        {"cuMemSetAccess", reinterpret_cast<void*>(&fake_mem_set_access)}};
+    for (const auto& [name, address] : vmm) {
+      if (!std::strcmp(symbol, name)) *fn = address;
+    }
   }
   if (status) *status = *fn ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
   return cudaSuccess;
@@ -229,6 +375,9 @@ void reset() {
   std::lock_guard<std::mutex> lock(w.mutex);
   for (auto& a : w.allocations) std::free(reinterpret_cast<void*>(a.first));
   w.allocations.clear();
+  for (auto& r : w.reservations) munmap(reinterpret_cast<void*>(r.first), r.second.size);
+  w.reservations.clear();
+  w.handles.clear();
   w.ops.clear();
   w.preferred.clear();
   w.prefetched.clear();
@@ -277,6 +426,18 @@ size_t live_events() {
 size_t pinned_blocks() {
   std::lock_guard<std::mutex> lock(world().mutex);
   return world().pinned.size();
+}
+
+size_t live_reservations() {
+  std::lock_guard<std::mutex> lock(world().mutex);
+  return world().reservations.size();
+}
+
+size_t mapped_reservations() {
+  std::lock_guard<std::mutex> lock(world().mutex);
+  size_t mapped = 0;
+  for (const auto& r : world().reservations) mapped += r.second.mapped != 0;
+  return mapped;
 }
 
 int current_context() { return ::current_context; }
@@ -427,7 +588,9 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const vo
   World& w = world();
   std::lock_guard<std::mutex> lock(w.mutex);
   std::memset(attributes, 0, sizeof *attributes);
-  attributes->type = inside_one_allocation(w, ptr, 1) ? cudaMemoryTypeManaged : cudaMemoryTypeUnregistered;
+  attributes->type = inside_mapped_reservation(w, ptr, 1) ? cudaMemoryTypeDevice
+                    : inside_one_allocation(w, ptr, 1) ? cudaMemoryTypeManaged
+                                                       : cudaMemoryTypeUnregistered;
   return cudaSuccess;
 }
 
@@ -513,6 +676,16 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
 
 cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 
+cudaError_t cudaDeviceSynchronize(void) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  cudaError_t error;
+  if (injected(w, "cudaDeviceSynchronize", &error)) return error;
+  ensure_context(w);
+  log(w, "device_sync", nullptr, 0, -2, nullptr);
+  return cudaSuccess;
+}
+
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   World& w = world();
   std::lock_guard<std::mutex> lock(w.mutex);
@@ -564,7 +737,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpy
   const void* managed = to_device ? dst : src;
   if (!inside_one_allocation(w, managed, count)) return set_error(cudaErrorInvalidValue);
   std::memmove(dst, src, count);
-  if (to_device) {
+  if (to_device && !inside_mapped_reservation(w, dst, count)) {  // device memory has no discard state
     update_discard(w, dst, count, [](Discard& state, char*) {
       if (state == Discard::discarded) state = Discard::rewritten;
     });

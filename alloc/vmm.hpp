@@ -1,0 +1,36 @@
+// Releasable device memory: allocations made with CUDA virtual memory management (a reserved
+// address range with physical memory mapped into it), so that an offload can hand the physical
+// memory back to the driver — cudaMemGetInfo shows it free at once, and the next allocation need
+// not wait for the driver to reclaim managed pages — and an onload can map new physical memory at
+// the same virtual addresses.
+//
+// Measured on an H200 with the GPU otherwise full: after a managed offload of 4 GiB, allocating
+// 3.5 GiB that can only come from those pages took 76–93 ms and cudaMemGetInfo showed nothing
+// freed; after torch_memory_saver's release of the same memory (this mechanism) it took 4 ms.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "errors.hpp"
+
+namespace uvm {
+
+// Reserves round_up(size, granularity) bytes of address space, creates physical memory on
+// `device` and maps it read-write for that device. The caller has made `device`'s context current.
+uvm_status vmm_allocate(const Call& call, size_t size, int device, void** out);
+
+// Unmaps and releases the physical memory of the allocation at `base` (a no-op if already
+// released). The caller has made sure no work touching it is still running.
+uvm_status vmm_release_physical(const Call& call, uintptr_t base);
+
+// Maps new physical memory (contents undefined) at the allocation's addresses (a no-op if mapped).
+uvm_status vmm_restore_physical(const Call& call, uintptr_t base);
+
+// True if the allocation at `base` has its physical memory mapped.
+bool vmm_mapped(uintptr_t base);
+
+// Releases everything of the allocation at `base`: physical memory and address range.
+uvm_status vmm_free(const Call& call, uintptr_t base);
+
+}  // namespace uvm

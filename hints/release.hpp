@@ -1,0 +1,22 @@
+// Physical memory of releasable allocations (alloc/vmm.hpp): given back once every byte of an
+// allocation is off its device, mapped again before an onload needs it.
+#pragma once
+
+#include <vector>
+
+#include "target.hpp"
+
+namespace uvm {
+
+// After an offload or discard of `ranges` issued on `stream`: for each releasable allocation among
+// them that uvm has moved entirely off its device, waits for `stream` (once: the copies out of the
+// memory run there) and gives its physical memory back to the driver. An allocation still holding
+// any byte nobody moved keeps its memory.
+uvm_status release_emptied(const Call& call, const std::vector<HintRange>& ranges, cudaStream_t stream);
+
+// Before an onload of `ranges`: maps new physical memory for each released allocation among them.
+// On failure (e.g. the device is full: UVM_ERROR_OUT_OF_MEMORY) the allocations mapped so far stay
+// mapped and everything staged stays staged, so the onload can simply be tried again.
+uvm_status restore_released(const Call& call, const std::vector<HintRange>& ranges);
+
+}  // namespace uvm

@@ -1,0 +1,253 @@
+// Offload, onload and discard of releasable allocations against the fake driver, whose unmapped
+// memory faults and whose fresh physical memory is filled with kFreshPhysical: the physical memory
+// goes back only when every byte is off the device, comes back before the copies, and no byte is
+// lost on the way — neighbours, partial moves and failures included.
+#include <string>
+#include <vector>
+
+#include "fixture.hpp"
+
+namespace {
+constexpr size_t kSize = size_t{1} << 20;
+
+struct Releasable {
+  explicit Releasable(size_t size = kSize, int device = 0, unsigned seed = 3) : size(size), device(device), seed(seed) {
+    ptr = static_cast<unsigned char*>(uvm_malloc_releasable(size, device, nullptr));
+    REQUIRE(ptr != nullptr);
+    fill();
+  }
+  ~Releasable() { uvm_free(ptr, size, device, nullptr); }
+  unsigned char expected(size_t i) const { return static_cast<unsigned char>(i * 13 + seed); }
+  void fill() {
+    for (size_t i = 0; i < size; ++i) ptr[i] = expected(i);
+  }
+  bool intact(size_t from = 0, size_t to = 0) const {
+    for (size_t i = from; i < (to ? to : size); ++i) {
+      if (ptr[i] != expected(i)) return false;
+    }
+    return true;
+  }
+  uvm_range whole() const { return uvm_range{ptr, size}; }
+  uvm_range part(size_t from, size_t to) const { return uvm_range{ptr + from, to - from}; }
+  unsigned char* ptr;
+  size_t size;
+  int device;
+  unsigned seed;
+};
+
+uvm_residency residency(int device = 0) {
+  uvm_residency r{};
+  REQUIRE(uvm_get_residency(device, nullptr, &r) == UVM_OK);
+  return r;
+}
+}  // namespace
+
+TEST_CASE("offloading all of a releasable allocation gives its memory back; onload restores it", "[release]") {
+  FakeMachine machine;
+  Releasable a;
+  cudaStream_t stream = fake::make_stream();
+  const uvm_range whole = a.whole();
+  fake::reset_ops();
+  REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_AUTO, stream) == UVM_OK);
+  CHECK(FakeMachine::ops_named("copy:to_host").size() == 1);
+  CHECK(FakeMachine::ops_named("discard").empty());  // no driver discard: the memory is released
+  CHECK(FakeMachine::ops_named("prefetch").empty());
+  // The copies out ran on `stream`: it is waited for before the unmap.
+  const auto ops = fake::ops();
+  size_t sync_at = ops.size(), unmap_at = ops.size();
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].call == "stream_sync" && ops[i].stream == stream && sync_at == ops.size()) sync_at = i;
+    if (ops[i].call == "vmm_unmap") unmap_at = i;
+  }
+  CHECK(sync_at < unmap_at);
+  CHECK(unmap_at < ops.size());
+  CHECK(fake::mapped_reservations() == 0);
+  const uvm_residency off = residency();
+  CHECK(off.released_bytes == kSize);
+  CHECK(off.staged_bytes == kSize);
+  CHECK(off.device_bytes == 0);
+
+  fake::reset_ops();
+  REQUIRE(uvm_onload_ranges(&whole, 1, stream) == UVM_OK);
+  CHECK(FakeMachine::ops_named("vmm_map").size() == 1);
+  CHECK(FakeMachine::ops_named("prefetch").empty());  // device memory: nothing to populate
+  CHECK(a.intact());
+  const uvm_residency on = residency();
+  CHECK(on.released_bytes == 0);
+  CHECK(on.device_bytes == kSize);
+  CHECK(on.staged_bytes == 0);
+
+  // The cycle repeats, reusing the staging memory.
+  REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  CHECK(fake::mapped_reservations() == 0);
+  REQUIRE(uvm_onload_ranges(&whole, 1, stream) == UVM_OK);
+  CHECK(a.intact());
+}
+
+TEST_CASE("a partly offloaded releasable allocation keeps its memory and every other byte", "[release]") {
+  FakeMachine machine;
+  Releasable a;
+  cudaStream_t stream = fake::make_stream();
+  const uvm_range first = a.part(0, 4096), middle = a.part(8192, 12288);
+  REQUIRE(uvm_offload_ranges(&first, 1, UVM_STRATEGY_AUTO, stream) == UVM_OK);
+  REQUIRE(uvm_offload_ranges(&middle, 1, UVM_STRATEGY_AUTO, stream) == UVM_OK);
+  CHECK(fake::mapped_reservations() == 1);
+  CHECK(a.intact(4096, 8192));  // the gap between the two was never touched
+  CHECK(a.intact(12288));
+  CHECK(residency().released_bytes == 0);
+
+  // Offloading the rest (overlapping what is staged) releases it: every byte is off now.
+  const std::vector<uvm_range> rest = {a.part(0, 8192), a.part(12288, kSize)};
+  REQUIRE(uvm_offload_ranges(rest.data(), rest.size(), UVM_STRATEGY_AUTO, stream) == UVM_OK);
+  CHECK(fake::mapped_reservations() == 0);
+  const uvm_range whole = a.whole();
+  REQUIRE(uvm_onload_ranges(&whole, 1, stream) == UVM_OK);
+  CHECK(a.intact());
+}
+
+TEST_CASE("onload of part of a released allocation maps it all and keeps the rest staged", "[release]") {
+  FakeMachine machine;
+  Releasable a;
+  cudaStream_t stream = fake::make_stream();
+  const uvm_range whole = a.whole(), head = a.part(0, 65536);
+  REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_AUTO, stream) == UVM_OK);
+  REQUIRE(uvm_onload_ranges(&head, 1, stream) == UVM_OK);
+  CHECK(fake::mapped_reservations() == 1);
+  CHECK(a.intact(0, 65536));
+  CHECK(a.ptr[65536] == fake::kFreshPhysical);  // not onloaded yet: new memory, undefined bytes
+  CHECK(residency().staged_bytes == kSize - 65536);
+  // Offloading the head again releases the memory again, the rest's host copy untouched.
+  REQUIRE(uvm_offload_ranges(&head, 1, UVM_STRATEGY_AUTO, stream) == UVM_OK);
+  CHECK(fake::mapped_reservations() == 0);
+  REQUIRE(uvm_onload_ranges(&whole, 1, stream) == UVM_OK);
+  CHECK(a.intact());
+}
+
+TEST_CASE("releasing one allocation leaves its neighbours mapped and intact", "[release]") {
+  FakeMachine machine;
+  Releasable before(kSize, 0, 5), a(kSize, 0, 3), after(kSize, 0, 9);
+  cudaStream_t stream = fake::make_stream();
+  const uvm_range whole = a.whole();
+  REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_AUTO, stream) == UVM_OK);
+  CHECK(fake::mapped_reservations() == 2);
+  CHECK(before.intact());
+  CHECK(after.intact());
+  REQUIRE(uvm_onload_ranges(&whole, 1, stream) == UVM_OK);
+  CHECK(a.intact());
+}
+
+TEST_CASE("discarding a releasable allocation releases it without a copy; onload maps it undefined", "[release]") {
+  FakeMachine machine;
+  Releasable a;
+  cudaStream_t stream = fake::make_stream();
+  const uvm_range whole = a.whole();
+  fake::reset_ops();
+  REQUIRE(uvm_discard_ranges(&whole, 1, stream) == UVM_OK);
+  CHECK(FakeMachine::ops_named("discard").empty());
+  CHECK(FakeMachine::ops_named("copy:to_host").empty());
+  CHECK(fake::mapped_reservations() == 0);
+  CHECK(residency().discarded_bytes == kSize);
+  fake::reset_ops();
+  REQUIRE(uvm_onload_ranges(&whole, 1, stream) == UVM_OK);
+  CHECK(FakeMachine::ops_named("vmm_map").size() == 1);
+  CHECK(FakeMachine::ops_named("copy:to_device").empty());
+  CHECK(a.ptr[0] == fake::kFreshPhysical);
+  CHECK(residency().device_bytes == kSize);
+  // Partly discarded: the memory stays.
+  a.fill();
+  const uvm_range head = a.part(0, 4096);
+  REQUIRE(uvm_discard_ranges(&head, 1, stream) == UVM_OK);
+  CHECK(fake::mapped_reservations() == 1);
+  CHECK(a.intact(4096));
+}
+
+TEST_CASE("releasable memory cannot migrate; managed and releasable ranges move in one call", "[release][cuda13]") {
+  FakeMachine machine;
+  Releasable a;
+  cudaStream_t stream = fake::make_stream();
+  const uvm_range whole = a.whole();
+  fake::reset_ops();
+  CHECK(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_MIGRATE, stream) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(uvm_last_error()).find("UVM_STRATEGY_AUTO") != std::string::npos);
+  CHECK(fake::ops().empty());
+  CHECK(fake::mapped_reservations() == 1);
+
+  auto* managed = static_cast<unsigned char*>(uvm_malloc(kSize, 0, nullptr));
+  REQUIRE(managed != nullptr);
+  for (size_t i = 0; i < kSize; ++i) managed[i] = static_cast<unsigned char>(i);
+  const std::vector<uvm_range> both = {whole, uvm_range{managed, kSize}};
+  REQUIRE(uvm_offload_ranges(both.data(), both.size(), UVM_STRATEGY_AUTO, stream) == UVM_OK);
+  const auto discards = FakeMachine::ops_named("discard");
+  REQUIRE(discards.size() == 1);  // the managed one only
+  CHECK(discards[0].ptr == managed);
+  CHECK(fake::mapped_reservations() == 0);
+  REQUIRE(uvm_onload_ranges(both.data(), both.size(), stream) == UVM_OK);
+  CHECK(a.intact());
+  bool managed_intact = true;
+  for (size_t i = 0; i < kSize; ++i) managed_intact = managed_intact && managed[i] == static_cast<unsigned char>(i);
+  CHECK(managed_intact);
+  uvm_free(managed, kSize, 0, nullptr);
+}
+
+TEST_CASE("an onload that cannot get memory back fails cleanly and can be retried", "[release]") {
+  FakeMachine machine;
+  Releasable a;
+  cudaStream_t stream = fake::make_stream();
+  const uvm_range whole = a.whole();
+  REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_AUTO, stream) == UVM_OK);
+  fake::fail_next("cuMemCreate", cudaErrorMemoryAllocation);
+  CHECK(uvm_onload_ranges(&whole, 1, stream) == UVM_ERROR_OUT_OF_MEMORY);
+  CHECK(std::string(uvm_last_error()).find("cuMemCreate") != std::string::npos);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  CHECK(fake::mapped_reservations() == 0);
+  CHECK(residency().staged_bytes == kSize);  // the host copy is still all there is, and kept
+  REQUIRE(uvm_onload_ranges(&whole, 1, stream) == UVM_OK);
+  CHECK(a.intact());
+}
+
+TEST_CASE("an offload whose stream cannot be waited for keeps the memory mapped and the data staged", "[release]") {
+  FakeMachine machine;
+  Releasable a;
+  cudaStream_t stream = fake::make_stream();
+  const uvm_range whole = a.whole();
+  // The staged copy is committed with an event; the wait before the unmap is the stream sync.
+  fake::fail_next("cudaStreamSynchronize", cudaErrorLaunchFailure);
+  CHECK(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_AUTO, stream) == UVM_ERROR_CUDA);
+  CHECK(std::string(uvm_last_error()).find("before releasing") != std::string::npos);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  CHECK(fake::mapped_reservations() == 1);
+  CHECK(a.intact());
+  // A second offload finds everything staged and releases it now.
+  REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_AUTO, stream) == UVM_OK);
+  CHECK(fake::mapped_reservations() == 0);
+  REQUIRE(uvm_onload_ranges(&whole, 1, stream) == UVM_OK);
+  CHECK(a.intact());
+}
+
+TEST_CASE("freeing a released allocation frees its address range and host copy", "[release]") {
+  FakeMachine machine;
+  size_t staged_before = 0;
+  REQUIRE(uvm_get_staging(nullptr, &staged_before) == UVM_OK);
+  {
+    Releasable a;
+    const uvm_range whole = a.whole();
+    REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_AUTO, fake::make_stream()) == UVM_OK);
+  }
+  CHECK(fake::live_reservations() == 0);
+  size_t staged_after = 0;
+  REQUIRE(uvm_get_staging(nullptr, &staged_after) == UVM_OK);
+  CHECK(staged_after == staged_before);
+}
+
+TEST_CASE("with a CUDA 12 driver releasable memory still offloads and comes back", "[cuda12][scenario]") {
+  FakeMachine machine;
+  Releasable a;
+  cudaStream_t stream = fake::make_stream();
+  const uvm_range whole = a.whole();
+  REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  CHECK(fake::mapped_reservations() == 0);
+  REQUIRE(uvm_onload_ranges(&whole, 1, stream) == UVM_OK);
+  CHECK(a.intact());
+  REQUIRE(uvm_discard_ranges(&whole, 1, stream) == UVM_OK);
+  CHECK(fake::mapped_reservations() == 0);
+}

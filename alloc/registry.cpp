@@ -92,6 +92,16 @@ uvm_residency Registry::residency(int device, bool any_tag, TagId tag) const {
   return total;
 }
 
+size_t Registry::reclaimable_managed_bytes(int device) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t total = 0;
+  for (const auto& [base, entry] : entries_) {
+    if (entry.device != device || entry.backing != Backing::managed) continue;
+    total += entry.host_spans.total() + entry.discarded_spans.total();
+  }
+  return total;
+}
+
 size_t Registry::size() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return entries_.size();

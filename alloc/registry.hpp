@@ -47,6 +47,9 @@ class Registry {
   void set_released(uintptr_t base, bool released);
   // Allocations of `device` (UVM_ANY_DEVICE: all) with `tag`; any_tag ignores the tag.
   std::vector<AllocationView> select(int device, bool any_tag, TagId tag) const;
+  // Bytes of managed allocations on `device` that uvm moved off it (to the host, staged or
+  // discarded): the driver reclaims them when someone allocates.
+  size_t reclaimable_managed_bytes(int device) const;
   // Residency totals over the same selection.
   uvm_residency residency(int device, bool any_tag, TagId tag) const;
   size_t size() const;

@@ -1,5 +1,7 @@
 // uvm_query_location: where the driver prefers and last prefetched a range. uvm_get_residency:
-// where uvm last put the bytes of a set of allocations.
+// where uvm last put the bytes of a set of allocations. uvm_mem_get_info: the driver's free memory
+// and what uvm knows is reclaimable. uvm_get_staged_copy: the host copy of staged bytes.
+#include "../alloc/staging.hpp"
 #include "target.hpp"
 
 namespace uvm {
@@ -52,8 +54,47 @@ uvm_status residency(const Call& call, int device, const char* tag, uvm_residenc
   return UVM_OK;
 }
 
+uvm_status mem_get_info(const Call& call, int device, size_t* free_bytes, size_t* total_bytes, size_t* reclaimable) {
+  if (uvm_status s = check_device(call, device, false)) return s;
+  ContextScope scope;
+  if (uvm_status s = scope.enter(call, device, ContextScope::When::always)) return s;
+  size_t free_now = 0, total = 0;
+  if (cudaError_t e = cudaMemGetInfo(&free_now, &total)) return fail_cuda(call, e, "cudaMemGetInfo");
+  if (free_bytes) *free_bytes = free_now;
+  if (total_bytes) *total_bytes = total;
+  if (reclaimable) *reclaimable = registry().reclaimable_managed_bytes(device);
+  return UVM_OK;
+}
+
+uvm_status staged_copy(const Call& call, const void* ptr, size_t size, const void** host) {
+  if (host == nullptr) return fail(call, UVM_ERROR_INVALID_ARGUMENT, "host is NULL");
+  *host = nullptr;
+  if (size == 0) return fail(call, UVM_ERROR_INVALID_ARGUMENT, "size is 0");
+  HintRange range;
+  if (uvm_status s = resolve_range(call, ptr, size, &range)) return s;
+  const auto pieces = staging().overlapping(range.begin, range.end);
+  if (pieces.size() != 1 || pieces[0].span.begin != range.begin || pieces[0].span.end != range.end) return UVM_OK;
+  if (pieces[0].written) {
+    if (cudaError_t e = cudaEventSynchronize(pieces[0].written->handle)) {
+      return fail_cuda(call, e, "cudaEventSynchronize (the copy into staging memory)");
+    }
+  }
+  *host = pieces[0].host;
+  return UVM_OK;
+}
+
 }  // namespace
 }  // namespace uvm
+
+extern "C" uvm_status uvm_mem_get_info(int device, size_t* free_bytes, size_t* total_bytes, size_t* reclaimable_bytes) {
+  const uvm::Call call = uvm::Call::of("uvm_mem_get_info").with_device(device);
+  return uvm::guarded(call, [&] { return uvm::mem_get_info(call, device, free_bytes, total_bytes, reclaimable_bytes); });
+}
+
+extern "C" uvm_status uvm_get_staged_copy(const void* ptr, size_t size, const void** host) {
+  const uvm::Call call = uvm::Call::of("uvm_get_staged_copy").with_ptr(ptr).with_size(size);
+  return uvm::guarded(call, [&] { return uvm::staged_copy(call, ptr, size, host); });
+}
 
 extern "C" uvm_status uvm_get_residency(int device, const char* tag, uvm_residency* residency) {
   const uvm::Call call = uvm::Call::of("uvm_get_residency").with_device(device);

@@ -319,6 +319,21 @@ typedef struct uvm_residency {
  * "": untagged). Touches no CUDA context. */
 UVM_API uvm_status uvm_get_residency(int device, const char* tag, uvm_residency* residency);
 
+/* Free and total memory of `device` as cudaMemGetInfo reports them, and `reclaimable`: the bytes of
+ * uvm's managed allocations on it that uvm moved off it (offloaded or discarded). The driver counts
+ * those as used until some allocation claims them (any allocation can), so free + reclaimable is
+ * what an allocation could get — an upper bound once another allocation has claimed some of them,
+ * which uvm cannot see. Released memory of releasable allocations is already in `free`. Any
+ * out-pointer may be NULL. */
+UVM_API uvm_status uvm_mem_get_info(int device, size_t* free_bytes, size_t* total_bytes, size_t* reclaimable_bytes);
+
+/* The host copy uvm holds of [ptr, ptr + size) while those bytes are staged (offloaded with STAGED,
+ * or AUTO where it stages), for reading them while the device copy is away. Waits for the copy to
+ * be complete. Sets *host to NULL (and returns UVM_OK) if the bytes are not staged in one piece.
+ * The copy stays valid until the bytes are onloaded, discarded or freed; writing to it changes what
+ * onload brings back. */
+UVM_API uvm_status uvm_get_staged_copy(const void* ptr, size_t size, const void** host);
+
 /* Number of distinct tags used so far, and the name of tag `index` (NULL past the end); for listing. */
 UVM_API size_t uvm_tag_count(void);
 UVM_API const char* uvm_tag_name(size_t index);

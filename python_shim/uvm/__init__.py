@@ -12,7 +12,8 @@ from ._build import (CompilationState, UnifiedMemoryCompileTimeoutError, Unified
                      _compile_timeout, compile_allocator)
 from ._lib import UVM_LOCATION_CPU, UVM_LOCATION_NONE, _get_ctypes_lib
 from .torch import (advise_managed_module_parameters_preferred_location, advise_managed_tensor_accessed_by,
-                    advise_managed_tensor_preferred_location, create_unified_mempool, discard,
+                    advise_managed_tensor_preferred_location, create_releasable_mempool,
+                    create_unified_mempool, discard,
                     discard_managed_tensor, offload, onload, prefetch_managed_module_parameters,
                     prefetch_managed_tensor, where)
 
@@ -105,6 +106,19 @@ def residency(device=None, tag: str | None = None) -> dict:
     return {name: getattr(result, name) for name, _ in _lib.Residency._fields_}
 
 
+def mem_get_info(device=None) -> tuple[int, int]:
+    """(free, total) bytes of `device` (default: the current one), like torch.cuda.mem_get_info, with
+    free counting what uvm knows any allocation can reclaim: managed bytes uvm offloaded or
+    discarded, which the driver reports as used until someone allocates. An upper bound once
+    another allocation has claimed some of them (uvm cannot see that). Memory of releasable pools
+    is returned to the driver on offload, so the driver's figure already has it."""
+    lib = _get_ctypes_lib()
+    free, total, reclaimable = ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_size_t()
+    _lib.check(lib.uvm_mem_get_info(_device_or_current(device), ctypes.byref(free), ctypes.byref(total),
+                                    ctypes.byref(reclaimable)), "uvm_mem_get_info")
+    return min(free.value + reclaimable.value, total.value), total.value
+
+
 def staging() -> dict:
     """The pinned host memory uvm holds for staged offload: capacity_bytes, and staged_bytes in use."""
     lib = _get_ctypes_lib()
@@ -120,10 +134,10 @@ def release_staging() -> None:
 
 __all__ = [
     "CompilationState", "UnifiedMemoryUnsupportedError", "UnifiedMemoryCompileTimeoutError",
-    "compile_allocator", "create_unified_mempool", "prefetch_managed_tensor",
+    "compile_allocator", "create_unified_mempool", "create_releasable_mempool", "prefetch_managed_tensor",
     "advise_managed_tensor_preferred_location", "advise_managed_tensor_accessed_by",
     "prefetch_managed_module_parameters", "advise_managed_module_parameters_preferred_location",
     "discard_managed_tensor", "where", "stats", "set_limit", "library", "UVM_LOCATION_CPU",
     "UVM_LOCATION_NONE", "offload", "onload", "discard", "tag", "tags", "residency", "staging",
-    "release_staging",
+    "release_staging", "mem_get_info",
 ]

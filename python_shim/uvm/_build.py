@@ -353,6 +353,7 @@ _compilation_state = CompilationState.UNATTEMPTED
 _compilation_error: str | None = None
 _so_path: str | None = None
 _alloc = None  # torch.cuda.memory.CUDAPluggableAllocator, kept for the life of the process
+_alloc_releasable = None  # the same over uvm_malloc_releasable (uvm.create_releasable_mempool)
 _mod = None    # the loaded library (ctypes.CDLL); the seed's name for its compiled module
 _state_lock = threading.Lock()
 _timeout_override: contextvars.ContextVar[float | None] = contextvars.ContextVar("uvm_compile_timeout",
@@ -402,7 +403,7 @@ def compile_allocator() -> None:
     """Builds libuvm.so and wraps it in a torch CUDAPluggableAllocator. Attempts once; later calls
     return at once. Records the state (_compilation_state) and, on failure, the reason
     (_compilation_error). Raises only UnifiedMemoryCompileTimeoutError, as the seed does."""
-    global _compilation_state, _compilation_error, _alloc, _mod
+    global _compilation_state, _compilation_error, _alloc, _alloc_releasable, _mod
     with _state_lock:
         if _compilation_state is not CompilationState.UNATTEMPTED:
             return
@@ -414,6 +415,8 @@ def compile_allocator() -> None:
                 raise UnifiedMemoryUnsupportedError(refusal)
             import torch
             _alloc = torch.cuda.memory.CUDAPluggableAllocator(_so_path, "uvm_malloc", "uvm_free")
+            _alloc_releasable = torch.cuda.memory.CUDAPluggableAllocator(_so_path, "uvm_malloc_releasable",
+                                                                         "uvm_free")
             _compilation_state = CompilationState.SUCCESS
         except UnifiedMemoryCompileTimeoutError as error:
             _compilation_state, _compilation_error = CompilationState.FAILURE, str(error)

@@ -40,7 +40,8 @@ class DeviceCaps(ctypes.Structure):
 class Residency(ctypes.Structure):
     _fields_ = [("allocations", ctypes.c_size_t), ("live_bytes", ctypes.c_size_t),
                 ("device_bytes", ctypes.c_size_t), ("host_bytes", ctypes.c_size_t),
-                ("staged_bytes", ctypes.c_size_t), ("discarded_bytes", ctypes.c_size_t)]
+                ("staged_bytes", ctypes.c_size_t), ("discarded_bytes", ctypes.c_size_t),
+                ("released_bytes", ctypes.c_size_t)]
 
 
 _size, _int, _ptr, _stream = ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p
@@ -51,6 +52,7 @@ SIGNATURES = {
     "uvm_clear_last_error": (None, []),
     "uvm_version": (ctypes.c_char_p, []),
     "uvm_malloc": (_ptr, [_size, _int, _stream]),
+    "uvm_malloc_releasable": (_ptr, [_size, _int, _stream]),
     "uvm_free": (None, [_ptr, _size, _int, _stream]),
     "uvm_set_default_advice": (_int, [_int]),
     "uvm_get_default_advice": (_int, []),
@@ -76,6 +78,8 @@ SIGNATURES = {
     "uvm_get_staging": (_int, [ctypes.POINTER(_size), ctypes.POINTER(_size)]),
     "uvm_release_staging": (_int, []),
     "uvm_get_residency": (_int, [_int, ctypes.c_char_p, ctypes.POINTER(Residency)]),
+    "uvm_mem_get_info": (_int, [_int, ctypes.POINTER(_size), ctypes.POINTER(_size), ctypes.POINTER(_size)]),
+    "uvm_get_staged_copy": (_int, [_ptr, _size, ctypes.POINTER(_ptr)]),
     "uvm_tag_count": (_size, []),
     "uvm_tag_name": (ctypes.c_char_p, [_size]),
     "uvm_query_location": (_int, [_ptr, _size, ctypes.POINTER(_int), ctypes.POINTER(_int)]),

@@ -14,6 +14,21 @@ def create_unified_mempool(device=None, *, sync_ranks: bool = False):
     `torch.cuda.use_mem_pool(pool)`. `device` (default: the current device) is where the pool's
     allocations are made. With `sync_ranks=True` and torch.distributed initialized, every rank raises
     if any rank failed to build. Raises UnifiedMemoryUnsupportedError with the recorded reason."""
+    return _create_pool(device, sync_ranks, releasable=False)
+
+
+def create_releasable_mempool(device=None, *, sync_ranks: bool = False):
+    """A torch.cuda.MemPool of releasable device memory from uvm (uvm_malloc_releasable: CUDA virtual
+    memory management). Offload, onload and discard work on it as on a managed pool — offload always
+    stages — and once all of an allocation is off the device its physical memory goes back to the
+    driver: torch.cuda.mem_get_info() shows it free at once, and the next allocation does not wait
+    for the driver to reclaim pages. Not managed memory: prefetch and advise refuse it, and a kernel
+    touching offloaded memory faults instead of reading indeterminate bytes. Same arguments as
+    create_unified_mempool."""
+    return _create_pool(device, sync_ranks, releasable=True)
+
+
+def _create_pool(device, sync_ranks: bool, releasable: bool):
     _build.compile_allocator()
     reason = None
     if _build._compilation_state is not _build.CompilationState.SUCCESS:
@@ -24,10 +39,11 @@ def create_unified_mempool(device=None, *, sync_ranks: bool = False):
         raise _build.UnifiedMemoryUnsupportedError(f"unified memory is unavailable: {reason}")
     import torch
     index = _device_index(device)
+    allocator = _build._alloc_releasable if releasable else _build._alloc
     with torch.cuda.device(index):
-        pool = torch.cuda.MemPool(_build._alloc.allocator())
+        pool = torch.cuda.MemPool(allocator.allocator())
     if _expandable_segments():
-        _check_pool_is_managed(pool, index)
+        _check_pool_is_uvm(pool, index)
     return pool
 
 
@@ -38,10 +54,10 @@ def _expandable_segments() -> bool:
     return re.search(r"expandable_segments\s*:\s*true", conf, re.IGNORECASE) is not None
 
 
-def _check_pool_is_managed(pool, index: int) -> None:
+def _check_pool_is_uvm(pool, index: int) -> None:
     """With expandable_segments:True, whether a pool uses its pluggable allocator depends on the torch
     version (torch 2.11 does: measured on an H200). Decided by behaviour: one small tensor is made in
-    the pool and must be uvm's managed memory."""
+    the pool and must be uvm's memory."""
     import torch
     reason = None
     try:
@@ -49,7 +65,7 @@ def _check_pool_is_managed(pool, index: int) -> None:
             probe = torch.empty(512, dtype=torch.uint8, device=f"cuda:{index}")
         if _lib._get_ctypes_lib().uvm_allocation_info(probe.data_ptr(), None, None, None) != _lib.UVM_OK:
             _lib._get_ctypes_lib().uvm_clear_last_error()
-            reason = "tensors made in the pool are not uvm's managed memory"
+            reason = "tensors made in the pool are not uvm's memory"
         del probe
     except RuntimeError as error:
         reason = f"torch refused the pool: {error}"

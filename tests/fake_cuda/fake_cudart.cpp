@@ -676,6 +676,23 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
 
 cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 
+// Free memory as the driver counts it: managed allocations stay counted however uvm moved them
+// (the driver takes them back only when someone allocates), mapped reservations count until
+// unmapped. One pool for all devices, which is enough for single-device tests.
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  cudaError_t error;
+  if (injected(w, "cudaMemGetInfo", &error)) return error;
+  const int device = ensure_context(w);
+  size_t used = 0;
+  for (const auto& a : w.allocations) used += a.second.size;
+  for (const auto& r : w.reservations) used += r.second.mapped ? r.second.size : 0;
+  *total_bytes = kDevices[device].total_memory;
+  *free_bytes = used < *total_bytes ? *total_bytes - used : 0;
+  return cudaSuccess;
+}
+
 cudaError_t cudaDeviceSynchronize(void) {
   World& w = world();
   std::lock_guard<std::mutex> lock(w.mutex);

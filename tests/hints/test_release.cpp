@@ -251,3 +251,47 @@ TEST_CASE("with a CUDA 12 driver releasable memory still offloads and comes back
   REQUIRE(uvm_discard_ranges(&whole, 1, stream) == UVM_OK);
   CHECK(fake::mapped_reservations() == 0);
 }
+
+TEST_CASE("uvm_mem_get_info: released memory is free at once, offloaded managed memory is reclaimable", "[release][cuda13]") {
+  FakeMachine machine;
+  size_t free0 = 0, total = 0, reclaimable = 99;
+  REQUIRE(uvm_mem_get_info(0, &free0, &total, &reclaimable) == UVM_OK);
+  CHECK(total == (size_t{1} << 30));
+  CHECK(reclaimable == 0);
+  Releasable a;
+  auto* managed = static_cast<unsigned char*>(uvm_malloc(kSize, 0, nullptr));
+  REQUIRE(managed != nullptr);
+  size_t free1 = 0;
+  REQUIRE(uvm_mem_get_info(0, &free1, nullptr, nullptr) == UVM_OK);
+  CHECK(free0 - free1 == 2 * kSize);
+
+  const std::vector<uvm_range> both = {a.whole(), uvm_range{managed, kSize}};
+  REQUIRE(uvm_offload_ranges(both.data(), both.size(), UVM_STRATEGY_AUTO, fake::make_stream()) == UVM_OK);
+  size_t free2 = 0;
+  REQUIRE(uvm_mem_get_info(0, &free2, nullptr, &reclaimable) == UVM_OK);
+  CHECK(free2 - free1 == kSize);  // the releasable one, given back
+  CHECK(reclaimable == kSize);    // the managed one, until the driver takes it back
+  CHECK(uvm_mem_get_info(7, nullptr, nullptr, nullptr) == UVM_ERROR_INVALID_ARGUMENT);
+  uvm_free(managed, kSize, 0, nullptr);
+}
+
+TEST_CASE("uvm_get_staged_copy hands out the host copy of staged bytes only", "[release]") {
+  FakeMachine machine;
+  Releasable a;
+  const void* host = reinterpret_cast<const void*>(1);
+  REQUIRE(uvm_get_staged_copy(a.ptr + 100, 50, &host) == UVM_OK);
+  CHECK(host == nullptr);  // not offloaded
+  const uvm_range whole = a.whole();
+  REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_AUTO, fake::make_stream()) == UVM_OK);
+  REQUIRE(uvm_get_staged_copy(a.ptr + 100, 50, &host) == UVM_OK);
+  REQUIRE(host != nullptr);
+  const auto* bytes = static_cast<const unsigned char*>(host);
+  bool same = true;
+  for (size_t i = 0; i < 50; ++i) same = same && bytes[i] == a.expected(100 + i);
+  CHECK(same);
+  CHECK(uvm_get_staged_copy(a.ptr, 0, &host) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK(uvm_get_staged_copy(a.ptr, kSize + 1, &host) == UVM_ERROR_INVALID_ARGUMENT);
+  REQUIRE(uvm_onload_ranges(&whole, 1, fake::make_stream()) == UVM_OK);
+  REQUIRE(uvm_get_staged_copy(a.ptr + 100, 50, &host) == UVM_OK);
+  CHECK(host == nullptr);  // back on the device: no copy held
+}

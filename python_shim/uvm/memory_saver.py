@@ -1,0 +1,275 @@
+"""torch_memory_saver's API on uvm. Switching is one import line:
+
+    from uvm.memory_saver import torch_memory_saver
+
+Tensors made inside `region(tag)` go to a uvm pool of that tag on the current device. `pause(tag)`
+moves them off the GPU — kept in uvm's pinned staging memory with `enable_cpu_backup=True` (uvm
+offload), dropped otherwise (uvm discard) — and gives the physical memory back to the driver, so
+`torch.cuda.mem_get_info()` shows it free at once. `resume(tag)` maps memory again at the same
+virtual addresses and copies the kept bytes back; tensors and captured CUDA graphs stay valid.
+
+The pools are releasable device memory (CUDA virtual memory management) by default. Set
+`torch_memory_saver.backing = "managed"` before the first region for uvm's managed memory instead:
+then touching a paused tensor reads indeterminate bytes rather than faulting, but the driver takes
+the memory back only when someone allocates, and mem_get_info shows nothing freed (docs/faq.md).
+
+Only hook_mode "torch" exists here: allocations are found through torch's MemPool, not by an
+LD_PRELOAD hook. `import uvm.memory_saver` needs no torch; the methods import it.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+
+from . import _lib
+
+_DEFAULT_TAG = "default"
+_BACKUP_SUFFIX = " (cpu backup)"
+_MAX_TAG_LENGTH = 63 - len(_BACKUP_SUFFIX)  # UVM_TAG_MAX_LENGTH, with room for the suffix
+BACKINGS = ("releasable", "managed")
+
+
+def _uvm_tag(tag: str, enable_cpu_backup: bool) -> str:
+    """The uvm tag of a region's allocations: pause finds them by it, and whether to keep them."""
+    return tag + _BACKUP_SUFFIX if enable_cpu_backup else tag
+
+
+def _check_tag(tag) -> str:
+    if not isinstance(tag, str) or not tag:
+        raise TypeError(f"a tag is a non-empty str, not {tag!r}")
+    if len(tag.encode()) > _MAX_TAG_LENGTH:
+        raise ValueError(f"tag {tag!r} is longer than {_MAX_TAG_LENGTH} bytes")
+    return tag
+
+
+def _check_backup_options(enable_cpu_backup: bool, enable_disk_backup: bool, cpu_backup_backend) -> None:
+    if enable_disk_backup:
+        raise NotImplementedError("uvm keeps paused memory in pinned host memory, not on disk: use "
+                                  "enable_cpu_backup=True instead of enable_disk_backup=True")
+    if cpu_backup_backend is None:
+        return
+    if not enable_cpu_backup:
+        raise ValueError("cpu_backup_backend requires enable_cpu_backup=True")
+    if cpu_backup_backend != "pinned":
+        raise NotImplementedError(f"uvm keeps CPU backups in pinned memory only: pass cpu_backup_backend=None "
+                                  f"or 'pinned', not {cpu_backup_backend!r}")
+
+
+class _State:
+    """What every TorchMemorySaver of the process shares (pause acts on all regions, as the
+    original's does): the pools, which (tag, backup) pairs exist and which are paused."""
+
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.pools: dict[tuple, object] = {}  # (purpose, tag, backup, device) -> torch.cuda.MemPool
+        self.devices: dict[tuple[str, bool], set[int]] = {}  # (tag, backup) -> devices used
+        self.paused: set[tuple[str, bool]] = set()
+        self.backing = "releasable"
+        self.retain_cpu_backup = False
+        self.memory_margin_bytes = 0
+
+    def pool(self, purpose: str, tag: str, backup: bool, device: int):
+        from . import torch as uvm_torch
+        with self.lock:
+            key = (purpose, tag, backup, device)
+            if key not in self.pools:
+                create = (uvm_torch.create_releasable_mempool if self.backing == "releasable"
+                          else uvm_torch.create_unified_mempool)
+                self.pools[key] = create(device)
+                self.devices.setdefault((tag, backup), set()).add(device)
+            return self.pools[key]
+
+    def selected(self, tag: str | None) -> list[tuple[str, bool]]:
+        with self.lock:
+            return [key for key in self.devices if tag is None or key[0] == tag]
+
+
+_state = _State()
+
+
+class TorchMemorySaver:
+    """torch_memory_saver.TorchMemorySaver's public surface on uvm (see the module's doc)."""
+
+    @contextlib.contextmanager
+    def region(self, tag: str = _DEFAULT_TAG, enable_cpu_backup: bool = False, enable_disk_backup: bool = False,
+               cpu_backup_backend=None):
+        """Tensors made inside go to a uvm pool of `tag` on the current device; pause(tag) drops them
+        (or keeps them in host memory with enable_cpu_backup=True). Regions nest."""
+        import torch
+        from . import tag as uvm_tag
+        _check_tag(tag)
+        _check_backup_options(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
+        pool = _state.pool("region", tag, bool(enable_cpu_backup), torch.cuda.current_device())
+        with uvm_tag(_uvm_tag(tag, bool(enable_cpu_backup))), torch.cuda.use_mem_pool(pool):
+            yield
+
+    @contextlib.contextmanager
+    def cuda_graph(self, cuda_graph, pool=None, stream=None, capture_error_mode="global", tag: str = _DEFAULT_TAG,
+                   enable_cpu_backup: bool = False, cpu_backup_backend=None):
+        """torch.cuda.graph whose memory (the graph's intermediate tensors) is pausable under `tag`.
+        Graphs captured with the same tag and backup setting share one uvm pool, as graphs sharing
+        a graph_pool_handle do; a replay after resume is bit-identical."""
+        import torch
+        from . import tag as uvm_tag
+        _check_tag(tag)
+        _check_backup_options(enable_cpu_backup, False, cpu_backup_backend)
+        ours = _state.pool("graph", tag, bool(enable_cpu_backup), torch.cuda.current_device())
+        if pool is not None and tuple(pool) != tuple(ours.id):
+            raise ValueError("uvm's cuda_graph captures into the uvm pool of its tag so that the graph's memory "
+                             "can pause; pass pool=None (graphs of one tag share that pool)")
+        with uvm_tag(_uvm_tag(tag, bool(enable_cpu_backup))):
+            with torch.cuda.graph(cuda_graph, pool=ours.id, stream=stream, capture_error_mode=capture_error_mode):
+                yield
+
+    @contextlib.contextmanager
+    def disable(self):
+        """Tensors made inside use torch's own allocator, even within a region; its pool is freed on exit."""
+        import torch
+        from . import tag as uvm_tag
+        pool = torch.cuda.MemPool()
+        with uvm_tag(None), torch.cuda.use_mem_pool(pool):
+            yield
+        del pool
+
+    def pause(self, tag: str | None = None) -> None:
+        """Moves the memory of `tag` (None: every tag) off the GPU and gives it back to the driver;
+        returns when it is free. Pausing a paused tag does nothing."""
+        import torch
+        from . import torch as uvm_torch
+        with _state.lock:
+            for key in _state.selected(tag):
+                if key in _state.paused:
+                    continue
+                devices = sorted(_state.devices[key])
+                for device in devices:  # kernels on any stream may still use these tensors
+                    torch.cuda.synchronize(device)
+                move = uvm_torch.offload if key[1] else uvm_torch.discard
+                move(_uvm_tag(*key))
+                for device in devices:
+                    torch.cuda.synchronize(device)
+                _state.paused.add(key)
+
+    def resume(self, tag: str | None = None) -> None:
+        """Maps memory for `tag` (None: every tag) at the same addresses and copies the CPU backups
+        back; returns when the tensors hold their data again. Resuming a resumed tag does nothing.
+        Raises MemoryError (nothing resumed for that tag) when the memory cannot be had, or would
+        leave less than memory_margin_bytes free."""
+        import torch
+        from . import torch as uvm_torch
+        with _state.lock:
+            for key in _state.selected(tag):
+                if key not in _state.paused:
+                    continue
+                devices = sorted(_state.devices[key])
+                for device in devices:
+                    self._check_margin(key, device)
+                uvm_torch.onload(_uvm_tag(*key))
+                for device in devices:
+                    torch.cuda.synchronize(device)
+                _state.paused.discard(key)
+            if not _state.retain_cpu_backup:
+                from . import release_staging
+                release_staging()  # the original frees its backups after a resume unless told to keep them
+
+    @staticmethod
+    def _check_margin(key: tuple[str, bool], device: int) -> None:
+        import torch
+        from . import residency
+        needed = residency(device, tag=_uvm_tag(*key))["released_bytes"]
+        margin = _state.memory_margin_bytes
+        if not needed or not margin:
+            return
+        free = torch.cuda.mem_get_info(device)[0]
+        if free < needed + margin:
+            raise MemoryError(f"resume({key[0]!r}) needs {needed} bytes on cuda:{device} and memory_margin_bytes="
+                              f"{margin} left over, but only {free} bytes are free")
+
+    def get_cpu_backup(self, x, zero_copy: bool = False):
+        """The CPU copy of a paused tensor's bytes, as a CPU tensor of its dtype and shape (a clone
+        unless zero_copy=True, which views uvm's pinned memory: valid until resume). None when the
+        tensor is not paused with a CPU backup."""
+        import torch
+        if not isinstance(x, torch.Tensor) or not x.is_cuda:
+            raise ValueError(f"get_cpu_backup takes a CUDA tensor, not {type(x).__name__}"
+                             f"{'' if not isinstance(x, torch.Tensor) else ' on ' + str(x.device)}")
+        if not x.is_contiguous():
+            raise ValueError(f"get_cpu_backup takes a contiguous tensor (shape {tuple(x.shape)}, "
+                             f"strides {x.stride()})")
+        if x.numel() == 0:
+            return torch.empty_like(x, device="cpu")
+        lib = _lib._get_ctypes_lib()
+        host = ctypes.c_void_p()
+        _lib.check(lib.uvm_get_staged_copy(x.data_ptr(), x.nbytes, ctypes.byref(host)), "uvm_get_staged_copy")
+        if not host.value:
+            return None
+        raw = torch.frombuffer((ctypes.c_uint8 * x.nbytes).from_address(host.value), dtype=torch.uint8)
+        backup = raw.view(x.dtype).view(x.shape)
+        return backup if zero_copy else backup.clone()
+
+    @property
+    def enabled(self) -> bool:
+        return True
+
+    @property
+    def hook_mode(self) -> str:
+        return "torch"
+
+    @hook_mode.setter
+    def hook_mode(self, mode: str) -> None:
+        if mode == "torch":
+            return
+        if mode == "preload":
+            raise NotImplementedError(
+                "uvm.memory_saver has hook_mode 'torch' only: allocations reach uvm through torch's MemPool "
+                "inside region(), not through an LD_PRELOAD hook on cudaMalloc. Set hook_mode = 'torch' (or drop "
+                "the line) and allocate pausable tensors inside torch_memory_saver.region()")
+        raise ValueError(f"hook_mode must be 'torch', not {mode!r}")
+
+    @property
+    def backing(self) -> str:
+        """"releasable" (default: CUDA VMM device memory, returned to the driver on pause) or
+        "managed" (uvm's managed memory). Set before the first region."""
+        return _state.backing
+
+    @backing.setter
+    def backing(self, value: str) -> None:
+        if value not in BACKINGS:
+            raise ValueError(f"backing must be one of {BACKINGS}, not {value!r}")
+        with _state.lock:
+            if _state.pools and value != _state.backing:
+                raise RuntimeError("set backing before the first region: pools already exist with "
+                                   f"backing {_state.backing!r}")
+            _state.backing = value
+
+    @property
+    def retain_cpu_backup(self) -> bool:
+        """Keep the pinned memory that held the CPU backups after a resume (default False: freed, as
+        the original does), so the next pause needs no new pinned allocation."""
+        return _state.retain_cpu_backup
+
+    @retain_cpu_backup.setter
+    def retain_cpu_backup(self, value: bool) -> None:
+        _state.retain_cpu_backup = bool(value)
+
+    @property
+    def memory_margin_bytes(self) -> int:
+        """Free bytes a resume must leave on the device, else it raises MemoryError (default 0)."""
+        return _state.memory_margin_bytes
+
+    @memory_margin_bytes.setter
+    def memory_margin_bytes(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"memory_margin_bytes must be an int >= 0, not {value!r}")
+        _state.memory_margin_bytes = value
+
+
+def configure_subprocess():
+    """The original's preload-mode helper; uvm has no preload mode."""
+    raise NotImplementedError("uvm.memory_saver has no preload mode, so subprocesses need no LD_PRELOAD: "
+                              "use region() with hook_mode 'torch' in the subprocess")
+
+
+torch_memory_saver = TorchMemorySaver()
+
+__all__ = ["TorchMemorySaver", "torch_memory_saver", "configure_subprocess"]

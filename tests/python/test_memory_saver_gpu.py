@@ -1,0 +1,252 @@
+"""GPU: uvm.memory_saver behaves like torch_memory_saver. Paused memory is free in mem_get_info and
+can be allocated by plain torch at once; virtual addresses never change; CPU-backed tensors come back
+bit-identical, neighbours and other tags are never touched; CUDA graphs replay bit-identically after
+a resume. Each test runs in a child process (the memory saver's pools live for the process).
+Releasable memory is device memory, not managed; the sizes stay ≤ 1 GiB all the same."""
+import pytest
+from conftest import python
+
+torch = pytest.importorskip("torch", reason="torch is not installed here")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device visible to torch", allow_module_level=True)
+
+PRELUDE = r"""
+import torch, uvm
+from uvm.memory_saver import torch_memory_saver as saver
+MiB = 1 << 20
+def pattern(n, seed, device="cuda"):
+    return ((torch.arange(n, device=device, dtype=torch.int64) * 131 + seed * 17 + 1) % 251).to(torch.uint8)
+def free():
+    torch.cuda.synchronize()
+    return torch.cuda.mem_get_info()[0]
+"""
+
+
+def run(body: str, timeout: float = 300):
+    result = python(PRELUDE + body, timeout=timeout)
+    assert result.stdout.strip().endswith("ok"), result.stdout + result.stderr
+    return result
+
+
+@pytest.mark.parametrize("backup", [True, False])
+def test_pause_frees_the_memory_for_mem_get_info_and_resume_keeps_addresses(backup):
+    run(f"""
+backup = {backup}
+with saver.region(tag="weights", enable_cpu_backup=backup):
+    w = pattern(512 * MiB, 1)
+address = w.data_ptr()
+before = free()
+saver.pause("weights")
+freed = free() - before
+assert freed >= 0.9 * 512 * MiB, f"mem_get_info shows {{freed}} bytes freed of {{512 * MiB}}"
+assert uvm.residency(tag="weights (cpu backup)" if backup else "weights")["released_bytes"] >= 512 * MiB
+saver.pause("weights")  # pausing again is harmless
+saver.resume("weights")
+assert free() <= before + 64 * MiB
+saver.resume("weights")  # and so is resuming again
+assert w.data_ptr() == address
+if backup:
+    assert torch.equal(w, pattern(512 * MiB, 1)), "the CPU-backed tensor came back different"
+else:
+    w.fill_(3)
+    assert int(w.sum()) == 3 * 512 * MiB
+print("ok")
+""")
+
+
+def test_other_tags_plain_tensors_and_unpaused_neighbours_are_untouched():
+    run(r"""
+plain_before = pattern(3 * MiB + 7, 9)
+with saver.region(tag="kv"):
+    kv = [pattern(n, i) for i, n in enumerate([512, 1000, 4 * MiB, 100_001])]
+with saver.region(tag="weights", enable_cpu_backup=True):
+    weights = [pattern(n, 10 + i) for i, n in enumerate([512, 1, 2 * MiB + 3, 64 * MiB])]
+plain_after = pattern(5 * MiB, 8)
+for cycle in range(3):
+    saver.pause("kv")
+    for i, t in enumerate(weights):  # still on the GPU and writable while kv is away
+        assert torch.equal(t, pattern(t.numel(), 10 + i + cycle)), f"weights[{i}] changed in cycle {cycle}"
+        t.copy_(pattern(t.numel(), 11 + i + cycle))
+    saver.pause("weights")
+    saver.resume("weights")
+    saver.resume("kv")
+    for i, t in enumerate(weights):
+        assert torch.equal(t, pattern(t.numel(), 11 + i + cycle)), f"weights[{i}] lost in cycle {cycle}"
+    assert torch.equal(plain_before, pattern(3 * MiB + 7, 9)) and torch.equal(plain_after, pattern(5 * MiB, 8))
+print("ok")
+""")
+
+
+def test_the_freed_memory_is_allocatable_by_plain_torch_when_the_gpu_is_full():
+    run(r"""
+import time
+with saver.region(tag="model", enable_cpu_backup=True):
+    model = pattern(1024 * MiB, 4)
+torch.cuda.synchronize()
+ballast = torch.empty(free() - 256 * MiB, dtype=torch.uint8, device="cuda")  # the GPU is now full
+saver.pause("model")
+start = time.perf_counter()
+claim = torch.empty(900 * MiB, dtype=torch.uint8, device="cuda")  # can only come from the paused memory
+claim.fill_(1)
+torch.cuda.synchronize()
+print(f"claim of 900 MiB after pause: {(time.perf_counter() - start) * 1e3:.1f} ms")
+del claim
+torch.cuda.empty_cache()
+saver.resume("model")
+assert torch.equal(model, pattern(1024 * MiB, 4))
+del ballast
+print("ok")
+""")
+
+
+def test_a_cuda_graph_replays_bit_identically_after_pause_and_resume():
+    run(r"""
+with saver.region(tag="weights", enable_cpu_backup=True):
+    weight = torch.randn(1024, 1024, device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+with saver.region(tag="kv"):
+    cache = torch.zeros(256, 1024, device="cuda")
+static_in = torch.randn(64, 1024, device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+def step():
+    hidden = torch.relu(static_in @ weight)  # an intermediate in the graph's (pausable) pool
+    cache[:64].copy_(hidden)
+    return (hidden @ weight.T).sum(dim=1)
+side = torch.cuda.Stream()
+side.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(side):
+    step()
+torch.cuda.current_stream().wait_stream(side)
+graph = torch.cuda.CUDAGraph()
+with saver.cuda_graph(graph, tag="graph"):
+    out = step()
+graph.replay()
+first = out.clone()
+first_cache = cache[:64].clone()
+for cycle in range(3):
+    saver.pause()
+    filler = torch.empty(256 * MiB, dtype=torch.uint8, device="cuda").fill_(cycle)  # reuse the freed memory
+    del filler
+    saver.resume()
+    cache.zero_()  # dropped without backup: the caller refills it
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, first), f"replay after resume differs in cycle {cycle}"
+    assert torch.equal(cache[:64], first_cache)
+print("ok")
+""")
+
+
+def test_nested_regions_and_disable_choose_where_each_tensor_goes():
+    run(r"""
+with saver.region(tag="default", enable_cpu_backup=True):
+    model = pattern(8 * MiB, 1)
+    with saver.region(tag="grad", enable_cpu_backup=False):
+        grad = pattern(8 * MiB, 2)
+        with saver.disable():
+            plain = pattern(8 * MiB, 3)
+    after_inner = pattern(8 * MiB, 4)
+lib = uvm.library()
+assert lib.uvm_allocation_info(plain.data_ptr(), None, None, None) != 0, "disable() still allocated from uvm"
+lib.uvm_clear_last_error()
+assert set(uvm.tags()) >= {"default (cpu backup)", "grad"}
+saver.pause()
+saver.resume()
+assert torch.equal(model, pattern(8 * MiB, 1)) and torch.equal(after_inner, pattern(8 * MiB, 4))
+assert torch.equal(plain, pattern(8 * MiB, 3))
+grad.fill_(0)
+assert int(grad.sum()) == 0
+print("ok")
+""")
+
+
+def test_get_cpu_backup_while_paused():
+    run(r"""
+with saver.region(enable_cpu_backup=True):
+    x = torch.full((10, 20, 30), 1.5, device="cuda")
+with saver.region(tag="nobackup"):
+    y = torch.ones(100, device="cuda")
+assert saver.get_cpu_backup(x) is None  # not paused
+saver.pause()
+backup = saver.get_cpu_backup(x)
+assert backup.device.type == "cpu" and backup.shape == x.shape and backup.dtype == x.dtype
+assert torch.equal(backup, torch.full((10, 20, 30), 1.5))
+assert saver.get_cpu_backup(y) is None  # paused without a backup
+assert torch.equal(saver.get_cpu_backup(x, zero_copy=True), backup)
+saver.resume()
+assert saver.get_cpu_backup(x) is None
+try:
+    saver.get_cpu_backup(x.t())
+except ValueError as error:
+    assert "contiguous" in str(error)
+else:
+    raise AssertionError("a non-contiguous tensor was accepted")
+print("ok")
+""")
+
+
+def test_resume_refuses_to_pass_the_memory_margin_and_can_be_retried():
+    run(r"""
+with saver.region(tag="big", enable_cpu_backup=True):
+    big = pattern(256 * MiB, 5)
+saver.pause("big")
+saver.memory_margin_bytes = torch.cuda.mem_get_info()[1]  # more than the card has
+try:
+    saver.resume("big")
+except MemoryError as error:
+    assert "memory_margin_bytes" in str(error)
+else:
+    raise AssertionError("resume passed the margin")
+saver.memory_margin_bytes = 0
+saver.resume("big")
+assert torch.equal(big, pattern(256 * MiB, 5))
+print("ok")
+""")
+
+
+def test_retain_cpu_backup_keeps_the_pinned_memory_between_cycles():
+    run(r"""
+with saver.region(tag="w", enable_cpu_backup=True):
+    w = pattern(64 * MiB, 6)
+saver.pause("w"); saver.resume("w")
+assert uvm.staging()["capacity_bytes"] == 0, "the backup's pinned memory was kept without retain_cpu_backup"
+saver.retain_cpu_backup = True
+saver.pause("w"); saver.resume("w")
+assert uvm.staging()["capacity_bytes"] >= 64 * MiB
+assert torch.equal(w, pattern(64 * MiB, 6))
+print("ok")
+""")
+
+
+def test_managed_backing_works_and_uvm_mem_get_info_counts_what_it_offloaded():
+    run(r"""
+saver.backing = "managed"
+with saver.region(tag="m", enable_cpu_backup=True):
+    m = pattern(128 * MiB, 7)
+assert uvm.library().uvm_is_managed(m.data_ptr()) == 1
+free_before, total = uvm.mem_get_info()
+saver.pause("m")
+free_after, _ = uvm.mem_get_info()
+assert free_after - free_before >= 0.9 * 128 * MiB, (free_before, free_after)
+saver.resume("m")
+assert torch.equal(m, pattern(128 * MiB, 7))
+print("ok")
+""")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (this machine has fewer)")
+def test_regions_on_two_devices_pause_and_resume_together():
+    run(r"""
+tensors = []
+for d in (0, 1):
+    torch.cuda.set_device(d)
+    with saver.region(tag="t", enable_cpu_backup=True):
+        tensors.append(pattern(256 * MiB, d, device=f"cuda:{d}"))
+freed = [torch.cuda.mem_get_info(d)[0] for d in (0, 1)]
+saver.pause("t")
+for d in (0, 1):
+    torch.cuda.synchronize(d)
+    assert torch.cuda.mem_get_info(d)[0] - freed[d] >= 0.9 * 256 * MiB, f"cuda:{d} not freed"
+saver.resume("t")
+for d in (0, 1):
+    assert torch.equal(tensors[d], pattern(256 * MiB, d, device=f"cuda:{d}"))
+print("ok")
+""")

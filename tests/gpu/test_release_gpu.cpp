@@ -1,0 +1,106 @@
+// GPU 0: releasable allocations (uvm_malloc_releasable, CUDA VMM). Offloading all of one gives its
+// memory back to the driver: cudaMemGetInfo counts it free at once and a plain cudaMalloc of it
+// succeeds; onload maps memory again at the same address and the bytes come back exactly, the
+// neighbouring allocation untouched. Sizes stay far below a quarter of the card.
+#include <string>
+#include <vector>
+
+#include "gpu_support.hpp"
+
+using gpu::MiB;
+
+namespace {
+
+struct Releasable {
+  explicit Releasable(size_t bytes) : size(bytes) {
+    ptr = static_cast<unsigned char*>(uvm_malloc_releasable(bytes, 0, nullptr));
+    INFO(uvm_last_error());
+    REQUIRE(ptr != nullptr);
+  }
+  ~Releasable() { uvm_free(ptr, size, 0, nullptr); }
+  Releasable(const Releasable&) = delete;
+  Releasable& operator=(const Releasable&) = delete;
+  std::vector<unsigned char> fill(unsigned seed) {
+    std::vector<unsigned char> host(size);
+    for (size_t i = 0; i < size; ++i) host[i] = static_cast<unsigned char>((i * 131 + seed) >> 3);
+    CUDA_REQUIRE(cudaMemcpy(ptr, host.data(), size, cudaMemcpyDefault));
+    return host;
+  }
+  bool holds(const std::vector<unsigned char>& expected) const {
+    std::vector<unsigned char> now(size);
+    CUDA_REQUIRE(cudaMemcpy(now.data(), ptr, size, cudaMemcpyDefault));
+    return now == expected;
+  }
+  uvm_range whole() const { return uvm_range{ptr, size}; }
+  unsigned char* ptr;
+  size_t size;
+};
+
+size_t free_now() {
+  size_t free_bytes = 0, total = 0;
+  CUDA_REQUIRE(cudaMemGetInfo(&free_bytes, &total));
+  return free_bytes;
+}
+
+}  // namespace
+
+TEST_CASE("offloading a releasable allocation frees it for cudaMemGetInfo and cudaMalloc", "[gpu][release]") {
+  Releasable before(3 * MiB + 5), a(512 * MiB + 4096), after(7 * MiB);
+  const auto expect_before = before.fill(1), expect_a = a.fill(2), expect_after = after.fill(3);
+  unsigned char* const address = a.ptr;
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const uvm_range whole = a.whole();
+  for (int cycle = 0; cycle < 5; ++cycle) {
+    const size_t free_before = free_now();
+    INFO("cycle " << cycle << ": " << uvm_last_error());
+    REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_AUTO, stream) == UVM_OK);
+    const size_t freed = free_now() - free_before;
+    CHECK(freed >= a.size / 10 * 9);
+    // The freed memory is there for a plain allocation, right now.
+    void* claim = nullptr;
+    CUDA_REQUIRE(cudaMalloc(&claim, a.size / 10 * 9));
+    CUDA_REQUIRE(cudaMemset(claim, 0x5A, a.size / 10 * 9));
+    CUDA_REQUIRE(cudaFree(claim));
+    CHECK(before.holds(expect_before));
+    CHECK(after.holds(expect_after));
+    REQUIRE(uvm_onload_ranges(&whole, 1, stream) == UVM_OK);
+    CUDA_REQUIRE(cudaStreamSynchronize(stream));
+    CHECK(a.ptr == address);
+    CHECK(a.holds(expect_a));
+  }
+  CHECK(cudaGetLastError() == cudaSuccess);
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("a discarded releasable allocation is released and comes back writable", "[gpu][release]") {
+  Releasable a(64 * MiB);
+  a.fill(4);
+  const uvm_range whole = a.whole();
+  const size_t free_before = free_now();
+  REQUIRE(uvm_discard_ranges(&whole, 1, nullptr) == UVM_OK);
+  CHECK(free_now() - free_before >= a.size);
+  REQUIRE(uvm_onload_ranges(&whole, 1, nullptr) == UVM_OK);
+  CUDA_REQUIRE(cudaDeviceSynchronize());
+  const auto expect = a.fill(5);
+  CHECK(a.holds(expect));
+  uvm_residency r{};
+  REQUIRE(uvm_get_residency(0, nullptr, &r) == UVM_OK);
+  CHECK(r.released_bytes == 0);
+}
+
+TEST_CASE("a partly offloaded releasable allocation keeps its memory and its other bytes", "[gpu][release]") {
+  Releasable a(32 * MiB);
+  const auto expect = a.fill(6);
+  const std::vector<uvm_range> parts = {{a.ptr, 4 * MiB}, {a.ptr + 8 * MiB, 512}};
+  const size_t free_before = free_now();
+  REQUIRE(uvm_offload_ranges(parts.data(), parts.size(), UVM_STRATEGY_AUTO, nullptr) == UVM_OK);
+  CUDA_REQUIRE(cudaDeviceSynchronize());
+  CHECK(free_now() + 2 * MiB >= free_before);  // nothing released
+  std::vector<unsigned char> middle(4 * MiB);
+  CUDA_REQUIRE(cudaMemcpy(middle.data(), a.ptr + 4 * MiB, middle.size(), cudaMemcpyDefault));
+  CHECK(std::equal(middle.begin(), middle.end(), expect.begin() + 4 * MiB));
+  REQUIRE(uvm_onload_ranges(parts.data(), parts.size(), nullptr) == UVM_OK);
+  CUDA_REQUIRE(cudaDeviceSynchronize());
+  CHECK(a.holds(expect));
+}

@@ -9,6 +9,9 @@
 #   MULTI_GPU=1                  runs tests/multi_gpu/run.sh (2+ GPUs)
 #   PROBE=1                      runs bench/transfer_probe.cu with PROBE_ARGS (default "4096 2")
 #   JIT_BENCH=1                  runs the JIT build benchmark
+#   PEERS=1                      runs torch_memory_saver's examples on uvm.memory_saver
+#                                (tests/peers/run_tms_examples.sh) and the Megatron-Core harness
+#   RL_BENCH=1                   runs the sleep/wake cycle benchmark (python -m uvm bench rl)
 # The device has no network: Catch2 travels as Debian's .deb in .deps/ (carry it), unpacked to /tmp.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -64,6 +67,17 @@ if [ "${MULTI_GPU:-0}" = 1 ]; then
   echo "== multi-GPU"
   bash tests/multi_gpu/run.sh "$build" "$OUT" 2>&1 | tee "$OUT/multi_gpu.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if [ "${PEERS:-0}" = 1 ]; then
+  echo "== torch_memory_saver's examples on uvm.memory_saver"
+  bash tests/peers/run_tms_examples.sh 2>&1 | tee "$OUT/tms_examples.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  if [ -f tests/peers/megatron_on_uvm.py ]; then
+    echo "== Megatron-Core on uvm"
+    bash tests/peers/run_megatron.sh 2>&1 | tee "$OUT/megatron.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  fi
 fi
 
 echo "== demo"

@@ -2,6 +2,7 @@
 // memory back to the driver: cudaMemGetInfo counts it free at once and a plain cudaMalloc of it
 // succeeds; onload maps memory again at the same address and the bytes come back exactly, the
 // neighbouring allocation untouched. Sizes stay far below a quarter of the card.
+#include <algorithm>
 #include <string>
 #include <vector>
 

@@ -20,7 +20,8 @@ class BuildWithSources(build_py):
                 raise SystemExit(f"uvm: {source} is missing; build from a uvm checkout")
             shutil.copytree(source, target / directory, dirs_exist_ok=True)
         (target / "bench").mkdir(parents=True, exist_ok=True)
-        shutil.copy2(HERE.parent / "bench" / "offload_bench.py", target / "bench" / "offload_bench.py")
+        for script in ("offload_bench.py", "rl_bench.py"):
+            shutil.copy2(HERE.parent / "bench" / script, target / "bench" / script)
 
 
 setup(cmdclass={"build_py": BuildWithSources})

@@ -96,6 +96,14 @@ if [ "${JIT_BENCH:-0}" = 1 ]; then
   PYTHONPATH=python_shim python3 bench/jit_bench.py
 fi
 
+if [ "${RL_BENCH:-0}" = 1 ]; then
+  echo "== RL sleep/wake cycle bench"
+  if ls .deps/wheels/torch_memory_saver-*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-deps --target /tmp/peer-site .deps/wheels/torch_memory_saver-*.whl
+  fi
+  PYTHONPATH=python_shim:/tmp/peer-site python3 -m uvm bench rl ${RL_ARGS:-} --out "$OUT/rl" || status=1
+fi
+
 bench=${BENCH:-full}
 if [ "$bench" != none ]; then
   echo "== offload bench"

@@ -1,5 +1,6 @@
 """python -m uvm doctor — what uvm sees here, and whether a pool can be created (exit 0) or why not.
-python -m uvm bench [args] — the offload/onload benchmark (bench/offload_bench.py; --help)."""
+python -m uvm bench [args] — the offload/onload benchmark (bench/offload_bench.py; --help).
+python -m uvm bench rl [args] — the sleep/wake cycle benchmark (bench/rl_bench.py; --help)."""
 from __future__ import annotations
 
 import ctypes
@@ -85,20 +86,24 @@ def _print_residency(lib, device: int) -> None:
 
 
 USAGE = """usage: python -m uvm doctor          what uvm sees here; exit 0 if a pool can be created
-       python -m uvm bench [--help]    the offload/onload benchmark (needs torch and a GPU)"""
+       python -m uvm bench [--help]    the offload/onload benchmark (needs torch and a GPU)
+       python -m uvm bench rl [--help] the RL sleep/wake cycle benchmark, uvm against its peers"""
 
 
 def bench(argv: list[str]) -> int:
-    """Runs bench/offload_bench.py from the source tree, or the copy installed with the package.
-    --help works without torch (it prints the script's own description)."""
+    """Runs bench/offload_bench.py (or, for `bench rl`, bench/rl_bench.py) from the source tree, or
+    the copy installed with the package. --help works without torch (it prints the script's own
+    description)."""
     import ast
     import pathlib
     import runpy
+    name = "offload_bench.py"
+    if argv[:1] == ["rl"]:
+        name, argv = "rl_bench.py", argv[1:]
     here = pathlib.Path(__file__).resolve().parent
-    found = [s for s in (here.parents[1] / "bench" / "offload_bench.py", here / "_csrc" / "bench" / "offload_bench.py")
-             if s.is_file()]
+    found = [s for s in (here.parents[1] / "bench" / name, here / "_csrc" / "bench" / name) if s.is_file()]
     if not found:
-        print("python -m uvm bench: bench/offload_bench.py is not in this installation", file=sys.stderr)
+        print(f"python -m uvm bench: bench/{name} is not in this installation", file=sys.stderr)
         return 2
     script = found[0]
     try:

@@ -65,6 +65,11 @@ class _State:
         self.pools: dict[tuple, object] = {}  # (purpose, tag, backup, device) -> torch.cuda.MemPool
         self.devices: dict[tuple[str, bool], set[int]] = {}  # (tag, backup) -> devices used
         self.paused: set[tuple[str, bool]] = set()
+        # torch refuses to destroy a MemPool while any thread allocates to a pool (its assert
+        # "captures_underway.empty()" aborts the process), so disable()'s pools wait here until no
+        # region is open.
+        self.open_regions = 0
+        self.retired_pools: list = []
         self.backing = "releasable"
         self.retain_cpu_backup = False
         self.memory_margin_bytes = 0
@@ -79,6 +84,20 @@ class _State:
                 self.pools[key] = create(device)
                 self.devices.setdefault((tag, backup), set()).add(device)
             return self.pools[key]
+
+    @contextlib.contextmanager
+    def open_region(self):
+        """Counts the regions and captures open in the process; the last to close frees the pools
+        disable() retired meanwhile. Entered before, so left after, the pool it guards."""
+        with self.lock:
+            self.open_regions += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.open_regions -= 1
+                if self.open_regions == 0:
+                    self.retired_pools.clear()
 
     def selected(self, tag: str | None) -> list[tuple[str, bool]]:
         with self.lock:
@@ -101,7 +120,7 @@ class TorchMemorySaver:
         _check_tag(tag)
         _check_backup_options(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
         pool = _state.pool("region", tag, bool(enable_cpu_backup), torch.cuda.current_device())
-        with uvm_tag(_uvm_tag(tag, bool(enable_cpu_backup))), torch.cuda.use_mem_pool(pool):
+        with _state.open_region(), uvm_tag(_uvm_tag(tag, bool(enable_cpu_backup))), torch.cuda.use_mem_pool(pool):
             yield
 
     @contextlib.contextmanager
@@ -118,19 +137,26 @@ class TorchMemorySaver:
         if pool is not None and tuple(pool) != tuple(ours.id):
             raise ValueError("uvm's cuda_graph captures into the uvm pool of its tag so that the graph's memory "
                              "can pause; pass pool=None (graphs of one tag share that pool)")
-        with uvm_tag(_uvm_tag(tag, bool(enable_cpu_backup))):
+        with _state.open_region(), uvm_tag(_uvm_tag(tag, bool(enable_cpu_backup))):
             with torch.cuda.graph(cuda_graph, pool=ours.id, stream=stream, capture_error_mode=capture_error_mode):
                 yield
 
     @contextlib.contextmanager
     def disable(self):
-        """Tensors made inside use torch's own allocator, even within a region; its pool is freed on exit."""
+        """Tensors made inside use torch's own allocator, even within a region. Their pool's cached
+        memory is freed on exit, or once the last open region closes if one is open (torch cannot
+        free a pool while another is in use)."""
         import torch
         from . import tag as uvm_tag
         pool = torch.cuda.MemPool()
-        with uvm_tag(None), torch.cuda.use_mem_pool(pool):
-            yield
-        del pool
+        try:
+            with uvm_tag(None), torch.cuda.use_mem_pool(pool):
+                yield
+        finally:
+            with _state.lock:
+                if _state.open_regions:
+                    _state.retired_pools.append(pool)
+            del pool
 
     def pause(self, tag: str | None = None) -> None:
         """Moves the memory of `tag` (None: every tag) off the GPU and gives it back to the driver;

@@ -15,7 +15,13 @@ import torch, uvm
 from uvm.memory_saver import torch_memory_saver as saver
 MiB = 1 << 20
 def pattern(n, seed, device="cuda"):
-    return ((torch.arange(n, device=device, dtype=torch.int64) * 131 + seed * 17 + 1) % 251).to(torch.uint8)
+    # int32 steps of 64 MiB, so that the temporaries stay small (a region would cache them too)
+    out = torch.empty(n, dtype=torch.uint8, device=device)
+    for start in range(0, n, 64 * MiB):
+        count = min(64 * MiB, n - start)
+        index = torch.arange(start, start + count, device=device, dtype=torch.int64)
+        out[start:start + count] = ((index * 131 + seed * 17 + 1) % 251).to(torch.uint8)
+    return out
 def free():
     torch.cuda.synchronize()
     return torch.cuda.mem_get_info()[0]
@@ -80,9 +86,12 @@ print("ok")
 def test_the_freed_memory_is_allocatable_by_plain_torch_when_the_gpu_is_full():
     run(r"""
 import time
+expected = pattern(1024 * MiB, 4).cpu()
 with saver.region(tag="model", enable_cpu_backup=True):
-    model = pattern(1024 * MiB, 4)
+    model = torch.empty(1024 * MiB, dtype=torch.uint8, device="cuda")
+model.copy_(expected)
 torch.cuda.synchronize()
+torch.cuda.empty_cache()
 ballast = torch.empty(free() - 256 * MiB, dtype=torch.uint8, device="cuda")  # the GPU is now full
 saver.pause("model")
 start = time.perf_counter()
@@ -93,7 +102,7 @@ print(f"claim of 900 MiB after pause: {(time.perf_counter() - start) * 1e3:.1f} 
 del claim
 torch.cuda.empty_cache()
 saver.resume("model")
-assert torch.equal(model, pattern(1024 * MiB, 4))
+assert torch.equal(model.cpu(), expected)
 del ballast
 print("ok")
 """)
@@ -174,7 +183,7 @@ assert torch.equal(saver.get_cpu_backup(x, zero_copy=True), backup)
 saver.resume()
 assert saver.get_cpu_backup(x) is None
 try:
-    saver.get_cpu_backup(x.t())
+    saver.get_cpu_backup(x.transpose(0, 1))
 except ValueError as error:
     assert "contiguous" in str(error)
 else:

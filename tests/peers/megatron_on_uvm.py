@@ -80,7 +80,8 @@ def logits_of(model):
     tokens = (torch.arange(128, device="cuda").view(1, 128) * 37) % 4096
     positions = torch.arange(128, device="cuda").view(1, 128)
     mask = torch.ones(1, 1, 128, 128, dtype=torch.bool, device="cuda").triu(1)
-    with torch.no_grad():
+    # Megatron wraps bf16 models in its Float16Module for this; autocast does the same casting here.
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
         return model(tokens, positions, mask).float()
 
 

@@ -256,7 +256,6 @@ def child(method_name: str, pattern: str, cycles: int) -> dict:
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     sleep_bytes = weight_bytes + cache.numel() * cache.element_size()
     ballast = None
-    torch.cuda.empty_cache()
     if pattern == "full":
         torch.cuda.synchronize()
         ballast = torch.empty(torch.cuda.mem_get_info()[0] - 256 * (1 << 20), dtype=torch.uint8, device="cuda")
@@ -269,11 +268,13 @@ def child(method_name: str, pattern: str, cycles: int) -> dict:
         claim_s = 0.0
         if claims:
             size = int(0.9 * sleep_bytes) + (free_before - 512 * (1 << 20) if pattern == "big" else 0)
-            holder = []
-            claim_s = timed(lambda: holder.append(torch.empty(size, dtype=torch.uint8, device="cuda")))
+            # In a pool of its own, freed with it: torch.cuda.empty_cache() would also empty the
+            # methods' own pools, which torch_memory_saver's torch mode refuses (it aborts).
+            pool, holder = torch.cuda.MemPool(), []
+            with torch.cuda.use_mem_pool(pool):
+                claim_s = timed(lambda: holder.append(torch.empty(size, dtype=torch.uint8, device="cuda")))
             holder[0].fill_(1)  # the training step uses it
-            del holder
-            torch.cuda.empty_cache()
+            del holder, pool
         wake_s = timed(method.wake)
         history, logits = decode(graph, cache, state)
         rows.append({"cycle": cycle, "sleep_s": sleep_s, "claim_s": claim_s, "wake_s": wake_s,

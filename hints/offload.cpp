@@ -127,9 +127,24 @@ uvm_status check_all_uvm_allocations(const Call& call, const std::vector<HintRan
   return UVM_OK;
 }
 
+// An event recorded on `stream` now, or null if none could be had (the caller then waits for the
+// stream instead); records no error.
+EventRef try_record(cudaStream_t stream) {
+  auto event = std::make_shared<CudaEvent>();
+  if (clear_cuda_error(cudaEventCreateWithFlags(&event->handle, cudaEventDisableTiming)) != cudaSuccess) {
+    event->handle = nullptr;
+    return nullptr;
+  }
+  if (clear_cuda_error(cudaEventRecord(event->handle, stream)) != cudaSuccess) return nullptr;
+  return event;
+}
+
 // Copies every piece into pinned staging memory, then discards it on the device, all in `stream`
-// order: 50–52 GB/s on an H100, against 10–16 GB/s for a prefetch to the CPU.
-uvm_status offload_staged(const Call& call, const std::vector<HintRange>& pieces, cudaStream_t stream) {
+// order: 50–52 GB/s on an H100, against 10–16 GB/s for a prefetch to the CPU. Marks in `done` where
+// each releasable allocation's copies end, so that its memory can go back before the later copies
+// finish.
+uvm_status offload_staged(const Call& call, const std::vector<HintRange>& pieces, cudaStream_t stream,
+                          CopiesDone* done) {
   const std::vector<Span> spans = spans_of(pieces);
   std::vector<char*> hosts;
   std::vector<EventRef> reused;
@@ -150,6 +165,10 @@ uvm_status offload_staged(const Call& call, const std::vector<HintRange>& pieces
     const void* ptr = reinterpret_cast<const void*>(spans[i].begin);
     if (cudaError_t e = cudaMemcpyAsync(hosts[i], ptr, spans[i].size(), cudaMemcpyDefault, stream)) {
       return give_up(fail_cuda(call, e, "cudaMemcpyAsync(%p → pinned staging, %zu bytes)", ptr, spans[i].size()));
+    }
+    const bool last_of_allocation = i + 1 == pieces.size() || pieces[i + 1].allocation != pieces[i].allocation;
+    if (pieces[i].releasable && last_of_allocation) {
+      if (EventRef copied = try_record(stream)) (*done)[pieces[i].allocation] = copied;
     }
   }
   const std::vector<HintRange> managed = managed_only(pieces);
@@ -217,14 +236,15 @@ uvm_status offload(const Call& call, const uvm_range* ranges, size_t count, int 
   std::vector<HintRange> all = staged;
   all.insert(all.end(), migrated.begin(), migrated.end());
   if (uvm_status s = wait_for_moves(call, all, stream)) return s;
+  CopiesDone done;
   if (!staged.empty()) {
-    if (uvm_status s = offload_staged(call, staged, stream)) return s;
+    if (uvm_status s = offload_staged(call, staged, stream, &done)) return s;
   }
   if (!migrated.empty()) {
     if (uvm_status s = prefetch_each(call, migrated, UVM_LOCATION_CPU, stream)) return s;
     if (uvm_status s = record_moves(call, migrated, stream)) return s;
   }
-  return release_emptied(call, target.merged, stream);
+  return release_emptied(call, target.merged, stream, done);
 }
 
 // After a failure half-way through an onload: waits for what the workers were given, so that no
@@ -314,8 +334,12 @@ uvm_status copy_back(const Call& call, int device, const std::vector<StagedWork>
   uvm_status status = UVM_OK;
   uint64_t prefetches = 0;
   for (size_t c = 0; c < chunks.size() && status == UVM_OK; ++c) {
-    const bool managed = releasable.count(chunks[c].copies.front().allocation) == 0;
-    status = copy_chunk(call, device, chunks[c], managed, workers[c % pipeline.streams]);
+    const uintptr_t allocation = chunks[c].copies.front().allocation;
+    const bool managed = releasable.count(allocation) == 0;
+    // Releasable memory is mapped chunk by chunk, so that mapping the next allocations overlaps the
+    // copies into the ones before.
+    if (!managed) status = restore_one(call, allocation);
+    if (status == UVM_OK) status = copy_chunk(call, device, chunks[c], managed, workers[c % pipeline.streams]);
     if (managed) prefetches += 2;
   }
   const int used = static_cast<int>(std::min<size_t>(chunks.size(), pipeline.streams));
@@ -347,7 +371,6 @@ uvm_status onload(const Call& call, const uvm_range* ranges, size_t count, cudaS
   if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;  // freed meanwhile?
   if (target.merged.empty()) return UVM_OK;
   if (uvm_status s = wait_for_moves(call, target.merged, stream)) return s;
-  if (uvm_status s = restore_released(call, target.merged)) return s;
   std::vector<StagedWork> staged;
   std::vector<HintRange> migrated;
   for (const HintRange& range : target.merged) {
@@ -360,8 +383,9 @@ uvm_status onload(const Call& call, const uvm_range* ranges, size_t count, cudaS
   if (!staged.empty()) {
     if (uvm_status s = copy_back(call, target.device, staged, stream)) return s;
   }
-  // Releasable bytes that were not staged (discarded, or never moved) are already on the device
-  // once it is mapped again; there is nothing to prefetch.
+  // Every released allocation is mapped again (those with staged bytes already are), so that bytes
+  // that were not staged (discarded, or never moved) are device memory again: nothing to prefetch.
+  if (uvm_status s = restore_released(call, target.merged)) return s;
   std::vector<HintRange> to_prefetch;
   for (const HintRange& range : migrated) {
     if (range.releasable) account_move(range, Move::to_device, 0);

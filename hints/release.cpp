@@ -17,16 +17,21 @@ std::set<uintptr_t> releasable_allocations(const std::vector<HintRange>& ranges)
 
 }  // namespace
 
-uvm_status release_emptied(const Call& call, const std::vector<HintRange>& ranges, cudaStream_t stream) {
-  bool waited = false;
+uvm_status release_emptied(const Call& call, const std::vector<HintRange>& ranges, cudaStream_t stream,
+                           const CopiesDone& done) {
+  bool stream_done = false;
   for (uintptr_t base : releasable_allocations(ranges)) {
     if (!vmm_mapped(base) || !registry().all_off_device(base)) continue;
-    if (!waited) {
+    // Its own copies, when they are known (the later ones keep running meanwhile), else the stream.
+    auto copies = done.find(base);
+    const bool own = copies != done.end() && copies->second &&
+                     clear_cuda_error(cudaEventSynchronize(copies->second->handle)) == cudaSuccess;
+    if (!own && !stream_done) {
       if (cudaError_t e = cudaStreamSynchronize(stream)) {
         return fail_cuda(call, e, "cudaStreamSynchronize (copies out of %p before releasing its memory)",
                          reinterpret_cast<void*>(base));
       }
-      waited = true;
+      stream_done = true;
     }
     if (uvm_status s = vmm_release_physical(call, base)) return s;
     registry().set_released(base, true);
@@ -34,11 +39,16 @@ uvm_status release_emptied(const Call& call, const std::vector<HintRange>& range
   return UVM_OK;
 }
 
+uvm_status restore_one(const Call& call, uintptr_t base) {
+  if (vmm_mapped(base)) return UVM_OK;
+  if (uvm_status s = vmm_restore_physical(call, base)) return s;
+  registry().set_released(base, false);
+  return UVM_OK;
+}
+
 uvm_status restore_released(const Call& call, const std::vector<HintRange>& ranges) {
   for (uintptr_t base : releasable_allocations(ranges)) {
-    if (vmm_mapped(base)) continue;
-    if (uvm_status s = vmm_restore_physical(call, base)) return s;
-    registry().set_released(base, false);
+    if (uvm_status s = restore_one(call, base)) return s;
   }
   return UVM_OK;
 }

@@ -2,17 +2,27 @@
 // allocation is off its device, mapped again before an onload needs it.
 #pragma once
 
+#include <map>
 #include <vector>
 
+#include "../alloc/staging.hpp"
 #include "target.hpp"
 
 namespace uvm {
 
+// Where the copies out of each releasable allocation (by base) end on the stream, so that its memory
+// can go back while the copies of the next ones still run.
+using CopiesDone = std::map<uintptr_t, EventRef>;
+
 // After an offload or discard of `ranges` issued on `stream`: for each releasable allocation among
-// them that uvm has moved entirely off its device, waits for `stream` (once: the copies out of the
-// memory run there) and gives its physical memory back to the driver. An allocation still holding
-// any byte nobody moved keeps its memory.
-uvm_status release_emptied(const Call& call, const std::vector<HintRange>& ranges, cudaStream_t stream);
+// them that uvm has moved entirely off its device, waits for its copies (its event in `done`, else
+// `stream`, once) and gives its physical memory back to the driver, in address order. An allocation
+// still holding any byte nobody moved keeps its memory.
+uvm_status release_emptied(const Call& call, const std::vector<HintRange>& ranges, cudaStream_t stream,
+                           const CopiesDone& done = {});
+
+// Maps new physical memory for the releasable allocation at `base` if it was released.
+uvm_status restore_one(const Call& call, uintptr_t base);
 
 // Before an onload of `ranges`: maps new physical memory for each released allocation among them.
 // On failure (e.g. the device is full: UVM_ERROR_OUT_OF_MEMORY) the allocations mapped so far stay

@@ -34,7 +34,7 @@ struct Op {
   std::string call;   // "prefetch", "advise:preferred", "advise:accessed_by", "discard", "malloc", "free",
                       // "copy:to_host", "copy:to_device" (ptr: the managed side), "host_alloc",
                       // "host_free", "event_record", "wait_event" (ptr: the event), "stream_sync",
-                      // "device_sync", "vmm_create", "vmm_map", "vmm_unmap"
+                      // "device_sync", "event_sync" (ptr: the event), "vmm_create", "vmm_map", "vmm_unmap"
   const void* ptr;
   size_t size;
   int location;       // device ordinal or -1 (CPU); for malloc/free the context's device

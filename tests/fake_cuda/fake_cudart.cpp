@@ -797,6 +797,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     std::lock_guard<std::mutex> lock(w.mutex);
     cudaError_t error;
     if (injected(w, "cudaEventSynchronize", &error)) return error;
+    log(w, "event_sync", event, 0, -2, nullptr);
   }
   return cudaEventQuery(event);
 }

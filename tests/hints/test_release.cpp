@@ -2,6 +2,7 @@
 // memory faults and whose fresh physical memory is filled with kFreshPhysical: the physical memory
 // goes back only when every byte is off the device, comes back before the copies, and no byte is
 // lost on the way — neighbours, partial moves and failures included.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -52,13 +53,21 @@ TEST_CASE("offloading all of a releasable allocation gives its memory back; onlo
   CHECK(FakeMachine::ops_named("copy:to_host").size() == 1);
   CHECK(FakeMachine::ops_named("discard").empty());  // no driver discard: the memory is released
   CHECK(FakeMachine::ops_named("prefetch").empty());
-  // The copies out ran on `stream`: it is waited for before the unmap.
+  // The copies out ran on `stream`: an event recorded there after them is waited for before the unmap.
   const auto ops = fake::ops();
-  size_t sync_at = ops.size(), unmap_at = ops.size();
+  size_t copy_at = ops.size(), record_at = ops.size(), sync_at = ops.size(), unmap_at = ops.size();
+  const void* event = nullptr;
   for (size_t i = 0; i < ops.size(); ++i) {
-    if (ops[i].call == "stream_sync" && ops[i].stream == stream && sync_at == ops.size()) sync_at = i;
+    if (ops[i].call == "copy:to_host") copy_at = i;
+    if (ops[i].call == "event_record" && ops[i].stream == stream && i > copy_at && record_at == ops.size()) {
+      record_at = i;
+      event = ops[i].ptr;
+    }
+    if (ops[i].call == "event_sync" && ops[i].ptr == event && event != nullptr) sync_at = i;
     if (ops[i].call == "vmm_unmap") unmap_at = i;
   }
+  CHECK(copy_at < record_at);
+  CHECK(record_at < sync_at);
   CHECK(sync_at < unmap_at);
   CHECK(unmap_at < ops.size());
   CHECK(fake::mapped_reservations() == 0);
@@ -103,6 +112,46 @@ TEST_CASE("a partly offloaded releasable allocation keeps its memory and every o
   const uvm_range whole = a.whole();
   REQUIRE(uvm_onload_ranges(&whole, 1, stream) == UVM_OK);
   CHECK(a.intact());
+}
+
+TEST_CASE("when the copies' event cannot be waited for, the stream is waited for instead", "[release]") {
+  FakeMachine machine;
+  Releasable a;
+  cudaStream_t stream = fake::make_stream();
+  const uvm_range whole = a.whole();
+  fake::fail_next("cudaEventSynchronize", cudaErrorLaunchFailure);
+  fake::reset_ops();
+  REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_AUTO, stream) == UVM_OK);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  bool synced = false;
+  for (const fake::Op& op : fake::ops()) {
+    if (op.call == "stream_sync" && op.stream == stream) synced = true;
+    if (op.call == "vmm_unmap") CHECK(synced);
+  }
+  CHECK(fake::mapped_reservations() == 0);
+  REQUIRE(uvm_onload_ranges(&whole, 1, stream) == UVM_OK);
+  CHECK(a.intact());
+}
+
+TEST_CASE("onload maps each released allocation just before its copies", "[release]") {
+  FakeMachine machine;
+  Releasable a(kSize, 0, 1), b(kSize, 0, 2);
+  cudaStream_t stream = fake::make_stream();
+  const std::vector<uvm_range> both = {a.whole(), b.whole()};
+  REQUIRE(uvm_offload_ranges(both.data(), both.size(), UVM_STRATEGY_AUTO, stream) == UVM_OK);
+  fake::reset_ops();
+  REQUIRE(uvm_onload_ranges(both.data(), both.size(), stream) == UVM_OK);
+  std::vector<std::string> order;
+  for (const fake::Op& op : fake::ops()) {
+    if (op.call == "vmm_map" || op.call == "copy:to_device") order.push_back(op.call);
+  }
+  // a's map, a's copies, then b's map: b is mapped while a's copies may still run.
+  REQUIRE(order.size() >= 4);
+  CHECK(order.front() == "vmm_map");
+  CHECK(order[1] == "copy:to_device");
+  CHECK(std::count(order.begin(), order.end(), "vmm_map") == 2);
+  CHECK(a.intact());
+  CHECK(b.intact());
 }
 
 TEST_CASE("onload of part of a released allocation maps it all and keeps the rest staged", "[release]") {
@@ -210,7 +259,8 @@ TEST_CASE("an offload whose stream cannot be waited for keeps the memory mapped 
   Releasable a;
   cudaStream_t stream = fake::make_stream();
   const uvm_range whole = a.whole();
-  // The staged copy is committed with an event; the wait before the unmap is the stream sync.
+  // The wait for the copies before the unmap: their event, and when that fails the stream.
+  fake::fail_next("cudaEventSynchronize", cudaErrorLaunchFailure);
   fake::fail_next("cudaStreamSynchronize", cudaErrorLaunchFailure);
   CHECK(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_AUTO, stream) == UVM_ERROR_CUDA);
   CHECK(std::string(uvm_last_error()).find("before releasing") != std::string::npos);

@@ -345,7 +345,7 @@ def goal_lines(summaries: list[dict]) -> list[str]:
         rows = {s["method"]: s for s in summaries if s["pattern"] == pattern}
         ours = rows.get("uvm releasable") or rows.get("uvm memory_saver")
         peers = [rows[m] for m in ("torch_memory_saver", "torch_memory_saver (no retain)") if m in rows]
-        pinned = next((s for s in summaries if s["method"] == "pinned memcpy"), None)
+        pinned = rows.get("pinned memcpy")
         if not ours:
             continue
         if peers:

@@ -164,51 +164,56 @@ class TorchMemorySaver:
         import torch
         from . import torch as uvm_torch
         with _state.lock:
-            for key in _state.selected(tag):
-                if key in _state.paused:
-                    continue
-                devices = sorted(_state.devices[key])
-                for device in devices:  # kernels on any stream may still use these tensors
-                    torch.cuda.synchronize(device)
-                move = uvm_torch.offload if key[1] else uvm_torch.discard
-                move(_uvm_tag(*key))
-                for device in devices:
-                    torch.cuda.synchronize(device)
-                _state.paused.add(key)
+            keys = [key for key in _state.selected(tag) if key not in _state.paused]
+            if not keys:
+                return
+            devices = sorted(set().union(*(_state.devices[key] for key in keys)))
+            for device in devices:  # kernels on any stream may still use these tensors
+                torch.cuda.synchronize(device)
+            kept = [_uvm_tag(*key) for key in keys if key[1]]
+            dropped = [_uvm_tag(*key) for key in keys if not key[1]]
+            if dropped:  # first: nothing to copy, so its memory is free at once
+                uvm_torch.discard(dropped)
+            if kept:
+                uvm_torch.offload(kept)
+            for device in devices:
+                torch.cuda.synchronize(device)
+            _state.paused.update(keys)
 
     def resume(self, tag: str | None = None) -> None:
         """Maps memory for `tag` (None: every tag) at the same addresses and copies the CPU backups
-        back; returns when the tensors hold their data again. Resuming a resumed tag does nothing.
-        Raises MemoryError (nothing resumed for that tag) when the memory cannot be had, or would
-        leave less than memory_margin_bytes free."""
+        back, all tags in one call (mapping one allocation overlaps the copies into the others);
+        returns when the tensors hold their data again. Resuming a resumed tag does nothing. Raises
+        MemoryError (nothing resumed) when the memory would leave less than memory_margin_bytes free."""
         import torch
         from . import torch as uvm_torch
         with _state.lock:
-            for key in _state.selected(tag):
-                if key not in _state.paused:
-                    continue
-                devices = sorted(_state.devices[key])
-                for device in devices:
-                    self._check_margin(key, device)
-                uvm_torch.onload(_uvm_tag(*key))
-                for device in devices:
-                    torch.cuda.synchronize(device)
-                _state.paused.discard(key)
+            keys = [key for key in _state.selected(tag) if key in _state.paused]
+            if not keys:
+                return
+            devices = sorted(set().union(*(_state.devices[key] for key in keys)))
+            for device in devices:
+                self._check_margin(keys, device)
+            uvm_torch.onload([_uvm_tag(*key) for key in keys])
+            for device in devices:
+                torch.cuda.synchronize(device)
+            _state.paused.difference_update(keys)
             if not _state.retain_cpu_backup:
                 from . import release_staging
                 release_staging()  # the original frees its backups after a resume unless told to keep them
 
     @staticmethod
-    def _check_margin(key: tuple[str, bool], device: int) -> None:
+    def _check_margin(keys: list[tuple[str, bool]], device: int) -> None:
         import torch
         from . import residency
-        needed = residency(device, tag=_uvm_tag(*key))["released_bytes"]
         margin = _state.memory_margin_bytes
-        if not needed or not margin:
+        if not margin:
             return
+        needed = sum(residency(device, tag=_uvm_tag(*key))["released_bytes"] for key in keys)
         free = torch.cuda.mem_get_info(device)[0]
-        if free < needed + margin:
-            raise MemoryError(f"resume({key[0]!r}) needs {needed} bytes on cuda:{device} and memory_margin_bytes="
+        if needed and free < needed + margin:
+            tags = sorted({key[0] for key in keys})
+            raise MemoryError(f"resume of {tags} needs {needed} bytes on cuda:{device} and memory_margin_bytes="
                               f"{margin} left over, but only {free} bytes are free")
 
     def get_cpu_backup(self, x, zero_copy: bool = False):

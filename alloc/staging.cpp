@@ -93,6 +93,7 @@ uvm_status Staging::new_block(const Call& call, size_t bytes, std::shared_ptr<Bl
 }
 
 uvm_status Staging::ensure_capacity(const Call& call, const std::vector<Span>& spans) {
+  std::lock_guard<std::mutex> growing(growth_mutex_);
   size_t missing = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -299,6 +300,14 @@ uvm_status uvm_get_staging(size_t* capacity_bytes, size_t* staged_bytes) {
     if (capacity_bytes) *capacity_bytes = uvm::staging().capacity_bytes();
     if (staged_bytes) *staged_bytes = uvm::staging().staged_bytes();
     return UVM_OK;
+  });
+}
+
+uvm_status uvm_reserve_staging(size_t bytes) {
+  const uvm::Call call = uvm::Call::of("uvm_reserve_staging").with_size(bytes);
+  return uvm::guarded(call, [&] {
+    if (bytes == 0) return UVM_OK;
+    return uvm::staging().ensure_capacity(call, {uvm::Span{0, bytes}});
   });
 }
 

@@ -67,6 +67,8 @@ class Staging {
   void forget(uintptr_t begin, uintptr_t end);
   // Allocates, without holding any lock, the pinned block a reserve() of `spans` would have to add,
   // so that cudaHostAlloc (1.6–2.3 s for 4 GiB on an H200) blocks no other uvm call.
+  // Growers take turns (growth_mutex_), so that an offload waiting for a reservation in progress
+  // uses its block instead of allocating one of its own.
   uvm_status ensure_capacity(const Call& call, const std::vector<Span>& spans);
   // Frees the blocks that hold nothing, after the copies reading them finished.
   uvm_status free_unused(const Call& call);
@@ -100,6 +102,7 @@ class Staging {
   static void give_back(Block& block, size_t bytes, const EventRef& read);
 
   mutable std::mutex mutex_;
+  std::mutex growth_mutex_;  // held across cudaHostAlloc by ensure_capacity only; never with mutex_ waiting on it
   std::vector<std::shared_ptr<Block>> blocks_;
   std::map<uintptr_t, Entry> entries_;  // by begin; disjoint
   std::map<uintptr_t, EventRef> last_move_;  // by allocation base

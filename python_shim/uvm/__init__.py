@@ -127,6 +127,14 @@ def staging() -> dict:
     return {"capacity_bytes": capacity.value, "staged_bytes": staged.value}
 
 
+def reserve_staging(nbytes: int) -> None:
+    """Allocates pinned staging memory for a staged offload of up to `nbytes` ahead of need (at model
+    load), so that the first offload pays no pinned allocation (about 0.5 s per GiB)."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        raise ValueError(f"nbytes must be an int >= 0, not {nbytes!r}")
+    _lib.check(_get_ctypes_lib().uvm_reserve_staging(nbytes), "uvm_reserve_staging")
+
+
 def release_staging() -> None:
     """Frees the pinned staging memory that holds no offloaded data."""
     _lib.check(_get_ctypes_lib().uvm_release_staging(), "uvm_release_staging")
@@ -139,5 +147,5 @@ __all__ = [
     "prefetch_managed_module_parameters", "advise_managed_module_parameters_preferred_location",
     "discard_managed_tensor", "where", "stats", "set_limit", "library", "UVM_LOCATION_CPU",
     "UVM_LOCATION_NONE", "offload", "onload", "discard", "tag", "tags", "residency", "staging",
-    "release_staging", "mem_get_info",
+    "release_staging", "reserve_staging", "mem_get_info",
 ]

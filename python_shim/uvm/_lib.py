@@ -76,6 +76,7 @@ SIGNATURES = {
     "uvm_offload_ranges": (_int, [ctypes.POINTER(Range), _size, _int, _stream]),
     "uvm_onload_ranges": (_int, [ctypes.POINTER(Range), _size, _stream]),
     "uvm_get_staging": (_int, [ctypes.POINTER(_size), ctypes.POINTER(_size)]),
+    "uvm_reserve_staging": (_int, [_size]),
     "uvm_release_staging": (_int, []),
     "uvm_get_residency": (_int, [_int, ctypes.c_char_p, ctypes.POINTER(Residency)]),
     "uvm_mem_get_info": (_int, [_int, ctypes.POINTER(_size), ctypes.POINTER(_size), ctypes.POINTER(_size)]),

@@ -105,3 +105,21 @@ TEST_CASE("a partly offloaded releasable allocation keeps its memory and its oth
   CUDA_REQUIRE(cudaDeviceSynchronize());
   CHECK(a.holds(expect));
 }
+
+TEST_CASE("uvm_reserve_staging: the first offload after it allocates no pinned memory", "[gpu][release]") {
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  Releasable a(300 * MiB);
+  const auto expect = a.fill(7);
+  REQUIRE(uvm_reserve_staging(a.size) == UVM_OK);
+  size_t reserved = 0;
+  REQUIRE(uvm_get_staging(&reserved, nullptr) == UVM_OK);
+  CHECK(reserved >= a.size);
+  const uvm_range whole = a.whole();
+  REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_AUTO, nullptr) == UVM_OK);
+  size_t after = 0;
+  REQUIRE(uvm_get_staging(&after, nullptr) == UVM_OK);
+  CHECK(after == reserved);
+  REQUIRE(uvm_onload_ranges(&whole, 1, nullptr) == UVM_OK);
+  CUDA_REQUIRE(cudaDeviceSynchronize());
+  CHECK(a.holds(expect));
+}

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fixture.hpp"
@@ -306,4 +307,41 @@ TEST_CASE("with a CUDA 12 driver auto falls back to migrate and staged is refuse
   CHECK(FakeMachine::ops_named("prefetch").size() == 1);
   REQUIRE(uvm_onload_ranges(&r, 1, nullptr) == UVM_OK);
   CHECK(b.intact());
+}
+
+TEST_CASE("reserve_staging allocates ahead, once, and the next staged offload uses it", "[offload][cuda13]") {
+  FakeMachine machine;
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  const size_t blocks_before = fake::pinned_blocks();
+  Buffer b(size_t{300} << 20);  // past the 256 MiB minimum block, so the reservation decides the size
+  REQUIRE(uvm_reserve_staging(b.size) == UVM_OK);
+  CHECK(fake::pinned_blocks() == blocks_before + 1);
+  size_t capacity = 0;
+  REQUIRE(uvm_get_staging(&capacity, nullptr) == UVM_OK);
+  CHECK(capacity >= b.size);
+  REQUIRE(uvm_reserve_staging(b.size) == UVM_OK);  // already there: nothing more
+  REQUIRE(uvm_reserve_staging(0) == UVM_OK);
+  CHECK(fake::pinned_blocks() == blocks_before + 1);
+  fake::reset_ops();
+  const uvm_range whole = b.whole();
+  REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_STAGED, fake::make_stream()) == UVM_OK);
+  CHECK(FakeMachine::ops_named("host_alloc").empty());  // the first offload allocated nothing
+  REQUIRE(uvm_onload_ranges(&whole, 1, fake::make_stream()) == UVM_OK);
+  CHECK(b.intact());
+  fake::fail_next("cudaHostAlloc", cudaErrorMemoryAllocation);
+  CHECK(uvm_reserve_staging(size_t{2} << 30) == UVM_ERROR_OUT_OF_MEMORY);
+  CHECK(std::string(uvm_last_error()).find("uvm_reserve_staging") != std::string::npos);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+}
+
+TEST_CASE("reservations at once take turns: one block, not one each", "[offload][threads]") {
+  FakeMachine machine;
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  const size_t blocks_before = fake::pinned_blocks();
+  std::vector<std::thread> reservers;
+  for (int i = 0; i < 4; ++i) {
+    reservers.emplace_back([] { CHECK(uvm_reserve_staging(size_t{300} << 20) == UVM_OK); });
+  }
+  for (std::thread& t : reservers) t.join();
+  CHECK(fake::pinned_blocks() == blocks_before + 1);
 }

@@ -286,21 +286,15 @@ def child(method_name: str, pattern: str, cycles: int) -> dict:
 
 
 def environment() -> dict:
-    props = torch.cuda.get_device_properties(0)
+    """offload_bench's record of the machine and versions, plus torch_memory_saver's version."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from offload_bench import environment as machine_and_versions
     try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"],
-                                capture_output=True, text=True, timeout=20).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        driver = "unknown"
-    try:
-        import importlib.metadata as md
-        tms = md.version("torch_memory_saver")
-    except Exception:
+        import importlib.metadata
+        tms = importlib.metadata.version("torch_memory_saver")
+    except importlib.metadata.PackageNotFoundError:
         tms = None
-    import uvm
-    return {"device": props.name, "memory_mib": props.total_memory >> 20, "driver": driver,
-            "torch": torch.__version__, "torch_cuda": torch.version.cuda, "uvm": uvm.__version__,
-            "torch_memory_saver": tms}
+    return {**machine_and_versions(), "torch_memory_saver": tms}
 
 
 def summarize(result: dict) -> dict:

@@ -47,9 +47,12 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from offload_bench import environment as machine_and_versions  # noqa: E402  (one record of the machine)
+from offload_bench import timed  # noqa: E402  (seconds of an action, the GPU synchronized around it)
 
 LAYERS, HIDDEN, INTER, HEADS, KV_HEADS, VOCAB = 32, 2048, 8192, 16, 4, 32000
 BATCH, SEQ, STEPS = 8, 2048, 16
@@ -159,14 +162,6 @@ def decode(graph, cache, state):
         graph.replay()
     torch.cuda.synchronize()
     return state.history.clone(), state.logits.clone()
-
-
-def timed(action) -> float:
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    action()
-    torch.cuda.synchronize()
-    return time.perf_counter() - start
 
 
 class Method:
@@ -287,8 +282,6 @@ def child(method_name: str, pattern: str, cycles: int) -> dict:
 
 def environment() -> dict:
     """offload_bench's record of the machine and versions, plus torch_memory_saver's version."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from offload_bench import environment as machine_and_versions
     try:
         import importlib.metadata
         tms = importlib.metadata.version("torch_memory_saver")

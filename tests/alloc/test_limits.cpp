@@ -32,12 +32,12 @@ TEST_CASE("allocations past the limit fail and change nothing", "[limits]") {
   REQUIRE(first != nullptr);
   uvm_stats before{};
   REQUIRE(uvm_get_stats(0, &before) == UVM_OK);
-  const size_t mallocs_before = FakeMachine::ops_named("malloc").size();
+  const size_t mallocs_before = FakeMachine::ops_named(fake::OpKind::malloc).size();
 
   CHECK(uvm_malloc(32 * MiB, 0, nullptr) == nullptr);
   CHECK(uvm_last_status() == UVM_ERROR_LIMIT_EXCEEDED);
   CHECK_THAT(last_error(), Has("would pass the limit of 67108864 bytes on device 0"));
-  CHECK(FakeMachine::ops_named("malloc").size() == mallocs_before);  // never reached the driver
+  CHECK(FakeMachine::ops_named(fake::OpKind::malloc).size() == mallocs_before);  // never reached the driver
   uvm_stats after{};
   REQUIRE(uvm_get_stats(0, &after) == UVM_OK);
   CHECK(after.live_bytes == before.live_bytes);
@@ -59,7 +59,7 @@ TEST_CASE("a huge request never reaches the driver", "[limits]") {
   CHECK(uvm_last_status() == UVM_ERROR_LIMIT_EXCEEDED);
   CHECK(uvm_malloc(SIZE_MAX - 100, 1, nullptr) == nullptr);
   CHECK(uvm_last_status() == UVM_ERROR_LIMIT_EXCEEDED);
-  CHECK(FakeMachine::ops_named("malloc").empty());
+  CHECK(FakeMachine::ops_named(fake::OpKind::malloc).empty());
 }
 
 TEST_CASE("limits: below live bytes, unlimited, and back to the default", "[limits]") {

@@ -60,8 +60,8 @@ TEST_CASE("default advice: preferred location and accessed-by the device", "[mal
   FakeMachine machine;
   void* ptr = uvm_malloc(8192, 1, nullptr);
   REQUIRE(ptr != nullptr);
-  const auto preferred = FakeMachine::ops_named("advise:preferred");
-  const auto accessed = FakeMachine::ops_named("advise:accessed_by");
+  const auto preferred = FakeMachine::ops_named(fake::OpKind::advise_preferred);
+  const auto accessed = FakeMachine::ops_named(fake::OpKind::advise_accessed_by);
   REQUIRE(preferred.size() == 1);
   REQUIRE(accessed.size() == 1);
   CHECK(preferred[0].ptr == ptr);
@@ -80,14 +80,14 @@ TEST_CASE("advice modes host and none", "[malloc][advice]") {
   CHECK(uvm_get_default_advice() == UVM_ADVICE_HOST);
   void* host_preferred = uvm_malloc(4096, 0, nullptr);
   REQUIRE(host_preferred != nullptr);
-  REQUIRE(FakeMachine::ops_named("advise:preferred").size() == 1);
-  CHECK(FakeMachine::ops_named("advise:preferred")[0].location == UVM_LOCATION_CPU);
-  CHECK(FakeMachine::ops_named("advise:accessed_by")[0].location == 0);
+  REQUIRE(FakeMachine::ops_named(fake::OpKind::advise_preferred).size() == 1);
+  CHECK(FakeMachine::ops_named(fake::OpKind::advise_preferred)[0].location == UVM_LOCATION_CPU);
+  CHECK(FakeMachine::ops_named(fake::OpKind::advise_accessed_by)[0].location == 0);
 
   REQUIRE(uvm_set_default_advice(UVM_ADVICE_NONE) == UVM_OK);
   void* plain = uvm_malloc(4096, 0, nullptr);
   REQUIRE(plain != nullptr);
-  CHECK(FakeMachine::ops_named("advise:preferred").size() == 1);  // none added
+  CHECK(FakeMachine::ops_named(fake::OpKind::advise_preferred).size() == 1);  // none added
 
   CHECK(uvm_set_default_advice(static_cast<uvm_advice_mode>(7)) == UVM_ERROR_INVALID_ARGUMENT);
   CHECK_THAT(last_error(), Has("mode 7"));
@@ -100,7 +100,7 @@ TEST_CASE("no advice on a device without concurrent managed access", "[malloc][a
   FakeMachine machine;
   void* ptr = uvm_malloc(4096, 2, nullptr);
   REQUIRE(ptr != nullptr);
-  CHECK(FakeMachine::ops_named("advise:preferred").empty());
+  CHECK(FakeMachine::ops_named(fake::OpKind::advise_preferred).empty());
   uvm_free(ptr, 4096, 2, nullptr);
 }
 
@@ -150,7 +150,7 @@ TEST_CASE("uvm_free: NULL, unknown, interior, double and mismatched frees", "[ma
     uvm_free(&on_stack, sizeof on_stack, 0, nullptr);
     CHECK(uvm_last_status() == UVM_ERROR_NOT_MANAGED);
     CHECK_THAT(last_error(), Has("was not allocated by uvm_malloc"));
-    CHECK(FakeMachine::ops_named("free").empty());
+    CHECK(FakeMachine::ops_named(fake::OpKind::free).empty());
   }
   SECTION("an interior pointer is refused and the allocation survives") {
     void* ptr = uvm_malloc(4096, 0, nullptr);
@@ -166,7 +166,7 @@ TEST_CASE("uvm_free: NULL, unknown, interior, double and mismatched frees", "[ma
     CHECK(uvm_last_status() == UVM_OK);
     uvm_free(ptr, 4096, 0, nullptr);
     CHECK(uvm_last_status() == UVM_ERROR_NOT_MANAGED);
-    CHECK(FakeMachine::ops_named("free").size() == 1);
+    CHECK(FakeMachine::ops_named(fake::OpKind::free).size() == 1);
   }
   SECTION("a size or device mismatch is reported, and the memory is freed") {
     void* ptr = uvm_malloc(4096, 0, nullptr);
@@ -191,10 +191,10 @@ TEST_CASE("allocating on another device restores the caller's context", "[malloc
     fake::set_thread_context(0);
     void* ptr = uvm_malloc(4096, 1, nullptr);
     REQUIRE(ptr != nullptr);
-    CHECK(FakeMachine::ops_named("malloc")[0].context_device == 1);
+    CHECK(FakeMachine::ops_named(fake::OpKind::malloc)[0].context_device == 1);
     CHECK(fake::current_context() == 0);
     uvm_free(ptr, 4096, 1, nullptr);
-    CHECK(FakeMachine::ops_named("free")[0].context_device == 1);
+    CHECK(FakeMachine::ops_named(fake::OpKind::free)[0].context_device == 1);
     CHECK(fake::current_context() == 0);
   }
   SECTION("from a thread with no context: none is created on device 0") {
@@ -219,7 +219,7 @@ TEST_CASE("without driver entry points the runtime device switch is restored", "
   REQUIRE(cudaSetDevice(0) == cudaSuccess);
   void* ptr = uvm_malloc(4096, 1, nullptr);
   REQUIRE(ptr != nullptr);
-  CHECK(FakeMachine::ops_named("malloc")[0].context_device == 1);
+  CHECK(FakeMachine::ops_named(fake::OpKind::malloc)[0].context_device == 1);
   int device = -1;
   cudaGetDevice(&device);
   CHECK(device == 0);

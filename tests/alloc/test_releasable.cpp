@@ -46,8 +46,8 @@ TEST_CASE("a releasable allocation is mapped device memory that uvm tracks like 
   // Like cudaFree, the free waits for the device before the memory goes.
   const auto ops = fake::ops();
   REQUIRE(ops.size() >= 2);
-  CHECK(ops[0].call == "device_sync");
-  CHECK(FakeMachine::ops_named("vmm_unmap").size() == 1);
+  CHECK(ops[0].call == fake::OpKind::device_sync);
+  CHECK(FakeMachine::ops_named(fake::OpKind::vmm_unmap).size() == 1);
   CHECK(fake::live_reservations() == 0);
   CHECK(stats_of(1).live_bytes == 0);
   CHECK(uvm_allocation_info(p, nullptr, nullptr, nullptr) == UVM_ERROR_NOT_MANAGED);

@@ -15,6 +15,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -30,11 +31,21 @@ constexpr unsigned char kFreshPhysical = 0xA5;
 size_t live_reservations();
 size_t mapped_reservations();
 
+// What a logged call did. An enum, not a string, so that a test naming an op that does not exist
+// fails to compile instead of finding none (and passing a check that none happened).
+enum class OpKind {
+  prefetch, advise_preferred, advise_accessed_by, discard, malloc, free,
+  copy_to_host, copy_to_device,  // ptr: the device side
+  host_alloc, host_free, event_record, event_sync, wait_event,  // event ops: ptr is the event
+  stream_sync, device_sync, vmm_create, vmm_map, vmm_unmap
+};
+
+// The kind's name, for failure messages.
+const char* name(OpKind kind);
+std::ostream& operator<<(std::ostream& out, OpKind kind);
+
 struct Op {
-  std::string call;   // "prefetch", "advise:preferred", "advise:accessed_by", "discard", "malloc", "free",
-                      // "copy:to_host", "copy:to_device" (ptr: the managed side), "host_alloc",
-                      // "host_free", "event_record", "wait_event" (ptr: the event), "stream_sync",
-                      // "device_sync", "event_sync" (ptr: the event), "vmm_create", "vmm_map", "vmm_unmap"
+  OpKind call;
   const void* ptr;
   size_t size;
   int location;       // device ordinal or -1 (CPU); for malloc/free the context's device

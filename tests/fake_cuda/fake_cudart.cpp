@@ -181,7 +181,7 @@ void update_discard(World& w, const void* ptr, size_t size, Change change, bool 
   for (size_t i = 0; i < size; ++i) change(state[begin - it->first + i], reinterpret_cast<char*>(begin + i));
 }
 
-void log(World& w, const char* call, const void* ptr, size_t size, int location, cudaStream_t stream) {
+void log(World& w, fake::OpKind call, const void* ptr, size_t size, int location, cudaStream_t stream) {
   w.ops.push_back(fake::Op{call, ptr, size, location, stream, current_context});
 }
 
@@ -195,9 +195,9 @@ cudaError_t advise_at(const void* ptr, size_t size, cudaMemoryAdvise advice, int
   const auto begin = reinterpret_cast<uintptr_t>(ptr);
   if (advice == cudaMemAdviseSetPreferredLocation) {
     w.preferred.push_back({begin, begin + size, where});
-    log(w, "advise:preferred", ptr, size, where, nullptr);
+    log(w, fake::OpKind::advise_preferred, ptr, size, where, nullptr);
   } else if (advice == cudaMemAdviseSetAccessedBy) {
-    log(w, "advise:accessed_by", ptr, size, where, nullptr);
+    log(w, fake::OpKind::advise_accessed_by, ptr, size, where, nullptr);
   } else {
     return set_error(cudaErrorInvalidValue);
   }
@@ -215,7 +215,7 @@ cudaError_t prefetch_to(const void* ptr, size_t size, int where, unsigned int fl
   if (where != cudaCpuDeviceId && !kDevices[where].concurrent) return set_error(cudaErrorInvalidDevice);
   const auto begin = reinterpret_cast<uintptr_t>(ptr);
   w.prefetched.push_back({begin, begin + size, where});
-  log(w, "prefetch", ptr, size, where, stream);
+  log(w, fake::OpKind::prefetch, ptr, size, where, stream);
   update_discard(w, ptr, size, [where](Discard& state, char* byte) {
     if (where == cudaCpuDeviceId && state != Discard::none) {
       *byte = 0;
@@ -284,7 +284,7 @@ CUresult fake_mem_create(CUmemGenericAllocationHandle* handle, size_t size, cons
   if (size % kGranularity || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
   *handle = w.next_handle++;
   w.handles[*handle] = size;
-  log(w, "vmm_create", nullptr, size, prop->location.id, nullptr);
+  log(w, fake::OpKind::vmm_create, nullptr, size, prop->location.id, nullptr);
   return CUDA_SUCCESS;
 }
 
@@ -313,7 +313,7 @@ CUresult fake_mem_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericA
   void* range = reinterpret_cast<void*>(ptr);
   mprotect(range, size, PROT_READ | PROT_WRITE);
   std::memset(range, fake::kFreshPhysical, size);
-  log(w, "vmm_map", range, size, -2, nullptr);
+  log(w, fake::OpKind::vmm_map, range, size, -2, nullptr);
   return CUDA_SUCCESS;
 }
 
@@ -326,7 +326,7 @@ CUresult fake_mem_unmap(CUdeviceptr ptr, size_t size) {
   void* range = reinterpret_cast<void*>(ptr);
   madvise(range, size, MADV_DONTNEED);
   mprotect(range, size, PROT_NONE);  // touching released memory faults, as on the device
-  log(w, "vmm_unmap", range, size, -2, nullptr);
+  log(w, fake::OpKind::vmm_unmap, range, size, -2, nullptr);
   return CUDA_SUCCESS;
 }
 
@@ -369,6 +369,17 @@ cudaError_t entry_point(const char* symbol, void** fn, cudaDriverEntryPointQuery
 }  // namespace
 
 namespace fake {
+
+const char* name(OpKind kind) {
+  static const char* const names[] = {"prefetch", "advise:preferred", "advise:accessed_by", "discard", "malloc",
+                                      "free", "copy:to_host", "copy:to_device", "host_alloc", "host_free",
+                                      "event_record", "event_sync", "wait_event", "stream_sync", "device_sync",
+                                      "vmm_create", "vmm_map", "vmm_unmap"};
+  static_assert(sizeof names / sizeof names[0] == static_cast<size_t>(OpKind::vmm_unmap) + 1, "a name per kind");
+  return names[static_cast<size_t>(kind)];
+}
+
+std::ostream& operator<<(std::ostream& out, OpKind kind) { return out << name(kind); }
 
 void reset() {
   World& w = world();
@@ -565,7 +576,7 @@ cudaError_t cudaMallocManaged(void** ptr, size_t size, unsigned int flags) {
   void* memory = std::aligned_alloc(256, (size + 255) / 256 * 256);
   if (memory == nullptr) return set_error(cudaErrorMemoryAllocation);
   w.allocations[reinterpret_cast<uintptr_t>(memory)] = Allocation{size, {}};
-  log(w, "malloc", memory, size, device, nullptr);
+  log(w, fake::OpKind::malloc, memory, size, device, nullptr);
   *ptr = memory;
   return cudaSuccess;
 }
@@ -578,7 +589,7 @@ cudaError_t cudaFree(void* ptr) {
   const int device = ensure_context(w);
   auto it = w.allocations.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == w.allocations.end()) return set_error(cudaErrorInvalidValue);
-  log(w, "free", ptr, it->second.size, device, nullptr);
+  log(w, fake::OpKind::free, ptr, it->second.size, device, nullptr);
   w.allocations.erase(it);
   std::free(ptr);
   return cudaSuccess;
@@ -634,7 +645,7 @@ cudaError_t cudaMemDiscardBatchAsync(void** ptrs, size_t* sizes, size_t count, u
     if (!inside_one_allocation(w, ptrs[i], sizes[i])) return set_error(cudaErrorInvalidValue);
   }
   for (size_t i = 0; i < count; ++i) {
-    log(w, "discard", ptrs[i], sizes[i], -2, stream);
+    log(w, fake::OpKind::discard, ptrs[i], sizes[i], -2, stream);
     std::memset(ptrs[i], 0xDD, sizes[i]);  // the contents become indeterminate
     update_discard(w, ptrs[i], sizes[i], [](Discard& state, char*) { state = Discard::discarded; }, true);
   }
@@ -699,7 +710,7 @@ cudaError_t cudaDeviceSynchronize(void) {
   cudaError_t error;
   if (injected(w, "cudaDeviceSynchronize", &error)) return error;
   ensure_context(w);
-  log(w, "device_sync", nullptr, 0, -2, nullptr);
+  log(w, fake::OpKind::device_sync, nullptr, 0, -2, nullptr);
   return cudaSuccess;
 }
 
@@ -709,7 +720,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   cudaError_t error;
   if (injected(w, "cudaStreamSynchronize", &error)) return error;
   ensure_context(w);
-  log(w, "stream_sync", nullptr, 0, -2, stream);
+  log(w, fake::OpKind::stream_sync, nullptr, 0, -2, stream);
   return cudaSuccess;
 }
 
@@ -724,7 +735,7 @@ cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int flags) {
   if (memory == MAP_FAILED) return set_error(cudaErrorMemoryAllocation);
   *ptr = memory;
   w.pinned[memory] = size;
-  log(w, "host_alloc", *ptr, size, static_cast<int>(flags), nullptr);
+  log(w, fake::OpKind::host_alloc, *ptr, size, static_cast<int>(flags), nullptr);
   return cudaSuccess;
 }
 
@@ -736,7 +747,7 @@ cudaError_t cudaFreeHost(void* ptr) {
   ensure_context(w);
   auto it = w.pinned.find(ptr);
   if (it == w.pinned.end()) return set_error(cudaErrorInvalidValue);
-  log(w, "host_free", ptr, 0, -2, nullptr);
+  log(w, fake::OpKind::host_free, ptr, 0, -2, nullptr);
   munmap(ptr, it->second);
   w.pinned.erase(it);
   return cudaSuccess;
@@ -759,7 +770,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpy
       if (state == Discard::discarded) state = Discard::rewritten;
     });
   }
-  log(w, to_device ? "copy:to_device" : "copy:to_host", managed, count, to_device ? device : -1, stream);
+  log(w, to_device ? fake::OpKind::copy_to_device : fake::OpKind::copy_to_host, managed, count, to_device ? device : -1, stream);
   return cudaSuccess;
 }
 
@@ -781,7 +792,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (injected(w, "cudaEventRecord", &error)) return error;
   ensure_context(w);
   if (!w.live_events.count(event)) return set_error(cudaErrorInvalidResourceHandle);
-  log(w, "event_record", event, 0, -2, stream);
+  log(w, fake::OpKind::event_record, event, 0, -2, stream);
   return cudaSuccess;
 }
 
@@ -797,7 +808,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     std::lock_guard<std::mutex> lock(w.mutex);
     cudaError_t error;
     if (injected(w, "cudaEventSynchronize", &error)) return error;
-    log(w, "event_sync", event, 0, -2, nullptr);
+    log(w, fake::OpKind::event_sync, event, 0, -2, nullptr);
   }
   return cudaEventQuery(event);
 }
@@ -815,7 +826,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   if (injected(w, "cudaStreamWaitEvent", &error)) return error;
   ensure_context(w);
   if (!w.live_events.count(event)) return set_error(cudaErrorInvalidResourceHandle);
-  log(w, "wait_event", event, 0, -2, stream);
+  log(w, fake::OpKind::wait_event, event, 0, -2, stream);
   return cudaSuccess;
 }
 

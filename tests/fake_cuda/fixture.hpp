@@ -15,11 +15,11 @@ struct FakeMachine {
   }
   ~FakeMachine() { fake::reset(); }
 
-  // The hint ops logged so far, with one call name.
-  static std::vector<fake::Op> ops_named(const std::string& name) {
+  // The ops logged so far of one kind.
+  static std::vector<fake::Op> ops_named(fake::OpKind kind) {
     std::vector<fake::Op> selected;
     for (const fake::Op& op : fake::ops()) {
-      if (op.call == name) selected.push_back(op);
+      if (op.call == kind) selected.push_back(op);
     }
     return selected;
   }

@@ -21,7 +21,7 @@ TEST_CASE("preferred location to a device and to the CPU", "[advise]") {
   CHECK(preferred == UVM_LOCATION_NONE);
 
   REQUIRE(uvm_advise_accessed_by(ptr, 1 << 16, 1) == UVM_OK);
-  const auto accessed = FakeMachine::ops_named("advise:accessed_by");
+  const auto accessed = FakeMachine::ops_named(fake::OpKind::advise_accessed_by);
   REQUIRE(accessed.size() == 1);
   CHECK(accessed[0].location == 1);
   uvm_free(ptr, 1 << 16, 0, nullptr);

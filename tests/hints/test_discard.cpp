@@ -15,7 +15,7 @@ TEST_CASE("discard on an explicit stream", "[discard][cuda13]") {
   cudaStream_t stream = fake::make_stream();
 
   REQUIRE(uvm_discard(ptr, kSize / 4, stream) == UVM_OK);
-  const auto discards = FakeMachine::ops_named("discard");
+  const auto discards = FakeMachine::ops_named(fake::OpKind::discard);
   REQUIRE(discards.size() == 1);
   CHECK(discards[0].ptr == ptr);
   CHECK(discards[0].size == kSize / 4);
@@ -33,13 +33,13 @@ TEST_CASE("discard on the legacy stream goes through uvm's ordering stream", "[d
   REQUIRE(ptr != nullptr);
   REQUIRE(uvm_discard(ptr, kSize, nullptr) == UVM_OK);
   REQUIRE(uvm_discard(ptr, kSize, cudaStreamLegacy) == UVM_OK);
-  const auto discards = FakeMachine::ops_named("discard");
+  const auto discards = FakeMachine::ops_named(fake::OpKind::discard);
   REQUIRE(discards.size() == 2);
   CHECK(discards[0].stream != nullptr);
   CHECK(discards[0].stream != cudaStreamLegacy);
   CHECK(discards[1].stream == discards[0].stream);  // created once per device, then reused
   CHECK(uvm_discard(ptr, kSize, cudaStreamPerThread) == UVM_OK);
-  CHECK(FakeMachine::ops_named("discard")[2].stream == cudaStreamPerThread);
+  CHECK(FakeMachine::ops_named(fake::OpKind::discard)[2].stream == cudaStreamPerThread);
   uvm_free(ptr, kSize, 0, nullptr);
 }
 
@@ -58,7 +58,7 @@ TEST_CASE("discard refuses what it cannot do", "[discard][cuda13]") {
   CHECK(uvm_discard(ptr, kSize, fake::make_stream()) == UVM_ERROR_CUDA);
   CHECK_THAT(last_error(), Has("uvm_discard(ptr="));
   CHECK_THAT(last_error(), Has("cudaMemDiscardBatchAsync(1 ranges) failed: cudaErrorInvalidValue"));
-  CHECK(FakeMachine::ops_named("discard").empty());
+  CHECK(FakeMachine::ops_named(fake::OpKind::discard).empty());
   CHECK(cudaPeekAtLastError() == cudaSuccess);
   uvm_free(ptr, kSize, 0, nullptr);
   uvm_free(on_device2, kSize, 2, nullptr);
@@ -73,7 +73,7 @@ TEST_CASE("with a CUDA 12 driver discard is cleanly unsupported", "[cuda12][scen
   REQUIRE(ptr != nullptr);
   CHECK(uvm_discard(ptr, kSize, fake::make_stream()) == UVM_ERROR_UNSUPPORTED);
   CHECK_THAT(last_error(), Has("needs a CUDA 13 runtime and driver"));
-  CHECK(FakeMachine::ops_named("discard").empty());
+  CHECK(FakeMachine::ops_named(fake::OpKind::discard).empty());
   CHECK(uvm_prefetch(ptr, kSize, UVM_LOCATION_CPU, nullptr) == UVM_OK);  // the rest still works
   uvm_free(ptr, kSize, 0, nullptr);
 }

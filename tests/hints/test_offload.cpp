@@ -55,8 +55,8 @@ TEST_CASE("staged offload copies out and discards; onload restores the bytes", "
 
   REQUIRE(uvm_offload_ranges(ranges.data(), ranges.size(), UVM_STRATEGY_STAGED, stream) == UVM_OK);
   // 64 touching tensors: one copy and one discard.
-  CHECK(FakeMachine::ops_named("copy:to_host").size() == 1);
-  const auto discards = FakeMachine::ops_named("discard");
+  CHECK(FakeMachine::ops_named(fake::OpKind::copy_to_host).size() == 1);
+  const auto discards = FakeMachine::ops_named(fake::OpKind::discard);
   REQUIRE(discards.size() == 1);
   CHECK(discards[0].stream == stream);
   CHECK_FALSE(b.intact());  // discarded: the fake scribbles over it
@@ -74,22 +74,23 @@ TEST_CASE("staged offload copies out and discards; onload restores the bytes", "
   CHECK(staged == 0);
   // Each chunk is prefetched before its copy (populate) and after it (undo the discard), on the same
   // worker stream; the worker streams join the caller's stream.
-  const auto copies = FakeMachine::ops_named("copy:to_device");
+  const auto copies = FakeMachine::ops_named(fake::OpKind::copy_to_device);
   REQUIRE(copies.size() == 1);
   CHECK(copies[0].stream != stream);
-  const auto prefetches = FakeMachine::ops_named("prefetch");
+  const auto prefetches = FakeMachine::ops_named(fake::OpKind::prefetch);
   REQUIRE(prefetches.size() == 2);
   for (const auto& prefetch : prefetches) {
     CHECK(prefetch.location == 0);
     CHECK(prefetch.stream == copies[0].stream);
   }
-  std::vector<std::string> on_worker;
+  std::vector<fake::OpKind> on_worker;
   for (const fake::Op& op : fake::ops()) {
-    if (op.stream == copies[0].stream && (op.call == "prefetch" || op.call == "copy:to_device")) on_worker.push_back(op.call);
+    if (op.stream == copies[0].stream && (op.call == fake::OpKind::prefetch || op.call == fake::OpKind::copy_to_device)) on_worker.push_back(op.call);
   }
-  CHECK(on_worker == std::vector<std::string>{"prefetch", "copy:to_device", "prefetch"});
+  CHECK(on_worker == std::vector<fake::OpKind>{fake::OpKind::prefetch, fake::OpKind::copy_to_device,
+                                              fake::OpKind::prefetch});
   bool caller_waits = false;
-  for (const auto& op : FakeMachine::ops_named("wait_event")) caller_waits |= op.stream == stream;
+  for (const auto& op : FakeMachine::ops_named(fake::OpKind::wait_event)) caller_waits |= op.stream == stream;
   CHECK(caller_waits);
 }
 
@@ -107,7 +108,7 @@ TEST_CASE("many cycles of every strategy keep the data and reuse the staging mem
     CHECK(a.intact());
     CHECK(b.intact());
   }
-  CHECK(FakeMachine::ops_named("host_alloc").size() == 1);  // one block, reused 100 times
+  CHECK(FakeMachine::ops_named(fake::OpKind::host_alloc).size() == 1);  // one block, reused 100 times
 }
 
 TEST_CASE("a staged onload leaves no page discardable: a migrate cycle afterwards keeps the data", "[offload][cuda13]") {
@@ -132,19 +133,19 @@ TEST_CASE("migrate offload prefetches to the CPU; auto stages where discard work
   Buffer b;
   const uvm_range r = b.whole();
   REQUIRE(uvm_offload_ranges(&r, 1, UVM_STRATEGY_MIGRATE, nullptr) == UVM_OK);
-  const auto prefetches = FakeMachine::ops_named("prefetch");
+  const auto prefetches = FakeMachine::ops_named(fake::OpKind::prefetch);
   REQUIRE(prefetches.size() == 1);
   CHECK(prefetches[0].location == -1);
-  CHECK(FakeMachine::ops_named("discard").empty());
+  CHECK(FakeMachine::ops_named(fake::OpKind::discard).empty());
   CHECK(residency().host_bytes == kSize);
   CHECK(residency().staged_bytes == 0);
   // Offloading again moves nothing new for staged bytes, and onload prefetches migrated ones back.
   REQUIRE(uvm_onload_ranges(&r, 1, nullptr) == UVM_OK);
-  CHECK(FakeMachine::ops_named("prefetch").back().location == 0);
+  CHECK(FakeMachine::ops_named(fake::OpKind::prefetch).back().location == 0);
   REQUIRE(uvm_offload_ranges(&r, 1, UVM_STRATEGY_AUTO, nullptr) == UVM_OK);
-  CHECK(FakeMachine::ops_named("discard").size() == 1);
+  CHECK(FakeMachine::ops_named(fake::OpKind::discard).size() == 1);
   REQUIRE(uvm_offload_ranges(&r, 1, UVM_STRATEGY_AUTO, nullptr) == UVM_OK);
-  CHECK(FakeMachine::ops_named("copy:to_host").size() == 1);  // already staged: skipped
+  CHECK(FakeMachine::ops_named(fake::OpKind::copy_to_host).size() == 1);  // already staged: skipped
   REQUIRE(uvm_onload_ranges(&r, 1, nullptr) == UVM_OK);
   CHECK(b.intact());
 }
@@ -289,7 +290,7 @@ TEST_CASE("offload works from a thread with no context, in the owner's context o
   REQUIRE(uvm_onload_ranges(&r, 1, nullptr) == UVM_OK);
   CHECK(fake::current_context() == fake::kNoContext);  // restored
   for (const auto& op : fake::ops()) {
-    if (op.call.rfind("copy", 0) == 0 || op.call == "discard" || op.call == "prefetch") {
+    if (op.call == fake::OpKind::copy_to_host || op.call == fake::OpKind::copy_to_device || op.call == fake::OpKind::discard || op.call == fake::OpKind::prefetch) {
       CHECK(op.context_device == 1);
     }
   }
@@ -303,8 +304,8 @@ TEST_CASE("with a CUDA 12 driver auto falls back to migrate and staged is refuse
   CHECK(uvm_offload_ranges(&r, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_ERROR_UNSUPPORTED);
   CHECK_THAT(last_error(), Has("needs a CUDA 13 runtime and driver"));
   REQUIRE(uvm_offload_ranges(&r, 1, UVM_STRATEGY_AUTO, nullptr) == UVM_OK);
-  CHECK(FakeMachine::ops_named("discard").empty());
-  CHECK(FakeMachine::ops_named("prefetch").size() == 1);
+  CHECK(FakeMachine::ops_named(fake::OpKind::discard).empty());
+  CHECK(FakeMachine::ops_named(fake::OpKind::prefetch).size() == 1);
   REQUIRE(uvm_onload_ranges(&r, 1, nullptr) == UVM_OK);
   CHECK(b.intact());
 }
@@ -325,7 +326,7 @@ TEST_CASE("reserve_staging allocates ahead, once, and the next staged offload us
   fake::reset_ops();
   const uvm_range whole = b.whole();
   REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_STAGED, fake::make_stream()) == UVM_OK);
-  CHECK(FakeMachine::ops_named("host_alloc").empty());  // the first offload allocated nothing
+  CHECK(FakeMachine::ops_named(fake::OpKind::host_alloc).empty());  // the first offload allocated nothing
   REQUIRE(uvm_onload_ranges(&whole, 1, fake::make_stream()) == UVM_OK);
   CHECK(b.intact());
   fake::fail_next("cudaHostAlloc", cudaErrorMemoryAllocation);

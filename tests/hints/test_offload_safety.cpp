@@ -113,11 +113,11 @@ TEST_CASE("onload populates no byte that another offload moved off the device", 
   fake::reset_ops();
   REQUIRE(uvm_onload_ranges(layout.moved.data(), layout.moved.size(), nullptr) == UVM_OK);
   const auto begin = reinterpret_cast<uintptr_t>(neighbour.ptr);
-  for (const fake::Op& op : FakeMachine::ops_named("prefetch")) {
+  for (const fake::Op& op : FakeMachine::ops_named(fake::OpKind::prefetch)) {
     const auto at = reinterpret_cast<uintptr_t>(op.ptr);
     CHECK((at + op.size <= begin || at >= begin + neighbour.size));
   }
-  CHECK(FakeMachine::ops_named("prefetch").size() == 6);  // each of the 3 pieces: before and after
+  CHECK(FakeMachine::ops_named(fake::OpKind::prefetch).size() == 6);  // each of the 3 pieces: before and after
   REQUIRE(uvm_onload_ranges(&neighbour, 1, nullptr) == UVM_OK);
   CHECK(layout.first_wrong(layout.moved, 0) == -1);
   CHECK(layout.first_wrong(layout.kept, 0) == -1);
@@ -143,7 +143,7 @@ TEST_CASE("ranges merge only when they overlap or touch", "[ranges][safety]") {
     fake::reset_ops();
     const uvm_range ranges[] = {{base, 512}, {base + 512 + gap, 512}, {base + 100, 50}};
     REQUIRE(uvm_prefetch_ranges(ranges, 3, UVM_LOCATION_CPU, nullptr) == UVM_OK);
-    CHECK(FakeMachine::ops_named("prefetch").size() == (gap == 0 ? 1u : 2u));
+    CHECK(FakeMachine::ops_named(fake::OpKind::prefetch).size() == (gap == 0 ? 1u : 2u));
   }
   uvm_free(base, 1 << 16, 0, nullptr);
 }
@@ -158,10 +158,10 @@ TEST_CASE("staged offload keeps host copies only of uvm's own allocations", "[of
   const uvm_range r{foreign, 4096};
   CHECK(uvm_offload_ranges(&r, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_ERROR_INVALID_ARGUMENT);
   CHECK_THAT(last_error(), Has("not allocated by uvm"));
-  CHECK(FakeMachine::ops_named("copy:to_host").empty());
+  CHECK(FakeMachine::ops_named(fake::OpKind::copy_to_host).empty());
   REQUIRE(uvm_offload_ranges(&r, 1, UVM_STRATEGY_AUTO, nullptr) == UVM_OK);
-  CHECK(FakeMachine::ops_named("discard").empty());
-  CHECK(FakeMachine::ops_named("prefetch").size() == 1);
+  CHECK(FakeMachine::ops_named(fake::OpKind::discard).empty());
+  CHECK(FakeMachine::ops_named(fake::OpKind::prefetch).size() == 1);
   CHECK(staged_bytes() == 0);
   REQUIRE(cudaFree(foreign) == cudaSuccess);
 }
@@ -375,7 +375,7 @@ void check_rollbacks() {
     fake::fail_next("cudaEventCreateWithFlags", cudaErrorMemoryAllocation);
     REQUIRE(offload() == UVM_OK);
     CHECK(cudaPeekAtLastError() == cudaSuccess);
-    CHECK(FakeMachine::ops_named("stream_sync").size() == 1);
+    CHECK(FakeMachine::ops_named(fake::OpKind::stream_sync).size() == 1);
     REQUIRE(onload() == UVM_OK);
     CHECK(layout.first_wrong(layout.moved, 0) == -1);
     check_no_staging_left();

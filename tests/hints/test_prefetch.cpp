@@ -29,7 +29,7 @@ TEST_CASE("prefetch both ways is issued, located and accounted", "[prefetch]") {
   const uvm_stats before = stats_of(0);
 
   REQUIRE(uvm_prefetch(a.ptr, kSize, UVM_LOCATION_CPU, stream) == UVM_OK);
-  auto prefetches = FakeMachine::ops_named("prefetch");
+  auto prefetches = FakeMachine::ops_named(fake::OpKind::prefetch);
   REQUIRE(prefetches.size() == 1);
   CHECK(prefetches[0].ptr == a.ptr);
   CHECK(prefetches[0].size == kSize);
@@ -71,7 +71,7 @@ TEST_CASE("prefetch refuses what the driver would only call invalid", "[prefetch
   SECTION("size 0 is a no-op") {
     CHECK(uvm_prefetch(a.ptr, 0, 0, nullptr) == UVM_OK);
     CHECK(uvm_prefetch(nullptr, 0, 0, nullptr) == UVM_OK);
-    CHECK(FakeMachine::ops_named("prefetch").empty());
+    CHECK(FakeMachine::ops_named(fake::OpKind::prefetch).empty());
   }
   SECTION("NULL") {
     CHECK(uvm_prefetch(nullptr, 16, 0, nullptr) == UVM_ERROR_INVALID_ARGUMENT);
@@ -91,7 +91,7 @@ TEST_CASE("prefetch refuses what the driver would only call invalid", "[prefetch
     CHECK_THAT(last_error(), Has("use -1 for the CPU"));
     CHECK(uvm_prefetch(a.ptr, kSize, -2, nullptr) == UVM_ERROR_INVALID_ARGUMENT);
   }
-  CHECK(FakeMachine::ops_named("prefetch").empty());
+  CHECK(FakeMachine::ops_named(fake::OpKind::prefetch).empty());
   CHECK(cudaPeekAtLastError() == cudaSuccess);
 }
 
@@ -101,7 +101,7 @@ TEST_CASE("prefetch without concurrent managed access is unsupported", "[prefetc
   CHECK(uvm_prefetch(on_device2.ptr, kSize, 2, nullptr) == UVM_ERROR_UNSUPPORTED);
   CHECK_THAT(last_error(), Has("device 2 lacks concurrentManagedAccess"));
   CHECK(uvm_prefetch(on_device2.ptr, kSize, UVM_LOCATION_CPU, nullptr) == UVM_ERROR_UNSUPPORTED);
-  CHECK(FakeMachine::ops_named("prefetch").empty());
+  CHECK(FakeMachine::ops_named(fake::OpKind::prefetch).empty());
 }
 
 TEST_CASE("prefetch on a capturing stream is refused before the driver sees it", "[prefetch][capture]") {
@@ -111,7 +111,7 @@ TEST_CASE("prefetch on a capturing stream is refused before the driver sees it",
   fake::set_capturing(stream, true);
   CHECK(uvm_prefetch(a.ptr, kSize, 0, stream) == UVM_ERROR_CAPTURING);
   CHECK_THAT(last_error(), Has("being captured into a CUDA graph"));
-  CHECK(FakeMachine::ops_named("prefetch").empty());
+  CHECK(FakeMachine::ops_named(fake::OpKind::prefetch).empty());
   CHECK(cudaPeekAtLastError() == cudaSuccess);
   fake::set_capturing(stream, false);
   CHECK(uvm_prefetch(a.ptr, kSize, 0, stream) == UVM_OK);
@@ -122,12 +122,12 @@ TEST_CASE("a hint from a thread without a context uses the target's, and restore
   Allocation a(kSize, 1);
   fake::set_thread_context(fake::kNoContext);
   REQUIRE(uvm_prefetch(a.ptr, kSize, 1, nullptr) == UVM_OK);
-  CHECK(FakeMachine::ops_named("prefetch")[0].context_device == 1);
+  CHECK(FakeMachine::ops_named(fake::OpKind::prefetch)[0].context_device == 1);
   CHECK(fake::current_context() == fake::kNoContext);
 
   fake::set_thread_context(0);  // a caller's own context is used as it is
   REQUIRE(uvm_prefetch(a.ptr, kSize, 1, nullptr) == UVM_OK);
-  CHECK(FakeMachine::ops_named("prefetch")[1].context_device == 0);
+  CHECK(FakeMachine::ops_named(fake::OpKind::prefetch)[1].context_device == 0);
   CHECK(fake::current_context() == 0);
 }
 
@@ -138,7 +138,7 @@ TEST_CASE("managed memory uvm did not allocate can be prefetched", "[prefetch]")
   CHECK(uvm_is_managed(foreign) == 1);
   const uvm_stats before = stats_of(0);
   CHECK(uvm_prefetch(foreign, 4096, UVM_LOCATION_CPU, nullptr) == UVM_OK);
-  CHECK(FakeMachine::ops_named("prefetch").size() == 1);
+  CHECK(FakeMachine::ops_named(fake::OpKind::prefetch).size() == 1);
   CHECK(stats_of(0).bytes_to_host == before.bytes_to_host);  // stats cover uvm allocations only
   CHECK(uvm_prefetch(static_cast<char*>(foreign) + 1, 4096, 0, nullptr) == UVM_ERROR_NOT_MANAGED);
   REQUIRE(cudaFree(foreign) == cudaSuccess);

@@ -49,7 +49,7 @@ TEST_CASE("prefetch_ranges turns 1000 shuffled pieces into one driver call", "[r
   REQUIRE(uvm_get_stats(0, &before) == UVM_OK);
 
   REQUIRE(uvm_prefetch_ranges(pieces.data(), pieces.size(), UVM_LOCATION_CPU, nullptr) == UVM_OK);
-  const auto calls = FakeMachine::ops_named("prefetch");
+  const auto calls = FakeMachine::ops_named(fake::OpKind::prefetch);
   REQUIRE(calls.size() == 1);
   CHECK(calls[0].ptr == base);
   CHECK(calls[0].size == kPiece * kPieces);
@@ -69,7 +69,7 @@ TEST_CASE("prefetch_ranges over several allocations issues one call each", "[ran
   const uvm_range ranges[] = {{b + 100, 900}, {a, 1 << 15}, {b, 100}, {a + (1 << 15), 1 << 15},
                               {a + 10, 0}, {b + 5000, 10}};
   REQUIRE(uvm_prefetch_ranges(ranges, 6, 0, nullptr) == UVM_OK);
-  const auto calls = FakeMachine::ops_named("prefetch");
+  const auto calls = FakeMachine::ops_named(fake::OpKind::prefetch);
   REQUIRE(calls.size() == 3);  // all of a; b[0, 1000); b[5000, 5010)
   std::vector<std::pair<const void*, size_t>> seen;
   for (const auto& call : calls) seen.emplace_back(call.ptr, call.size);
@@ -91,18 +91,18 @@ TEST_CASE("prefetch_ranges validates every range before issuing any", "[ranges][
   CHECK(uvm_prefetch_ranges(ranges, 3, 0, nullptr) == UVM_ERROR_NOT_MANAGED);
   CHECK_THAT(last_error(), Has("uvm_prefetch_ranges(size=3, device=0): range 1 of 3 is invalid"));
   CHECK_THAT(last_error(), Has("not CUDA managed memory"));
-  CHECK(FakeMachine::ops_named("prefetch").empty());
+  CHECK(FakeMachine::ops_named(fake::OpKind::prefetch).empty());
 
   CHECK(uvm_prefetch_ranges(nullptr, 2, 0, nullptr) == UVM_ERROR_INVALID_ARGUMENT);
   CHECK(uvm_prefetch_ranges(nullptr, 0, 0, nullptr) == UVM_OK);
   const uvm_range empty[] = {{a, 0}, {nullptr, 0}};
   CHECK(uvm_prefetch_ranges(empty, 2, 0, nullptr) == UVM_OK);
-  CHECK(FakeMachine::ops_named("prefetch").empty());
+  CHECK(FakeMachine::ops_named(fake::OpKind::prefetch).empty());
 
   cudaStream_t stream = fake::make_stream();
   fake::set_capturing(stream, true);
   CHECK(uvm_prefetch_ranges(ranges, 1, 0, stream) == UVM_ERROR_CAPTURING);
-  CHECK(FakeMachine::ops_named("prefetch").empty());
+  CHECK(FakeMachine::ops_named(fake::OpKind::prefetch).empty());
   uvm_free(a, 1 << 16, 0, nullptr);
 }
 
@@ -115,7 +115,7 @@ TEST_CASE("prefetch_ranges to the CPU checks every owning device before issuing"
   const uvm_range ranges[] = {{on_device0, 4096}, {on_device2, 4096}};
   CHECK(uvm_prefetch_ranges(ranges, 2, UVM_LOCATION_CPU, nullptr) == UVM_ERROR_UNSUPPORTED);
   CHECK_THAT(last_error(), Has("device 2 lacks concurrentManagedAccess"));
-  CHECK(FakeMachine::ops_named("prefetch").empty());
+  CHECK(FakeMachine::ops_named(fake::OpKind::prefetch).empty());
   uvm_free(on_device0, 4096, 0, nullptr);
   uvm_free(on_device2, 4096, 2, nullptr);
 }

@@ -50,21 +50,21 @@ TEST_CASE("offloading all of a releasable allocation gives its memory back; onlo
   const uvm_range whole = a.whole();
   fake::reset_ops();
   REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_AUTO, stream) == UVM_OK);
-  CHECK(FakeMachine::ops_named("copy:to_host").size() == 1);
-  CHECK(FakeMachine::ops_named("discard").empty());  // no driver discard: the memory is released
-  CHECK(FakeMachine::ops_named("prefetch").empty());
+  CHECK(FakeMachine::ops_named(fake::OpKind::copy_to_host).size() == 1);
+  CHECK(FakeMachine::ops_named(fake::OpKind::discard).empty());  // no driver discard: the memory is released
+  CHECK(FakeMachine::ops_named(fake::OpKind::prefetch).empty());
   // The copies out ran on `stream`: an event recorded there after them is waited for before the unmap.
   const auto ops = fake::ops();
   size_t copy_at = ops.size(), record_at = ops.size(), sync_at = ops.size(), unmap_at = ops.size();
   const void* event = nullptr;
   for (size_t i = 0; i < ops.size(); ++i) {
-    if (ops[i].call == "copy:to_host") copy_at = i;
-    if (ops[i].call == "event_record" && ops[i].stream == stream && i > copy_at && record_at == ops.size()) {
+    if (ops[i].call == fake::OpKind::copy_to_host) copy_at = i;
+    if (ops[i].call == fake::OpKind::event_record && ops[i].stream == stream && i > copy_at && record_at == ops.size()) {
       record_at = i;
       event = ops[i].ptr;
     }
-    if (ops[i].call == "event_sync" && ops[i].ptr == event && event != nullptr) sync_at = i;
-    if (ops[i].call == "vmm_unmap") unmap_at = i;
+    if (ops[i].call == fake::OpKind::event_sync && ops[i].ptr == event && event != nullptr) sync_at = i;
+    if (ops[i].call == fake::OpKind::vmm_unmap) unmap_at = i;
   }
   CHECK(copy_at < record_at);
   CHECK(record_at < sync_at);
@@ -78,8 +78,8 @@ TEST_CASE("offloading all of a releasable allocation gives its memory back; onlo
 
   fake::reset_ops();
   REQUIRE(uvm_onload_ranges(&whole, 1, stream) == UVM_OK);
-  CHECK(FakeMachine::ops_named("vmm_map").size() == 1);
-  CHECK(FakeMachine::ops_named("prefetch").empty());  // device memory: nothing to populate
+  CHECK(FakeMachine::ops_named(fake::OpKind::vmm_map).size() == 1);
+  CHECK(FakeMachine::ops_named(fake::OpKind::prefetch).empty());  // device memory: nothing to populate
   CHECK(a.intact());
   const uvm_residency on = residency();
   CHECK(on.released_bytes == 0);
@@ -125,8 +125,8 @@ TEST_CASE("when the copies' event cannot be waited for, the stream is waited for
   CHECK(cudaPeekAtLastError() == cudaSuccess);
   bool synced = false;
   for (const fake::Op& op : fake::ops()) {
-    if (op.call == "stream_sync" && op.stream == stream) synced = true;
-    if (op.call == "vmm_unmap") CHECK(synced);
+    if (op.call == fake::OpKind::stream_sync && op.stream == stream) synced = true;
+    if (op.call == fake::OpKind::vmm_unmap) CHECK(synced);
   }
   CHECK(fake::mapped_reservations() == 0);
   REQUIRE(uvm_onload_ranges(&whole, 1, stream) == UVM_OK);
@@ -141,15 +141,15 @@ TEST_CASE("onload maps each released allocation just before its copies", "[relea
   REQUIRE(uvm_offload_ranges(both.data(), both.size(), UVM_STRATEGY_AUTO, stream) == UVM_OK);
   fake::reset_ops();
   REQUIRE(uvm_onload_ranges(both.data(), both.size(), stream) == UVM_OK);
-  std::vector<std::string> order;
+  std::vector<fake::OpKind> order;
   for (const fake::Op& op : fake::ops()) {
-    if (op.call == "vmm_map" || op.call == "copy:to_device") order.push_back(op.call);
+    if (op.call == fake::OpKind::vmm_map || op.call == fake::OpKind::copy_to_device) order.push_back(op.call);
   }
   // a's map, a's copies, then b's map: b is mapped while a's copies may still run.
   REQUIRE(order.size() >= 4);
-  CHECK(order.front() == "vmm_map");
-  CHECK(order[1] == "copy:to_device");
-  CHECK(std::count(order.begin(), order.end(), "vmm_map") == 2);
+  CHECK(order.front() == fake::OpKind::vmm_map);
+  CHECK(order[1] == fake::OpKind::copy_to_device);
+  CHECK(std::count(order.begin(), order.end(), fake::OpKind::vmm_map) == 2);
   CHECK(a.intact());
   CHECK(b.intact());
 }
@@ -192,14 +192,14 @@ TEST_CASE("discarding a releasable allocation releases it without a copy; onload
   const uvm_range whole = a.whole();
   fake::reset_ops();
   REQUIRE(uvm_discard_ranges(&whole, 1, stream) == UVM_OK);
-  CHECK(FakeMachine::ops_named("discard").empty());
-  CHECK(FakeMachine::ops_named("copy:to_host").empty());
+  CHECK(FakeMachine::ops_named(fake::OpKind::discard).empty());
+  CHECK(FakeMachine::ops_named(fake::OpKind::copy_to_host).empty());
   CHECK(fake::mapped_reservations() == 0);
   CHECK(residency().discarded_bytes == kSize);
   fake::reset_ops();
   REQUIRE(uvm_onload_ranges(&whole, 1, stream) == UVM_OK);
-  CHECK(FakeMachine::ops_named("vmm_map").size() == 1);
-  CHECK(FakeMachine::ops_named("copy:to_device").empty());
+  CHECK(FakeMachine::ops_named(fake::OpKind::vmm_map).size() == 1);
+  CHECK(FakeMachine::ops_named(fake::OpKind::copy_to_device).empty());
   CHECK(a.ptr[0] == fake::kFreshPhysical);
   CHECK(residency().device_bytes == kSize);
   // Partly discarded: the memory stays.
@@ -226,7 +226,7 @@ TEST_CASE("releasable memory cannot migrate; managed and releasable ranges move 
   for (size_t i = 0; i < kSize; ++i) managed[i] = static_cast<unsigned char>(i);
   const std::vector<uvm_range> both = {whole, uvm_range{managed, kSize}};
   REQUIRE(uvm_offload_ranges(both.data(), both.size(), UVM_STRATEGY_AUTO, stream) == UVM_OK);
-  const auto discards = FakeMachine::ops_named("discard");
+  const auto discards = FakeMachine::ops_named(fake::OpKind::discard);
   REQUIRE(discards.size() == 1);  // the managed one only
   CHECK(discards[0].ptr == managed);
   CHECK(fake::mapped_reservations() == 0);

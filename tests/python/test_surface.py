@@ -166,3 +166,14 @@ def test_doctor_exits_nonzero_with_the_reason_when_no_pool_can_be_made():
     else:
         assert result.returncode == 1
         assert "not ok: a pool cannot be created:" in result.stdout
+
+
+def test_one_version_everywhere():
+    """meson.build, uvm.h, pyproject.toml and uvm.__version__ name the same release."""
+    import re
+    root = SHIM.parent
+    meson = re.search(r"version\s*:\s*'([^']+)'", (root / "meson.build").read_text()).group(1)
+    header = (root / "include" / "uvm.h").read_text()
+    numbers = [re.search(rf"#define UVM_VERSION_{part} (\d+)", header).group(1) for part in ("MAJOR", "MINOR", "PATCH")]
+    pyproject = re.search(r'^version = "([^"]+)"', (SHIM / "pyproject.toml").read_text(), re.MULTILINE).group(1)
+    assert ".".join(numbers) == meson == pyproject == uvm.__version__

@@ -150,4 +150,5 @@ TEST_CASE("environment: UVM_LIMIT_FRACTION and UVM_DEFAULT_ADVICE", "[env][scena
   fake::reset();
   CHECK(limit_of(0) == 512 * MiB);
   CHECK(limit_of(1) == 256 * MiB);
+  CHECK(uvm_get_default_advice() == UVM_ADVICE_HOST);  // the variable, not the built-in default
 }

@@ -58,14 +58,16 @@ def test_ctypes_library_declares_every_entry():
     assert declared == set(uvm._lib.SIGNATURES), declared ^ set(uvm._lib.SIGNATURES)
 
 
-def test_without_a_gpu_or_torch_the_pool_is_refused_with_the_reason():
-    code = ("import uvm\ntry:\n    uvm.create_unified_mempool()\nexcept uvm.UnifiedMemoryUnsupportedError as e:\n"
-            "    print(uvm._compilation_state.name, '|', e)")
+def test_the_pool_is_made_or_refused_with_the_reason():
+    code = ("import uvm\ntry:\n    uvm.create_unified_mempool()\n    print('made')\n"
+            "except uvm.UnifiedMemoryUnsupportedError as e:\n    print(uvm._compilation_state.name, '|', e)")
     out = python(code).stdout
     if torch is None:
-        assert out.startswith("FAILURE | unified memory is unavailable: torch is not installed")
+        assert out.startswith("FAILURE | unified memory is unavailable: torch is not installed"), out
     elif not torch.cuda.is_available():
-        assert "no CUDA device or driver is visible to torch" in out
+        assert "no CUDA device or driver is visible to torch" in out, out
+    else:
+        assert out.strip() == "made", out
 
 
 @needs_torch

@@ -1,5 +1,6 @@
 // uvm_discard and uvm_discard_ranges: cudaMemDiscardBatchAsync (CUDA 13), with the legacy NULL
-// stream made usable; releasable memory is released instead once none of it is left. Staged host copies of discarded bytes are dropped: they are no longer wanted.
+// stream made usable; releasable memory is released instead, once none of it is left. Staged host
+// copies of discarded bytes are dropped: they are no longer wanted.
 #include <set>
 #include <vector>
 

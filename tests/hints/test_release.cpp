@@ -3,7 +3,9 @@
 // goes back only when every byte is off the device, comes back before the copies, and no byte is
 // lost on the way — neighbours, partial moves and failures included.
 #include <algorithm>
+#include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fixture.hpp"
@@ -344,4 +346,35 @@ TEST_CASE("uvm_get_staged_copy hands out the host copy of staged bytes only", "[
   REQUIRE(uvm_onload_ranges(&whole, 1, fake::make_stream()) == UVM_OK);
   REQUIRE(uvm_get_staged_copy(a.ptr + 100, 50, &host) == UVM_OK);
   CHECK(host == nullptr);  // back on the device: no copy held
+}
+
+TEST_CASE("threads offloading, onloading and freeing releasable memory at once lose nothing", "[release][threads]") {
+  FakeMachine machine;
+  Releasable kept(kSize, 0, 5), a(kSize, 0, 3);
+  const uvm_range whole = a.whole();
+  std::atomic<int> failures{0};
+  auto cycle = [&] {
+    cudaStream_t stream = fake::make_stream();
+    for (int i = 0; i < 200; ++i) {
+      if (uvm_offload_ranges(&whole, 1, UVM_STRATEGY_AUTO, stream) != UVM_OK) ++failures;
+      if (uvm_onload_ranges(&whole, 1, stream) != UVM_OK) ++failures;
+    }
+  };
+  // A third thread allocates, releases and frees allocations of its own meanwhile.
+  auto churn = [&] {
+    for (int i = 0; i < 100; ++i) {
+      Releasable other(64 << 10, 0, 7);
+      const uvm_range mine = other.whole();
+      if (uvm_offload_ranges(&mine, 1, UVM_STRATEGY_AUTO, fake::make_stream()) != UVM_OK) ++failures;
+    }
+  };
+  std::thread t1(cycle), t2(cycle), t3(churn);
+  t1.join();
+  t2.join();
+  t3.join();
+  CHECK(failures == 0);
+  REQUIRE(uvm_onload_ranges(&whole, 1, fake::make_stream()) == UVM_OK);
+  CHECK(a.intact());
+  CHECK(kept.intact());
+  CHECK(fake::mapped_reservations() == 2);
 }

@@ -7,7 +7,7 @@
 #include "devices.hpp"
 #include "limits.hpp"
 #include "registry.hpp"
-#include "staging.hpp"
+#include "moves.hpp"
 #include "stats.hpp"
 #include "vmm.hpp"
 
@@ -74,7 +74,7 @@ uvm_status allocate(const Call& call, size_t size, int device, Backing backing, 
   }
   // Nothing uvm knew about these addresses can describe the new memory.
   const auto begin = reinterpret_cast<uintptr_t>(ptr);
-  staging().forget(begin, begin + size);
+  forget_moved_state(begin, begin + size);
   registry().insert(ptr, size, device, thread_tag(), backing);
   commit_reservation(device, size);
   *out = ptr;
@@ -91,7 +91,7 @@ bool exiting_error(cudaError_t e) {
 bool forget_allocation(void* ptr, AllocationView* found, size_t* host_bytes) {
   const auto moves = lock_moves();
   if (!registry().erase(ptr, found, host_bytes)) return false;
-  staging().forget(found->base, found->base + found->size);
+  forget_moved_state(found->base, found->base + found->size);
   return true;
 }
 
@@ -133,27 +133,26 @@ uvm_status release(const Call& call, void* ptr, size_t size, int device) {
   return status;
 }
 
+// The body of both allocation entries: size 0 gives NULL without an error.
+void* allocate_entry(const char* name, size_t size, int device, Backing backing) {
+  if (size == 0) return nullptr;
+  const Call call = Call::of(name).with_size(size).with_device(device);
+  void* ptr = nullptr;
+  const uvm_status status = guarded(call, [&] { return allocate(call, size, device, backing, &ptr); });
+  return status == UVM_OK ? ptr : nullptr;
+}
+
 }  // namespace
 }  // namespace uvm
 
 extern "C" {
 
 void* uvm_malloc(size_t size, int device, cudaStream_t /*stream: allocation is not stream-ordered*/) {
-  if (size == 0) return nullptr;
-  const uvm::Call call = uvm::Call::of("uvm_malloc").with_size(size).with_device(device);
-  void* ptr = nullptr;
-  const uvm_status status =
-      uvm::guarded(call, [&] { return uvm::allocate(call, size, device, uvm::Backing::managed, &ptr); });
-  return status == UVM_OK ? ptr : nullptr;
+  return uvm::allocate_entry("uvm_malloc", size, device, uvm::Backing::managed);
 }
 
 void* uvm_malloc_releasable(size_t size, int device, cudaStream_t /*stream: mapping is not stream-ordered*/) {
-  if (size == 0) return nullptr;
-  const uvm::Call call = uvm::Call::of("uvm_malloc_releasable").with_size(size).with_device(device);
-  void* ptr = nullptr;
-  const uvm_status status =
-      uvm::guarded(call, [&] { return uvm::allocate(call, size, device, uvm::Backing::releasable, &ptr); });
-  return status == UVM_OK ? ptr : nullptr;
+  return uvm::allocate_entry("uvm_malloc_releasable", size, device, uvm::Backing::releasable);
 }
 
 void uvm_free(void* ptr, size_t size, int device, cudaStream_t /*stream*/) {

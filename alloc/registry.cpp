@@ -9,7 +9,7 @@ namespace uvm {
 
 void Registry::insert(const void* base, size_t size, int device, TagId tag, Backing backing) {
   std::lock_guard<std::mutex> lock(mutex_);
-  entries_[reinterpret_cast<uintptr_t>(base)] = Entry{size, device, tag, backing, false, {}, {}, {}};
+  entries_[reinterpret_cast<uintptr_t>(base)] = Entry{size, device, tag, backing, false, {}, {}};
 }
 
 bool Registry::erase(const void* base, AllocationView* removed, size_t* host_bytes) {
@@ -42,8 +42,6 @@ long long Registry::record_move(uintptr_t base, size_t begin, size_t end, Move m
   const bool on_host = move == Move::to_host || move == Move::staged;
   if (on_host) entry.host_spans.add(begin, end);
   else entry.host_spans.remove(begin, end);
-  if (move == Move::staged) entry.staged_spans.add(begin, end);
-  else entry.staged_spans.remove(begin, end);
   if (move == Move::discarded) entry.discarded_spans.add(begin, end);
   else entry.discarded_spans.remove(begin, end);
   return static_cast<long long>(entry.host_spans.total()) - static_cast<long long>(host_before);
@@ -84,7 +82,6 @@ uvm_residency Registry::residency(int device, bool any_tag, TagId tag) const {
     total.allocations += 1;
     total.live_bytes += entry.size;
     total.host_bytes += entry.host_spans.total();
-    total.staged_bytes += entry.staged_spans.total();
     total.discarded_bytes += entry.discarded_spans.total();
     if (entry.released) total.released_bytes += entry.size;
   }

@@ -1,5 +1,6 @@
 // The registry of live uvm allocations: base → size, device, tag, and where uvm last moved each
-// byte (to the host, into staging, or discarded).
+// byte (to the host or discarded). Which host bytes hold a staged copy is the staging store's to
+// say (offload/staging.hpp), the one record of it.
 #pragma once
 
 #include <cstddef>
@@ -26,8 +27,8 @@ struct AllocationView {
   Backing backing = Backing::managed;
 };
 
-// to_host: migrated to the CPU. staged: copied to pinned staging and discarded on the device (it
-// counts as host-resident). discarded: no copy kept. to_device: back where it was allocated.
+// to_host: migrated to the CPU. staged: copied to pinned staging and discarded on the device
+// (host-resident, like to_host). discarded: no copy kept. to_device: back where it was allocated.
 enum class Move { to_device, to_host, staged, discarded };
 
 class Registry {
@@ -50,7 +51,7 @@ class Registry {
   // Bytes of managed allocations on `device` that uvm moved off it (to the host, staged or
   // discarded): the driver reclaims them when someone allocates.
   size_t reclaimable_managed_bytes(int device) const;
-  // Residency totals over the same selection.
+  // Residency totals over the same selection, but for staged_bytes (the staging store has them).
   uvm_residency residency(int device, bool any_tag, TagId tag) const;
   size_t size() const;
 
@@ -62,7 +63,6 @@ class Registry {
     Backing backing;
     bool released;            // releasable only: its physical memory is given back
     SpanSet host_spans;       // includes the staged ones
-    SpanSet staged_spans;
     SpanSet discarded_spans;
   };
   static bool selected(const Entry& entry, int device, bool any_tag, TagId tag);

@@ -4,7 +4,7 @@
 #include <set>
 #include <vector>
 
-#include "../alloc/staging.hpp"
+#include "../alloc/moves.hpp"
 #include "../alloc/stats.hpp"
 #include "discard_batch.hpp"
 #include "order.hpp"
@@ -31,22 +31,23 @@ uvm_status check_discard_support(const Call& call, const std::vector<HintRange>&
 }
 
 uvm_status discard_batch(const Call& call, const std::vector<HintRange>& ranges, cudaStream_t stream) {
-#if CUDART_VERSION >= 13000
-  if (is_legacy_stream(stream)) {
-    if (uvm_status s = ordering_stream(call, &stream)) return s;
-  }
   std::vector<void*> pointers;
   std::vector<size_t> sizes;
   for (const HintRange& range : ranges) {
+    if (range.releasable) continue;  // device memory: uvm releases it instead (release.hpp)
     pointers.push_back(reinterpret_cast<void*>(range.begin));
     sizes.push_back(range.end - range.begin);
+  }
+  if (pointers.empty()) return UVM_OK;
+#if CUDART_VERSION >= 13000
+  if (is_legacy_stream(stream)) {
+    if (uvm_status s = ordering_stream(call, &stream)) return s;
   }
   if (cudaError_t e = cudaMemDiscardBatchAsync(pointers.data(), sizes.data(), pointers.size(), 0, stream)) {
     return fail_cuda(call, e, "cudaMemDiscardBatchAsync(%zu ranges)", pointers.size());
   }
   return UVM_OK;
 #else
-  (void)ranges;
   (void)stream;
   return fail(call, UVM_ERROR_UNSUPPORTED, "uvm was built against CUDA < 13, which has no discard");
 #endif
@@ -73,15 +74,9 @@ uvm_status discard(const Call& call, Resolve&& resolve, cudaStream_t stream) {
     if (uvm_status s = ordering_stream(call, &stream)) return s;
   }
   if (uvm_status s = wait_for_moves(call, ranges, stream)) return s;
-  std::vector<HintRange> managed;
+  if (uvm_status s = discard_batch(call, ranges, stream)) return s;
   for (const HintRange& range : ranges) {
-    if (!range.releasable) managed.push_back(range);
-  }
-  if (!managed.empty()) {
-    if (uvm_status s = discard_batch(call, managed, stream)) return s;
-  }
-  for (const HintRange& range : ranges) {
-    staging().release(range.begin, range.end, nullptr);
+    forget_moved_state(range.begin, range.end);  // a staged copy of these bytes is no longer wanted
     if (range.allocation == 0) continue;
     const long long host_delta = registry().record_move(
         range.allocation, range.begin - range.allocation, range.end - range.allocation, Move::discarded);

@@ -3,15 +3,16 @@
 
 #include <vector>
 
-#include "target.hpp"
+#include "hint_range.hpp"
 
 namespace uvm {
 
 // UVM_ERROR_UNSUPPORTED unless every range's device can discard (CUDA 13 runtime and driver).
 uvm_status check_discard_support(const Call& call, const std::vector<HintRange>& ranges);
 
-// One cudaMemDiscardBatchAsync over `ranges` on `stream` (the legacy stream through uvm's ordering
-// stream, since the driver rejects it).
+// One cudaMemDiscardBatchAsync over the managed ones of `ranges` on `stream` (the legacy stream
+// through uvm's ordering stream, since the driver rejects it). Releasable ranges are skipped: they
+// are device memory, which uvm releases instead; with none managed, nothing is issued.
 uvm_status discard_batch(const Call& call, const std::vector<HintRange>& ranges, cudaStream_t stream);
 
 }  // namespace uvm

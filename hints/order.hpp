@@ -1,13 +1,14 @@
-// Ordering moves of the same bytes across streams. Offload, onload and discard each end with an
-// event that the next move of the same allocation waits for, whatever stream either runs on: a
-// copy back still running on uvm's worker streams must not meet a discard or a prefetch to the CPU
-// issued on another stream (the driver leaves such bytes undefined, or drops them as discarded).
+// Ordering moves of the same bytes across streams. Prefetch, offload, onload and discard each end
+// with an event that the next move of the same allocation waits for, whatever stream either runs
+// on: a copy back still running on uvm's worker streams must not meet a discard or a prefetch to
+// the CPU issued on another stream (the driver leaves such bytes undefined, or drops them as
+// discarded). The last move of each allocation is kept here, by its base.
 #pragma once
 
 #include <vector>
 
-#include "../alloc/staging.hpp"
-#include "target.hpp"
+#include "events.hpp"
+#include "hint_range.hpp"
 
 namespace uvm {
 
@@ -20,5 +21,9 @@ uvm_status record_moves(const Call& call, const std::vector<HintRange>& ranges, 
 
 // The same, with an event the caller already recorded (null: the moves have completed).
 void record_moves(const std::vector<HintRange>& ranges, const EventRef& done);
+
+// Forgets the last move of every allocation whose base lies in [begin, end) (it was freed, or its
+// address is new memory).
+void forget_last_moves(uintptr_t begin, uintptr_t end);
 
 }  // namespace uvm

@@ -1,12 +1,28 @@
 // uvm_prefetch and uvm_prefetch_ranges: cudaMemPrefetchAsync with validation, coalescing and
 // accounting of what moved where.
-#include <vector>
+#include "prefetch.hpp"
 
-#include "../alloc/staging.hpp"
+#include "../alloc/cuda_compat.hpp"
+#include "../alloc/moves.hpp"
+#include "accounting.hpp"
 #include "order.hpp"
 #include "ranges.hpp"
 
 namespace uvm {
+
+uvm_status prefetch_each(const Call& call, const std::vector<HintRange>& ranges, int location,
+                         cudaStream_t stream) {
+  for (const HintRange& range : ranges) {
+    const void* ptr = reinterpret_cast<const void*>(range.begin);
+    const size_t size = range.end - range.begin;
+    if (cudaError_t e = prefetch_to(ptr, size, location, stream)) {
+      return fail_cuda(call, e, "cudaMemPrefetchAsync(%p, %zu bytes)", ptr, size);
+    }
+    account_move(range, location == UVM_LOCATION_CPU ? Move::to_host : Move::to_device, 1);
+  }
+  return UVM_OK;
+}
+
 namespace {
 
 // Checks the location and device support, then (inside the context the calls will use, so that

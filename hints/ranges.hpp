@@ -3,7 +3,7 @@
 
 #include <vector>
 
-#include "target.hpp"
+#include "hint_range.hpp"
 
 namespace uvm {
 

@@ -5,8 +5,8 @@
 #include <map>
 #include <vector>
 
-#include "../alloc/staging.hpp"
-#include "target.hpp"
+#include "events.hpp"
+#include "hint_range.hpp"
 
 namespace uvm {
 

@@ -3,12 +3,11 @@
 #include <atomic>
 
 #include "../alloc/devices.hpp"
-#include "plan.hpp"
 
 namespace uvm {
 namespace {
 
-constexpr int kSlotsPerDevice = 1 + kMaxOnloadStreams;  // the ordering stream, then the workers
+constexpr int kSlotsPerDevice = 1 + kMaxWorkerStreams;  // the ordering stream, then the workers
 
 // Returns the stream in `slot` of the current device, creating it with `flags` on first use.
 uvm_status stream_in_slot(const Call& call, int slot, unsigned flags, cudaStream_t* out) {
@@ -38,7 +37,7 @@ uvm_status ordering_stream(const Call& call, cudaStream_t* out) {
 }
 
 uvm_status worker_streams(const Call& call, int count, cudaStream_t* out) {
-  for (int i = 0; i < count && i < kMaxOnloadStreams; ++i) {
+  for (int i = 0; i < count && i < kMaxWorkerStreams; ++i) {
     if (uvm_status s = stream_in_slot(call, 1 + i, cudaStreamNonBlocking, &out[i])) return s;
   }
   return UVM_OK;

@@ -8,6 +8,9 @@
 
 namespace uvm {
 
+// The most worker streams an onload spreads its copies over (UVM_ONLOAD_STREAMS's upper bound).
+constexpr int kMaxWorkerStreams = 8;
+
 // The legacy NULL stream or its alias.
 inline bool is_legacy_stream(cudaStream_t stream) {
   return stream == nullptr || stream == cudaStreamLegacy;
@@ -18,8 +21,8 @@ inline bool is_legacy_stream(cudaStream_t stream) {
 // issued on it keeps the caller's legacy-stream order exactly. For the current device.
 uvm_status ordering_stream(const Call& call, cudaStream_t* out);
 
-// `count` (at most kMaxOnloadStreams) non-blocking streams of the current device for the onload pipeline; callers
-// join them to their own stream with events before and after.
+// `count` (at most kMaxWorkerStreams) non-blocking streams of the current device for the onload
+// pipeline; callers join them to their own stream with events before and after.
 uvm_status worker_streams(const Call& call, int count, cudaStream_t* out);
 
 }  // namespace uvm

@@ -15,23 +15,30 @@ MUTANTS = [
  ("alloc/limits.cpp", "if (value > (std::numeric_limits<size_t>::max() >> shift)) return false;", "", "alloc_tests", "[limits]"),
  ("alloc/stats.cpp", "const size_t in_use = a.stats.live_bytes + a.reserved;", "const size_t in_use = a.stats.live_bytes;", "alloc_tests", "[limits]"),
  ("alloc/registry.cpp", "if (address - it->first >= it->second.size) return false;", "if (address - it->first > it->second.size) return false;", "alloc_tests", "[malloc]"),
- ("hints/ranges.cpp", "same_allocation ? range.begin <= last.end :", "same_allocation ? range.begin <= last.end + 512 :", "hints_tests", "[safety]"),
- ("hints/offload.cpp", "    staging().cancel(spans, hosts);\n    return status;", "    return status;", "hints_tests", "[rollback]"),
+ ("hints/ranges.cpp", "same_allocation ? range.begin <= last.end :", "same_allocation ? range.begin <= last.end + 512 :", "offload_tests", "[safety]"),
+ ("offload/offload.cpp", "    staging().cancel(spans, reserved.hosts);\n    return status;", "    return status;", "offload_tests", "[rollback]"),
  ("alloc/tags.cpp", "if (count > UVM_MAX_TAGS) {", "if (count > UVM_MAX_TAGS + 1) {", "alloc_tests", "[tag_limit]"),
  ("alloc/tags.cpp", "if (count > UVM_MAX_TAGS) {", "if (count >= UVM_MAX_TAGS) {", "alloc_tests", "[tag_limit]"),
  # Releasable memory: released while a byte is still on the device; never released; not mapped
  # before its copies back; mapped all at once before them; released before its copies end.
  ("alloc/registry.cpp", "return entry.host_spans.total() + entry.discarded_spans.total() == entry.size;",
   "return entry.host_spans.total() + entry.discarded_spans.total() > 0;", "hints_tests", "[release]"),
- ("hints/offload.cpp", "  return release_emptied(call, target.merged, stream, done);", "  return UVM_OK;", "hints_tests", "[release]"),
- ("hints/offload.cpp", "    if (!managed) status = restore_one(call, allocation);\n", "", "hints_tests", "[release]"),
- ("hints/offload.cpp", "  if (uvm_status s = wait_for_moves(call, target.merged, stream)) return s;\n  std::vector<StagedWork> staged;",
+ ("offload/offload.cpp", "  return release_emptied(call, target.merged, stream, done);", "  return UVM_OK;", "hints_tests", "[release]"),
+ ("offload/onload.cpp", "    if (!managed) {\n      if (uvm_status s = restore_one(call, allocation)) return s;\n    }\n", "", "hints_tests", "[release]"),
+ ("offload/onload.cpp", "  if (uvm_status s = wait_for_moves(call, target.merged, stream)) return s;\n  std::vector<StagedWork> staged;",
   "  if (uvm_status s = wait_for_moves(call, target.merged, stream)) return s;\n  if (uvm_status s = restore_released(call, target.merged)) return s;\n  std::vector<StagedWork> staged;",
   "hints_tests", "[release]"),
  ("hints/release.cpp", "    if (!own && !stream_done) {", "    if (false) {", "hints_tests", "[release]"),
- ("alloc/staging.cpp", "  std::lock_guard<std::mutex> growing(growth_mutex_);\n", "", "hints_tests", "reservations at once*"),
+ ("offload/staging.cpp", "  std::lock_guard<std::mutex> growing(growth_mutex_);\n", "", "offload_tests", "reservations at once*"),
+ # An offload that finds its room taken gives up instead of growing again; release_staging frees
+ # pinned memory under the moves lock, which uvm_free needs.
+ ("offload/offload.cpp", "      continue;  // another offload", "      return UVM_ERROR_INTERNAL;  // another offload", "offload_tests",
+  "an offload that finds*"),
+ ("offload/staging.cpp", "  return uvm::guarded(call, [&] { return uvm::staging().free_unused(call); });",
+  "  return uvm::guarded(call, [&] { const auto moves = uvm::lock_moves(); return uvm::staging().free_unused(call); });",
+  "offload_tests", "freeing pinned staging*"),
  # Onload no longer takes its turn with the other moves: two threads map and release under each other.
- ("hints/offload.cpp", "  const auto moves = lock_moves();\n  if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;  // freed",
+ ("offload/onload.cpp", "  const auto moves = lock_moves();\n  if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;  // freed",
   "  if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;  // freed", "hints_tests",
   "threads offloading*"),
 ]

@@ -30,8 +30,7 @@ import warnings
 from pathlib import Path
 
 DEFAULT_TIMEOUT_S = 60.0
-SOURCE_DIRS = ("alloc", "hints", "include")
-CXX_FLAGS = ("-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-DNDEBUG")
+SOURCE_LIST = "sources.txt"  # the sources and flags, read by meson.build too
 
 
 class BuildError(RuntimeError):
@@ -45,10 +44,10 @@ class BuildTimeout(BuildError):
 def source_root() -> Path:
     """The C++ sources: inside the installed package, else the checkout above python_shim/."""
     packaged = Path(__file__).resolve().parent / "_csrc"
-    if (packaged / "include" / "uvm.h").is_file():
+    if (packaged / SOURCE_LIST).is_file():
         return packaged
     checkout = Path(__file__).resolve().parents[2]
-    if (checkout / "include" / "uvm.h").is_file():
+    if (checkout / SOURCE_LIST).is_file():
         return checkout
     raise BuildError(f"uvm's C++ sources are missing (looked in {packaged} and {checkout})")
 
@@ -95,20 +94,39 @@ def compile_timeout() -> float:
     return value
 
 
-def sources(root: Path) -> list[Path]:
-    return sorted(p for d in ("alloc", "hints") for p in (root / d).glob("*.cpp"))
+class SourceList:
+    """sources.txt: the sources (in order) and the compiler flags, as meson.build reads them."""
+
+    def __init__(self, root: Path):
+        self.sources: list[Path] = []
+        self.flags: list[str] = []
+        for number, raw in enumerate((root / SOURCE_LIST).read_text().splitlines(), 1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            word, _, rest = line.partition(" ")
+            if word == "std":
+                self.flags.insert(0, f"-std={rest.strip()}")
+            elif word == "flags":
+                self.flags += rest.split()
+            elif (root / line).is_file():
+                self.sources.append(root / line)
+            else:
+                raise BuildError(f"{root / SOURCE_LIST}:{number}: {line!r} is no source file under {root}")
+
+    def folders(self, root: Path) -> list[Path]:
+        """The folders whose files go into the library: those of the sources, and include/."""
+        return sorted({source.parent for source in self.sources} | {root / "include"})
 
 
 def build_key(root: Path, cxx: str, home: Path) -> str:
     digest = hashlib.sha256()
-    for directory in SOURCE_DIRS:
-        for path in sorted((root / directory).rglob("*")):
-            if path.is_file():
-                digest.update(str(path.relative_to(root)).encode())
-                digest.update(path.read_bytes())
+    listed = SourceList(root)
+    for path in [root / SOURCE_LIST] + sorted(p for d in listed.folders(root) for p in d.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
     digest.update(cxx.encode())
     digest.update(_compiler_identity(cxx).encode())
-    digest.update(" ".join(CXX_FLAGS).encode())
     digest.update(cuda_version(home).encode())
     return digest.hexdigest()[:24]
 
@@ -194,6 +212,7 @@ def compile_library(root: Path, cxx: str, home: Path, out_dir: Path, timeout: fl
     """Compiles every source in parallel, then links libuvm.so in `out_dir`."""
     deadline = time.monotonic() + timeout
     include = ["-I", str(root / "include"), "-isystem", str(home / "include")]
+    listed = SourceList(root)
 
     def produced(target: Path) -> Path:
         if not target.is_file():
@@ -202,11 +221,11 @@ def compile_library(root: Path, cxx: str, home: Path, out_dir: Path, timeout: fl
 
     def compile_one(source: Path) -> Path:
         target = out_dir / (source.parent.name + "_" + source.stem + ".o")
-        run([cxx, *CXX_FLAGS, *include, "-c", str(source), "-o", str(target)],
+        run([cxx, *listed.flags, *include, "-c", str(source), "-o", str(target)],
             timeout=max(deadline - time.monotonic(), 0.1), watchdog=watchdog)
         return produced(target)
 
-    units = sources(root)
+    units = listed.sources
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(units), os.cpu_count() or 1)) as pool:
         objects = list(pool.map(compile_one, units))
     library = out_dir / "libuvm.so"

@@ -61,6 +61,13 @@ void reset();
 // The next call to `call_name` (e.g. "cudaMallocManaged") returns `error` instead of running.
 void fail_next(const std::string& call_name, cudaError_t error);
 
+// The next call to `call_name` ("cudaHostAlloc" or "cudaFreeHost", which take seconds on a real
+// machine) waits, holding no lock of the double's, until release_held(); so a test can check what
+// other threads can do meanwhile. wait_until_held gives true once a call is waiting there.
+void hold_next(const std::string& call_name);
+bool wait_until_held(int timeout_ms);
+void release_held();
+
 // Forgets the op log only.
 void reset_ops();
 

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <iterator>
 #include <map>
+#include <chrono>
+#include <condition_variable>
 #include <mutex>
 #include <set>
 #include <string>
@@ -83,6 +85,31 @@ thread_local cudaError_t pending = cudaSuccess;
 cudaError_t set_error(cudaError_t e) {
   if (e != cudaSuccess) pending = e;
   return e;
+}
+
+// fake::hold_next's gate, apart from the World mutex so that a held call blocks no other call.
+struct Gate {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::string armed;  // the call to hold next
+  bool open = true;
+  int waiting = 0;
+};
+
+Gate& gate() {
+  static Gate instance;
+  return instance;
+}
+
+void pass_gate(const char* call) {
+  Gate& g = gate();
+  std::unique_lock<std::mutex> lock(g.mutex);
+  if (g.armed != call) return;
+  g.armed.clear();
+  ++g.waiting;
+  g.changed.notify_all();
+  g.changed.wait(lock, [&] { return g.open; });
+  --g.waiting;
 }
 
 // Returns the injected error for `call`, if any (World mutex held by caller).
@@ -401,6 +428,27 @@ void reset() {
 void fail_next(const std::string& call_name, cudaError_t error) {
   std::lock_guard<std::mutex> lock(world().mutex);
   world().injected[call_name] = error;
+}
+
+void hold_next(const std::string& call_name) {
+  Gate& g = gate();
+  std::lock_guard<std::mutex> lock(g.mutex);
+  g.armed = call_name;
+  g.open = false;
+}
+
+bool wait_until_held(int timeout_ms) {
+  Gate& g = gate();
+  std::unique_lock<std::mutex> lock(g.mutex);
+  return g.changed.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return g.waiting > 0; });
+}
+
+void release_held() {
+  Gate& g = gate();
+  std::lock_guard<std::mutex> lock(g.mutex);
+  g.armed.clear();
+  g.open = true;
+  g.changed.notify_all();
 }
 
 void reset_ops() {
@@ -726,6 +774,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 
 // Pinned host memory is plain host memory here; copies run at once, so stream order holds trivially.
 cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int flags) {
+  pass_gate("cudaHostAlloc");
   World& w = world();
   std::lock_guard<std::mutex> lock(w.mutex);
   cudaError_t error;
@@ -740,6 +789,7 @@ cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int flags) {
 }
 
 cudaError_t cudaFreeHost(void* ptr) {
+  pass_gate("cudaFreeHost");
   World& w = world();
   std::lock_guard<std::mutex> lock(w.mutex);
   cudaError_t error;

@@ -2,7 +2,8 @@
 
 #include <algorithm>
 
-#include "devices.hpp"
+#include "../alloc/devices.hpp"
+#include "../alloc/moves.hpp"
 
 namespace uvm {
 namespace {
@@ -25,28 +26,6 @@ void prune(std::vector<EventRef>* events) {
 
 }  // namespace
 
-CudaEvent::~CudaEvent() {
-  if (handle != nullptr) clear_cuda_error(cudaEventDestroy(handle));
-}
-
-uvm_status create_event(const Call& call, EventRef* out) {
-  auto event = std::make_shared<CudaEvent>();
-  if (cudaError_t e = cudaEventCreateWithFlags(&event->handle, cudaEventDisableTiming)) {
-    event->handle = nullptr;
-    return fail_cuda(call, e, "cudaEventCreateWithFlags");
-  }
-  *out = std::move(event);
-  return UVM_OK;
-}
-
-uvm_status record_event(const Call& call, cudaStream_t stream, EventRef* out) {
-  EventRef event;
-  if (uvm_status s = create_event(call, &event)) return s;
-  if (cudaError_t e = cudaEventRecord(event->handle, stream)) return fail_cuda(call, e, "cudaEventRecord");
-  *out = std::move(event);
-  return UVM_OK;
-}
-
 // First fit, as reserve() places: the bytes no existing block could take.
 size_t Staging::unplaced_bytes(const std::vector<Span>& spans) const {
   std::vector<size_t> free_bytes;
@@ -59,23 +38,6 @@ size_t Staging::unplaced_bytes(const std::vector<Span>& spans) const {
     else unplaced += need;
   }
   return unplaced;
-}
-
-uvm_status mark_or_wait(const Call& call, cudaStream_t stream, EventRef* out) {
-  auto event = std::make_shared<CudaEvent>();
-  cudaError_t e = cudaEventCreateWithFlags(&event->handle, cudaEventDisableTiming);
-  if (e != cudaSuccess) event->handle = nullptr;
-  else e = cudaEventRecord(event->handle, stream);
-  if (e == cudaSuccess) {
-    *out = std::move(event);
-    return UVM_OK;
-  }
-  clear_cuda_error(e);
-  out->reset();
-  if (cudaError_t waited = cudaStreamSynchronize(stream)) {
-    return fail_cuda(call, waited, "cudaStreamSynchronize (standing in for an event: %s)", cudaGetErrorName(e));
-  }
-  return UVM_OK;
 }
 
 uvm_status Staging::new_block(const Call& call, size_t bytes, std::shared_ptr<Block>* out) {
@@ -107,51 +69,30 @@ uvm_status Staging::ensure_capacity(const Call& call, const std::vector<Span>& s
   return UVM_OK;
 }
 
-uvm_status Staging::reserve(const Call& call, const std::vector<Span>& spans, std::vector<char*>* hosts,
-                            std::vector<EventRef>* wait_for) {
+bool Staging::reserve(const std::vector<Span>& spans, std::vector<char*>* hosts, std::vector<EventRef>* wait_for) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (unplaced_bytes(spans) != 0) return false;
   hosts->assign(spans.size(), nullptr);
   for (auto& block : blocks_) {
     if (block->live == 0) block->used = 0;  // rewind: its readers are waited for below
   }
   std::vector<std::shared_ptr<Block>> touched;
-  std::vector<size_t> pending;
-  size_t pending_bytes = 0;
-  auto place = [&](size_t i, const std::shared_ptr<Block>& block) {
-    (*hosts)[i] = block->host + block->used;
-    block->used += aligned(spans[i].size());
-    block->live += spans[i].size();
-    if (std::find(touched.begin(), touched.end(), block) == touched.end()) touched.push_back(block);
-  };
   for (size_t i = 0; i < spans.size(); ++i) {
     const size_t need = aligned(spans[i].size());
-    auto fits = std::find_if(blocks_.begin(), blocks_.end(),
-                             [&](const auto& block) { return block->capacity - block->used >= need; });
-    if (fits != blocks_.end()) {
-      place(i, *fits);
-    } else {
-      pending.push_back(i);
-      pending_bytes += need;
-    }
-  }
-  if (!pending.empty()) {
-    // Only when another offload took the space ensure_capacity made: rare, so allocating under the
-    // lock here is acceptable.
-    std::shared_ptr<Block> block;
-    if (uvm_status s = new_block(call, pending_bytes, &block)) {
-      for (size_t i = 0; i < spans.size(); ++i) {
-        if ((*hosts)[i] != nullptr) block_holding((*hosts)[i])->live -= spans[i].size();
-      }
-      return s;
-    }
-    blocks_.push_back(block);
-    for (size_t i : pending) place(i, block);
+    // First fit, as unplaced_bytes counted, so every span finds a block.
+    const auto fits = std::find_if(blocks_.begin(), blocks_.end(),
+                                   [&](const auto& b) { return b->capacity - b->used >= need; });
+    const std::shared_ptr<Block>& block = *fits;
+    (*hosts)[i] = block->host + block->used;
+    block->used += need;
+    block->live += spans[i].size();
+    if (std::find(touched.begin(), touched.end(), block) == touched.end()) touched.push_back(block);
   }
   for (auto& block : touched) {
     prune(&block->reads);
     wait_for->insert(wait_for->end(), block->reads.begin(), block->reads.end());
   }
-  return UVM_OK;
+  return true;
 }
 
 void Staging::cancel(const std::vector<Span>& spans, const std::vector<char*>& hosts) {
@@ -221,49 +162,33 @@ std::shared_ptr<Staging::Block> Staging::block_holding(const char* host) const {
   return nullptr;
 }
 
-void Staging::forget(uintptr_t begin, uintptr_t end) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  release_locked(begin, end, nullptr);
-  last_move_.erase(last_move_.lower_bound(begin), last_move_.lower_bound(end));
-}
-
-std::vector<EventRef> Staging::last_moves(const std::vector<uintptr_t>& allocations) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  std::vector<EventRef> events;
-  for (uintptr_t base : allocations) {
-    auto it = last_move_.find(base);
-    if (it != last_move_.end() && std::find(events.begin(), events.end(), it->second) == events.end()) {
-      events.push_back(it->second);
-    }
+uvm_status Staging::free_block(const Call& call, const Block& block) {
+  ContextScope scope;
+  if (uvm_status s = scope.enter(call, block.device, ContextScope::When::only_if_none_current)) return s;
+  for (const EventRef& read : block.reads) {
+    if (cudaError_t e = cudaEventSynchronize(read->handle)) return fail_cuda(call, e, "cudaEventSynchronize");
   }
-  return events;
-}
-
-void Staging::set_last_move(const std::vector<uintptr_t>& allocations, const EventRef& done) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (uintptr_t base : allocations) {
-    if (done) last_move_[base] = done;
-    else last_move_.erase(base);
-  }
+  if (cudaError_t e = cudaFreeHost(block.host)) return fail_cuda(call, e, "cudaFreeHost(%p)", block.host);
+  return UVM_OK;
 }
 
 uvm_status Staging::free_unused(const Call& call) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (auto it = blocks_.begin(); it != blocks_.end();) {
-    Block& block = **it;
-    if (block.live != 0) {
-      ++it;
-      continue;
-    }
-    ContextScope scope;
-    if (uvm_status s = scope.enter(call, block.device, ContextScope::When::only_if_none_current)) return s;
-    for (const EventRef& read : block.reads) {
-      if (cudaError_t e = cudaEventSynchronize(read->handle)) return fail_cuda(call, e, "cudaEventSynchronize");
-    }
-    if (cudaError_t e = cudaFreeHost(block.host)) return fail_cuda(call, e, "cudaFreeHost(%p)", block.host);
-    it = blocks_.erase(it);
+  std::vector<std::shared_ptr<Block>> unused;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto holding = std::stable_partition(blocks_.begin(), blocks_.end(), [](const auto& b) { return b->live != 0; });
+    unused.assign(holding, blocks_.end());
+    blocks_.erase(holding, blocks_.end());
   }
-  return UVM_OK;
+  uvm_status status = UVM_OK;
+  std::vector<std::shared_ptr<Block>> kept;
+  for (const auto& block : unused) {
+    if (status == UVM_OK) status = free_block(call, *block);
+    if (status != UVM_OK) kept.push_back(block);  // that one and the rest: the next call tries again
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  blocks_.insert(blocks_.end(), kept.begin(), kept.end());
+  return status;
 }
 
 size_t Staging::capacity_bytes() const {
@@ -280,14 +205,15 @@ size_t Staging::staged_bytes() const {
   return total;
 }
 
+size_t Staging::staged_bytes_in(uintptr_t begin, uintptr_t end) const {
+  size_t total = 0;
+  for (const StagedPiece& piece : overlapping(begin, end)) total += piece.span.size();
+  return total;
+}
+
 Staging& staging() {
   static Staging* instance = new Staging();
   return *instance;
-}
-
-std::unique_lock<std::mutex> lock_moves() {
-  static auto* moves = new std::mutex();
-  return std::unique_lock<std::mutex>(*moves);
 }
 
 }  // namespace uvm
@@ -313,10 +239,9 @@ uvm_status uvm_reserve_staging(size_t bytes) {
 
 uvm_status uvm_release_staging(void) {
   const uvm::Call call = uvm::Call::of("uvm_release_staging");
-  return uvm::guarded(call, [&] {
-    const auto moves = uvm::lock_moves();  // no onload may be issuing copies out of a block it frees
-    return uvm::staging().free_unused(call);
-  });
+  // Takes no moves lock: the blocks it frees hold nothing staged, so no onload reads them, and
+  // they leave the store before any offload could reserve them again.
+  return uvm::guarded(call, [&] { return uvm::staging().free_unused(call); });
 }
 
 }  // extern "C"

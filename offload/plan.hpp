@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "../alloc/span_set.hpp"
+#include "../hints/streams.hpp"
 #include "uvm.h"
 
 namespace uvm {
@@ -20,12 +21,9 @@ std::vector<Span> subtract(const Span& range, const std::vector<Span>& covered);
 // Cuts `spans` into consecutive pieces of at most `chunk_bytes`.
 std::vector<Span> split_into_chunks(const std::vector<Span>& spans, size_t chunk_bytes);
 
-// The most worker streams an onload spreads its copies over (UVM_ONLOAD_STREAMS's upper bound).
-constexpr int kMaxOnloadStreams = 8;
-
 // How onload copies staged bytes back: pieces of chunk_bytes, each populated (prefetched) and then
 // copied on one of `streams` in turn. Env UVM_ONLOAD_CHUNK_MIB (1–4096, default 64) and
-// UVM_ONLOAD_STREAMS (1–kMaxOnloadStreams, default 4) override, read once; a malformed value keeps
+// UVM_ONLOAD_STREAMS (1–kMaxWorkerStreams, default 4) override, read once; a malformed value keeps
 // the default.
 struct OnloadPipeline {
   size_t chunk_bytes;

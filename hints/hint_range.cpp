@@ -1,7 +1,4 @@
-#include "target.hpp"
-
-#include "../alloc/cuda_compat.hpp"
-#include "../alloc/stats.hpp"
+#include "hint_range.hpp"
 
 namespace uvm {
 
@@ -73,26 +70,6 @@ uvm_status check_hint_support(const Call& call, int device, DeviceCaps* caps) {
                 device);
   }
   if (caps) *caps = found;
-  return UVM_OK;
-}
-
-void account_move(const HintRange& range, Move move, uint64_t prefetch_calls) {
-  if (range.allocation == 0) return;  // stats cover uvm allocations only
-  const long long host_delta = registry().record_move(range.allocation, range.begin - range.allocation,
-                                                      range.end - range.allocation, move);
-  record_move(range.owner_device, range.end - range.begin, move != Move::to_device, host_delta, prefetch_calls);
-}
-
-uvm_status prefetch_each(const Call& call, const std::vector<HintRange>& ranges, int location,
-                         cudaStream_t stream) {
-  for (const HintRange& range : ranges) {
-    const void* ptr = reinterpret_cast<const void*>(range.begin);
-    const size_t size = range.end - range.begin;
-    if (cudaError_t e = prefetch_to(ptr, size, location, stream)) {
-      return fail_cuda(call, e, "cudaMemPrefetchAsync(%p, %zu bytes)", ptr, size);
-    }
-    account_move(range, location == UVM_LOCATION_CPU ? Move::to_host : Move::to_device, 1);
-  }
   return UVM_OK;
 }
 

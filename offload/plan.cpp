@@ -54,7 +54,7 @@ std::vector<Span> split_into_chunks(const std::vector<Span>& spans, size_t chunk
 OnloadPipeline parse_onload_pipeline(const char* chunk_mib, const char* streams) {
   return OnloadPipeline{
       static_cast<size_t>(parse_in_range(chunk_mib, 1, 4096, kDefaultChunkMiB)) << 20,
-      static_cast<int>(parse_in_range(streams, 1, kMaxOnloadStreams, kDefaultStreams))};
+      static_cast<int>(parse_in_range(streams, 1, kMaxWorkerStreams, kDefaultStreams))};
 }
 
 std::vector<OnloadChunk> plan_onload(const std::vector<CopyPiece>& pieces, size_t chunk_bytes) {

@@ -1,4 +1,4 @@
-// What every hint checks before it reaches the driver: the range is managed memory (inside one
+// A range a hint acts on, and what every hint checks before it reaches the driver: the range is managed memory (inside one
 // uvm allocation, or memory CUDA reports as managed), the device has the capability, and the stream
 // is not being captured. The raw driver would say only "invalid argument" for most of these.
 #pragma once
@@ -39,14 +39,5 @@ uvm_status check_hint_support(const Call& call, int device, DeviceCaps* caps = n
 inline int deciding_device(int location, const HintRange& range) {
   return location == UVM_LOCATION_CPU ? range.owner_device : location;
 }
-
-// Records that [range.begin, range.end) moved (for uvm allocations only) in the registry and the
-// owner's stats, `prefetch_calls` driver prefetches having done it.
-void account_move(const HintRange& range, Move move, uint64_t prefetch_calls);
-
-// One cudaMemPrefetchAsync a range to `location` on `stream`, each accounted as it is issued. The
-// caller has validated the ranges and entered the context.
-uvm_status prefetch_each(const Call& call, const std::vector<HintRange>& ranges, int location,
-                         cudaStream_t stream);
 
 }  // namespace uvm

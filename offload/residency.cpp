@@ -1,44 +1,12 @@
-// uvm_query_location: where the driver prefers and last prefetched a range. uvm_get_residency:
-// where uvm last put the bytes of a set of allocations. uvm_mem_get_info: the driver's free memory
-// and what uvm knows is reclaimable. uvm_get_staged_copy: the host copy of staged bytes.
-#include "../alloc/staging.hpp"
-#include "target.hpp"
+// uvm_get_residency: where uvm last put the bytes of a set of allocations. uvm_mem_get_info: the
+// driver's free memory and what uvm knows is reclaimable. uvm_get_staged_copy: the host copy of
+// staged bytes.
+#include "../alloc/moves.hpp"
+#include "../hints/hint_range.hpp"
+#include "staging.hpp"
 
 namespace uvm {
 namespace {
-
-int as_location(int cuda_device_id) {
-  return cuda_device_id == cudaInvalidDeviceId ? UVM_LOCATION_NONE : cuda_device_id;
-}
-
-uvm_status query_location(const Call& call, const void* ptr, size_t size, int* preferred,
-                          int* last_prefetch) {
-  if (size == 0) return fail(call, UVM_ERROR_INVALID_ARGUMENT, "size is 0");
-  HintRange range;
-  if (uvm_status s = resolve_range(call, ptr, size, &range)) return s;
-  ContextScope scope;
-  if (uvm_status s = scope.enter(call, range.owner_device, ContextScope::When::only_if_none_current)) {
-    return s;
-  }
-  // The int-valued attributes exist in every CUDA version uvm supports and report a device
-  // ordinal, cudaCpuDeviceId, or cudaInvalidDeviceId when unset or mixed over the range.
-  int value = cudaInvalidDeviceId;
-  if (preferred) {
-    if (cudaError_t e = cudaMemRangeGetAttribute(&value, sizeof value,
-                                                 cudaMemRangeAttributePreferredLocation, ptr, size)) {
-      return fail_cuda(call, e, "cudaMemRangeGetAttribute(PreferredLocation)");
-    }
-    *preferred = as_location(value);
-  }
-  if (last_prefetch) {
-    if (cudaError_t e = cudaMemRangeGetAttribute(
-            &value, sizeof value, cudaMemRangeAttributeLastPrefetchLocation, ptr, size)) {
-      return fail_cuda(call, e, "cudaMemRangeGetAttribute(LastPrefetchLocation)");
-    }
-    *last_prefetch = as_location(value);
-  }
-  return UVM_OK;
-}
 
 uvm_status residency(const Call& call, int device, const char* tag, uvm_residency* out) {
   if (out == nullptr) return fail(call, UVM_ERROR_INVALID_ARGUMENT, "residency is NULL");
@@ -50,7 +18,11 @@ uvm_status residency(const Call& call, int device, const char* tag, uvm_residenc
     *out = uvm_residency{};  // a tag never set: nothing carries it
     return UVM_OK;
   }
+  const auto moves = lock_moves();  // the registry and the staging store as one state
   *out = registry().residency(device, tag == nullptr, id);
+  for (const AllocationView& allocation : registry().select(device, tag == nullptr, id)) {
+    out->staged_bytes += staging().staged_bytes_in(allocation.base, allocation.base + allocation.size);
+  }
   return UVM_OK;
 }
 
@@ -99,12 +71,4 @@ extern "C" uvm_status uvm_get_staged_copy(const void* ptr, size_t size, const vo
 extern "C" uvm_status uvm_get_residency(int device, const char* tag, uvm_residency* residency) {
   const uvm::Call call = uvm::Call::of("uvm_get_residency").with_device(device);
   return uvm::guarded(call, [&] { return uvm::residency(call, device, tag, residency); });
-}
-
-extern "C" uvm_status uvm_query_location(const void* ptr, size_t size, int* preferred_location,
-                                         int* last_prefetch_location) {
-  const uvm::Call call = uvm::Call::of("uvm_query_location").with_ptr(ptr).with_size(size);
-  return uvm::guarded(call, [&] {
-    return uvm::query_location(call, ptr, size, preferred_location, last_prefetch_location);
-  });
 }

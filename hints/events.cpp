@@ -1,0 +1,54 @@
+#include "events.hpp"
+
+namespace uvm {
+namespace {
+
+// Creates an event and records it on `stream`: the event, or the CUDA error and the call that failed.
+cudaError_t create_and_record(cudaStream_t stream, EventRef* out, const char** failed_call) {
+  auto event = std::make_shared<CudaEvent>();
+  cudaError_t e = cudaEventCreateWithFlags(&event->handle, cudaEventDisableTiming);
+  if (e != cudaSuccess) {
+    event->handle = nullptr;
+    *failed_call = "cudaEventCreateWithFlags";
+    return e;
+  }
+  if ((e = cudaEventRecord(event->handle, stream)) != cudaSuccess) {
+    *failed_call = "cudaEventRecord";
+    return e;
+  }
+  *out = std::move(event);
+  return cudaSuccess;
+}
+
+}  // namespace
+
+CudaEvent::~CudaEvent() {
+  if (handle != nullptr) clear_cuda_error(cudaEventDestroy(handle));
+}
+
+EventRef try_record(cudaStream_t stream) {
+  EventRef event;
+  const char* failed_call = nullptr;
+  clear_cuda_error(create_and_record(stream, &event, &failed_call));
+  return event;
+}
+
+uvm_status record_event(const Call& call, cudaStream_t stream, EventRef* out) {
+  const char* failed_call = nullptr;
+  if (cudaError_t e = create_and_record(stream, out, &failed_call)) return fail_cuda(call, e, "%s", failed_call);
+  return UVM_OK;
+}
+
+uvm_status mark_or_wait(const Call& call, cudaStream_t stream, EventRef* out) {
+  out->reset();
+  const char* failed_call = nullptr;
+  const cudaError_t e = clear_cuda_error(create_and_record(stream, out, &failed_call));
+  if (e == cudaSuccess) return UVM_OK;
+  if (cudaError_t waited = cudaStreamSynchronize(stream)) {
+    return fail_cuda(call, waited, "cudaStreamSynchronize (standing in for an event: %s gave %s)", failed_call,
+                     cudaGetErrorName(e));
+  }
+  return UVM_OK;
+}
+
+}  // namespace uvm

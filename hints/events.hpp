@@ -1,0 +1,35 @@
+// CUDA events that mark where work on a stream ends, shared by whoever must wait for it (the next
+// move of the same bytes, a reader of staging memory, a release of physical memory).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+
+#include "../alloc/errors.hpp"
+
+namespace uvm {
+
+// A CUDA event owned by whoever still needs to wait on it; destroyed with its last owner.
+struct CudaEvent {
+  cudaEvent_t handle = nullptr;
+  CudaEvent() = default;
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  ~CudaEvent();
+};
+using EventRef = std::shared_ptr<CudaEvent>;
+
+// An event (no timing) of the current context recorded on `stream` now, or null if none could be
+// created or recorded; records no error and leaves none pending.
+EventRef try_record(cudaStream_t stream);
+
+// An event recorded on `stream` now; fails naming the CUDA call that failed.
+uvm_status record_event(const Call& call, cudaStream_t stream, EventRef* out);
+
+// An event recorded where the work issued on `stream` so far ends. If none can be had, waits for
+// the stream instead and gives null ("already complete"), recording no error; fails only if that
+// wait fails.
+uvm_status mark_or_wait(const Call& call, cudaStream_t stream, EventRef* out);
+
+}  // namespace uvm

@@ -1,0 +1,182 @@
+// uvm_offload_ranges: moving memory off a GPU, by migration (prefetch to the CPU) or by staging
+// (copy out to pinned memory, then discard on the device).
+#include <algorithm>
+#include <vector>
+
+#include "../alloc/moves.hpp"
+#include "../hints/accounting.hpp"
+#include "../hints/discard_batch.hpp"
+#include "../hints/order.hpp"
+#include "../hints/prefetch.hpp"
+#include "../hints/release.hpp"
+#include "move_target.hpp"
+#include "plan.hpp"
+#include "staging.hpp"
+
+namespace uvm {
+namespace {
+
+// What an offload still has to move (bytes already staged are off the device), split by how.
+struct OffloadPieces {
+  std::vector<HintRange> staged;
+  std::vector<HintRange> migrated;
+};
+
+// Only uvm's own allocations are staged, since a host copy must die with its memory and uvm cannot
+// see a cudaFree of memory it did not allocate. Releasable memory is not managed, so it is always
+// staged.
+OffloadPieces pieces_to_move(const std::vector<HintRange>& merged, bool staging_wanted) {
+  OffloadPieces pieces;
+  for (const HintRange& range : merged) {
+    const bool stage = range.releasable || (staging_wanted && range.allocation != 0);
+    std::vector<Span> staged_already;
+    for (const StagedPiece& piece : staging().overlapping(range.begin, range.end)) staged_already.push_back(piece.span);
+    for (const Span& span : subtract(Span{range.begin, range.end}, staged_already)) {
+      (stage ? pieces.staged : pieces.migrated).push_back(clipped(range, span));
+    }
+  }
+  return pieces;
+}
+
+// Whether the strategy the caller asked for (`requested`; `strategy` is what it resolves to) can
+// move these ranges, before anything is reserved or issued.
+uvm_status check_strategy_fits(const Call& call, int requested, uvm_strategy strategy, const MoveTarget& target) {
+  for (const HintRange& range : target.merged) {
+    if (requested == UVM_STRATEGY_MIGRATE && range.releasable) {
+      // MIGRATE moves managed pages; releasable memory is device memory, which only staging moves.
+      return fail(call, UVM_ERROR_INVALID_ARGUMENT,
+                  "the range at %p is in a releasable allocation (device memory, not managed), which "
+                  "cannot migrate; offload it with UVM_STRATEGY_AUTO or UVM_STRATEGY_STAGED",
+                  reinterpret_cast<void*>(range.begin));
+    }
+    if (strategy == UVM_STRATEGY_STAGED && !target.caps.discard_supported && !range.releasable) {
+      return fail(call, UVM_ERROR_UNSUPPORTED,
+                  "staged offload discards the device pages, which needs a CUDA 13 runtime and driver; "
+                  "use UVM_STRATEGY_AUTO or UVM_STRATEGY_MIGRATE");
+    }
+    if (requested == UVM_STRATEGY_STAGED && range.allocation == 0) {
+      return fail(call, UVM_ERROR_INVALID_ARGUMENT,
+                  "the range at %p (%zu bytes) is managed memory not allocated by uvm: a staged host copy "
+                  "must die with its memory, and uvm cannot see such memory freed; offload it with "
+                  "UVM_STRATEGY_AUTO or UVM_STRATEGY_MIGRATE",
+                  reinterpret_cast<void*>(range.begin), static_cast<size_t>(range.end - range.begin));
+    }
+  }
+  return UVM_OK;
+}
+
+// Host bytes reserved in staging for the staged pieces, and the reads of them to wait for.
+struct Reservation {
+  std::vector<Span> spans;
+  std::vector<char*> hosts;
+  std::vector<EventRef> reused;
+};
+
+// Copies every piece into its reserved staging bytes, then discards it on the device, all in
+// `stream` order: 50–52 GB/s on an H100, against 10–16 GB/s for a prefetch to the CPU. Marks in
+// `done` where each releasable allocation's copies end, so that its memory can go back before the
+// later copies finish.
+uvm_status offload_staged(const Call& call, const std::vector<HintRange>& pieces, const Reservation& reserved,
+                          cudaStream_t stream, CopiesDone* done) {
+  const std::vector<Span>& spans = reserved.spans;
+  // On a failure, copies already issued may still be writing into the reserved host bytes: wait for
+  // them before the bytes can be handed out again. The data stays where it was, on the device.
+  auto give_up = [&](uvm_status status) {
+    clear_cuda_error(cudaStreamSynchronize(stream));
+    staging().cancel(spans, reserved.hosts);
+    return status;
+  };
+  for (const EventRef& read : reserved.reused) {
+    if (cudaError_t e = cudaStreamWaitEvent(stream, read->handle, 0)) {
+      return give_up(fail_cuda(call, e, "cudaStreamWaitEvent (staging memory still being read)"));
+    }
+  }
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const void* ptr = reinterpret_cast<const void*>(spans[i].begin);
+    if (cudaError_t e = cudaMemcpyAsync(reserved.hosts[i], ptr, spans[i].size(), cudaMemcpyDefault, stream)) {
+      return give_up(fail_cuda(call, e, "cudaMemcpyAsync(%p → pinned staging, %zu bytes)", ptr, spans[i].size()));
+    }
+    const bool last_of_allocation = i + 1 == pieces.size() || pieces[i + 1].allocation != pieces[i].allocation;
+    if (pieces[i].releasable && last_of_allocation) {
+      if (EventRef copied = try_record(stream)) (*done)[pieces[i].allocation] = copied;
+    }
+  }
+  if (uvm_status s = discard_batch(call, pieces, stream)) return give_up(s);
+  // Issued in stream order, the copies come before the discard: from here on the host copy is all
+  // there is of these bytes, so it is kept even if waiting for it fails.
+  EventRef written;
+  const uvm_status marked = mark_or_wait(call, stream, &written);
+  staging().commit(spans, reserved.hosts, written);
+  for (const HintRange& piece : pieces) account_move(piece, Move::staged, 0);
+  record_moves(pieces, written);
+  return marked;
+}
+
+// Issues the moves under the moves lock, staging reserved: stages, migrates, then gives back the
+// physical memory of releasable allocations left empty.
+uvm_status issue_offload(const Call& call, const MoveTarget& target, const OffloadPieces& pieces,
+                         const Reservation& reserved, cudaStream_t stream) {
+  std::vector<HintRange> all = pieces.staged;
+  all.insert(all.end(), pieces.migrated.begin(), pieces.migrated.end());
+  if (uvm_status s = wait_for_moves(call, all, stream)) {
+    staging().cancel(reserved.spans, reserved.hosts);
+    return s;
+  }
+  CopiesDone done;
+  if (!pieces.staged.empty()) {
+    if (uvm_status s = offload_staged(call, pieces.staged, reserved, stream, &done)) return s;
+  }
+  if (!pieces.migrated.empty()) {
+    if (uvm_status s = prefetch_each(call, pieces.migrated, UVM_LOCATION_CPU, stream)) return s;
+    if (uvm_status s = record_moves(call, pieces.migrated, stream)) return s;
+  }
+  return release_emptied(call, target.merged, stream, done);
+}
+
+uvm_status offload(const Call& call, const uvm_range* ranges, size_t count, int requested, cudaStream_t stream) {
+  if (requested != UVM_STRATEGY_AUTO && requested != UVM_STRATEGY_MIGRATE && requested != UVM_STRATEGY_STAGED) {
+    return fail(call, UVM_ERROR_INVALID_ARGUMENT, "strategy %d is not a uvm_strategy", requested);
+  }
+  MoveTarget target;
+  if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;
+  if (target.merged.empty()) return UVM_OK;
+  ContextScope scope;
+  if (uvm_status s = enter_device(call, target.device, stream, &scope)) return s;
+  const int device = target.device;
+  const uvm_strategy strategy = choose_strategy(static_cast<uvm_strategy>(requested), target.caps.discard_supported);
+  const bool staging_wanted = strategy == UVM_STRATEGY_STAGED;
+  for (;;) {
+    if (uvm_status s = check_strategy_fits(call, requested, strategy, target)) return s;
+    // Pinned memory is allocated with no lock held (1.6–2.3 s for 4 GiB on an H200), so that it
+    // holds up no uvm_free or move on another thread.
+    const std::vector<Span> wanted = spans_of(pieces_to_move(target.merged, staging_wanted).staged);
+    if (!wanted.empty()) {
+      if (uvm_status s = staging().ensure_capacity(call, wanted)) return s;
+    }
+    const auto moves = lock_moves();
+    // Once more under the lock: an allocation may have been freed, or its bytes moved, meanwhile.
+    if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;
+    if (target.merged.empty()) return UVM_OK;
+    if (target.device != device) {
+      return fail(call, UVM_ERROR_INVALID_ARGUMENT, "the ranges were freed and reallocated on device %d meanwhile",
+                  target.device);
+    }
+    if (uvm_status s = check_strategy_fits(call, requested, strategy, target)) return s;
+    const OffloadPieces pieces = pieces_to_move(target.merged, staging_wanted);
+    Reservation reserved;
+    reserved.spans = spans_of(pieces.staged);
+    if (!reserved.spans.empty() && !staging().reserve(reserved.spans, &reserved.hosts, &reserved.reused)) {
+      continue;  // another offload took the room made for this one: grow again, with the lock let go
+    }
+    return issue_offload(call, target, pieces, reserved, stream);
+  }
+}
+
+}  // namespace
+}  // namespace uvm
+
+extern "C" uvm_status uvm_offload_ranges(const uvm_range* ranges, size_t count, uvm_strategy strategy,
+                                         cudaStream_t stream) {
+  const uvm::Call call = uvm::Call::of("uvm_offload_ranges").with_size(count);
+  return uvm::guarded(call, [&] { return uvm::offload(call, ranges, count, uvm::raw_enum(strategy), stream); });
+}

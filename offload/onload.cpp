@@ -1,0 +1,215 @@
+// uvm_onload_ranges: bringing offloaded memory back to its GPU. Staged bytes are copied back from
+// pinned memory chunk by chunk over uvm's worker streams; migrated bytes are prefetched.
+#include <algorithm>
+#include <set>
+#include <vector>
+
+#include "../alloc/cuda_compat.hpp"
+#include "../alloc/moves.hpp"
+#include "../alloc/stats.hpp"
+#include "../hints/accounting.hpp"
+#include "../hints/order.hpp"
+#include "../hints/prefetch.hpp"
+#include "../hints/release.hpp"
+#include "../hints/streams.hpp"
+#include "move_target.hpp"
+#include "plan.hpp"
+#include "staging.hpp"
+
+namespace uvm {
+namespace {
+
+// A staged piece to copy back, with the range it belongs to (for accounting).
+struct StagedWork {
+  HintRange range;
+  StagedPiece piece;
+};
+
+// uvm's worker streams for one onload, and how many of them were given work.
+struct Workers {
+  cudaStream_t streams[kMaxWorkerStreams] = {};
+  int count = 0;
+  int used = 0;
+};
+
+// After a failure half-way through an onload: waits for what the workers were given, so that no
+// copy outlives the call that failed and runs beside the next move of the same bytes.
+void settle(const Workers& workers) {
+  for (int i = 0; i < workers.used; ++i) clear_cuda_error(cudaStreamSynchronize(workers.streams[i]));
+}
+
+// Each worker waits for `stream` and for the copies that wrote the staged pieces.
+uvm_status start_workers(const Call& call, const std::vector<StagedWork>& work, cudaStream_t stream,
+                         const Workers& workers) {
+  EventRef start;
+  if (uvm_status s = record_event(call, stream, &start)) return s;
+  std::vector<cudaEvent_t> before = {start->handle};
+  for (const StagedWork& w : work) {
+    if (w.piece.written && std::find(before.begin(), before.end(), w.piece.written->handle) == before.end()) {
+      before.push_back(w.piece.written->handle);
+    }
+  }
+  for (int i = 0; i < workers.count; ++i) {
+    for (cudaEvent_t event : before) {
+      if (cudaError_t e = cudaStreamWaitEvent(workers.streams[i], event, 0)) {
+        return fail_cuda(call, e, "cudaStreamWaitEvent");
+      }
+    }
+  }
+  return UVM_OK;
+}
+
+// One chunk back on a worker: prefetch, copy, prefetch.
+// - The prefetch before the copies populates the chunk. Copying into discarded pages without it
+//   faults page by page (0.6 GB/s on an H100); populating everything first and copying after is as
+//   slow whenever the driver has not yet reclaimed the discarded pages. Chunk by chunk it ran
+//   37–47 GB/s in every case measured.
+// - The prefetch after the copies undoes the discard. A copy's writes restore the data but leave
+//   the driver treating the pages as discardable, and the prefetch before it does not reliably clear
+//   that (it did not for the first chunk on each stream): a later prefetch to the CPU, or an
+//   eviction, would then drop the data and read back zeros. Measured with
+//   `transfer_probe … hazard` (docs/performance.md); once the pages hold the data the prefetch
+//   moves nothing and costs no bandwidth.
+//
+// A chunk of releasable memory (device memory, mapped before the onload) is only copied.
+uvm_status copy_chunk(const Call& call, int device, const OnloadChunk& chunk, bool managed, cudaStream_t worker) {
+  void* populate = reinterpret_cast<void*>(chunk.populate.begin);
+  const cudaError_t populated = managed ? prefetch_to(populate, chunk.populate.size(), device, worker) : cudaSuccess;
+  if (cudaError_t e = populated) {
+    return fail_cuda(call, e, "cudaMemPrefetchAsync(%p, %zu bytes) populating before the copy", populate,
+                     chunk.populate.size());
+  }
+  for (const CopyPiece& copy : chunk.copies) {
+    void* ptr = reinterpret_cast<void*>(copy.span.begin);
+    if (cudaError_t e = cudaMemcpyAsync(ptr, copy.host, copy.span.size(), cudaMemcpyDefault, worker)) {
+      return fail_cuda(call, e, "cudaMemcpyAsync(pinned staging → %p, %zu bytes)", ptr, copy.span.size());
+    }
+  }
+  if (!managed) return UVM_OK;
+  if (cudaError_t e = prefetch_to(populate, chunk.populate.size(), device, worker)) {
+    return fail_cuda(call, e, "cudaMemPrefetchAsync(%p, %zu bytes) undoing the discard after the copy", populate,
+                     chunk.populate.size());
+  }
+  return UVM_OK;
+}
+
+// Issues every chunk on the workers in turn. Releasable memory is mapped chunk by chunk, so that
+// mapping the next allocations overlaps the copies into the ones before. Counts the prefetches.
+uvm_status issue_chunks(const Call& call, int device, const std::vector<StagedWork>& work, size_t chunk_bytes,
+                        Workers* workers, uint64_t* prefetches) {
+  std::vector<CopyPiece> pieces;
+  std::set<uintptr_t> releasable;
+  for (const StagedWork& w : work) {
+    pieces.push_back(CopyPiece{w.piece.span, w.range.allocation, w.piece.host});
+    if (w.range.releasable) releasable.insert(w.range.allocation);
+  }
+  const std::vector<OnloadChunk> chunks = plan_onload(pieces, chunk_bytes);
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const uintptr_t allocation = chunks[c].copies.front().allocation;
+    const bool managed = releasable.count(allocation) == 0;
+    workers->used = static_cast<int>(std::min<size_t>(c + 1, workers->count));
+    if (!managed) {
+      if (uvm_status s = restore_one(call, allocation)) return s;
+    }
+    if (uvm_status s = copy_chunk(call, device, chunks[c], managed, workers->streams[c % workers->count])) return s;
+    if (managed) *prefetches += 2;
+  }
+  return UVM_OK;
+}
+
+// `stream` waits for every worker that was given work, and `read` marks where that is.
+uvm_status join_workers(const Call& call, const Workers& workers, cudaStream_t stream, EventRef* read) {
+  for (int i = 0; i < workers.used; ++i) {
+    EventRef done;
+    if (uvm_status s = record_event(call, workers.streams[i], &done)) return s;
+    if (cudaError_t e = cudaStreamWaitEvent(stream, done->handle, 0)) return fail_cuda(call, e, "cudaStreamWaitEvent");
+  }
+  return mark_or_wait(call, stream, read);
+}
+
+// Once every copy is issued and joined: the pieces leave staging (their host bytes free once
+// `read` completes) and are accounted as back on the device.
+void finish_copy_back(int device, const std::vector<StagedWork>& work, const EventRef& read, uint64_t prefetches) {
+  std::vector<HintRange> ranges;
+  for (const StagedWork& w : work) {
+    staging().release(w.piece.span.begin, w.piece.span.end, read);
+    account_move(w.range, Move::to_device, 0);
+    ranges.push_back(w.range);
+  }
+  record_prefetch_calls(device, prefetches);
+  record_moves(ranges, read);
+}
+
+// Copies staged pieces (sorted by address) back over uvm's worker streams, joined to `stream`
+// before and after. The pieces stay staged until every copy is issued and joined, so a failure
+// loses nothing: the next onload copies them again.
+uvm_status copy_back(const Call& call, int device, const std::vector<StagedWork>& work, cudaStream_t stream) {
+  const OnloadPipeline pipeline = onload_pipeline();
+  Workers workers;
+  workers.count = pipeline.streams;
+  if (uvm_status s = worker_streams(call, workers.count, workers.streams)) return s;
+  if (uvm_status s = start_workers(call, work, stream, workers)) return s;
+  uint64_t prefetches = 0;
+  EventRef read;
+  uvm_status status = issue_chunks(call, device, work, pipeline.chunk_bytes, &workers, &prefetches);
+  if (status == UVM_OK) status = join_workers(call, workers, stream, &read);
+  if (status != UVM_OK) {
+    settle(workers);
+    return status;
+  }
+  finish_copy_back(device, work, read, prefetches);
+  return UVM_OK;
+}
+
+// Splits the merged ranges into what is staged (copied back) and what is not (prefetched).
+void split_staged(const std::vector<HintRange>& merged, std::vector<StagedWork>* staged,
+                  std::vector<HintRange>* migrated) {
+  for (const HintRange& range : merged) {
+    const auto pieces = staging().overlapping(range.begin, range.end);
+    std::vector<Span> staged_spans;
+    for (const StagedPiece& piece : pieces) {
+      staged->push_back(StagedWork{clipped(range, piece.span), piece});
+      staged_spans.push_back(piece.span);
+    }
+    for (const Span& span : subtract(Span{range.begin, range.end}, staged_spans)) {
+      migrated->push_back(clipped(range, span));
+    }
+  }
+}
+
+uvm_status onload(const Call& call, const uvm_range* ranges, size_t count, cudaStream_t stream) {
+  MoveTarget target;
+  if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;
+  if (target.merged.empty()) return UVM_OK;
+  ContextScope scope;
+  if (uvm_status s = enter_device(call, target.device, stream, &scope)) return s;
+  const auto moves = lock_moves();
+  if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;  // freed meanwhile?
+  if (target.merged.empty()) return UVM_OK;
+  if (uvm_status s = wait_for_moves(call, target.merged, stream)) return s;
+  std::vector<StagedWork> staged;
+  std::vector<HintRange> migrated;
+  split_staged(target.merged, &staged, &migrated);
+  if (!staged.empty()) {
+    if (uvm_status s = copy_back(call, target.device, staged, stream)) return s;
+  }
+  // Every released allocation is mapped again (those with staged bytes already are), so that bytes
+  // that were not staged (discarded, or never moved) are device memory again: nothing to prefetch.
+  if (uvm_status s = restore_released(call, target.merged)) return s;
+  std::vector<HintRange> to_prefetch;
+  for (const HintRange& range : migrated) {
+    if (range.releasable) account_move(range, Move::to_device, 0);
+    else to_prefetch.push_back(range);
+  }
+  if (to_prefetch.empty()) return UVM_OK;
+  if (uvm_status s = prefetch_each(call, to_prefetch, target.device, stream)) return s;
+  return record_moves(call, to_prefetch, stream);
+}
+
+}  // namespace
+}  // namespace uvm
+
+extern "C" uvm_status uvm_onload_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream) {
+  const uvm::Call call = uvm::Call::of("uvm_onload_ranges").with_size(count);
+  return uvm::guarded(call, [&] { return uvm::onload(call, ranges, count, stream); });
+}

@@ -1,0 +1,138 @@
+// The staging store (offload/staging.cpp): the one record of what is staged where, and pinned
+// memory that is allocated and freed with no lock held that other calls need.
+#include <chrono>
+#include <future>
+#include <thread>
+#include <vector>
+
+#include "../../alloc/moves.hpp"
+#include "../../offload/staging.hpp"
+#include "fixture.hpp"
+
+namespace {
+constexpr size_t kMiB = size_t{1} << 20;
+const uvm::Call kCall = uvm::Call::of("test");
+
+uvm::Span span_at(uintptr_t begin, size_t size) { return uvm::Span{begin, begin + size}; }
+
+// Runs `body` on another thread and says whether it finished within `seconds`; waits for it
+// either way, after `unblock` (which lets a held call go on).
+template <typename Body, typename Unblock>
+bool finishes_in_time(Body body, Unblock unblock, int seconds = 2) {
+  auto done = std::async(std::launch::async, body);
+  const bool in_time = done.wait_for(std::chrono::seconds(seconds)) == std::future_status::ready;
+  unblock();
+  done.wait();
+  return in_time;
+}
+}  // namespace
+
+TEST_CASE("the store reserves only what fits, clips and splits what is staged, frees only empty blocks", "[staging]") {
+  FakeMachine machine;
+  uvm::Staging store;
+  const std::vector<uvm::Span> spans = {span_at(0x10000000, 100 * kMiB), span_at(0x40000000, 200 * kMiB)};
+  std::vector<char*> hosts;
+  std::vector<uvm::EventRef> reads;
+  CHECK_FALSE(store.reserve(spans, &hosts, &reads));  // no room yet: nothing reserved, nothing allocated
+  CHECK(store.capacity_bytes() == 0);
+  REQUIRE(store.ensure_capacity(kCall, spans) == UVM_OK);
+  CHECK(store.capacity_bytes() >= 300 * kMiB);
+  REQUIRE(store.reserve(spans, &hosts, &reads));
+  REQUIRE(hosts.size() == 2);
+  CHECK((hosts[1] >= hosts[0] + 100 * kMiB || hosts[0] >= hosts[1] + 200 * kMiB));  // disjoint
+  store.commit(spans, hosts, nullptr);
+  CHECK(store.staged_bytes() == 300 * kMiB);
+  CHECK(store.staged_bytes_in(spans[0].begin, spans[0].end) == 100 * kMiB);
+  CHECK(store.staged_bytes_in(spans[0].begin + kMiB, spans[0].begin + 3 * kMiB) == 2 * kMiB);
+
+  // Forgetting the middle of a staged span leaves the two ends, each with its own host bytes.
+  store.release(spans[0].begin + 4096, spans[0].begin + 8192, nullptr);
+  const auto pieces = store.overlapping(spans[0].begin, spans[0].end);
+  REQUIRE(pieces.size() == 2);
+  CHECK(pieces[0].span.begin == spans[0].begin);
+  CHECK(pieces[0].span.end == spans[0].begin + 4096);
+  CHECK(pieces[0].host == hosts[0]);
+  CHECK(pieces[1].span.begin == spans[0].begin + 8192);
+  CHECK(pieces[1].host == hosts[0] + 8192);
+  CHECK(store.staged_bytes_in(spans[0].begin, spans[0].end) == 100 * kMiB - 4096);
+
+  // A block that holds staged bytes is kept; once it holds none it goes.
+  const size_t capacity = store.capacity_bytes();
+  REQUIRE(store.free_unused(kCall) == UVM_OK);
+  CHECK(store.capacity_bytes() == capacity);
+  store.release(spans[0].begin, spans[1].end, nullptr);
+  CHECK(store.staged_bytes() == 0);
+  REQUIRE(store.free_unused(kCall) == UVM_OK);
+  CHECK(store.capacity_bytes() == 0);
+}
+
+TEST_CASE("a cancelled reservation leaves its room to the next", "[staging]") {
+  FakeMachine machine;
+  uvm::Staging store;
+  const std::vector<uvm::Span> spans = {span_at(0x10000000, 200 * kMiB)};
+  REQUIRE(store.ensure_capacity(kCall, spans) == UVM_OK);
+  std::vector<char*> first, second;
+  std::vector<uvm::EventRef> reads;
+  REQUIRE(store.reserve(spans, &first, &reads));
+  CHECK_FALSE(store.reserve(spans, &second, &reads));  // 256 MiB hold one 200 MiB span, not two
+  store.cancel(spans, first);
+  REQUIRE(store.reserve(spans, &second, &reads));
+  CHECK(second[0] == first[0]);  // the block rewound: the same bytes again
+  store.cancel(spans, second);
+  REQUIRE(store.free_unused(kCall) == UVM_OK);
+}
+
+TEST_CASE("freeing pinned staging memory holds up no free on another thread", "[staging][threads]") {
+  FakeMachine machine;
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  REQUIRE(uvm_reserve_staging(kMiB) == UVM_OK);  // a block that holds nothing
+  void* other = uvm_malloc(kMiB, 0, nullptr);
+  REQUIRE(other != nullptr);
+  fake::hold_next("cudaFreeHost");
+  std::thread releaser([] { CHECK(uvm_release_staging() == UVM_OK); });
+  const bool held = fake::wait_until_held(5000);
+  const bool in_time = finishes_in_time([&] { uvm_free(other, kMiB, 0, nullptr); }, [] { fake::release_held(); });
+  releaser.join();
+  CHECK(held);
+  CHECK(in_time);
+  CHECK(fake::pinned_blocks() == 0);
+}
+
+TEST_CASE("an offload that finds the room made for it taken grows staging with no lock held",
+          "[staging][threads][cuda13]") {
+  FakeMachine machine;
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  const size_t size = 200 * kMiB;  // one 256 MiB block holds one of them, not two
+  auto* a = static_cast<unsigned char*>(uvm_malloc(size, 0, nullptr));
+  auto* b = static_cast<unsigned char*>(uvm_malloc(size, 0, nullptr));
+  void* other = uvm_malloc(kMiB, 0, nullptr);
+  REQUIRE((a && b && other));
+  std::memset(a, 0x11, size);
+  std::memset(b, 0x22, size);
+  const uvm_range range_a{a, size}, range_b{b, size};
+  const cudaStream_t stream_a = fake::make_stream(), stream_b = fake::make_stream();
+
+  // Both offloads make their room before the moves lock, see one block that fits either, and wait
+  // for the lock; the one that gets it second finds the block taken.
+  auto moves = uvm::lock_moves();
+  std::thread offload_a([&] { CHECK(uvm_offload_ranges(&range_a, 1, UVM_STRATEGY_STAGED, stream_a) == UVM_OK); });
+  std::thread offload_b([&] { CHECK(uvm_offload_ranges(&range_b, 1, UVM_STRATEGY_STAGED, stream_b) == UVM_OK); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  fake::hold_next("cudaHostAlloc");
+  moves.unlock();
+  const bool held = fake::wait_until_held(5000);
+  const bool in_time = finishes_in_time([&] { uvm_free(other, kMiB, 0, nullptr); }, [] { fake::release_held(); });
+  offload_a.join();
+  offload_b.join();
+  CHECK(held);
+  CHECK(in_time);
+  CHECK(fake::pinned_blocks() == 2);
+  REQUIRE(uvm_onload_ranges(&range_a, 1, stream_a) == UVM_OK);
+  REQUIRE(uvm_onload_ranges(&range_b, 1, stream_b) == UVM_OK);
+  size_t wrong = 0;
+  for (size_t i = 0; i < size; ++i) wrong += (a[i] != 0x11) + (b[i] != 0x22);
+  CHECK(wrong == 0);
+  uvm_free(a, size, 0, nullptr);
+  uvm_free(b, size, 0, nullptr);
+  CHECK(uvm_release_staging() == UVM_OK);
+}

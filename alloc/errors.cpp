@@ -9,6 +9,7 @@ namespace {
 struct LastError {
   uvm_status status = UVM_OK;
   std::string message;
+  long long range_index = -1;
 };
 
 LastError& last_error() {
@@ -27,22 +28,25 @@ std::string vformat(const char* format, va_list args) {
   return text;
 }
 
-std::string device_name(int device) {
-  if (device == UVM_LOCATION_CPU) return "cpu";
-  return std::to_string(device);
-}
-
-void record(uvm_status status, std::string message) noexcept {
+void record(uvm_status status, long long range_index, std::string message) noexcept {
+  LastError& error = last_error();
+  error.status = status;
+  error.range_index = range_index;
   try {
-    LastError& error = last_error();
-    error.status = status;
     error.message = std::move(message);
   } catch (...) {
-    last_error().status = status;  // the message could not be stored; the status still is
+    error.message.clear();  // the message could not be stored; the status still is
   }
 }
 
 }  // namespace
+
+std::string device_text(int device, DeviceArg meaning) {
+  if (meaning == DeviceArg::location && device == UVM_LOCATION_CPU) return "cpu";
+  if (meaning == DeviceArg::location && device == UVM_LOCATION_NONE) return "none";
+  if (meaning == DeviceArg::selection && device == UVM_ANY_DEVICE) return "any";
+  return std::to_string(device);
+}
 
 std::string Call::describe() const {
   std::string text = name;
@@ -55,13 +59,13 @@ std::string Call::describe() const {
     separator = ", ";
   }
   if (has_size) {
-    std::snprintf(buffer, sizeof buffer, "%ssize=%zu", separator, size);
+    std::snprintf(buffer, sizeof buffer, "%s%s=%zu", separator, size_is_count ? "count" : "size", size);
     text += buffer;
     separator = ", ";
   }
-  if (device != kNoDevice) {
+  if (device_arg != DeviceArg::none) {
     text += separator;
-    text += "device=" + device_name(device);
+    text += "device=" + device_text(device, device_arg);
   }
   return text + ')';
 }
@@ -72,9 +76,9 @@ uvm_status fail(const Call& call, uvm_status status, const char* reason_format, 
     va_start(args, reason_format);
     std::string reason = vformat(reason_format, args);
     va_end(args);
-    record(status, call.describe() + ": " + reason);
+    record(status, call.range_index, call.describe() + ": " + reason);
   } catch (...) {
-    record(status, std::string());
+    record(status, call.range_index, std::string());
   }
   return status;
 }
@@ -115,9 +119,9 @@ uvm_status fail_cuda(const Call& call, cudaError_t error, const char* what_forma
     std::string message = call.describe() + ": " + what + " failed: " + cudaGetErrorName(error) +
                           " (" + cudaGetErrorString(error) + ")";
     if (status == UVM_ERROR_NO_DEVICE) message += " — no usable CUDA device or driver";
-    record(status, std::move(message));
+    record(status, call.range_index, std::move(message));
   } catch (...) {
-    record(status, std::string());
+    record(status, call.range_index, std::string());
   }
   return status;
 }
@@ -146,9 +150,12 @@ const char* uvm_last_error(void) { return uvm::last_error().message.c_str(); }
 
 uvm_status uvm_last_status(void) { return uvm::last_error().status; }
 
+int64_t uvm_last_error_index(void) { return uvm::last_error().range_index; }
+
 void uvm_clear_last_error(void) {
   uvm::LastError& error = uvm::last_error();
   error.status = UVM_OK;
+  error.range_index = -1;
   error.message.clear();
 }
 

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -13,25 +14,44 @@
 
 namespace uvm {
 
-constexpr int kNoDevice = -3;  // "this call has no device argument" (distinct from CPU -1, NONE -2)
+// What an int device argument means, so that a message prints its sentinels by name (uvm.h,
+// "Devices and locations"): -1 is "cpu" for a location but "any" for a selection.
+enum class DeviceArg : uint8_t {
+  none,       // the call has no device argument
+  ordinal,    // a CUDA device ordinal (uvm_malloc, uvm_set_limit…)
+  location,   // an ordinal, UVM_LOCATION_CPU or UVM_LOCATION_NONE (prefetch, advise)
+  selection,  // an ordinal or UVM_ANY_DEVICE (uvm_get_residency, uvm_list_allocations…)
+};
 
 // What an entry point was asked to do; printed at the head of every error message.
 struct Call {
   const char* name;
   const void* ptr = nullptr;
-  size_t size = 0;
-  int device = kNoDevice;
+  size_t size = 0;    // bytes, or for a batched call the number of ranges
+  int device = 0;
+  DeviceArg device_arg = DeviceArg::none;
   bool has_ptr = false;
   bool has_size = false;
+  bool size_is_count = false;
+  long long range_index = -1;  // the range of a batched call that failed, if one did
 
   static Call of(const char* name) { return Call{name}; }
   Call& with_ptr(const void* p) { ptr = p; has_ptr = true; return *this; }
   Call& with_size(size_t s) { size = s; has_size = true; return *this; }
-  Call& with_device(int d) { device = d; return *this; }
-  std::string describe() const;  // e.g. "uvm_prefetch(ptr=0x7f00, size=4096, device=cpu)"
+  Call& with_count(size_t n) { size = n; has_size = true; size_is_count = true; return *this; }
+  Call& with_device(int d) { device = d; device_arg = DeviceArg::ordinal; return *this; }
+  Call& with_location(int d) { device = d; device_arg = DeviceArg::location; return *this; }
+  Call& with_selection(int d) { device = d; device_arg = DeviceArg::selection; return *this; }
+  // The same call, its failure tied to range `index` of the batch (uvm_last_error_index).
+  Call at_range(size_t index) const { Call c = *this; c.range_index = static_cast<long long>(index); return c; }
+  std::string describe() const;  // e.g. "uvm_prefetch_ranges(count=3, device=cpu)"
 };
 
-// Records `status` and "<call>: <reason>" as this thread's last error. Returns `status`.
+// A device argument as messages print it: "cpu", "none", "any" or the ordinal.
+std::string device_text(int device, DeviceArg meaning);
+
+// Records `status` and "<call>: <reason>" as this thread's last error (and the call's range index).
+// Returns `status`.
 uvm_status fail(const Call& call, uvm_status status, const char* reason_format, ...)
     __attribute__((format(printf, 3, 4)));
 

@@ -23,7 +23,7 @@ uvm_status apply_advice(const Call& call, void* ptr, size_t size, int device, uv
   cudaError_t e = advise(ptr, size, cudaMemAdviseSetPreferredLocation, preferred);
   if (e != cudaSuccess) {
     return fail_cuda(call, e, "cudaMemAdvise(SetPreferredLocation, %s)",
-                     preferred == UVM_LOCATION_CPU ? "cpu" : std::to_string(device).c_str());
+                     device_text(preferred, DeviceArg::location).c_str());
   }
   e = advise(ptr, size, cudaMemAdviseSetAccessedBy, device);
   if (e != cudaSuccess) return fail_cuda(call, e, "cudaMemAdvise(SetAccessedBy, %d)", device);

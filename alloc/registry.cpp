@@ -115,6 +115,33 @@ bool cuda_reports_managed(const void* ptr) {
   return attributes.type == cudaMemoryTypeManaged;
 }
 
+namespace {
+
+// The body of uvm_allocation_ranges and uvm_list_allocations: the selected allocations, by address,
+// each written to `out` as `describe` makes it.
+template <typename Out, typename Describe>
+uvm_status list_allocations(const Call& call, int device, const char* tag, Out* out, size_t capacity, size_t* count,
+                            Describe describe) {
+  if (count == nullptr) return fail(call, UVM_ERROR_INVALID_ARGUMENT, "count is NULL");
+  if (out == nullptr && capacity > 0) {
+    return fail(call, UVM_ERROR_INVALID_ARGUMENT, "out is NULL but capacity is %zu", capacity);
+  }
+  if (device != UVM_ANY_DEVICE) {
+    if (uvm_status s = check_device(call, device, false)) return s;
+  }
+  TagId id = kUntagged;
+  const bool any_tag = tag == nullptr;
+  if (!any_tag && !find_tag(tag, &id)) {
+    *count = 0;  // a tag never set: nothing carries it
+    return UVM_OK;
+  }
+  const auto found = registry().select(device, any_tag, id);
+  for (size_t i = 0; i < found.size() && i < capacity; ++i) out[i] = describe(found[i]);
+  *count = found.size();
+  return UVM_OK;
+}
+
+}  // namespace
 }  // namespace uvm
 
 extern "C" {
@@ -146,27 +173,22 @@ uvm_status uvm_allocation_info(const void* ptr, void** base, size_t* size, int* 
 
 uvm_status uvm_allocation_ranges(int device, const char* tag, uvm_range* out, size_t capacity,
                                  size_t* count) {
-  const uvm::Call call = uvm::Call::of("uvm_allocation_ranges").with_device(device);
+  const uvm::Call call = uvm::Call::of("uvm_allocation_ranges").with_selection(device);
   return uvm::guarded(call, [&] {
-    if (count == nullptr) return uvm::fail(call, UVM_ERROR_INVALID_ARGUMENT, "count is NULL");
-    if (out == nullptr && capacity > 0) {
-      return uvm::fail(call, UVM_ERROR_INVALID_ARGUMENT, "out is NULL but capacity is %zu", capacity);
-    }
-    if (device != UVM_ANY_DEVICE) {
-      if (uvm_status s = uvm::check_device(call, device, false)) return s;
-    }
-    uvm::TagId id = uvm::kUntagged;
-    const bool any_tag = tag == nullptr;
-    if (!any_tag && !uvm::find_tag(tag, &id)) {
-      *count = 0;  // a tag never set: nothing carries it
-      return UVM_OK;
-    }
-    const auto found = uvm::registry().select(device, any_tag, id);
-    for (size_t i = 0; i < found.size() && i < capacity; ++i) {
-      out[i] = uvm_range{reinterpret_cast<const void*>(found[i].base), found[i].size};
-    }
-    *count = found.size();
-    return UVM_OK;
+    return uvm::list_allocations(call, device, tag, out, capacity, count, [](const uvm::AllocationView& a) {
+      return uvm_range{reinterpret_cast<const void*>(a.base), a.size};
+    });
+  });
+}
+
+uvm_status uvm_list_allocations(int device, const char* tag, uvm_allocation* out, size_t capacity,
+                                size_t* count) {
+  const uvm::Call call = uvm::Call::of("uvm_list_allocations").with_selection(device);
+  return uvm::guarded(call, [&] {
+    return uvm::list_allocations(call, device, tag, out, capacity, count, [](const uvm::AllocationView& a) {
+      return uvm_allocation{reinterpret_cast<const void*>(a.base), a.size, a.device,
+                            a.backing == uvm::Backing::releasable ? 1 : 0};
+    });
   });
 }
 

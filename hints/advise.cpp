@@ -31,7 +31,7 @@ extern "C" {
 
 uvm_status uvm_advise_preferred_location(const void* ptr, size_t size, int device) {
   const uvm::Call call =
-      uvm::Call::of("uvm_advise_preferred_location").with_ptr(ptr).with_size(size).with_device(device);
+      uvm::Call::of("uvm_advise_preferred_location").with_ptr(ptr).with_size(size).with_location(device);
   return uvm::guarded(call, [&] {
     return uvm::advise_range(call, ptr, size, cudaMemAdviseSetPreferredLocation,
                              "SetPreferredLocation", device, true);
@@ -40,7 +40,7 @@ uvm_status uvm_advise_preferred_location(const void* ptr, size_t size, int devic
 
 uvm_status uvm_advise_accessed_by(const void* ptr, size_t size, int device) {
   const uvm::Call call =
-      uvm::Call::of("uvm_advise_accessed_by").with_ptr(ptr).with_size(size).with_device(device);
+      uvm::Call::of("uvm_advise_accessed_by").with_ptr(ptr).with_size(size).with_location(device);
   return uvm::guarded(call, [&] {
     // The CPU always has access to managed memory; accessed-by is a device mapping.
     return uvm::advise_range(call, ptr, size, cudaMemAdviseSetAccessedBy, "SetAccessedBy", device,

@@ -106,7 +106,7 @@ uvm_status uvm_discard(const void* ptr, size_t size, cudaStream_t stream) {
 }
 
 uvm_status uvm_discard_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream) {
-  const uvm::Call call = uvm::Call::of("uvm_discard_ranges").with_size(count);
+  const uvm::Call call = uvm::Call::of("uvm_discard_ranges").with_count(count);
   return uvm::guarded(call, [&] {
     const auto resolve = [&](std::vector<uvm::HintRange>* resolved) {
       return uvm::resolve_ranges(call, ranges, count, resolved);

@@ -70,13 +70,13 @@ uvm_status prefetch_ranges(const Call& call, const uvm_range* ranges, size_t cou
 extern "C" {
 
 uvm_status uvm_prefetch(const void* ptr, size_t size, int device, cudaStream_t stream) {
-  const uvm::Call call = uvm::Call::of("uvm_prefetch").with_ptr(ptr).with_size(size).with_device(device);
+  const uvm::Call call = uvm::Call::of("uvm_prefetch").with_ptr(ptr).with_size(size).with_location(device);
   return uvm::guarded(call, [&] { return uvm::prefetch(call, ptr, size, device, stream); });
 }
 
 uvm_status uvm_prefetch_ranges(const uvm_range* ranges, size_t count, int device,
                                cudaStream_t stream) {
-  const uvm::Call call = uvm::Call::of("uvm_prefetch_ranges").with_size(count).with_device(device);
+  const uvm::Call call = uvm::Call::of("uvm_prefetch_ranges").with_count(count).with_location(device);
   return uvm::guarded(call, [&] {
     return uvm::prefetch_ranges(call, ranges, count, device, stream);
   });

@@ -14,7 +14,7 @@ uvm_status resolve_ranges(const Call& call, const uvm_range* ranges, size_t coun
     HintRange range;
     const Call item = Call::of("range").with_ptr(ranges[i].ptr).with_size(ranges[i].size);
     if (uvm_status s = resolve_range(item, ranges[i].ptr, ranges[i].size, &range)) {
-      return fail(call, s, "range %zu of %zu is invalid: %s", i, count, uvm_last_error());
+      return fail(call.at_range(i), s, "range %zu of %zu is invalid: %s", i, count, uvm_last_error());
     }
     resolved->push_back(range);
   }

@@ -15,7 +15,7 @@
  * - Functions returning `uvm_status` return UVM_OK (0) on success. On failure they record a message
  *   naming the call, pointer, size, device and CUDA error name, readable with uvm_last_error() on the
  *   same thread, and leave no CUDA error pending (cudaGetLastError() is cleared).
- * - `device` is a CUDA device ordinal; where a location is asked for, UVM_LOCATION_CPU (-1) means host.
+ * - `device` is a CUDA device ordinal, or one of the sentinels below where an entry says so.
  * - Hints run in the caller's current CUDA context on the given stream; if the calling thread has no
  *   current context, the target device's primary context is used (none is ever created elsewhere).
  */
@@ -40,9 +40,17 @@ extern "C" {
 #define UVM_VERSION_MINOR 1
 #define UVM_VERSION_PATCH 0
 
-/* Location values used by prefetch and residency queries. */
-#define UVM_LOCATION_CPU (-1)  /* host memory (cudaCpuDeviceId) */
-#define UVM_LOCATION_NONE (-2) /* no single location: unset, or mixed over the range */
+/* Devices and locations: the sentinels an int device argument may take, all in one place. Which
+ * of them an argument accepts is in its entry's doc; error messages print them by name.
+ *   a location (prefetch, advise, uvm_query_location):  an ordinal, or
+ *     UVM_LOCATION_CPU  (-1)  host memory (cudaCpuDeviceId)                       printed "cpu"
+ *     UVM_LOCATION_NONE (-2)  reported only: unset, or mixed over the range       printed "none"
+ *   a selection (uvm_allocation_ranges, uvm_list_allocations, uvm_get_residency): an ordinal, or
+ *     UVM_ANY_DEVICE    (-1)  every device                                        printed "any"
+ *   anything else (allocation, limits, stats, capabilities, uvm_mem_get_info): an ordinal only. */
+#define UVM_LOCATION_CPU (-1)
+#define UVM_LOCATION_NONE (-2)
+#define UVM_ANY_DEVICE (-1)
 
 /* ------------------------------------------------------------------------------------------------
  * Status and errors
@@ -72,7 +80,12 @@ UVM_API const char* uvm_last_error(void);
 /* Status of the most recent failed uvm call on this thread, UVM_OK if none failed yet. */
 UVM_API uvm_status uvm_last_status(void);
 
-/* Forget this thread's last error and status. */
+/* For the most recent failed uvm call on this thread: the index, in the array the caller passed, of
+ * the range that made a batched call (uvm_*_ranges) fail; -1 if that failure was not tied to one
+ * range (or none failed). Error messages of batched calls give the number of ranges as count=N. */
+UVM_API int64_t uvm_last_error_index(void);
+
+/* Forget this thread's last error, status and range index. */
 UVM_API void uvm_clear_last_error(void);
 
 /* Library version, "MAJOR.MINOR.PATCH". */
@@ -149,9 +162,6 @@ typedef struct uvm_range {
   size_t size;
 } uvm_range;
 
-/* For uvm_allocation_ranges and uvm_get_residency: every device. */
-#define UVM_ANY_DEVICE (-1)
-
 /* 1 if `ptr` points into CUDA managed memory (a uvm_malloc allocation or any other), else 0 (also
  * for releasable allocations, which are device memory). */
 UVM_API int uvm_is_managed(const void* ptr);
@@ -166,6 +176,20 @@ UVM_API uvm_status uvm_allocation_info(const void* ptr, void** base, size_t* siz
  * array. Feed the result to uvm_offload_ranges, uvm_onload_ranges or uvm_discard_ranges. */
 UVM_API uvm_status uvm_allocation_ranges(int device, const char* tag, uvm_range* out, size_t capacity,
                                          size_t* count);
+
+/* A live uvm allocation as uvm_list_allocations reports it. */
+typedef struct uvm_allocation {
+  const void* ptr; /* its base */
+  size_t size;
+  int device;      /* the device it was allocated for: the one its moves run on */
+  int releasable;  /* 1 for uvm_malloc_releasable memory, 0 for managed memory */
+} uvm_allocation;
+
+/* The same selection as uvm_allocation_ranges, each allocation with its device and backing, so a
+ * caller can group them by device (offload and onload take one device's ranges per call) without
+ * asking uvm_allocation_info for each. */
+UVM_API uvm_status uvm_list_allocations(int device, const char* tag, uvm_allocation* out, size_t capacity,
+                                        size_t* count);
 
 /* ------------------------------------------------------------------------------------------------
  * Limits — a per-device cap on live managed bytes allocated through uvm

@@ -177,6 +177,6 @@ uvm_status offload(const Call& call, const uvm_range* ranges, size_t count, int 
 
 extern "C" uvm_status uvm_offload_ranges(const uvm_range* ranges, size_t count, uvm_strategy strategy,
                                          cudaStream_t stream) {
-  const uvm::Call call = uvm::Call::of("uvm_offload_ranges").with_size(count);
+  const uvm::Call call = uvm::Call::of("uvm_offload_ranges").with_count(count);
   return uvm::guarded(call, [&] { return uvm::offload(call, ranges, count, uvm::raw_enum(strategy), stream); });
 }

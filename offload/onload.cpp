@@ -210,6 +210,6 @@ uvm_status onload(const Call& call, const uvm_range* ranges, size_t count, cudaS
 }  // namespace uvm
 
 extern "C" uvm_status uvm_onload_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream) {
-  const uvm::Call call = uvm::Call::of("uvm_onload_ranges").with_size(count);
+  const uvm::Call call = uvm::Call::of("uvm_onload_ranges").with_count(count);
   return uvm::guarded(call, [&] { return uvm::onload(call, ranges, count, stream); });
 }

@@ -69,6 +69,6 @@ extern "C" uvm_status uvm_get_staged_copy(const void* ptr, size_t size, const vo
 }
 
 extern "C" uvm_status uvm_get_residency(int device, const char* tag, uvm_residency* residency) {
-  const uvm::Call call = uvm::Call::of("uvm_get_residency").with_device(device);
+  const uvm::Call call = uvm::Call::of("uvm_get_residency").with_selection(device);
   return uvm::guarded(call, [&] { return uvm::residency(call, device, tag, residency); });
 }

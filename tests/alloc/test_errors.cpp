@@ -2,6 +2,8 @@
 #include <cstring>
 #include <thread>
 
+#include <vector>
+
 #include "fixture.hpp"
 
 TEST_CASE("every status has its own name", "[errors]") {
@@ -81,4 +83,27 @@ TEST_CASE("other CUDA errors map to UVM_ERROR_CUDA with the error's name", "[err
   CHECK_THAT(last_error(), Has("cudaErrorLaunchFailure"));
   CHECK(cudaPeekAtLastError() == cudaSuccess);
   uvm_free(ptr, 4096, 0, nullptr);
+}
+
+TEST_CASE("messages print device sentinels by name and batched calls by count; the failing range's index is kept", "[errors]") {
+  FakeMachine machine;
+  std::vector<char> host(4096);
+  CHECK(uvm_prefetch(host.data(), host.size(), UVM_LOCATION_CPU, nullptr) == UVM_ERROR_NOT_MANAGED);
+  CHECK_THAT(last_error(), Has("size=4096, device=cpu)"));
+  CHECK(uvm_last_error_index() == -1);
+  void* managed = uvm_malloc(1 << 16, 0, nullptr);
+  REQUIRE(managed != nullptr);
+  const uvm_range ranges[] = {{managed, 4096}, {managed, 4096}, {host.data(), 64}};
+  CHECK(uvm_discard_ranges(ranges, 3, nullptr) == UVM_ERROR_NOT_MANAGED);
+  CHECK_THAT(last_error(), Has("uvm_discard_ranges(count=3): range 2 of 3 is invalid"));
+  CHECK(uvm_last_error_index() == 2);
+  uvm_clear_last_error();
+  CHECK(uvm_last_error_index() == -1);
+  CHECK(uvm_prefetch_ranges(ranges, 3, UVM_LOCATION_CPU, nullptr) == UVM_ERROR_NOT_MANAGED);
+  CHECK_THAT(last_error(), Has("uvm_prefetch_ranges(count=3, device=cpu)"));
+  CHECK(uvm_last_error_index() == 2);
+  CHECK(uvm_malloc(1 << 20, -1, nullptr) == nullptr);  // an ordinal: -1 is no sentinel there
+  CHECK_THAT(last_error(), Has("uvm_malloc(size=1048576, device=-1)"));
+  CHECK(uvm_last_error_index() == -1);  // a later failure not tied to a range resets it
+  uvm_free(managed, 1 << 16, 0, nullptr);
 }

@@ -89,8 +89,9 @@ TEST_CASE("prefetch_ranges validates every range before issuing any", "[ranges][
   std::vector<char> host(64);
   const uvm_range ranges[] = {{a, 4096}, {host.data(), host.size()}, {a + 8192, 4096}};
   CHECK(uvm_prefetch_ranges(ranges, 3, 0, nullptr) == UVM_ERROR_NOT_MANAGED);
-  CHECK_THAT(last_error(), Has("uvm_prefetch_ranges(size=3, device=0): range 1 of 3 is invalid"));
+  CHECK_THAT(last_error(), Has("uvm_prefetch_ranges(count=3, device=0): range 1 of 3 is invalid"));
   CHECK_THAT(last_error(), Has("not CUDA managed memory"));
+  CHECK(uvm_last_error_index() == 1);  // the index a caller can use without parsing the message
   CHECK(FakeMachine::ops_named(fake::OpKind::prefetch).empty());
 
   CHECK(uvm_prefetch_ranges(nullptr, 2, 0, nullptr) == UVM_ERROR_INVALID_ARGUMENT);

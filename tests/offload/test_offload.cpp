@@ -195,7 +195,7 @@ TEST_CASE("offload and onload refuse what they cannot do, leaving the data in pl
   std::vector<char> host(64);
   const uvm_range not_managed{host.data(), host.size()};
   CHECK(uvm_offload_ranges(&not_managed, 1, UVM_STRATEGY_AUTO, nullptr) == UVM_ERROR_NOT_MANAGED);
-  CHECK_THAT(last_error(), Has("uvm_offload_ranges(size=1): range 0 of 1 is invalid"));
+  CHECK_THAT(last_error(), Has("uvm_offload_ranges(count=1): range 0 of 1 is invalid"));
   CHECK(uvm_offload_ranges(&r, 1, static_cast<uvm_strategy>(7), nullptr) == UVM_ERROR_INVALID_ARGUMENT);
   CHECK_THAT(last_error(), Has("strategy 7 is not a uvm_strategy"));
   const std::vector<uvm_range> two_devices = {r, other.whole()};

@@ -302,7 +302,7 @@ TEST_CASE("a thread's tag changes while another offloads by tag", "[offload][saf
     // A listed allocation may be freed (or its address reused) before the offload: an error that
     // names the offload, never a corruption of the allocation that stayed.
     if (uvm_offload_ranges(ranges.data(), ranges.size(), UVM_STRATEGY_STAGED, nullptr) != UVM_OK) {
-      CHECK_THAT(last_error(), Has("uvm_offload_ranges(size="));
+      CHECK_THAT(last_error(), Has("uvm_offload_ranges(count="));
     }
     const uvm_range r{mine, 4096};
     REQUIRE(uvm_onload_ranges(&r, 1, nullptr) == UVM_OK);

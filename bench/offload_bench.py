@@ -184,7 +184,7 @@ def per_tensor_loop(params, location: int):
     lib = _lib._get_ctypes_lib()
     stream = torch.cuda.current_stream().cuda_stream
     for p in params:  # the seed's way: one driver call per parameter
-        _lib.check(lib.uvm_prefetch(p.data_ptr(), p.numel() * p.element_size(), location, stream), "uvm_prefetch")
+        _lib.check(lib.uvm_prefetch(p.data_ptr(), p.numel() * p.element_size(), location, stream))
 
 
 def settle(seconds: float, spin: bool):

@@ -12,6 +12,10 @@
 #   PEERS=1                      runs torch_memory_saver's examples on uvm.memory_saver
 #                                (tests/peers/run_tms_examples.sh) and the Megatron-Core harness
 #   RL_BENCH=1                   runs the sleep/wake cycle benchmark (python -m uvm bench rl)
+#   BEFORE=DIR                   also benchmarks the uvm tree in DIR (an older commit's files,
+#                                e.g. from `git archive`), alternating before/after runs of
+#                                BEFORE_ARGS (default: 1 and 4 GiB, auto, staged and pinned memcpy;
+#                                split on spaces)
 # The device has no network: Catch2 travels as Debian's .deb in .deps/ (carry it), unpacked to /tmp.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -102,6 +106,23 @@ if [ "${RL_BENCH:-0}" = 1 ]; then
     python3 -m pip install -q --no-deps --target /tmp/peer-site .deps/wheels/torch_memory_saver-*.whl
   fi
   PYTHONPATH=python_shim:/tmp/peer-site python3 -m uvm bench rl ${RL_ARGS:-} --out "$OUT/rl" || status=1
+fi
+
+if [ -n "${BEFORE:-}" ]; then
+  echo "== offload bench: before ($BEFORE) and after (this tree), alternating"
+  before_args=(--sizes-mib 1024,4096 --methods "uvm auto,uvm staged,pinned memcpy")
+  [ -n "${BEFORE_ARGS:-}" ] && read -r -a before_args <<<"$BEFORE_ARGS"
+  for round in 1 2; do
+    for side in before after; do
+      root=$PWD
+      [ "$side" = before ] && root=$BEFORE
+      UVM_CACHE_DIR=/tmp/uvm-cache-$side PYTHONPATH=$root/python_shim \
+        python3 -m uvm bench "${before_args[@]}" --out "$OUT/bench-$side-$round" >"$OUT/bench-$side-$round.log" 2>&1 ||
+        { tail -n 20 "$OUT/bench-$side-$round.log"; status=1; }
+      echo "-- $side, round $round"
+      grep -E "^\| *[0-9]" "$OUT/bench-$side-$round.log"
+    done
+  done
 fi
 
 bench=${BENCH:-full}

@@ -7,10 +7,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 
-from . import _build, _lib
-from ._build import (CompilationState, UnifiedMemoryCompileTimeoutError, UnifiedMemoryUnsupportedError,
-                     _compile_timeout, compile_allocator)
+from . import _lib, _state
+from ._errors import UnifiedMemoryCompileTimeoutError, UnifiedMemoryUnsupportedError
 from ._lib import UVM_LOCATION_CPU, UVM_LOCATION_NONE, _get_ctypes_lib
+from ._state import CompilationState, _compile_timeout, compile_allocator
 from .torch import (advise_managed_module_parameters_preferred_location, advise_managed_tensor_accessed_by,
                     advise_managed_tensor_preferred_location, create_releasable_mempool,
                     create_unified_mempool, discard,
@@ -19,9 +19,9 @@ from .torch import (advise_managed_module_parameters_preferred_location, advise_
 
 __version__ = "0.1.0"
 
-# The seed's module state lives in _build and _lib; these names read it there.
-_STATE = {"_compilation_state": _build, "_compilation_error": _build, "_so_path": _build, "_alloc": _build,
-          "_mod": _build, "_ctypes_lib": _lib, "_ctypes_lock": _lib}
+# The seed's module state lives in _state and _lib; these names read it there.
+_STATE = {"_compilation_state": _state, "_compilation_error": _state, "_alloc": _state, "_mod": _state,
+          "_so_path": _lib, "_ctypes_lib": _lib, "_ctypes_lock": _lib}
 
 
 def __getattr__(name):
@@ -35,21 +35,11 @@ def library() -> ctypes.CDLL:
     return _get_ctypes_lib()
 
 
-def _device_or_current(device) -> int:
-    if device is not None:
-        return int(device)
-    try:
-        import torch
-        return torch.cuda.current_device()
-    except ImportError:
-        return 0
-
-
 def stats(device=None) -> dict:
     """uvm's counters for `device` (default: the current one): live, peak, limit, what moved where."""
     lib = _get_ctypes_lib()
     result = _lib.Stats()
-    _lib.check(lib.uvm_get_stats(_device_or_current(device), ctypes.byref(result)), "uvm_get_stats")
+    _lib.check(lib.uvm_get_stats(_lib.device_ordinal(device), ctypes.byref(result)))
     return {name: getattr(result, name) for name, _ in _lib.Stats._fields_}
 
 
@@ -64,7 +54,7 @@ def set_limit(limit_bytes: int | None, device=None) -> None:
             raise ValueError(f"limit_bytes must be between 1 and 2**64 - 1 (or None for the default), "
                              f"got {limit_bytes}")
     lib = _get_ctypes_lib()
-    _lib.check(lib.uvm_set_limit(_device_or_current(device), limit_bytes or 0), "uvm_set_limit")
+    _lib.check(lib.uvm_set_limit(_lib.device_ordinal(device), limit_bytes or 0))
 
 
 @contextlib.contextmanager
@@ -80,7 +70,7 @@ def tag(name: str | None):
         raise TypeError(f"a tag is a str (or None for untagged), not {type(name).__name__}")
     lib = _get_ctypes_lib()
     previous = lib.uvm_get_thread_tag()
-    _lib.check(lib.uvm_set_thread_tag(None if name is None else name.encode()), "uvm_set_thread_tag")
+    _lib.check(lib.uvm_set_thread_tag(None if name is None else name.encode()))
     try:
         yield
     finally:
@@ -100,9 +90,8 @@ def residency(device=None, tag: str | None = None) -> dict:
     it counts offloaded managed memory as used although any allocation can reclaim it."""
     lib = _get_ctypes_lib()
     result = _lib.Residency()
-    index = _lib.UVM_ANY_DEVICE if device == "all" else _device_or_current(device)
-    _lib.check(lib.uvm_get_residency(index, None if tag is None else tag.encode(), ctypes.byref(result)),
-               "uvm_get_residency")
+    index = _lib.UVM_ANY_DEVICE if device == "all" else _lib.device_ordinal(device)
+    _lib.check(lib.uvm_get_residency(index, None if tag is None else tag.encode(), ctypes.byref(result)))
     return {name: getattr(result, name) for name, _ in _lib.Residency._fields_}
 
 
@@ -114,8 +103,8 @@ def mem_get_info(device=None) -> tuple[int, int]:
     is returned to the driver on offload, so the driver's figure already has it."""
     lib = _get_ctypes_lib()
     free, total, reclaimable = ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_size_t()
-    _lib.check(lib.uvm_mem_get_info(_device_or_current(device), ctypes.byref(free), ctypes.byref(total),
-                                    ctypes.byref(reclaimable)), "uvm_mem_get_info")
+    _lib.check(lib.uvm_mem_get_info(_lib.device_ordinal(device), ctypes.byref(free), ctypes.byref(total),
+                                    ctypes.byref(reclaimable)))
     return min(free.value + reclaimable.value, total.value), total.value
 
 
@@ -123,7 +112,7 @@ def staging() -> dict:
     """The pinned host memory uvm holds for staged offload: capacity_bytes, and staged_bytes in use."""
     lib = _get_ctypes_lib()
     capacity, staged = ctypes.c_size_t(), ctypes.c_size_t()
-    _lib.check(lib.uvm_get_staging(ctypes.byref(capacity), ctypes.byref(staged)), "uvm_get_staging")
+    _lib.check(lib.uvm_get_staging(ctypes.byref(capacity), ctypes.byref(staged)))
     return {"capacity_bytes": capacity.value, "staged_bytes": staged.value}
 
 
@@ -132,12 +121,12 @@ def reserve_staging(nbytes: int) -> None:
     load), so that the first offload pays no pinned allocation (about 0.5 s per GiB)."""
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
         raise ValueError(f"nbytes must be an int >= 0, not {nbytes!r}")
-    _lib.check(_get_ctypes_lib().uvm_reserve_staging(nbytes), "uvm_reserve_staging")
+    _lib.check(_get_ctypes_lib().uvm_reserve_staging(nbytes))
 
 
 def release_staging() -> None:
     """Frees the pinned staging memory that holds no offloaded data."""
-    _lib.check(_get_ctypes_lib().uvm_release_staging(), "uvm_release_staging")
+    _lib.check(_get_ctypes_lib().uvm_release_staging())
 
 
 __all__ = [

@@ -7,7 +7,7 @@ import ctypes
 import os
 import sys
 
-from . import _build, _lib
+from . import _build, _errors, _lib, _state
 
 
 def doctor() -> int:
@@ -27,8 +27,8 @@ def doctor() -> int:
     lib = None
     try:
         lib = _lib._get_ctypes_lib()
-        print(f"library: {_build._so_path}")
-    except _build.UnifiedMemoryUnsupportedError as error:
+        print(f"library: {_lib._so_path}")
+    except _errors.UnifiedMemoryUnsupportedError as error:
         problems.append(str(error))
     if lib is not None:
         count = lib.uvm_device_count()
@@ -56,13 +56,13 @@ def doctor() -> int:
               f"{hasattr(torch.cuda, 'MemPool')}, cuda available: {torch.cuda.is_available()}")
     except ImportError:
         print("torch: not installed")
-    _build.compile_allocator()
-    print(f"compile state: {_build._compilation_state.name}")
-    if _build._compilation_state is not _build.CompilationState.SUCCESS:
-        problems.insert(0, f"a pool cannot be created: {_build._compilation_error}")
+    _state.compile_allocator()
+    print(f"compile state: {_state._compilation_state.name}")
+    if _state._compilation_state is not _state.CompilationState.SUCCESS:
+        problems.insert(0, f"a pool cannot be created: {_state._compilation_error}")
     for problem in problems:
         print(f"problem: {problem}")
-    ready = _build._compilation_state is _build.CompilationState.SUCCESS
+    ready = _state._compilation_state is _state.CompilationState.SUCCESS
     print("ok: uvm.create_unified_mempool() will work" if ready else f"not ok: {problems[0]}")
     return 0 if ready else 1
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import contextvars
-import enum
 import fcntl
 import hashlib
 import math
@@ -29,16 +28,25 @@ import time
 import warnings
 from pathlib import Path
 
+from ._errors import BuildError, BuildTimeout
+
 DEFAULT_TIMEOUT_S = 60.0
 SOURCE_LIST = "sources.txt"  # the sources and flags, read by meson.build too
+_timeout_override: contextvars.ContextVar[float | None] = contextvars.ContextVar("uvm_compile_timeout",
+                                                                                 default=None)
 
 
-class BuildError(RuntimeError):
-    """The compiler could not be run or failed; the message says which and why."""
-
-
-class BuildTimeout(BuildError):
-    """The build ran past its timeout and was killed."""
+@contextlib.contextmanager
+def compile_timeout_override(timeout_s: float):
+    """Builds started inside this block (in this thread or task) give up after `timeout_s` seconds.
+    Unlike a SIGALRM timer it works in any thread."""
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+    token = _timeout_override.set(float(timeout_s))
+    try:
+        yield
+    finally:
+        _timeout_override.reset(token)
 
 
 def source_root() -> Path:
@@ -82,6 +90,10 @@ def compiler() -> str:
 
 
 def compile_timeout() -> float:
+    """The timeout of a build started now: compile_timeout_override's, else UVM_COMPILE_TIMEOUT_S's,
+    else DEFAULT_TIMEOUT_S."""
+    if _timeout_override.get() is not None:
+        return _timeout_override.get()
     text = os.environ.get("UVM_COMPILE_TIMEOUT_S")
     if not text:
         return DEFAULT_TIMEOUT_S
@@ -350,98 +362,3 @@ def _lock_within(lock_file, timeout: float) -> None:
                 raise BuildTimeout(f"waited {timeout:g} s for another process building uvm "
                                    f"(lock {lock_file.name})") from None
             time.sleep(0.02)
-
-
-# --- The seed's compilation state (names as in Megatron-Core's unified_memory) ---------------------
-
-class CompilationState(enum.Enum):
-    UNATTEMPTED = 0
-    FAILURE = 1
-    SUCCESS = 2
-
-
-class UnifiedMemoryUnsupportedError(Exception):
-    """Unified memory cannot be used here; the message says why and what to do."""
-
-
-class UnifiedMemoryCompileTimeoutError(UnifiedMemoryUnsupportedError):
-    """Building the allocator ran past its timeout (UVM_COMPILE_TIMEOUT_S); the compiler was killed."""
-
-
-_compilation_state = CompilationState.UNATTEMPTED
-_compilation_error: str | None = None
-_so_path: str | None = None
-_alloc = None  # torch.cuda.memory.CUDAPluggableAllocator, kept for the life of the process
-_alloc_releasable = None  # the same over uvm_malloc_releasable (uvm.create_releasable_mempool)
-_mod = None    # the loaded library (ctypes.CDLL); the seed's name for its compiled module
-_state_lock = threading.Lock()
-_timeout_override: contextvars.ContextVar[float | None] = contextvars.ContextVar("uvm_compile_timeout",
-                                                                                 default=None)
-
-
-@contextlib.contextmanager
-def _compile_timeout(timeout_s: float):
-    """Builds started inside this block (in this thread or task) give up after `timeout_s` seconds
-    and raise UnifiedMemoryCompileTimeoutError. Unlike a SIGALRM timer it works in any thread."""
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
-    token = _timeout_override.set(float(timeout_s))
-    try:
-        yield
-    finally:
-        _timeout_override.reset(token)
-
-
-def build_library() -> str:
-    """Builds (or finds in the cache) libuvm.so and returns its path; no torch needed. Raises
-    UnifiedMemoryCompileTimeoutError or UnifiedMemoryUnsupportedError with the reason."""
-    global _so_path
-    try:
-        _so_path = str(build(_timeout_override.get()))
-    except BuildTimeout as error:
-        raise UnifiedMemoryCompileTimeoutError(str(error)) from None
-    except BuildError as error:
-        raise UnifiedMemoryUnsupportedError(f"building libuvm.so failed: {error}") from None
-    return _so_path
-
-
-def _torch_refusal() -> str | None:
-    """Why a torch MemPool on uvm cannot work in this process, or None."""
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed (uvm.library() gives the C library without it)"
-    if not hasattr(torch.cuda, "MemPool") or not hasattr(torch.cuda.memory, "CUDAPluggableAllocator"):
-        return f"torch {torch.__version__} has no torch.cuda.MemPool; upgrade torch (2.6 or later)"
-    if not torch.cuda.is_available():
-        return "no CUDA device or driver is visible to torch (torch.cuda.is_available() is False)"
-    return None
-
-
-def compile_allocator() -> None:
-    """Builds libuvm.so and wraps it in a torch CUDAPluggableAllocator. Attempts once; later calls
-    return at once. Records the state (_compilation_state) and, on failure, the reason
-    (_compilation_error). Raises only UnifiedMemoryCompileTimeoutError, as the seed does."""
-    global _compilation_state, _compilation_error, _alloc, _alloc_releasable, _mod
-    with _state_lock:
-        if _compilation_state is not CompilationState.UNATTEMPTED:
-            return
-        try:
-            from . import _lib
-            _mod = _lib.load(build_library())  # first, so ctypes users get the library regardless
-            refusal = _torch_refusal()
-            if refusal:
-                raise UnifiedMemoryUnsupportedError(refusal)
-            import torch
-            _alloc = torch.cuda.memory.CUDAPluggableAllocator(_so_path, "uvm_malloc", "uvm_free")
-            _alloc_releasable = torch.cuda.memory.CUDAPluggableAllocator(_so_path, "uvm_malloc_releasable",
-                                                                         "uvm_free")
-            _compilation_state = CompilationState.SUCCESS
-        except UnifiedMemoryCompileTimeoutError as error:
-            _compilation_state, _compilation_error = CompilationState.FAILURE, str(error)
-            raise
-        except UnifiedMemoryUnsupportedError as error:
-            _compilation_state, _compilation_error = CompilationState.FAILURE, str(error)
-        except Exception as error:  # the compiler or torch failing in a way we did not foresee
-            _compilation_state = CompilationState.FAILURE
-            _compilation_error = f"{type(error).__name__}: {error}"

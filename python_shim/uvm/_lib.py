@@ -1,16 +1,19 @@
-"""ctypes view of libuvm.so: one declaration per C entry (uvm.h), and the one place a status
-becomes a Python exception."""
+"""ctypes view of libuvm.so: one declaration per C entry (uvm.h), the one place a device argument
+becomes uvm's int, and the one place a status becomes a Python exception."""
 from __future__ import annotations
 
 import ctypes
 import threading
 
 from . import _build
+from ._errors import BuildError, BuildTimeout, UnifiedMemoryCompileTimeoutError, UnifiedMemoryUnsupportedError
 
+# The device sentinels (uvm.h, "Devices and locations"): -1 is the CPU for a location, every device
+# for a selection.
 UVM_LOCATION_CPU = -1
 UVM_LOCATION_NONE = -2
-UVM_LIMIT_UNLIMITED = ctypes.c_size_t(-1).value
 UVM_ANY_DEVICE = -1
+UVM_LIMIT_UNLIMITED = ctypes.c_size_t(-1).value
 STRATEGIES = {"auto": 0, "migrate": 1, "staged": 2}  # uvm_strategy
 
 (UVM_OK, UVM_ERROR_INVALID_ARGUMENT, UVM_ERROR_NOT_MANAGED, UVM_ERROR_UNSUPPORTED,
@@ -20,6 +23,11 @@ STRATEGIES = {"auto": 0, "migrate": 1, "staged": 2}  # uvm_strategy
 
 class Range(ctypes.Structure):
     _fields_ = [("ptr", ctypes.c_void_p), ("size", ctypes.c_size_t)]
+
+
+class Allocation(ctypes.Structure):
+    _fields_ = [("ptr", ctypes.c_void_p), ("size", ctypes.c_size_t), ("device", ctypes.c_int),
+                ("releasable", ctypes.c_int)]
 
 
 class Stats(ctypes.Structure):
@@ -49,6 +57,7 @@ SIGNATURES = {
     "uvm_status_string": (ctypes.c_char_p, [_int]),
     "uvm_last_error": (ctypes.c_char_p, []),
     "uvm_last_status": (_int, []),
+    "uvm_last_error_index": (ctypes.c_int64, []),
     "uvm_clear_last_error": (None, []),
     "uvm_version": (ctypes.c_char_p, []),
     "uvm_malloc": (_ptr, [_size, _int, _stream]),
@@ -61,6 +70,7 @@ SIGNATURES = {
     "uvm_is_managed": (_int, [_ptr]),
     "uvm_allocation_info": (_int, [_ptr, ctypes.POINTER(_ptr), ctypes.POINTER(_size), ctypes.POINTER(_int)]),
     "uvm_allocation_ranges": (_int, [_int, ctypes.c_char_p, ctypes.POINTER(Range), _size, ctypes.POINTER(_size)]),
+    "uvm_list_allocations": (_int, [_int, ctypes.c_char_p, ctypes.POINTER(Allocation), _size, ctypes.POINTER(_size)]),
     "uvm_set_limit": (_int, [_int, _size]),
     "uvm_get_limit": (_int, [_int, ctypes.POINTER(_size)]),
     "uvm_get_stats": (_int, [_int, ctypes.POINTER(Stats)]),
@@ -88,19 +98,31 @@ SIGNATURES = {
 
 _ctypes_lib: ctypes.CDLL | None = None
 _ctypes_lock = threading.Lock()
+_so_path: str | None = None  # the library loaded (the seed's name)
+
+
+def build_library() -> str:
+    """Builds (or finds in the cache) libuvm.so and returns its path; no torch needed. Raises
+    UnifiedMemoryCompileTimeoutError or UnifiedMemoryUnsupportedError with the reason."""
+    try:
+        return str(_build.build())
+    except BuildTimeout as error:
+        raise UnifiedMemoryCompileTimeoutError(str(error)) from None
+    except BuildError as error:
+        raise UnifiedMemoryUnsupportedError(f"building libuvm.so failed: {error}") from None
 
 
 def load(path: str) -> ctypes.CDLL:
     """Loads libuvm.so at `path` once per process (kept loaded for its life) and declares every
     entry. libcudart is found by soname, so a cudart the process already loaded (torch's) is reused."""
-    global _ctypes_lib
+    global _ctypes_lib, _so_path
     with _ctypes_lock:
         if _ctypes_lib is None:
             lib = ctypes.CDLL(path)
             for name, (restype, argtypes) in SIGNATURES.items():
                 function = getattr(lib, name)
                 function.restype, function.argtypes = restype, argtypes
-            _ctypes_lib = lib
+            _ctypes_lib, _so_path = lib, path
         return _ctypes_lib
 
 
@@ -109,18 +131,47 @@ def _get_ctypes_lib() -> ctypes.CDLL:
     argtypes and restype declared for every C entry. Needs no torch."""
     if _ctypes_lib is not None:
         return _ctypes_lib
-    return load(_build.build_library())
+    return load(build_library())
 
 
-def check(status: int, what: str) -> None:
-    """Raises the exception that fits `status`, with uvm's own message; does nothing for UVM_OK."""
+def device_ordinal(device, *, cpu: bool = False) -> int:
+    """A device argument as the int uvm takes: None is the current CUDA device (0 without torch); an
+    int passes as given (the library validates it and names it in its error); "cuda", "cuda:N" or a
+    torch.device give the ordinal; "cpu" gives UVM_LOCATION_CPU where `cpu` allows a location."""
+    if device is None:
+        try:
+            import torch
+        except ImportError:
+            return 0
+        return torch.cuda.current_device()
+    if isinstance(device, bool):
+        raise TypeError("a device is an int ordinal, a str or a torch.device, not a bool")
+    if isinstance(device, int):
+        return device
+    kind, _, index = str(device).partition(":")
+    if kind == "cpu" and not index:
+        if cpu:
+            return UVM_LOCATION_CPU
+        raise ValueError(f"a CUDA device is needed here, not {device!r}")
+    if kind == "cuda" and (not index or index.isdigit()):
+        return int(index) if index else device_ordinal(None)
+    allowed = "a CUDA device or 'cpu'" if cpu else "a CUDA device"
+    raise ValueError(f"device must be {allowed} (an int, 'cuda:N' or a torch.device), not {device!r}")
+
+
+_EXCEPTIONS = {
+    UVM_ERROR_UNSUPPORTED: UnifiedMemoryUnsupportedError,
+    UVM_ERROR_NO_DEVICE: UnifiedMemoryUnsupportedError,
+    UVM_ERROR_INVALID_ARGUMENT: ValueError,
+    UVM_ERROR_OUT_OF_MEMORY: MemoryError,
+}
+
+
+def check(status: int, about: str = "") -> None:
+    """Raises the exception that fits `status`, with uvm's own message (after `about`, if given);
+    does nothing for UVM_OK."""
     if status == UVM_OK:
         return
-    message = (_ctypes_lib.uvm_last_error() or b"").decode(errors="replace") or what
-    if status in (UVM_ERROR_UNSUPPORTED, UVM_ERROR_NO_DEVICE):
-        raise _build.UnifiedMemoryUnsupportedError(message)
-    if status == UVM_ERROR_INVALID_ARGUMENT:
-        raise ValueError(message)
-    if status == UVM_ERROR_OUT_OF_MEMORY:
-        raise MemoryError(message)
-    raise RuntimeError(message)
+    message = (_ctypes_lib.uvm_last_error() or b"").decode(errors="replace")
+    message = message or _ctypes_lib.uvm_status_string(status).decode()
+    raise _EXCEPTIONS.get(status, RuntimeError)(f"{about}: {message}" if about else message)

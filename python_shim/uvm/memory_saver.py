@@ -231,7 +231,7 @@ class TorchMemorySaver:
             return torch.empty_like(x, device="cpu")
         lib = _lib._get_ctypes_lib()
         host = ctypes.c_void_p()
-        _lib.check(lib.uvm_get_staged_copy(x.data_ptr(), x.nbytes, ctypes.byref(host)), "uvm_get_staged_copy")
+        _lib.check(lib.uvm_get_staged_copy(x.data_ptr(), x.nbytes, ctypes.byref(host)))
         if not host.value:
             return None
         raw = torch.frombuffer((ctypes.c_uint8 * x.nbytes).from_address(host.value), dtype=torch.uint8)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ctypes
 
-from . import _build, _lib
+from . import _errors, _lib, _state
 
 
 def create_unified_mempool(device=None, *, sync_ranks: bool = False):
@@ -29,19 +29,18 @@ def create_releasable_mempool(device=None, *, sync_ranks: bool = False):
 
 
 def _create_pool(device, sync_ranks: bool, releasable: bool):
-    _build.compile_allocator()
+    _state.compile_allocator()
     reason = None
-    if _build._compilation_state is not _build.CompilationState.SUCCESS:
-        reason = _build._compilation_error or "unknown reason"
+    if _state._compilation_state is not _state.CompilationState.SUCCESS:
+        reason = _state._compilation_error or "unknown reason"
     if sync_ranks:
         reason = _first_failure_across_ranks(reason)
     if reason is not None:
-        raise _build.UnifiedMemoryUnsupportedError(f"unified memory is unavailable: {reason}")
+        raise _errors.UnifiedMemoryUnsupportedError(f"unified memory is unavailable: {reason}")
     import torch
-    index = _device_index(device)
-    allocator = _build._alloc_releasable if releasable else _build._alloc
+    index = _lib.device_ordinal(device)
     with torch.cuda.device(index):
-        pool = torch.cuda.MemPool(allocator.allocator())
+        pool = torch.cuda.MemPool(_state.allocator(releasable).allocator())
     if _expandable_segments():
         _check_pool_is_uvm(pool, index)
     return pool
@@ -70,7 +69,7 @@ def _check_pool_is_uvm(pool, index: int) -> None:
     except RuntimeError as error:
         reason = f"torch refused the pool: {error}"
     if reason is not None:
-        raise _build.UnifiedMemoryUnsupportedError(
+        raise _errors.UnifiedMemoryUnsupportedError(
             f"unified memory is unavailable: PYTORCH_CUDA_ALLOC_CONF has expandable_segments:True and with "
             f"torch {torch.__version__} {reason}; remove expandable_segments:True for processes that use uvm")
 
@@ -87,31 +86,6 @@ def _first_failure_across_ranks(reason: str | None) -> str | None:
     return f"rank {failed[0][0]}: {failed[0][1]}" if failed else None
 
 
-def _device_index(device) -> int:
-    import torch
-    if device is None:
-        return torch.cuda.current_device()
-    if isinstance(device, int):
-        return device
-    device = torch.device(device)
-    if device.type != "cuda":
-        raise ValueError(f"a pool lives on a CUDA device, not {device}")
-    return torch.cuda.current_device() if device.index is None else device.index
-
-
-def _location(device) -> int:
-    """A device argument as uvm's location: a CUDA ordinal, or -1 for the CPU."""
-    import torch
-    if isinstance(device, int):
-        return device
-    device = torch.device(device)
-    if device.type == "cpu":
-        return _lib.UVM_LOCATION_CPU
-    if device.type == "cuda":
-        return torch.cuda.current_device() if device.index is None else device.index
-    raise ValueError(f"device must be a CUDA device or 'cpu', not {device}")
-
-
 def _span(tensor) -> tuple[int, int]:
     """(first byte, byte count) of the memory a tensor or view spans, whatever its strides."""
     if tensor.is_contiguous():
@@ -125,20 +99,6 @@ def _span(tensor) -> tuple[int, int]:
             high += extent
     item = tensor.element_size()
     return tensor.data_ptr() + low * item, (high - low + 1) * item
-
-
-def _managed_span(tensor, what: str = "tensor") -> tuple[int, int] | None:
-    """The tensor's span, None for nothing to do; raises for what cannot be managed memory."""
-    found = _cuda_span(tensor, what)
-    if found is None:
-        return None
-    ptr, size = found[1]
-    lib = _lib._get_ctypes_lib()
-    if not lib.uvm_is_managed(ptr):
-        raise RuntimeError(
-            f"{what} of shape {tuple(tensor.shape)} and dtype {tensor.dtype} at 0x{ptr:x} is not managed "
-            "memory from uvm: allocate it under torch.cuda.use_mem_pool(uvm.create_unified_mempool())")
-    return ptr, size
 
 
 def _stream_handle(stream, device_index: int | None = None) -> int:
@@ -163,50 +123,56 @@ def _torch(what: str):
                         "without it)") from None
 
 
+def _tensor_call(entry, tensor, *args, what: str = "tensor") -> None:
+    """Calls `entry(ptr, size, *args)` for the bytes `tensor` spans (None and empty tensors are
+    no-ops); a failure names the tensor. The library validates the pointer: Python does not ask
+    first."""
+    found = _cuda_span(tensor, what)
+    if found is None:
+        return
+    ptr, size = found[1]
+    status = entry(ptr, size, *args)
+    if status != _lib.UVM_OK:
+        about = f"{what} of shape {tuple(tensor.shape)} and dtype {tensor.dtype} at 0x{ptr:x}"
+        if status == _lib.UVM_ERROR_NOT_MANAGED:
+            about += f" is {_NOT_UVM}"
+        _lib.check(status, about)
+
+
+# What a NOT_MANAGED failure means for a tensor, and what to do about it.
+_NOT_UVM = "not managed memory from uvm (allocate it under torch.cuda.use_mem_pool(uvm.create_unified_mempool()))"
+
+
+def _stream_of(tensor, stream) -> int:
+    return 0 if tensor is None else _stream_handle(stream, tensor.device.index)
+
+
 def prefetch_managed_tensor(tensor, *, device, stream=None) -> None:
     """cudaMemPrefetchAsync of the bytes `tensor` spans to `device` (a CUDA device or 'cpu'/-1), on
     `stream` (default: the current stream). None and empty tensors are no-ops."""
-    span = _managed_span(tensor)
-    if span is None:
-        return
-    lib = _lib._get_ctypes_lib()
-    _lib.check(lib.uvm_prefetch(span[0], span[1], _location(device),
-                                _stream_handle(stream, tensor.device.index)), "uvm_prefetch")
+    _tensor_call(_lib._get_ctypes_lib().uvm_prefetch, tensor, _lib.device_ordinal(device, cpu=True),
+                 _stream_of(tensor, stream))
 
 
 def advise_managed_tensor_preferred_location(tensor, *, device) -> None:
     """cudaMemAdviseSetPreferredLocation on the bytes `tensor` spans (device or 'cpu'/-1)."""
-    span = _managed_span(tensor)
-    if span is None:
-        return
-    lib = _lib._get_ctypes_lib()
-    _lib.check(lib.uvm_advise_preferred_location(span[0], span[1], _location(device)),
-               "uvm_advise_preferred_location")
+    _tensor_call(_lib._get_ctypes_lib().uvm_advise_preferred_location, tensor, _lib.device_ordinal(device, cpu=True))
 
 
 def advise_managed_tensor_accessed_by(tensor, *, device) -> None:
     """cudaMemAdviseSetAccessedBy: `device` keeps a mapping to the tensor's bytes wherever they live."""
-    span = _managed_span(tensor)
-    if span is None:
-        return
-    lib = _lib._get_ctypes_lib()
-    _lib.check(lib.uvm_advise_accessed_by(span[0], span[1], _location(device)), "uvm_advise_accessed_by")
+    _tensor_call(_lib._get_ctypes_lib().uvm_advise_accessed_by, tensor, _lib.device_ordinal(device, cpu=True))
 
 
 def discard_managed_tensor(tensor, *, stream=None) -> None:
     """cudaMemDiscardBatchAsync of the tensor's bytes: their contents become indeterminate and the
     pages can be reclaimed without a copy. CUDA 13 runtime and driver only."""
-    span = _managed_span(tensor)
-    if span is None:
-        return
-    lib = _lib._get_ctypes_lib()
-    _lib.check(lib.uvm_discard(span[0], span[1], _stream_handle(stream, tensor.device.index)),
-               "uvm_discard")
+    _tensor_call(_lib._get_ctypes_lib().uvm_discard, tensor, _stream_of(tensor, stream))
 
 
 def _cuda_span(tensor, what: str) -> tuple[int, tuple[int, int]] | None:
-    """(device, span) of a CUDA tensor without asking the library: the batched C call validates every
-    range itself, and `_explain` names the culprit if it refuses one."""
+    """(device, span) of a CUDA tensor without asking the library, None for nothing to do: the C
+    calls validate every range themselves, and a batched one says which it refused."""
     if tensor is None:
         return None
     torch = _torch(f"a {type(tensor).__name__} as a {what}")
@@ -248,13 +214,14 @@ def _named_tensors(obj, include_buffers: bool):
     return named
 
 
-def _module_spans(module, include_buffers: bool) -> list[tuple[int, int]]:
-    spans: dict[tuple[int, int], None] = {}
+def _module_spans(module, include_buffers: bool) -> dict[tuple[int, int], str]:
+    """The spans of a module's tensors, each with what it is; shared tensors count once."""
+    spans: dict[tuple[int, int], str] = {}
     for what, tensor in _named_tensors(module, include_buffers):
-        span = _managed_span(tensor, what=what)
-        if span is not None:
-            spans[span] = None  # shared tensors count once
-    return list(spans)
+        found = _cuda_span(tensor, what)
+        if found is not None:
+            spans.setdefault(found[1], what)
+    return spans
 
 
 def prefetch_managed_module_parameters(module, *, device, include_buffers: bool = False, stream=None) -> int:
@@ -262,44 +229,51 @@ def prefetch_managed_module_parameters(module, *, device, include_buffers: bool 
     driver calls: adjacent tensors of one allocation become one cudaMemPrefetchAsync. Returns the
     bytes initiated, shared tensors counted once."""
     import torch
-    spans = _module_spans(module, include_buffers)
-    if not spans:
+    named = _module_spans(module, include_buffers)
+    if not named:
         return 0
+    spans = list(named)
     ranges = (_lib.Range * len(spans))(*[_lib.Range(ptr, size) for ptr, size in spans])
     lib = _lib._get_ctypes_lib()
-    _lib.check(lib.uvm_prefetch_ranges(ranges, len(spans), _location(device),
-                                       _stream_handle(stream, torch.cuda.current_device())),
-               "uvm_prefetch_ranges")
+    status = lib.uvm_prefetch_ranges(ranges, len(spans), _lib.device_ordinal(device, cpu=True),
+                                     _stream_handle(stream, torch.cuda.current_device()))
+    _check_batch(status, spans, list(named.values()))
     return sum(size for _, size in spans)
 
 
 def advise_managed_module_parameters_preferred_location(module, *, device, include_buffers: bool = False) -> None:
     """cudaMemAdviseSetPreferredLocation on every parameter (and buffer, if asked) of `module`."""
     lib = _lib._get_ctypes_lib()
-    location = _location(device)
-    for ptr, size in _module_spans(module, include_buffers):
-        _lib.check(lib.uvm_advise_preferred_location(ptr, size, location), "uvm_advise_preferred_location")
+    location = _lib.device_ordinal(device, cpu=True)
+    for span, what in _module_spans(module, include_buffers).items():
+        _check_batch(lib.uvm_advise_preferred_location(*span, location), [span], [what], index=0)
 
 
-def _allocation_ranges(device: int, tag: str | None) -> list[tuple[int, int]]:
+def _check_batch(status: int, spans: list, whats: list, index: int | None = None) -> None:
+    """Raises for a failed batched call, naming the range the library says it refused (`whats[i]`
+    says what `spans[i]` is)."""
+    if status == _lib.UVM_OK:
+        return
+    index = _lib._get_ctypes_lib().uvm_last_error_index() if index is None else index
+    if not 0 <= index < len(spans):
+        _lib.check(status)
+    ptr, size = spans[index]
+    about = f"{whats[index]} at 0x{ptr:x} ({size} bytes)"
+    if status == _lib.UVM_ERROR_NOT_MANAGED:
+        about += f" is {_NOT_UVM}"
+    _lib.check(status, about)
+
+
+def _allocations(device: int, tag: str | None) -> list:
+    """The live uvm allocations of `device` (or UVM_ANY_DEVICE) with `tag` (None: any), each with its
+    device."""
     lib = _lib._get_ctypes_lib()
     encoded = None if tag is None else tag.encode()
     count = ctypes.c_size_t()
-    _lib.check(lib.uvm_allocation_ranges(device, encoded, None, 0, ctypes.byref(count)), "uvm_allocation_ranges")
-    ranges = (_lib.Range * count.value)()
-    _lib.check(lib.uvm_allocation_ranges(device, encoded, ranges, count.value, ctypes.byref(count)),
-               "uvm_allocation_ranges")
-    return [(r.ptr, r.size) for r in ranges[:count.value]]
-
-
-def _owner(ptr: int) -> int | None:
-    """The device of the uvm allocation at `ptr`; None if it was freed since it was listed."""
-    lib = _lib._get_ctypes_lib()
-    device = ctypes.c_int()
-    if lib.uvm_allocation_info(ptr, None, None, ctypes.byref(device)) != _lib.UVM_OK:
-        lib.uvm_clear_last_error()
-        return None
-    return device.value
+    _lib.check(lib.uvm_list_allocations(device, encoded, None, 0, ctypes.byref(count)))
+    found = (_lib.Allocation * count.value)()
+    _lib.check(lib.uvm_list_allocations(device, encoded, found, count.value, ctypes.byref(count)))
+    return found[:min(count.value, len(found))]  # fewer if some were freed in between
 
 
 def _ranges_by_device(obj, include_buffers: bool, into: dict | None = None) -> dict[int, dict]:
@@ -310,16 +284,14 @@ def _ranges_by_device(obj, include_buffers: bool, into: dict | None = None) -> d
     if obj is None:
         raise TypeError("nothing to move: pass tensors, a module, a MemPool, a tag or a device, not None")
     if isinstance(obj, str):
-        for span in _allocation_ranges(_lib.UVM_ANY_DEVICE, obj):
-            device = _owner(span[0])
-            if device is not None:  # an allocation freed since it was listed has nothing to move
-                into.setdefault(device, {})[span] = (f"allocation tagged {obj!r}", span[1])
+        for found in _allocations(_lib.UVM_ANY_DEVICE, obj):
+            into.setdefault(found.device, {})[(found.ptr, found.size)] = (f"allocation tagged {obj!r}", found.size)
         return into
     if isinstance(obj, int) and not isinstance(obj, bool):
         if obj < 0:
             raise ValueError("offload and onload act on CUDA devices, not the CPU")
-        for span in _allocation_ranges(obj, None):
-            into.setdefault(obj, {})[span] = (f"allocation on device {obj}", span[1])
+        for found in _allocations(obj, None):
+            into.setdefault(obj, {})[(found.ptr, found.size)] = (f"allocation on device {obj}", found.size)
         return into
     torch = _torch(f"finding managed memory in a {type(obj).__name__}")
     if isinstance(obj, (torch.Tensor, torch.nn.Module)):
@@ -335,7 +307,7 @@ def _ranges_by_device(obj, include_buffers: bool, into: dict | None = None) -> d
             span = (segment["address"], segment["total_size"])
             into.setdefault(segment["device"], {})[span] = ("pool segment", span[1])
     elif isinstance(obj, torch.device):
-        _ranges_by_device(_location(obj), include_buffers, into)
+        _ranges_by_device(_lib.device_ordinal(obj), include_buffers, into)
     elif hasattr(obj, "__iter__"):
         for item in obj:
             _ranges_by_device(item, include_buffers, into)
@@ -345,28 +317,16 @@ def _ranges_by_device(obj, include_buffers: bool, into: dict | None = None) -> d
     return into
 
 
-def _move(entry: str, obj, stream, include_buffers: bool, *extra) -> int:
-    """Calls `entry` once per device that owns part of `obj`, on that device's stream."""
-    lib = _lib._get_ctypes_lib()
+def _move(entry, obj, stream, include_buffers: bool, *extra) -> int:
+    """Calls the batched C `entry` once per device that owns part of `obj`, on that device's stream."""
     moved = 0
     for device, named in _ranges_by_device(obj, include_buffers).items():
         spans = list(named)
         ranges = (_lib.Range * len(spans))(*[_lib.Range(ptr, size) for ptr, size in spans])
-        status = getattr(lib, entry)(ranges, len(spans), *extra, _stream_handle(stream, device))
-        if status == _lib.UVM_ERROR_NOT_MANAGED:
-            _explain_unmanaged(named)
-        _lib.check(status, entry)
+        status = entry(ranges, len(spans), *extra, _stream_handle(stream, device))
+        _check_batch(status, spans, [what for what, _ in named.values()])
         moved += sum(asked for _, asked in named.values())
     return moved
-
-
-def _explain_unmanaged(named: dict) -> None:
-    """Raises naming the first range that is not managed memory (the C call said only its index)."""
-    lib = _lib._get_ctypes_lib()
-    for (ptr, size), (what, _) in named.items():
-        if not lib.uvm_is_managed(ptr):
-            raise RuntimeError(f"{what} at 0x{ptr:x} ({size} bytes) is not managed memory from uvm: allocate it "
-                               "under torch.cuda.use_mem_pool(uvm.create_unified_mempool())")
 
 
 def offload(obj, *, stream=None, strategy: str = "auto", include_buffers: bool = True) -> int:
@@ -381,19 +341,19 @@ def offload(obj, *, stream=None, strategy: str = "auto", include_buffers: bool =
     shared tensors counted once."""
     if strategy not in _lib.STRATEGIES:
         raise ValueError(f"strategy must be one of {sorted(_lib.STRATEGIES)}, not {strategy!r}")
-    return _move("uvm_offload_ranges", obj, stream, include_buffers, _lib.STRATEGIES[strategy])
+    return _move(_lib._get_ctypes_lib().uvm_offload_ranges, obj, stream, include_buffers, _lib.STRATEGIES[strategy])
 
 
 def onload(obj, *, stream=None, include_buffers: bool = True) -> int:
     """Brings what `offload` moved back to its GPU: staged bytes are copied back, migrated ones
     prefetched. Same `obj` forms as offload; asynchronous on `stream`. Returns the bytes asked for."""
-    return _move("uvm_onload_ranges", obj, stream, include_buffers)
+    return _move(_lib._get_ctypes_lib().uvm_onload_ranges, obj, stream, include_buffers)
 
 
 def discard(obj, *, stream=None, include_buffers: bool = True) -> int:
     """cudaMemDiscardBatchAsync over everything `obj` covers (e.g. a "kv_cache" tag): the contents
     become indeterminate and the pages are reclaimable without a copy. CUDA 13 only."""
-    return _move("uvm_discard_ranges", obj, stream, include_buffers)
+    return _move(_lib._get_ctypes_lib().uvm_discard_ranges, obj, stream, include_buffers)
 
 
 def where(tensor) -> dict:
@@ -401,11 +361,8 @@ def where(tensor) -> dict:
     CPU, -2 when unset or mixed."""
     if tensor is None:
         raise TypeError("where() takes a tensor, not None")
-    span = _managed_span(tensor)
-    if span is None:
+    if _cuda_span(tensor, "tensor") is None:
         raise ValueError("an empty tensor has no location")
     preferred, last = ctypes.c_int(), ctypes.c_int()
-    lib = _lib._get_ctypes_lib()
-    _lib.check(lib.uvm_query_location(span[0], span[1], ctypes.byref(preferred), ctypes.byref(last)),
-               "uvm_query_location")
+    _tensor_call(_lib._get_ctypes_lib().uvm_query_location, tensor, ctypes.byref(preferred), ctypes.byref(last))
     return {"preferred": preferred.value, "last_prefetch": last.value}

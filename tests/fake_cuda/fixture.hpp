@@ -24,3 +24,10 @@ struct FakeMachine {
     return selected;
   }
 };
+
+// uvm's residency counts for `device` (or UVM_ANY_DEVICE) and `tag` (nullptr: any).
+inline uvm_residency residency(int device = 0, const char* tag = nullptr) {
+  uvm_residency r{};
+  REQUIRE(uvm_get_residency(device, tag, &r) == UVM_OK);
+  return r;
+}

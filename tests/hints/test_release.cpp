@@ -38,11 +38,6 @@ struct Releasable {
   unsigned seed;
 };
 
-uvm_residency residency(int device = 0) {
-  uvm_residency r{};
-  REQUIRE(uvm_get_residency(device, nullptr, &r) == UVM_OK);
-  return r;
-}
 }  // namespace
 
 TEST_CASE("offloading all of a releasable allocation gives its memory back; onload restores it", "[release]") {

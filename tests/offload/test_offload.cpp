@@ -40,11 +40,6 @@ std::vector<uvm_range> tensors_in(const Buffer& b, size_t count) {
   return ranges;
 }
 
-uvm_residency residency(int device = 0, const char* tag = nullptr) {
-  uvm_residency r{};
-  REQUIRE(uvm_get_residency(device, tag, &r) == UVM_OK);
-  return r;
-}
 }  // namespace
 
 TEST_CASE("staged offload copies out and discards; onload restores the bytes", "[offload][cuda13]") {

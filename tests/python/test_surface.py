@@ -1,5 +1,6 @@
 """The seed's public surface: same names, shapes and semantics; import without torch."""
 import inspect
+from pathlib import Path
 import sys
 
 import pytest
@@ -179,3 +180,52 @@ def test_one_version_everywhere():
     numbers = [re.search(rf"#define UVM_VERSION_{part} (\d+)", header).group(1) for part in ("MAJOR", "MINOR", "PATCH")]
     pyproject = re.search(r'^version = "([^"]+)"', (SHIM / "pyproject.toml").read_text(), re.MULTILINE).group(1)
     assert ".".join(numbers) == meson == pyproject == uvm.__version__
+
+
+def test_the_build_module_only_builds_and_the_modules_import_without_a_cycle():
+    """_build imports nothing of uvm's but its exceptions; the package's imports form no cycle."""
+    import ast
+    package = Path(uvm.__file__).parent
+    imports = {}
+    for path in package.glob("*.py"):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                names |= {node.module} if node.module else {alias.name for alias in node.names}
+        imports[path.stem] = names
+    assert imports["_build"] == {"_errors"}
+    assert imports["_errors"] == set()
+
+    def reaches(start, goal, seen=()):
+        return any(n == goal or (n not in seen and reaches(n, goal, seen + (n,))) for n in imports.get(start, ()))
+    cycles = [name for name in imports if reaches(name, name)]
+    assert not cycles, imports
+
+
+def test_every_source_is_listed_once_in_the_one_list_meson_and_the_jit_read():
+    from uvm import _build
+    root = _build.source_root()
+    listed = _build.SourceList(root)
+    assert len(listed.sources) == len(set(listed.sources))
+    on_disk = {p for folder in ("alloc", "hints", "offload") for p in (root / folder).glob("*.cpp")}
+    assert set(listed.sources) == on_disk
+    assert "-std=c++17" in listed.flags and "-fvisibility=hidden" in listed.flags
+    assert "fs.read('sources.txt')" in (root / "meson.build").read_text()
+
+
+@pytest.mark.parametrize("given, cpu, expected", [
+    (3, False, 3), (None, False, 0), ("cuda:2", False, 2), ("cpu", True, -1), (-1, True, -1),
+])
+def test_one_device_normaliser(given, cpu, expected, monkeypatch):
+    from uvm import _lib
+    monkeypatch.setitem(sys.modules, "torch", None)  # without torch, None is device 0
+    assert _lib.device_ordinal(given, cpu=cpu) == expected
+
+
+@pytest.mark.parametrize("given, cpu, error", [
+    ("cpu", False, ValueError), ("gpu", True, ValueError), ("cuda:x", False, ValueError), (True, False, TypeError),
+])
+def test_device_arguments_refused_by_name(given, cpu, error):
+    from uvm import _lib
+    with pytest.raises(error, match="device"):
+        _lib.device_ordinal(given, cpu=cpu)

@@ -1,0 +1,24 @@
+// SpanSet (alloc/span_set.cpp): the byte ranges the registry keeps per allocation.
+#include "../../alloc/span_set.hpp"
+#include "fixture.hpp"
+
+TEST_CASE("span sets add, merge and remove exactly", "[spans]") {
+  uvm::SpanSet spans;
+  CHECK(spans.add(100, 200) == 100);
+  CHECK(spans.add(150, 250) == 50);  // overlaps: only the new bytes count
+  CHECK(spans.total() == 150);
+  CHECK(spans.add(250, 300) == 50);  // touches: merged
+  REQUIRE(spans.spans().size() == 1);
+  CHECK(spans.spans()[0] == std::make_pair(size_t{100}, size_t{300}));
+  CHECK(spans.add(0, 10) == 10);
+  CHECK(spans.spans().size() == 2);
+  CHECK(spans.remove(150, 160) == 10);  // splits
+  CHECK(spans.spans().size() == 3);
+  CHECK(spans.total() == 200);
+  CHECK(spans.remove(5, 1000) == 195);
+  CHECK(spans.total() == 5);
+  CHECK(spans.add(10, 10) == 0);
+  CHECK(spans.remove(7, 3) == 0);
+  CHECK(spans.add(0, 400) == 395);
+  CHECK(spans.spans().size() == 1);
+}

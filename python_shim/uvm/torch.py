@@ -123,17 +123,22 @@ def _torch(what: str):
                         "without it)") from None
 
 
-def _tensor_call(entry, tensor, *args, what: str = "tensor") -> None:
-    """Calls `entry(ptr, size, *args)` for the bytes `tensor` spans (None and empty tensors are
-    no-ops); a failure names the tensor. The library validates the pointer: Python does not ask
-    first."""
-    found = _cuda_span(tensor, what)
+_NO_STREAM = object()
+
+
+def _tensor_call(entry, tensor, *args, stream=_NO_STREAM) -> None:
+    """Calls `entry(ptr, size, *args)` for the bytes `tensor` spans, with the stream handle last when
+    `stream` is given (None: the tensor's current stream). None and empty tensors are no-ops; a
+    failure names the tensor. The library validates the pointer: Python does not ask first."""
+    found = _cuda_span(tensor, "tensor")
     if found is None:
         return
     ptr, size = found[1]
+    if stream is not _NO_STREAM:
+        args += (_stream_handle(stream, tensor.device.index),)
     status = entry(ptr, size, *args)
     if status != _lib.UVM_OK:
-        about = f"{what} of shape {tuple(tensor.shape)} and dtype {tensor.dtype} at 0x{ptr:x}"
+        about = f"tensor of shape {tuple(tensor.shape)} and dtype {tensor.dtype} at 0x{ptr:x}"
         if status == _lib.UVM_ERROR_NOT_MANAGED:
             about += f" is {_NOT_UVM}"
         _lib.check(status, about)
@@ -143,15 +148,10 @@ def _tensor_call(entry, tensor, *args, what: str = "tensor") -> None:
 _NOT_UVM = "not managed memory from uvm (allocate it under torch.cuda.use_mem_pool(uvm.create_unified_mempool()))"
 
 
-def _stream_of(tensor, stream) -> int:
-    return 0 if tensor is None else _stream_handle(stream, tensor.device.index)
-
-
 def prefetch_managed_tensor(tensor, *, device, stream=None) -> None:
     """cudaMemPrefetchAsync of the bytes `tensor` spans to `device` (a CUDA device or 'cpu'/-1), on
     `stream` (default: the current stream). None and empty tensors are no-ops."""
-    _tensor_call(_lib._get_ctypes_lib().uvm_prefetch, tensor, _lib.device_ordinal(device, cpu=True),
-                 _stream_of(tensor, stream))
+    _tensor_call(_lib._get_ctypes_lib().uvm_prefetch, tensor, _lib.device_ordinal(device, cpu=True), stream=stream)
 
 
 def advise_managed_tensor_preferred_location(tensor, *, device) -> None:
@@ -167,7 +167,7 @@ def advise_managed_tensor_accessed_by(tensor, *, device) -> None:
 def discard_managed_tensor(tensor, *, stream=None) -> None:
     """cudaMemDiscardBatchAsync of the tensor's bytes: their contents become indeterminate and the
     pages can be reclaimed without a copy. CUDA 13 runtime and driver only."""
-    _tensor_call(_lib._get_ctypes_lib().uvm_discard, tensor, _stream_of(tensor, stream))
+    _tensor_call(_lib._get_ctypes_lib().uvm_discard, tensor, stream=stream)
 
 
 def _cuda_span(tensor, what: str) -> tuple[int, tuple[int, int]] | None:

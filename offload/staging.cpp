@@ -4,11 +4,12 @@
 
 #include "../alloc/devices.hpp"
 #include "../alloc/moves.hpp"
+#include "pinned.hpp"
 
 namespace uvm {
 namespace {
 
-// Blocks are at least this big, so a model of many small tensors costs one cudaHostAlloc, not one
+// Blocks are at least this big, so a model of many small tensors costs one pinned allocation, not one
 // per tensor; the first offload of a big model gets one block of its whole size.
 constexpr size_t kMinBlockBytes = size_t{256} << 20;
 constexpr size_t kHostAlignment = 256;
@@ -42,13 +43,11 @@ size_t Staging::unplaced_bytes(const std::vector<Span>& spans) const {
 
 uvm_status Staging::new_block(const Call& call, size_t bytes, std::shared_ptr<Block>* out) {
   auto block = std::make_shared<Block>();
-  block->capacity = std::max(kMinBlockBytes, bytes);
-  void* host = nullptr;
-  if (cudaError_t e = cudaHostAlloc(&host, block->capacity, cudaHostAllocPortable)) {
-    return fail_cuda(call, e, "cudaHostAlloc(%zu bytes of pinned staging memory; offload with "
-                              "UVM_STRATEGY_MIGRATE to need none)", block->capacity);
-  }
-  block->host = static_cast<char*>(host);
+  PinnedMemory memory;
+  if (uvm_status s = pin_host_memory(call, std::max(kMinBlockBytes, bytes), configured_pinned_kind(), &memory)) return s;
+  block->host = memory.host;
+  block->capacity = memory.bytes;
+  block->pinned = memory.kind;
   clear_cuda_error(cudaGetDevice(&block->device));
   *out = std::move(block);
   return UVM_OK;
@@ -168,8 +167,7 @@ uvm_status Staging::free_block(const Call& call, const Block& block) {
   for (const EventRef& read : block.reads) {
     if (cudaError_t e = cudaEventSynchronize(read->handle)) return fail_cuda(call, e, "cudaEventSynchronize");
   }
-  if (cudaError_t e = cudaFreeHost(block.host)) return fail_cuda(call, e, "cudaFreeHost(%p)", block.host);
-  return UVM_OK;
+  return unpin_host_memory(call, PinnedMemory{block.host, block.capacity, block.pinned});
 }
 
 uvm_status Staging::free_unused(const Call& call) {

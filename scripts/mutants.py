@@ -46,7 +46,7 @@ MUTANTS = [
   "threads offloading*"),
 ]
 os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-env = {**os.environ, "UVM_LIMIT_BYTES": "", "UVM_LIMIT_FRACTION": "", "UVM_DEFAULT_ADVICE": ""}
+env = {**os.environ, "UVM_LIMIT_BYTES": "", "UVM_LIMIT_FRACTION": "", "UVM_DEFAULT_ADVICE": "", "UVM_PINNED": "hostalloc"}
 survived = 0
 for path, old, new, binary, tag in MUTANTS:
     src = open(path).read()

@@ -36,7 +36,7 @@ size_t mapped_reservations();
 enum class OpKind {
   prefetch, advise_preferred, advise_accessed_by, discard, malloc, free,
   copy_to_host, copy_to_device,  // ptr: the device side
-  host_alloc, host_free, event_record, event_sync, wait_event,  // event ops: ptr is the event
+  host_alloc, host_free, host_register, host_unregister, event_record, event_sync, wait_event,  // event ops: ptr is the event
   stream_sync, device_sync, vmm_create, vmm_map, vmm_unmap
 };
 
@@ -61,8 +61,8 @@ void reset();
 // The next call to `call_name` (e.g. "cudaMallocManaged") returns `error` instead of running.
 void fail_next(const std::string& call_name, cudaError_t error);
 
-// The next call to `call_name` ("cudaHostAlloc" or "cudaFreeHost", which take seconds on a real
-// machine) waits, holding no lock of the double's, until release_held(); so a test can check what
+// The next call to `call_name` ("cudaHostAlloc", "cudaHostRegister", "cudaFreeHost" or
+// "cudaHostUnregister", which take long on a real machine) waits, holding no lock of the double's, until release_held(); so a test can check what
 // other threads can do meanwhile. wait_until_held gives true once a call is waiting there.
 void hold_next(const std::string& call_name);
 bool wait_until_held(int timeout_ms);
@@ -83,7 +83,7 @@ size_t live_events();
 
 // This thread's current context (device ordinal or kNoContext), and whether a device's context
 // exists. set_thread_context(kNoContext) simulates a fresh thread.
-// The number of pinned host blocks alive.
+// The number of pinned host blocks alive (cudaHostAlloc'ed or cudaHostRegister'ed).
 size_t pinned_blocks();
 
 int current_context();

@@ -56,6 +56,7 @@ struct World {
   bool context_created[kDeviceCount] = {};
   uintptr_t next_stream = 0x1000;
   std::map<void*, size_t> pinned;  // mmap'ed, so a 256 MiB block costs only the pages touched
+  std::map<void*, size_t> registered;  // the caller's memory, pinned by cudaHostRegister
   std::set<cudaEvent_t> live_events;
   // Virtual memory management: reserved ranges (mmap'ed PROT_NONE until mapped) and physical
   // handles. Mapping fills the range with kFreshPhysical, as new physical memory holds no data.
@@ -400,6 +401,7 @@ namespace fake {
 const char* name(OpKind kind) {
   static const char* const names[] = {"prefetch", "advise:preferred", "advise:accessed_by", "discard", "malloc",
                                       "free", "copy:to_host", "copy:to_device", "host_alloc", "host_free",
+                                      "host_register", "host_unregister",
                                       "event_record", "event_sync", "wait_event", "stream_sync", "device_sync",
                                       "vmm_create", "vmm_map", "vmm_unmap"};
   static_assert(sizeof names / sizeof names[0] == static_cast<size_t>(OpKind::vmm_unmap) + 1, "a name per kind");
@@ -484,7 +486,7 @@ size_t live_events() {
 
 size_t pinned_blocks() {
   std::lock_guard<std::mutex> lock(world().mutex);
-  return world().pinned.size();
+  return world().pinned.size() + world().registered.size();
 }
 
 size_t live_reservations() {
@@ -800,6 +802,38 @@ cudaError_t cudaFreeHost(void* ptr) {
   log(w, fake::OpKind::host_free, ptr, 0, -2, nullptr);
   munmap(ptr, it->second);
   w.pinned.erase(it);
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int flags) {
+  pass_gate("cudaHostRegister");
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  cudaError_t error;
+  if (injected(w, "cudaHostRegister", &error)) return error;
+  ensure_context(w);
+  const auto begin = static_cast<char*>(ptr);
+  for (const auto& [other, bytes] : w.registered) {
+    if (begin < static_cast<char*>(other) + bytes && static_cast<char*>(other) < begin + size) {
+      return set_error(cudaErrorHostMemoryAlreadyRegistered);
+    }
+  }
+  w.registered[ptr] = size;
+  log(w, fake::OpKind::host_register, ptr, size, static_cast<int>(flags), nullptr);
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostUnregister(void* ptr) {
+  pass_gate("cudaHostUnregister");
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  cudaError_t error;
+  if (injected(w, "cudaHostUnregister", &error)) return error;
+  ensure_context(w);
+  auto it = w.registered.find(ptr);
+  if (it == w.registered.end()) return set_error(cudaErrorHostMemoryNotRegistered);
+  log(w, fake::OpKind::host_unregister, ptr, 0, -2, nullptr);
+  w.registered.erase(it);
   return cudaSuccess;
 }
 

@@ -15,6 +15,12 @@ struct FakeMachine {
   }
   ~FakeMachine() { fake::reset(); }
 
+  // How many blocks of host memory were pinned (cudaHostAlloc or cudaHostRegister) since the ops
+  // were last reset.
+  static size_t pinnings() {
+    return ops_named(fake::OpKind::host_alloc).size() + ops_named(fake::OpKind::host_register).size();
+  }
+
   // The ops logged so far of one kind.
   static std::vector<fake::Op> ops_named(fake::OpKind kind) {
     std::vector<fake::Op> selected;

@@ -103,7 +103,7 @@ TEST_CASE("many cycles of every strategy keep the data and reuse the staging mem
     CHECK(a.intact());
     CHECK(b.intact());
   }
-  CHECK(FakeMachine::ops_named(fake::OpKind::host_alloc).size() == 1);  // one block, reused 100 times
+  CHECK(FakeMachine::pinnings() == 1);  // one block, reused 100 times
 }
 
 TEST_CASE("a staged onload leaves no page discardable: a migrate cycle afterwards keeps the data", "[offload][cuda13]") {
@@ -212,6 +212,7 @@ TEST_CASE("a failed staged offload leaves the data in place and nothing half-sta
   FakeMachine machine;
   Buffer b;
   const uvm_range r = b.whole();
+  fake::fail_next("cudaHostRegister", cudaErrorMemoryAllocation);
   fake::fail_next("cudaHostAlloc", cudaErrorMemoryAllocation);
   CHECK(uvm_offload_ranges(&r, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_ERROR_OUT_OF_MEMORY);
   CHECK_THAT(last_error(), Has("cudaHostAlloc(268435456 bytes of pinned staging memory"));
@@ -321,9 +322,10 @@ TEST_CASE("reserve_staging allocates ahead, once, and the next staged offload us
   fake::reset_ops();
   const uvm_range whole = b.whole();
   REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_STAGED, fake::make_stream()) == UVM_OK);
-  CHECK(FakeMachine::ops_named(fake::OpKind::host_alloc).empty());  // the first offload allocated nothing
+  CHECK(FakeMachine::pinnings() == 0);  // the first offload allocated nothing
   REQUIRE(uvm_onload_ranges(&whole, 1, fake::make_stream()) == UVM_OK);
   CHECK(b.intact());
+  fake::fail_next("cudaHostRegister", cudaErrorMemoryAllocation);
   fake::fail_next("cudaHostAlloc", cudaErrorMemoryAllocation);
   CHECK(uvm_reserve_staging(size_t{2} << 30) == UVM_ERROR_OUT_OF_MEMORY);
   CHECK(std::string(uvm_last_error()).find("uvm_reserve_staging") != std::string::npos);

@@ -1,0 +1,71 @@
+// Pinned staging memory (offload/pinned.cpp): registered huge-page memory by default, cudaHostAlloc
+// when registering fails or UVM_PINNED=hostalloc asks for it, one clear error when both fail. (The
+// other CPU tests run with UVM_PINNED=hostalloc: see tests/meson.build.)
+#include <cstring>
+
+#include "../../offload/pinned.hpp"
+#include "fixture.hpp"
+
+namespace {
+constexpr size_t kBytes = size_t{8} << 20;
+const uvm::Call kCall = uvm::Call::of("test");
+}  // namespace
+
+TEST_CASE("staging memory is mapped, faulted in and registered, and given back the same way", "[pinned]") {
+  FakeMachine machine;
+  uvm::PinnedMemory memory;
+  REQUIRE(uvm::pin_host_memory(kCall, kBytes, uvm::PinnedKind::registered, &memory) == UVM_OK);
+  CHECK(memory.kind == uvm::PinnedKind::registered);
+  CHECK(memory.bytes == kBytes);
+  REQUIRE(FakeMachine::ops_named(fake::OpKind::host_register).size() == 1);
+  CHECK(FakeMachine::ops_named(fake::OpKind::host_register)[0].ptr == memory.host);
+  CHECK(FakeMachine::ops_named(fake::OpKind::host_register)[0].size == kBytes);
+  CHECK(FakeMachine::ops_named(fake::OpKind::host_alloc).empty());
+  std::memset(memory.host, 0x5a, kBytes);  // all of it is there to write
+  CHECK(static_cast<unsigned char>(memory.host[kBytes - 1]) == 0x5a);
+  REQUIRE(uvm::unpin_host_memory(kCall, memory) == UVM_OK);
+  CHECK(FakeMachine::ops_named(fake::OpKind::host_unregister).size() == 1);
+  CHECK(FakeMachine::ops_named(fake::OpKind::host_free).empty());
+}
+
+TEST_CASE("when registering fails, cudaHostAlloc serves, and cudaFreeHost gives it back", "[pinned]") {
+  FakeMachine machine;
+  fake::fail_next("cudaHostRegister", cudaErrorNotSupported);
+  uvm::PinnedMemory memory;
+  REQUIRE(uvm::pin_host_memory(kCall, kBytes, uvm::PinnedKind::registered, &memory) == UVM_OK);
+  CHECK(memory.kind == uvm::PinnedKind::host_alloc);
+  CHECK(FakeMachine::ops_named(fake::OpKind::host_alloc).size() == 1);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);  // the failed registration left nothing pending
+  REQUIRE(uvm::unpin_host_memory(kCall, memory) == UVM_OK);
+  CHECK(FakeMachine::ops_named(fake::OpKind::host_free).size() == 1);
+  CHECK(FakeMachine::ops_named(fake::OpKind::host_unregister).empty());
+}
+
+TEST_CASE("when both ways fail, the error names cudaHostAlloc and why registering did not serve", "[pinned]") {
+  FakeMachine machine;
+  const size_t blocks_before = fake::pinned_blocks();
+  fake::fail_next("cudaHostRegister", cudaErrorNotSupported);
+  fake::fail_next("cudaHostAlloc", cudaErrorMemoryAllocation);
+  uvm::PinnedMemory memory;
+  CHECK(uvm::pin_host_memory(kCall, kBytes, uvm::PinnedKind::registered, &memory) == UVM_ERROR_OUT_OF_MEMORY);
+  CHECK_THAT(last_error(), Has("cudaHostAlloc(8388608 bytes of pinned staging memory, after cudaHostRegister: "
+                               "cudaErrorNotSupported"));
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  CHECK(fake::pinned_blocks() == blocks_before);  // nothing left pinned or mapped
+}
+
+TEST_CASE("hostalloc pins with cudaHostAlloc alone", "[pinned]") {
+  FakeMachine machine;
+  uvm::PinnedMemory memory;
+  REQUIRE(uvm::pin_host_memory(kCall, kBytes, uvm::PinnedKind::host_alloc, &memory) == UVM_OK);
+  CHECK(memory.kind == uvm::PinnedKind::host_alloc);
+  CHECK(FakeMachine::ops_named(fake::OpKind::host_register).empty());
+  REQUIRE(uvm::unpin_host_memory(kCall, memory) == UVM_OK);
+}
+
+TEST_CASE("UVM_PINNED chooses how staging memory is pinned", "[pinned]") {
+  CHECK(uvm::pinned_kind_from(nullptr) == uvm::PinnedKind::registered);
+  CHECK(uvm::pinned_kind_from("register") == uvm::PinnedKind::registered);
+  CHECK(uvm::pinned_kind_from("hostalloc") == uvm::PinnedKind::host_alloc);
+  CHECK(uvm::pinned_kind_from("bogus") == uvm::PinnedKind::registered);  // malformed: the default
+}

@@ -146,6 +146,7 @@ uvm_status offload(const Call& call, const uvm_range* ranges, size_t count, int 
   const uvm_strategy strategy = choose_strategy(static_cast<uvm_strategy>(requested), target.caps.discard_supported);
   const bool staging_wanted = strategy == UVM_STRATEGY_STAGED;
   for (;;) {
+    const Staging::RoomClaim claim(staging());  // the room made here stays until it is reserved
     if (uvm_status s = check_strategy_fits(call, requested, strategy, target)) return s;
     // Pinned memory is allocated with no lock held (1.6–2.3 s for 4 GiB on an H200), so that it
     // holds up no uvm_free or move on another thread.

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -45,6 +46,14 @@ char* register_pinned(size_t bytes, std::string* why) {
   }
   auto* host = static_cast<char*>(mapped);
   (void)madvise(host, bytes, MADV_HUGEPAGE);  // a hint: without transparent huge pages it still works
+  // A child process (any fork: subprocess, DataLoader workers) must not inherit pinned pages: the
+  // kernel would copy every one of them at the fork, since pinned pages cannot be shared
+  // copy-on-write. cudaHostAlloc's memory is not inherited either.
+  if (madvise(host, bytes, MADV_DONTFORK) != 0) {
+    *why = std::string("madvise(MADV_DONTFORK): ") + std::strerror(errno);
+    munmap(host, bytes);
+    return nullptr;
+  }
   fault_in(host, bytes);
   if (cudaError_t e = cudaHostRegister(host, bytes, cudaHostRegisterPortable)) {
     clear_cuda_error(e);

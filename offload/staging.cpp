@@ -170,10 +170,21 @@ uvm_status Staging::free_block(const Call& call, const Block& block) {
   return unpin_host_memory(call, PinnedMemory{block.host, block.capacity, block.pinned});
 }
 
+Staging::RoomClaim::RoomClaim(Staging& store) : store_(store) {
+  std::lock_guard<std::mutex> lock(store_.mutex_);
+  ++store_.room_claims_;
+}
+
+Staging::RoomClaim::~RoomClaim() {
+  std::lock_guard<std::mutex> lock(store_.mutex_);
+  --store_.room_claims_;
+}
+
 uvm_status Staging::free_unused(const Call& call) {
   std::vector<std::shared_ptr<Block>> unused;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (room_claims_ > 0) return UVM_OK;  // an offload is about to fill the empty blocks
     auto holding = std::stable_partition(blocks_.begin(), blocks_.end(), [](const auto& b) { return b->live != 0; });
     unused.assign(holding, blocks_.end());
     blocks_.erase(holding, blocks_.end());

@@ -51,8 +51,23 @@ class Staging {
   uvm_status ensure_capacity(const Call& call, const std::vector<Span>& spans);
   // Frees the blocks that hold nothing, after the copies reading them finished. The blocks leave
   // the store first, so no lock is held while it waits and frees (unpinning GiBs takes
-  // hundreds of ms); a block whose wait fails goes back, and the next call tries again.
+  // hundreds of ms); a block whose wait fails goes back, and the next call tries again. Frees
+  // nothing while an offload holds a RoomClaim.
   uvm_status free_unused(const Call& call);
+
+  // Held by an offload from making room (ensure_capacity) until it has reserved it: the room is
+  // not freed under it. Without it a release_staging loop on another thread took the room every
+  // time before the offload reserved it, and the offload never finished (on an H100).
+  class RoomClaim {
+   public:
+    explicit RoomClaim(Staging& store);
+    ~RoomClaim();
+    RoomClaim(const RoomClaim&) = delete;
+    RoomClaim& operator=(const RoomClaim&) = delete;
+
+   private:
+    Staging& store_;
+  };
   size_t capacity_bytes() const;
   size_t staged_bytes() const;
   // The staged bytes inside [begin, end).
@@ -85,6 +100,7 @@ class Staging {
   std::mutex growth_mutex_;  // held across pinning by ensure_capacity only; never with mutex_ waiting on it
   std::vector<std::shared_ptr<Block>> blocks_;
   std::map<uintptr_t, Entry> entries_;  // by begin; disjoint
+  int room_claims_ = 0;                  // RoomClaims alive
 };
 
 // The process-wide staging store (never destroyed: no CUDA calls from static destructors).

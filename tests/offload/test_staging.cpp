@@ -1,6 +1,7 @@
 // The staging store (offload/staging.cpp): the one record of what is staged where, and pinned
 // memory that is allocated and freed with no lock held that other calls need.
 #include <chrono>
+#include <cstring>
 #include <future>
 #include <thread>
 #include <vector>
@@ -135,4 +136,38 @@ TEST_CASE("an offload that finds the room made for it taken grows staging with n
   uvm_free(a, size, 0, nullptr);
   uvm_free(b, size, 0, nullptr);
   CHECK(uvm_release_staging() == UVM_OK);
+}
+
+TEST_CASE("release_staging does not take the room an offload made before the offload reserves it",
+          "[staging][threads][cuda13]") {
+  FakeMachine machine;
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  const size_t blocks_before = fake::pinned_blocks();
+  auto* a = static_cast<unsigned char*>(uvm_malloc(kMiB, 0, nullptr));
+  REQUIRE(a != nullptr);
+  std::memset(a, 0x33, kMiB);
+  const uvm_range range{a, kMiB};
+  fake::reset_ops();
+  auto moves = uvm::lock_moves();
+  std::thread offload([&] { CHECK(uvm_offload_ranges(&range, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK); });
+  // The offload pins its block before it waits for the moves lock.
+  for (int i = 0; i < 500 && fake::pinned_blocks() == blocks_before; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const bool grew = fake::pinned_blocks() == blocks_before + 1;
+  CHECK(uvm_release_staging() == UVM_OK);  // before the offload could reserve: frees nothing
+  const size_t blocks_after_release = fake::pinned_blocks();
+  moves.unlock();
+  offload.join();
+  CHECK(grew);
+  CHECK(blocks_after_release == blocks_before + 1);
+  CHECK(FakeMachine::pinnings() == 1);  // no second pinning: the room it made was there to reserve
+  REQUIRE(uvm_onload_ranges(&range, 1, nullptr) == UVM_OK);
+  size_t wrong = 0;
+  for (size_t i = 0; i < kMiB; ++i) wrong += a[i] != 0x33;
+  CHECK(wrong == 0);
+  uvm_free(a, kMiB, 0, nullptr);
+  CHECK(uvm_release_staging() == UVM_OK);
+  CHECK(fake::pinned_blocks() == blocks_before);
 }

@@ -115,19 +115,25 @@ TEST_CASE("an offload that finds the room made for it taken grows staging with n
 
   // Both offloads make their room before the moves lock, see one block that fits either, and wait
   // for the lock; the one that gets it second finds the block taken.
+  const size_t blocks_before = fake::pinned_blocks();
   auto moves = uvm::lock_moves();
   std::thread offload_a([&] { CHECK(uvm_offload_ranges(&range_a, 1, UVM_STRATEGY_STAGED, stream_a) == UVM_OK); });
   std::thread offload_b([&] { CHECK(uvm_offload_ranges(&range_b, 1, UVM_STRATEGY_STAGED, stream_b) == UVM_OK); });
+  for (int i = 0; i < 3000 && fake::pinned_blocks() == blocks_before; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   fake::hold_next("cudaHostAlloc");
   moves.unlock();
-  const bool held = fake::wait_until_held(5000);
+  // The second offload reaches its reservation only after the first has copied 200 MiB under the
+  // lock, which takes seconds under ThreadSanitizer.
+  const bool held = fake::wait_until_held(120000);
   const bool in_time = finishes_in_time([&] { uvm_free(other, kMiB, 0, nullptr); }, [] { fake::release_held(); });
   offload_a.join();
   offload_b.join();
   CHECK(held);
   CHECK(in_time);
-  CHECK(fake::pinned_blocks() == 2);
+  CHECK(fake::pinned_blocks() == blocks_before + 2);
   REQUIRE(uvm_onload_ranges(&range_a, 1, stream_a) == UVM_OK);
   REQUIRE(uvm_onload_ranges(&range_b, 1, stream_b) == UVM_OK);
   size_t wrong = 0;

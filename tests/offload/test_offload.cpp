@@ -1,6 +1,7 @@
 // uvm_offload_ranges / uvm_onload_ranges against the fake runtime, which really copies bytes and
 // scribbles over discarded ones: data survives every strategy, calls are coalesced, staging memory
 // is reused, and failures are clean.
+#include <chrono>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -334,15 +335,20 @@ TEST_CASE("reserve_staging allocates ahead, once, and the next staged offload us
 
 TEST_CASE("reservations at once take turns: one block, not one each", "[offload][threads]") {
   FakeMachine machine;
-  for (int round = 0; round < 20; ++round) {  // the race is narrow: give it many chances
-    REQUIRE(uvm_release_staging() == UVM_OK);
-    const size_t blocks_before = fake::pinned_blocks();
-    std::vector<std::thread> reservers;
-    for (int i = 0; i < 4; ++i) {
-      reservers.emplace_back([] { CHECK(uvm_reserve_staging(size_t{300} << 20) == UVM_OK); });
-    }
-    for (std::thread& t : reservers) t.join();
-    INFO("round " << round);
-    REQUIRE(fake::pinned_blocks() == blocks_before + 1);
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  const size_t blocks_before = fake::pinned_blocks();
+  // The first reserver's pinning is held; the others come while it is, and must wait for its block
+  // rather than pin one of their own.
+  fake::hold_next("cudaHostAlloc");
+  std::vector<std::thread> reservers;
+  reservers.emplace_back([] { CHECK(uvm_reserve_staging(size_t{300} << 20) == UVM_OK); });
+  const bool held = fake::wait_until_held(10000);
+  for (int i = 0; i < 3; ++i) {
+    reservers.emplace_back([] { CHECK(uvm_reserve_staging(size_t{300} << 20) == UVM_OK); });
   }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  fake::release_held();
+  for (std::thread& t : reservers) t.join();
+  CHECK(held);
+  CHECK(fake::pinned_blocks() == blocks_before + 1);
 }

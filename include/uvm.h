@@ -7,9 +7,10 @@
  *
  * Conventions
  * - Every entry is thread-safe and never lets a C++ exception escape. Calls that move memory
- *   (prefetch, offload, onload, discard, release_staging, and uvm_free forgetting an allocation)
- *   take turns on the host, and a move of an allocation waits on its stream for the previous move
- *   of that allocation, whatever stream that ran on: two threads moving the same bytes serialize.
+ *   (prefetch, offload, onload, discard, and uvm_free forgetting an allocation) take turns on the
+ *   host, and a move of an allocation waits on its stream for the previous move of that
+ *   allocation, whatever stream that ran on: two threads moving the same bytes serialize. Pinning
+ *   and unpinning staging memory hold no lock the moves need.
  * - No call changes a byte it was not given: ranges merge only when they overlap or touch, never
  *   across a gap, however small (any byte in a gap may belong to a live tensor).
  * - Functions returning `uvm_status` return UVM_OK (0) on success. On failure they record a message
@@ -329,7 +330,9 @@ UVM_API uvm_status uvm_get_staging(size_t* capacity_bytes, size_t* staged_bytes)
 UVM_API uvm_status uvm_reserve_staging(size_t bytes);
 
 /* Frees the pinned staging memory that holds no offloaded data (waits for copies still reading it;
- * if that wait fails, the block is kept and the next call tries again). */
+ * if that wait fails, the block is kept and the next call tries again). While an offload on another
+ * thread is between pinning room for itself and using it, it frees nothing (an offload must not
+ * lose the room it made). Takes no lock the moves need. */
 UVM_API uvm_status uvm_release_staging(void);
 
 /* ------------------------------------------------------------------------------------------------

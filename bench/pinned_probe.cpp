@@ -5,9 +5,14 @@
 // Plain C++ against cudart, no kernel (arguments: GiB, threads):
 //   g++ -O2 -std=c++17 bench/pinned_probe.cpp -I$CUDA_HOME/include -L$CUDA_HOME/lib64 -lcudart
 //       -lpthread -o pinned_probe && ./pinned_probe 4 8
+// `./pinned_probe 4 8 first` times instead a first offload with no pinned memory yet: the split of
+// pinning into faulting in and registering, then pinning all before copying (uvm today) against
+// pinning chunk by chunk with the copies of the chunks before running meanwhile, serially, with
+// faulting in a chunk ahead on other threads, and with several threads pinning chunks at once.
 #include <cuda_runtime_api.h>
 #include <sys/mman.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -76,6 +81,105 @@ Result measure(const std::string& name, size_t bytes, void* device, cudaStream_t
   return r;
 }
 
+char* map_huge(size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    std::perror("mmap");
+    std::exit(1);
+  }
+  madvise(p, bytes, MADV_HUGEPAGE);
+  return static_cast<char*>(p);
+}
+
+// A first offload of `bytes` from `device` into memory pinned on the way, in chunks of `chunk`:
+// `how` 0 pins everything, then copies; 1 pins a chunk (fault-in on `threads`, register), issues its
+// copy, pins the next; 2 like 1, with the next chunk faulted in by the threads while this one is
+// registered; 3 `threads` workers each fault in and register chunks of their own, the copies issued
+// as chunks are ready. Returns seconds until the last copy ends.
+double first_offload(int how, size_t bytes, size_t chunk, int threads, void* device, cudaStream_t stream) {
+  char* host = map_huge(bytes);
+  const size_t chunks = (bytes + chunk - 1) / chunk;
+  auto span = [&](size_t i) { return std::min(chunk, bytes - i * chunk); };
+  auto reg = [&](size_t i) { check(cudaHostRegister(host + i * chunk, span(i), cudaHostRegisterPortable), "register"); };
+  auto copy = [&](size_t i) {
+    check(cudaMemcpyAsync(host + i * chunk, static_cast<char*>(device) + i * chunk, span(i), cudaMemcpyDeviceToHost,
+                          stream), "copy");
+  };
+  const double t = now();
+  if (how == 0) {
+    fault_in(host, bytes, threads);
+    for (size_t i = 0; i < chunks; ++i) reg(i);
+    for (size_t i = 0; i < chunks; ++i) copy(i);
+  } else if (how == 1) {
+    for (size_t i = 0; i < chunks; ++i) {
+      fault_in(host + i * chunk, span(i), threads);
+      reg(i);
+      copy(i);
+    }
+  } else if (how == 2) {
+    fault_in(host, span(0), threads);
+    for (size_t i = 0; i < chunks; ++i) {
+      std::thread ahead([&, i] { if (i + 1 < chunks) fault_in(host + (i + 1) * chunk, span(i + 1), threads); });
+      reg(i);
+      copy(i);
+      ahead.join();
+    }
+  } else {
+    std::vector<std::atomic<int>> ready(chunks);
+    std::vector<std::thread> workers;
+    for (int w = 0; w < threads; ++w) {
+      workers.emplace_back([&, w] {
+        for (size_t i = w; i < chunks; i += threads) {
+          fault_in(host + i * chunk, span(i), 1);
+          reg(i);
+          ready[i] = 1;
+        }
+      });
+    }
+    for (size_t i = 0; i < chunks; ++i) {
+      while (!ready[i]) std::this_thread::yield();
+      copy(i);
+    }
+    for (auto& w : workers) w.join();
+  }
+  check(cudaStreamSynchronize(stream), "sync");
+  const double seconds = now() - t;
+  for (size_t i = 0; i < chunks; ++i) check(cudaHostUnregister(host + i * chunk), "unregister");
+  munmap(host, bytes);
+  return seconds;
+}
+
+int first_offload_table(size_t gib, int threads, void* device, cudaStream_t stream) {
+  const size_t bytes = gib << 30;
+  // The split of pinning: faulting huge pages in on the threads, then registering them.
+  for (int round = 0; round < 2; ++round) {
+    char* host = map_huge(bytes);
+    double t = now();
+    fault_in(host, bytes, threads);
+    const double fault_s = now() - t;
+    t = now();
+    check(cudaHostRegister(host, bytes, cudaHostRegisterPortable), "register");
+    const double register_s = now() - t;
+    check(cudaHostUnregister(host), "unregister");
+    munmap(host, bytes);
+    std::printf("split, round %d: fault-in on %d threads %.3f s (%.1f GB/s), register %.3f s (%.1f GB/s)\n", round + 1,
+                threads, fault_s, bytes / fault_s / 1e9, register_s, bytes / register_s / 1e9);
+  }
+  const char* names[] = {"pin all, then copy (uvm today)", "per chunk: pin, copy", "per chunk, next chunk faulted in ahead",
+                         "threads pin chunks at once, copies as they are ready"};
+  std::printf("| how | chunk MiB | threads | seconds | GB/s end to end |\n|---|---|---|---|---|\n");
+  for (int round = 0; round < 2; ++round) {
+    for (int how = 0; how < 4; ++how) {
+      for (size_t chunk_mib : {64, 256, 1024}) {
+        if (how == 0 && chunk_mib != 1024) continue;
+        const double s = first_offload(how, bytes, chunk_mib << 20, threads, device, stream);
+        std::printf("| %s | %zu | %d | %.3f | %.1f |\n", names[how], chunk_mib, threads, s, bytes / s / 1e9);
+      }
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -87,6 +191,7 @@ int main(int argc, char** argv) {
   check(cudaMalloc(&device, bytes), "cudaMalloc");
   cudaStream_t stream;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  if (argc > 3 && std::string(argv[3]) == "first") return first_offload_table(gib, threads, device, stream);
   const unsigned reg = cudaHostRegisterPortable;
   auto registered = [&](bool huge, int fault_threads) {
     return [=]() -> void* {

@@ -240,6 +240,15 @@ class Method:
             self.flat.copy_(self.host, non_blocking=True)
 
 
+def wake_report(method_name: str) -> dict:
+    """uvm's own account of the wake just timed (uvm.last_move): seconds, bytes and GB/s per phase."""
+    if not method_name.startswith("uvm"):
+        return {}
+    import uvm
+    return {name: {"seconds": p["seconds"], "start": p["start"], "bytes": p["bytes"], "gbps": p["gbps"]}
+            for move in uvm.last_move() for name, p in move["phases"].items()}
+
+
 def child(method_name: str, pattern: str, cycles: int) -> dict:
     """One method, one pattern: build, first decode, then `cycles` sleep/claim/wake/decode cycles."""
     torch.cuda.set_device(0)
@@ -271,10 +280,12 @@ def child(method_name: str, pattern: str, cycles: int) -> dict:
             holder[0].fill_(1)  # the training step uses it
             del holder, pool
         wake_s = timed(method.wake)
+        wake_phases = wake_report(method_name)
         history, logits = decode(graph, cache, state)
         rows.append({"cycle": cycle, "sleep_s": sleep_s, "claim_s": claim_s, "wake_s": wake_s,
                      "cycle_s": sleep_s + claim_s + wake_s, "freed_visible_bytes": max(0, free_after - free_before),
-                     "identical": bool(torch.equal(history, reference[0]) and torch.equal(logits, reference[1]))})
+                     "identical": bool(torch.equal(history, reference[0]) and torch.equal(logits, reference[1])),
+                     "wake_phases": wake_phases})
     del ballast
     return {"method": method_name, "pattern": pattern, "weight_bytes": weight_bytes, "sleep_bytes": sleep_bytes,
             "tensors": len(list(model.parameters())), "cycles": rows}
@@ -299,7 +310,14 @@ def summarize(result: dict) -> dict:
             "sleep_gbps": gb / med["sleep_s"], "wake_gbps": gb / med["wake_s"],
             "first_sleep_gbps": gb / rows[0]["sleep_s"], "first_wake_gbps": gb / rows[0]["wake_s"],
             "freed_visible_gib": statistics.median(r["freed_visible_bytes"] for r in rows) / GiB,
-            "identical": all(r["identical"] for r in rows)}
+            "identical": all(r["identical"] for r in rows), "wake_phases": median_phases(steady)}
+
+
+def median_phases(rows: list[dict]) -> dict:
+    """Per wake phase, the median over `rows` of its seconds and GB/s (phases some cycle lacked too)."""
+    names = {name for r in rows for name in r.get("wake_phases", {})}
+    return {name: {key: statistics.median(r["wake_phases"][name][key] for r in rows if name in r["wake_phases"])
+                   for key in ("seconds", "start", "gbps")} for name in sorted(names)}
 
 
 def markdown(summaries: list[dict], env: dict, info: dict) -> str:
@@ -323,6 +341,19 @@ def markdown(summaries: list[dict], env: dict, info: dict) -> str:
                          f"{f['cycle_s']:.3f} ({f['sleep_s']:.3f} + {f['claim_s']:.3f} + {f['wake_s']:.3f}) | "
                          f"{s['freed_visible_gib']:.2f} GiB | {'yes' if s['identical'] else '**NO**'} |")
         lines.append("")
+        phased = [s for s in rows if s.get("wake_phases")]
+        if phased:
+            names = sorted({name for s in phased for name in s["wake_phases"]})
+            lines += [f"Wake of pattern {pattern}, phase by phase (`uvm.last_move()`, steady medians: starts "
+                      "after the call began, seconds, GB/s; phases overlap):", "",
+                      "| method | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+            for s in phased:
+                cells = []
+                for name in names:
+                    p = s["wake_phases"].get(name)
+                    cells.append(f"+{p['start'] * 1e3:.1f} ms, {p['seconds'] * 1e3:.1f} ms, {p['gbps']:.1f}" if p else "–")
+                lines.append(f"| {s['method']} | " + " | ".join(cells) + " |")
+            lines.append("")
     return "\n".join(lines)
 
 

@@ -11,6 +11,7 @@
 #include "ranges.hpp"
 #include "release.hpp"
 #include "streams.hpp"
+#include "trace.hpp"
 
 namespace uvm {
 
@@ -33,19 +34,23 @@ uvm_status check_discard_support(const Call& call, const std::vector<HintRange>&
 uvm_status discard_batch(const Call& call, const std::vector<HintRange>& ranges, cudaStream_t stream) {
   std::vector<void*> pointers;
   std::vector<size_t> sizes;
+  size_t bytes = 0;
   for (const HintRange& range : ranges) {
     if (range.releasable) continue;  // device memory: uvm releases it instead (release.hpp)
     pointers.push_back(reinterpret_cast<void*>(range.begin));
     sizes.push_back(range.end - range.begin);
+    bytes += sizes.back();
   }
   if (pointers.empty()) return UVM_OK;
 #if CUDART_VERSION >= 13000
   if (is_legacy_stream(stream)) {
     if (uvm_status s = ordering_stream(call, &stream)) return s;
   }
+  StreamPhase discarding(Phase::discard, stream);
   if (cudaError_t e = cudaMemDiscardBatchAsync(pointers.data(), sizes.data(), pointers.size(), 0, stream)) {
     return fail_cuda(call, e, "cudaMemDiscardBatchAsync(%zu ranges)", pointers.size());
   }
+  discarding.finish(bytes);
   return UVM_OK;
 #else
   (void)stream;
@@ -69,6 +74,8 @@ uvm_status discard(const Call& call, Resolve&& resolve, cudaStream_t stream) {
   if (uvm_status s = scope.enter(call, ranges.front().owner_device, ContextScope::When::only_if_none_current)) {
     return s;
   }
+  record_move_device(ranges.front().owner_device);
+  for (const HintRange& range : ranges) record_move_bytes(range.end - range.begin);
   if (uvm_status s = check_not_capturing(call, stream)) return s;
   if (is_legacy_stream(stream)) {
     if (uvm_status s = ordering_stream(call, &stream)) return s;
@@ -93,7 +100,8 @@ extern "C" {
 
 uvm_status uvm_discard(const void* ptr, size_t size, cudaStream_t stream) {
   const uvm::Call call = uvm::Call::of("uvm_discard").with_ptr(ptr).with_size(size);
-  return uvm::guarded(call, [&] {
+  uvm::MoveRecord record(call.name);
+  return record.done(uvm::guarded(call, [&] {
     if (size == 0) return UVM_OK;
     const auto resolve = [&](std::vector<uvm::HintRange>* resolved) {
       uvm::HintRange range;
@@ -102,17 +110,18 @@ uvm_status uvm_discard(const void* ptr, size_t size, cudaStream_t stream) {
       return UVM_OK;
     };
     return uvm::discard(call, resolve, stream);
-  });
+  }));
 }
 
 uvm_status uvm_discard_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream) {
   const uvm::Call call = uvm::Call::of("uvm_discard_ranges").with_count(count);
-  return uvm::guarded(call, [&] {
+  uvm::MoveRecord record(call.name);
+  return record.done(uvm::guarded(call, [&] {
     const auto resolve = [&](std::vector<uvm::HintRange>* resolved) {
       return uvm::resolve_ranges(call, ranges, count, resolved);
     };
     return uvm::discard(call, resolve, stream);
-  });
+  }));
 }
 
 }  // extern "C"

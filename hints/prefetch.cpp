@@ -7,11 +7,14 @@
 #include "accounting.hpp"
 #include "order.hpp"
 #include "ranges.hpp"
+#include "trace.hpp"
 
 namespace uvm {
 
 uvm_status prefetch_each(const Call& call, const std::vector<HintRange>& ranges, int location,
                          cudaStream_t stream) {
+  StreamPhase migrating(Phase::migrate, stream);
+  size_t bytes = 0;
   for (const HintRange& range : ranges) {
     const void* ptr = reinterpret_cast<const void*>(range.begin);
     const size_t size = range.end - range.begin;
@@ -19,7 +22,9 @@ uvm_status prefetch_each(const Call& call, const std::vector<HintRange>& ranges,
       return fail_cuda(call, e, "cudaMemPrefetchAsync(%p, %zu bytes)", ptr, size);
     }
     account_move(range, location == UVM_LOCATION_CPU ? Move::to_host : Move::to_device, 1);
+    bytes += size;
   }
+  migrating.finish(bytes);
   return UVM_OK;
 }
 
@@ -39,6 +44,8 @@ uvm_status issue(const Call& call, const std::vector<HintRange>& ranges, int loc
   const int deciding = deciding_device(location, ranges.front());
   ContextScope scope;
   if (uvm_status s = scope.enter(call, deciding, ContextScope::When::only_if_none_current)) return s;
+  record_move_device(deciding);
+  for (const HintRange& range : ranges) record_move_bytes(range.end - range.begin);
   if (uvm_status s = check_not_capturing(call, stream)) return s;
   // A prefetch to the CPU of bytes an onload is still copying back on uvm's streams would drop
   // them (the driver still counts them as discarded): wait for the last move of each allocation.
@@ -71,15 +78,15 @@ extern "C" {
 
 uvm_status uvm_prefetch(const void* ptr, size_t size, int device, cudaStream_t stream) {
   const uvm::Call call = uvm::Call::of("uvm_prefetch").with_ptr(ptr).with_size(size).with_location(device);
-  return uvm::guarded(call, [&] { return uvm::prefetch(call, ptr, size, device, stream); });
+  uvm::MoveRecord record(call.name);
+  return record.done(uvm::guarded(call, [&] { return uvm::prefetch(call, ptr, size, device, stream); }));
 }
 
 uvm_status uvm_prefetch_ranges(const uvm_range* ranges, size_t count, int device,
                                cudaStream_t stream) {
   const uvm::Call call = uvm::Call::of("uvm_prefetch_ranges").with_count(count).with_location(device);
-  return uvm::guarded(call, [&] {
-    return uvm::prefetch_ranges(call, ranges, count, device, stream);
-  });
+  uvm::MoveRecord record(call.name);
+  return record.done(uvm::guarded(call, [&] { return uvm::prefetch_ranges(call, ranges, count, device, stream); }));
 }
 
 }  // extern "C"

@@ -2,10 +2,17 @@
 
 #include <set>
 
+#include "../alloc/registry.hpp"
 #include "../alloc/vmm.hpp"
+#include "trace.hpp"
 
 namespace uvm {
 namespace {
+
+size_t allocation_size(uintptr_t base) {
+  AllocationView found;
+  return registry().find(reinterpret_cast<const void*>(base), &found) ? found.size : 0;
+}
 
 std::set<uintptr_t> releasable_allocations(const std::vector<HintRange>& ranges) {
   std::set<uintptr_t> found;
@@ -24,6 +31,7 @@ uvm_status release_emptied(const Call& call, const std::vector<HintRange>& range
     if (!vmm_mapped(base) || !registry().all_off_device(base)) continue;
     // Its own copies, when they are known (the later ones keep running meanwhile), else the stream.
     auto copies = done.find(base);
+    HostPhase waiting(Phase::wait);
     const bool own = copies != done.end() && copies->second &&
                      clear_cuda_error(cudaEventSynchronize(copies->second->handle)) == cudaSuccess;
     if (!own && !stream_done) {
@@ -33,7 +41,10 @@ uvm_status release_emptied(const Call& call, const std::vector<HintRange>& range
       }
       stream_done = true;
     }
+    waiting.finish(0);
+    HostPhase releasing(Phase::release);
     if (uvm_status s = vmm_release_physical(call, base)) return s;
+    releasing.finish(allocation_size(base));
     registry().set_released(base, true);
   }
   return UVM_OK;
@@ -41,7 +52,9 @@ uvm_status release_emptied(const Call& call, const std::vector<HintRange>& range
 
 uvm_status restore_one(const Call& call, uintptr_t base) {
   if (vmm_mapped(base)) return UVM_OK;
+  HostPhase mapping(Phase::map);
   if (uvm_status s = vmm_restore_physical(call, base)) return s;
+  mapping.finish(allocation_size(base));
   registry().set_released(base, false);
   return UVM_OK;
 }

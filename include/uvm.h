@@ -3,7 +3,7 @@
  * The whole library on one page, in the order of its folders:
  *   status and errors · allocation and tags (alloc/) · registry queries · limits · stats ·
  *   capabilities · hints (hints/): prefetch, ranges, advise, discard · offload and onload ·
- *   residency queries.
+ *   residency queries · move reports and tracing.
  *
  * Conventions
  * - Every entry is thread-safe and never lets a C++ exception escape. Calls that move memory
@@ -380,6 +380,49 @@ UVM_API const char* uvm_tag_name(size_t index);
  * be NULL. */
 UVM_API uvm_status uvm_query_location(const void* ptr, size_t size, int* preferred_location,
                                       int* last_prefetch_location);
+
+/* ------------------------------------------------------------------------------------------------
+ * Move reports and tracing — what each move spent where, for when a sleep or wake is slow
+ * ---------------------------------------------------------------------------------------------- */
+
+/* One phase of a move. Phases on a stream are timed with CUDA events, phases on the host with the
+ * host clock; phases overlap (the next allocation's mapping runs beside the copies before it). */
+typedef struct uvm_move_phase {
+  const char* name;    /* "pin" (staging memory), "wait" (host waits for copies), "copy", "discard",
+                          "release" and "map" (physical memory of releasable allocations),
+                          "populate" (an onload's page population), "migrate" (a prefetch) */
+  size_t bytes;        /* bytes it moved or handled (0 for waits) */
+  uint32_t operations; /* timed operations: a batch of copies, a chunk, an allocation, a driver call */
+  double start;        /* seconds from the call's start to its first operation's start */
+  double seconds;      /* from its first operation's start to its last one's end */
+} uvm_move_phase;
+
+#define UVM_MOVE_PHASES 8
+
+/* A move call (prefetch, offload, onload, discard) phase by phase. */
+typedef struct uvm_move_report {
+  const char* call;     /* the entry, e.g. "uvm_offload_ranges"; NULL when there is no move to report */
+  int device;           /* the device it ran on */
+  uvm_status status;    /* what it returned */
+  size_t bytes;         /* bytes it moved */
+  double seconds;       /* from the call's start to the end of its last phase (on the GPU too) */
+  double host_seconds;  /* how long the call itself took to return */
+  size_t phase_count;
+  uvm_move_phase phases[UVM_MOVE_PHASES]; /* in order of start */
+} uvm_move_report;
+
+/* The last move this thread made on `device` (UVM_ANY_DEVICE: on any device), once its work on the
+ * GPU is done (waits for it). A move that failed before reaching a device is not recorded. With no
+ * such move, `report->call` is NULL. Recording costs two CUDA events a phase (an onload chunk has
+ * three phases). Moves are also marked as NVTX ranges (domain "uvm") for Nsight Systems. */
+UVM_API uvm_status uvm_last_move(int device, uvm_move_report* report);
+
+/* With env UVM_TRACE=<file> ("%p" in it becomes the process id), every move's phases are written
+ * there as Chrome trace events (chrome://tracing, ui.perfetto.dev) once their GPU work is done; the
+ * file is valid JSON after every write. Flush waits for the moves still running and writes them:
+ * call it before the process exits (the Python shim does, at exit). UVM_ERROR_INVALID_ARGUMENT if
+ * the file cannot be written; UVM_OK without UVM_TRACE. */
+UVM_API uvm_status uvm_trace_flush(void);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -9,6 +9,7 @@
 #include "../hints/order.hpp"
 #include "../hints/prefetch.hpp"
 #include "../hints/release.hpp"
+#include "../hints/trace.hpp"
 #include "move_target.hpp"
 #include "plan.hpp"
 #include "staging.hpp"
@@ -91,16 +92,20 @@ uvm_status offload_staged(const Call& call, const std::vector<HintRange>& pieces
       return give_up(fail_cuda(call, e, "cudaStreamWaitEvent (staging memory still being read)"));
     }
   }
+  StreamPhase copies(Phase::copy, stream);
+  size_t copied_bytes = 0;
   for (size_t i = 0; i < pieces.size(); ++i) {
     const void* ptr = reinterpret_cast<const void*>(spans[i].begin);
     if (cudaError_t e = cudaMemcpyAsync(reserved.hosts[i], ptr, spans[i].size(), cudaMemcpyDefault, stream)) {
       return give_up(fail_cuda(call, e, "cudaMemcpyAsync(%p → pinned staging, %zu bytes)", ptr, spans[i].size()));
     }
+    copied_bytes += spans[i].size();
     const bool last_of_allocation = i + 1 == pieces.size() || pieces[i + 1].allocation != pieces[i].allocation;
     if (pieces[i].releasable && last_of_allocation) {
       if (EventRef copied = try_record(stream)) (*done)[pieces[i].allocation] = copied;
     }
   }
+  copies.finish(copied_bytes);
   if (uvm_status s = discard_batch(call, pieces, stream)) return give_up(s);
   // Issued in stream order, the copies come before the discard: from here on the host copy is all
   // there is of these bytes, so it is kept even if waiting for it fails.
@@ -118,6 +123,7 @@ uvm_status issue_offload(const Call& call, const MoveTarget& target, const Offlo
                          const Reservation& reserved, cudaStream_t stream) {
   std::vector<HintRange> all = pieces.staged;
   all.insert(all.end(), pieces.migrated.begin(), pieces.migrated.end());
+  for (const HintRange& piece : all) record_move_bytes(piece.end - piece.begin);
   if (uvm_status s = wait_for_moves(call, all, stream)) {
     staging().cancel(reserved.spans, reserved.hosts);
     return s;
@@ -143,6 +149,7 @@ uvm_status offload(const Call& call, const uvm_range* ranges, size_t count, int 
   ContextScope scope;
   if (uvm_status s = enter_device(call, target.device, stream, &scope)) return s;
   const int device = target.device;
+  record_move_device(device);
   const uvm_strategy strategy = choose_strategy(static_cast<uvm_strategy>(requested), target.caps.discard_supported);
   const bool staging_wanted = strategy == UVM_STRATEGY_STAGED;
   for (;;) {
@@ -179,5 +186,7 @@ uvm_status offload(const Call& call, const uvm_range* ranges, size_t count, int 
 extern "C" uvm_status uvm_offload_ranges(const uvm_range* ranges, size_t count, uvm_strategy strategy,
                                          cudaStream_t stream) {
   const uvm::Call call = uvm::Call::of("uvm_offload_ranges").with_count(count);
-  return uvm::guarded(call, [&] { return uvm::offload(call, ranges, count, uvm::raw_enum(strategy), stream); });
+  uvm::MoveRecord record(call.name);
+  return record.done(
+      uvm::guarded(call, [&] { return uvm::offload(call, ranges, count, uvm::raw_enum(strategy), stream); }));
 }

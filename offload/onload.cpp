@@ -12,6 +12,7 @@
 #include "../hints/prefetch.hpp"
 #include "../hints/release.hpp"
 #include "../hints/streams.hpp"
+#include "../hints/trace.hpp"
 #include "move_target.hpp"
 #include "plan.hpp"
 #include "staging.hpp"
@@ -72,24 +73,36 @@ uvm_status start_workers(const Call& call, const std::vector<StagedWork>& work, 
 //   moves nothing and costs no bandwidth.
 //
 // A chunk of releasable memory (device memory, mapped before the onload) is only copied.
-uvm_status copy_chunk(const Call& call, int device, const OnloadChunk& chunk, bool managed, cudaStream_t worker) {
+// `lane` names the worker in move reports and traces.
+uvm_status copy_chunk(const Call& call, int device, const OnloadChunk& chunk, bool managed, cudaStream_t worker,
+                      int lane) {
   void* populate = reinterpret_cast<void*>(chunk.populate.begin);
-  const cudaError_t populated = managed ? prefetch_to(populate, chunk.populate.size(), device, worker) : cudaSuccess;
-  if (cudaError_t e = populated) {
-    return fail_cuda(call, e, "cudaMemPrefetchAsync(%p, %zu bytes) populating before the copy", populate,
-                     chunk.populate.size());
+  StreamPhase phase(managed ? Phase::populate : Phase::copy, worker, lane);
+  if (managed) {
+    if (cudaError_t e = prefetch_to(populate, chunk.populate.size(), device, worker)) {
+      return fail_cuda(call, e, "cudaMemPrefetchAsync(%p, %zu bytes) populating before the copy", populate,
+                       chunk.populate.size());
+    }
+    phase.next(Phase::copy, chunk.populate.size());
   }
+  size_t copied = 0;
   for (const CopyPiece& copy : chunk.copies) {
     void* ptr = reinterpret_cast<void*>(copy.span.begin);
     if (cudaError_t e = cudaMemcpyAsync(ptr, copy.host, copy.span.size(), cudaMemcpyDefault, worker)) {
       return fail_cuda(call, e, "cudaMemcpyAsync(pinned staging → %p, %zu bytes)", ptr, copy.span.size());
     }
+    copied += copy.span.size();
   }
-  if (!managed) return UVM_OK;
+  if (!managed) {
+    phase.finish(copied);
+    return UVM_OK;
+  }
+  phase.next(Phase::populate, copied);  // the prefetch after: moves nothing once the pages hold the data
   if (cudaError_t e = prefetch_to(populate, chunk.populate.size(), device, worker)) {
     return fail_cuda(call, e, "cudaMemPrefetchAsync(%p, %zu bytes) undoing the discard after the copy", populate,
                      chunk.populate.size());
   }
+  phase.finish(0);
   return UVM_OK;
 }
 
@@ -111,7 +124,8 @@ uvm_status issue_chunks(const Call& call, int device, const std::vector<StagedWo
     if (!managed) {
       if (uvm_status s = restore_one(call, allocation)) return s;
     }
-    if (uvm_status s = copy_chunk(call, device, chunks[c], managed, workers->streams[c % workers->count])) return s;
+    const int worker = static_cast<int>(c % workers->count);
+    if (uvm_status s = copy_chunk(call, device, chunks[c], managed, workers->streams[worker], worker + 1)) return s;
     if (managed) *prefetches += 2;
   }
   return UVM_OK;
@@ -183,6 +197,7 @@ uvm_status onload(const Call& call, const uvm_range* ranges, size_t count, cudaS
   if (target.merged.empty()) return UVM_OK;
   ContextScope scope;
   if (uvm_status s = enter_device(call, target.device, stream, &scope)) return s;
+  record_move_device(target.device);
   const auto moves = lock_moves();
   if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;  // freed meanwhile?
   if (target.merged.empty()) return UVM_OK;
@@ -190,6 +205,7 @@ uvm_status onload(const Call& call, const uvm_range* ranges, size_t count, cudaS
   std::vector<StagedWork> staged;
   std::vector<HintRange> migrated;
   split_staged(target.merged, &staged, &migrated);
+  for (const HintRange& range : target.merged) record_move_bytes(range.end - range.begin);
   if (!staged.empty()) {
     if (uvm_status s = copy_back(call, target.device, staged, stream)) return s;
   }
@@ -211,5 +227,6 @@ uvm_status onload(const Call& call, const uvm_range* ranges, size_t count, cudaS
 
 extern "C" uvm_status uvm_onload_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream) {
   const uvm::Call call = uvm::Call::of("uvm_onload_ranges").with_count(count);
-  return uvm::guarded(call, [&] { return uvm::onload(call, ranges, count, stream); });
+  uvm::MoveRecord record(call.name);
+  return record.done(uvm::guarded(call, [&] { return uvm::onload(call, ranges, count, stream); }));
 }

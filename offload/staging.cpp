@@ -4,6 +4,7 @@
 
 #include "../alloc/devices.hpp"
 #include "../alloc/moves.hpp"
+#include "../hints/trace.hpp"
 #include "pinned.hpp"
 
 namespace uvm {
@@ -44,7 +45,9 @@ size_t Staging::unplaced_bytes(const std::vector<Span>& spans) const {
 uvm_status Staging::new_block(const Call& call, size_t bytes, std::shared_ptr<Block>* out) {
   auto block = std::make_shared<Block>();
   PinnedMemory memory;
+  HostPhase pinning(Phase::pin);
   if (uvm_status s = pin_host_memory(call, std::max(kMinBlockBytes, bytes), configured_pinned_kind(), &memory)) return s;
+  pinning.finish(memory.bytes);
   block->host = memory.host;
   block->capacity = memory.bytes;
   block->pinned = memory.kind;

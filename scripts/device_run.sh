@@ -8,6 +8,7 @@
 #                                when .deps/cuda-12.8 is there: scripts/fetch_cuda12.sh)
 #   MULTI_GPU=1                  runs tests/multi_gpu/run.sh (2+ GPUs)
 #   PROBE=1                      runs bench/transfer_probe.cu with PROBE_ARGS (default "4096 2")
+#   PINNED_PROBE="4 8 [first]"  runs bench/pinned_probe.cpp with those arguments
 #   JIT_BENCH=1                  runs the JIT build benchmark
 #   PEERS=1                      runs torch_memory_saver's examples on uvm.memory_saver
 #                                (tests/peers/run_tms_examples.sh) and the Megatron-Core harness
@@ -98,6 +99,13 @@ fi
 if [ "${JIT_BENCH:-0}" = 1 ]; then
   echo "== JIT build bench"
   PYTHONPATH=python_shim python3 bench/jit_bench.py
+fi
+
+if [ -n "${PINNED_PROBE:-}" ]; then
+  echo "== pinned memory probe ($PINNED_PROBE)"
+  g++ -O2 -std=c++17 bench/pinned_probe.cpp -I"${CUDA_HOME:-/usr/local/cuda}/include" \
+    -L"${CUDA_HOME:-/usr/local/cuda}/lib64" -lcudart -lpthread -o "$build/pinned_probe" &&
+    "$build/pinned_probe" $PINNED_PROBE | tee "$OUT/pinned_probe.txt" || status=1
 fi
 
 if [ "${RL_BENCH:-0}" = 1 ]; then

@@ -129,6 +129,49 @@ def release_staging() -> None:
     _lib.check(_get_ctypes_lib().uvm_release_staging())
 
 
+def last_move(device=None) -> list[dict]:
+    """What the last move this thread made (offload, onload, discard, prefetch) spent where, once its
+    GPU work is done (waits for it): one dict per device it ran on (or for `device` only) with
+    call, device, status, bytes, seconds (to the end of its GPU work), host_seconds (until the call
+    returned), gbps, and phases: {name: {bytes, operations, start, seconds, gbps}} in order of start
+    ("pin", "wait", "copy", "discard", "release", "map", "populate", "migrate"; phases overlap).
+    [] if there is none. With env UVM_TRACE=<file>, every move is also written there as a Chrome
+    trace (chrome://tracing, ui.perfetto.dev); Nsight Systems shows them as NVTX ranges."""
+    lib = _get_ctypes_lib()
+    if device is not None:
+        devices = [_lib.device_ordinal(device)]
+    else:
+        devices = _lib.last_moved_devices() or [_lib.UVM_ANY_DEVICE]
+    reports = []
+    for index in devices:
+        report = _lib.MoveReport()
+        _lib.check(lib.uvm_last_move(index, ctypes.byref(report)))
+        if report.call:
+            reports.append(_move_dict(report))
+    return reports
+
+
+def _gbps(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds / 1e9 if seconds > 0 else 0.0
+
+
+def _move_dict(report) -> dict:
+    phases = {}
+    for phase in report.phases[:report.phase_count]:
+        phases[phase.name.decode()] = {"bytes": phase.bytes, "operations": phase.operations, "start": phase.start,
+                                       "seconds": phase.seconds, "gbps": _gbps(phase.bytes, phase.seconds)}
+    return {"call": report.call.decode(), "device": report.device,
+            "status": _get_ctypes_lib().uvm_status_string(report.status).decode(), "bytes": report.bytes,
+            "seconds": report.seconds, "host_seconds": report.host_seconds,
+            "gbps": _gbps(report.bytes, report.seconds), "phases": phases}
+
+
+def trace_flush() -> None:
+    """Writes every move recorded so far to the UVM_TRACE file, waiting for the GPU work still running
+    (done at exit too). Nothing to do without UVM_TRACE."""
+    _lib.check(_get_ctypes_lib().uvm_trace_flush())
+
+
 __all__ = [
     "CompilationState", "UnifiedMemoryUnsupportedError", "UnifiedMemoryCompileTimeoutError",
     "compile_allocator", "create_unified_mempool", "create_releasable_mempool", "prefetch_managed_tensor",
@@ -136,5 +179,5 @@ __all__ = [
     "prefetch_managed_module_parameters", "advise_managed_module_parameters_preferred_location",
     "discard_managed_tensor", "where", "stats", "set_limit", "library", "UVM_LOCATION_CPU",
     "UVM_LOCATION_NONE", "offload", "onload", "discard", "tag", "tags", "residency", "staging",
-    "release_staging", "reserve_staging", "mem_get_info",
+    "release_staging", "reserve_staging", "mem_get_info", "last_move", "trace_flush",
 ]

@@ -2,7 +2,9 @@
 becomes uvm's int, and the one place a status becomes a Python exception."""
 from __future__ import annotations
 
+import atexit
 import ctypes
+import os
 import threading
 
 from . import _build
@@ -52,6 +54,20 @@ class Residency(ctypes.Structure):
                 ("released_bytes", ctypes.c_size_t)]
 
 
+class MovePhase(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("bytes", ctypes.c_size_t), ("operations", ctypes.c_uint32),
+                ("start", ctypes.c_double), ("seconds", ctypes.c_double)]
+
+
+UVM_MOVE_PHASES = 8
+
+
+class MoveReport(ctypes.Structure):
+    _fields_ = [("call", ctypes.c_char_p), ("device", ctypes.c_int), ("status", ctypes.c_int),
+                ("bytes", ctypes.c_size_t), ("seconds", ctypes.c_double), ("host_seconds", ctypes.c_double),
+                ("phase_count", ctypes.c_size_t), ("phases", MovePhase * UVM_MOVE_PHASES)]
+
+
 _size, _int, _ptr, _stream = ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p
 SIGNATURES = {
     "uvm_status_string": (ctypes.c_char_p, [_int]),
@@ -94,6 +110,8 @@ SIGNATURES = {
     "uvm_tag_count": (_size, []),
     "uvm_tag_name": (ctypes.c_char_p, [_size]),
     "uvm_query_location": (_int, [_ptr, _size, ctypes.POINTER(_int), ctypes.POINTER(_int)]),
+    "uvm_last_move": (_int, [_int, ctypes.POINTER(MoveReport)]),
+    "uvm_trace_flush": (_int, []),
 }
 
 _ctypes_lib: ctypes.CDLL | None = None
@@ -123,6 +141,8 @@ def load(path: str) -> ctypes.CDLL:
                 function = getattr(lib, name)
                 function.restype, function.argtypes = restype, argtypes
             _ctypes_lib, _so_path = lib, path
+            if os.environ.get("UVM_TRACE"):
+                atexit.register(lib.uvm_trace_flush)  # moves whose GPU work was still running
         return _ctypes_lib
 
 
@@ -157,6 +177,19 @@ def device_ordinal(device, *, cpu: bool = False) -> int:
         return int(index) if index else device_ordinal(None)
     allowed = "a CUDA device or 'cpu'" if cpu else "a CUDA device"
     raise ValueError(f"device must be {allowed} (an int, 'cuda:N' or a torch.device), not {device!r}")
+
+
+# The devices the last move through the Python API ran on, per thread (None: one C call, whose
+# report uvm_last_move(UVM_ANY_DEVICE) gives), for uvm.last_move().
+_moved = threading.local()
+
+
+def note_moved(devices: list[int] | None) -> None:
+    _moved.devices = devices
+
+
+def last_moved_devices() -> list[int] | None:
+    return getattr(_moved, "devices", None)
 
 
 _EXCEPTIONS = {

@@ -136,6 +136,7 @@ def _tensor_call(entry, tensor, *args, stream=_NO_STREAM) -> None:
     ptr, size = found[1]
     if stream is not _NO_STREAM:
         args += (_stream_handle(stream, tensor.device.index),)
+        _lib.note_moved(None)  # a move (prefetch, discard): one C call
     status = entry(ptr, size, *args)
     if status != _lib.UVM_OK:
         about = f"tensor of shape {tuple(tensor.shape)} and dtype {tensor.dtype} at 0x{ptr:x}"
@@ -235,6 +236,7 @@ def prefetch_managed_module_parameters(module, *, device, include_buffers: bool 
     spans = list(named)
     ranges = (_lib.Range * len(spans))(*[_lib.Range(ptr, size) for ptr, size in spans])
     lib = _lib._get_ctypes_lib()
+    _lib.note_moved(None)
     status = lib.uvm_prefetch_ranges(ranges, len(spans), _lib.device_ordinal(device, cpu=True),
                                      _stream_handle(stream, torch.cuda.current_device()))
     _check_batch(status, spans, list(named.values()))
@@ -320,7 +322,9 @@ def _ranges_by_device(obj, include_buffers: bool, into: dict | None = None) -> d
 def _move(entry, obj, stream, include_buffers: bool, *extra) -> int:
     """Calls the batched C `entry` once per device that owns part of `obj`, on that device's stream."""
     moved = 0
-    for device, named in _ranges_by_device(obj, include_buffers).items():
+    by_device = _ranges_by_device(obj, include_buffers)
+    _lib.note_moved(list(by_device))
+    for device, named in by_device.items():
         spans = list(named)
         ranges = (_lib.Range * len(spans))(*[_lib.Range(ptr, size) for ptr, size in spans])
         status = entry(ranges, len(spans), *extra, _stream_handle(stream, device))

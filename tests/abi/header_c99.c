@@ -15,6 +15,12 @@ static int failures = 0;
     }                                                                  \
   } while (0)
 
+/* The layouts the Python shim declares (tests/python/test_surface.py), on LP64. */
+#if defined(__LP64__)
+typedef char move_phase_is_40_bytes[sizeof(uvm_move_phase) == 40 ? 1 : -1];
+typedef char move_report_is_368_bytes[sizeof(uvm_move_report) == 368 ? 1 : -1];
+#endif
+
 int main(void) {
   uvm_range range;
   uvm_stats stats;
@@ -32,6 +38,12 @@ int main(void) {
   EXPECT(uvm_last_status() == UVM_OK);
   EXPECT(uvm_prefetch_ranges(&range, 1, 0, NULL) == UVM_OK);
   EXPECT(uvm_is_managed(&range) == 0);
+  {
+    uvm_move_report report;
+    EXPECT(uvm_last_move(UVM_ANY_DEVICE, &report) == UVM_OK);
+    EXPECT(report.call == NULL && report.phase_count == 0); /* no move made */
+    EXPECT(uvm_trace_flush() == UVM_OK);
+  }
 
   if (uvm_device_count() == 0) {
     printf("no GPU: checking the real library's no-device path\n");

@@ -37,8 +37,14 @@ enum class OpKind {
   prefetch, advise_preferred, advise_accessed_by, discard, malloc, free,
   copy_to_host, copy_to_device,  // ptr: the device side
   host_alloc, host_free, host_register, host_unregister, event_record, event_sync, wait_event,  // event ops: ptr is the event
-  stream_sync, device_sync, vmm_create, vmm_map, vmm_unmap
+  stream_sync, device_sync, vmm_create, vmm_map, vmm_unmap,
+  timing_mark  // a record of a timing event (cudaEventCreate); fail_next("cudaEventRecord(timing)") fails one
 };
+
+// How fast the virtual clock that timing events read says copies and prefetches run (every op
+// also takes a microsecond): 10 and 20 GB/s.
+constexpr double kCopyBytesPerMicrosecond = 10e3;
+constexpr double kPrefetchBytesPerMicrosecond = 20e3;
 
 // The kind's name, for failure messages.
 const char* name(OpKind kind);

@@ -58,6 +58,11 @@ struct World {
   std::map<void*, size_t> pinned;  // mmap'ed, so a 256 MiB block costs only the pages touched
   std::map<void*, size_t> registered;  // the caller's memory, pinned by cudaHostRegister
   std::set<cudaEvent_t> live_events;
+  // Events with timing (cudaEventCreate) and where each was recorded on a virtual clock, in
+  // microseconds, that every logged op advances (see advance()).
+  std::set<cudaEvent_t> timing_events;
+  std::map<cudaEvent_t, double> recorded_at;
+  double clock_us = 0;
   // Virtual memory management: reserved ranges (mmap'ed PROT_NONE until mapped) and physical
   // handles. Mapping fills the range with kFreshPhysical, as new physical memory holds no data.
   struct Reservation {
@@ -209,7 +214,19 @@ void update_discard(World& w, const void* ptr, size_t size, Change change, bool 
   for (size_t i = 0; i < size; ++i) change(state[begin - it->first + i], reinterpret_cast<char*>(begin + i));
 }
 
+// The virtual clock: a microsecond an op, plus the bytes a copy or prefetch moves at
+// fake::kCopyBytesPerMicrosecond / fake::kPrefetchBytesPerMicrosecond.
+void advance(World& w, fake::OpKind call, size_t size) {
+  w.clock_us += 1;
+  if (call == fake::OpKind::copy_to_host || call == fake::OpKind::copy_to_device) {
+    w.clock_us += static_cast<double>(size) / fake::kCopyBytesPerMicrosecond;
+  } else if (call == fake::OpKind::prefetch) {
+    w.clock_us += static_cast<double>(size) / fake::kPrefetchBytesPerMicrosecond;
+  }
+}
+
 void log(World& w, fake::OpKind call, const void* ptr, size_t size, int location, cudaStream_t stream) {
+  advance(w, call, size);
   w.ops.push_back(fake::Op{call, ptr, size, location, stream, current_context});
 }
 
@@ -403,8 +420,8 @@ const char* name(OpKind kind) {
                                       "free", "copy:to_host", "copy:to_device", "host_alloc", "host_free",
                                       "host_register", "host_unregister",
                                       "event_record", "event_sync", "wait_event", "stream_sync", "device_sync",
-                                      "vmm_create", "vmm_map", "vmm_unmap"};
-  static_assert(sizeof names / sizeof names[0] == static_cast<size_t>(OpKind::vmm_unmap) + 1, "a name per kind");
+                                      "vmm_create", "vmm_map", "vmm_unmap", "timing_mark"};
+  static_assert(sizeof names / sizeof names[0] == static_cast<size_t>(OpKind::timing_mark) + 1, "a name per kind");
   return names[static_cast<size_t>(kind)];
 }
 
@@ -869,14 +886,41 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int) {
   return cudaSuccess;
 }
 
-cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+cudaError_t cudaEventCreate(cudaEvent_t* event) {
   World& w = world();
   std::lock_guard<std::mutex> lock(w.mutex);
   cudaError_t error;
-  if (injected(w, "cudaEventRecord", &error)) return error;
+  if (injected(w, "cudaEventCreate", &error)) return error;
+  ensure_context(w);
+  *event = reinterpret_cast<cudaEvent_t>(w.next_stream += 0x10);
+  w.live_events.insert(*event);
+  w.timing_events.insert(*event);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  const bool timing = w.timing_events.count(event) != 0;
+  cudaError_t error;
+  if (injected(w, timing ? "cudaEventRecord(timing)" : "cudaEventRecord", &error)) return error;
   ensure_context(w);
   if (!w.live_events.count(event)) return set_error(cudaErrorInvalidResourceHandle);
-  log(w, fake::OpKind::event_record, event, 0, -2, stream);
+  log(w, timing ? fake::OpKind::timing_mark : fake::OpKind::event_record, event, 0, -2, stream);
+  w.recorded_at[event] = w.clock_us;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  cudaError_t error;
+  if (injected(w, "cudaEventElapsedTime", &error)) return error;
+  if (!w.timing_events.count(start) || !w.timing_events.count(end) || !w.recorded_at.count(start) ||
+      !w.recorded_at.count(end)) {
+    return set_error(cudaErrorInvalidResourceHandle);
+  }
+  *ms = static_cast<float>((w.recorded_at[end] - w.recorded_at[start]) / 1e3);
   return cudaSuccess;
 }
 
@@ -900,6 +944,8 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
   World& w = world();
   std::lock_guard<std::mutex> lock(w.mutex);
+  w.timing_events.erase(event);
+  w.recorded_at.erase(event);
   return w.live_events.erase(event) ? cudaSuccess : set_error(cudaErrorInvalidResourceHandle);
 }
 

@@ -216,3 +216,90 @@ TEST_CASE("threads moving the same ranges on their own streams lose nothing", "[
   CHECK(matches(m, expected));
   CHECK(cudaPeekAtLastError() == cudaSuccess);
 }
+
+namespace {
+
+const uvm_move_phase* phase_named(const uvm_move_report& report, const char* name) {
+  for (size_t i = 0; i < report.phase_count; ++i) {
+    if (std::string(report.phases[i].name) == name) return &report.phases[i];
+  }
+  return nullptr;
+}
+
+// A report's phases, for a failure message.
+std::string describe(const uvm_move_report& report) {
+  std::string text = std::string(report.call ? report.call : "(none)") + " " + std::to_string(report.bytes) +
+                     " bytes in " + std::to_string(report.seconds) + " s:";
+  for (size_t i = 0; i < report.phase_count; ++i) {
+    const uvm_move_phase& p = report.phases[i];
+    text += std::string(" ") + p.name + " " + std::to_string(p.bytes) + " B at +" + std::to_string(p.start) +
+            " s for " + std::to_string(p.seconds) + " s;";
+  }
+  return text;
+}
+
+// Timed on the GPU and placed on the host clock: each phase inside the call's span, copies at a
+// speed a PCIe or C2C link can have.
+void check_timeline(const uvm_move_report& report, const char* copy_phase, size_t bytes) {
+  INFO(describe(report));
+  REQUIRE(report.status == UVM_OK);
+  CHECK(report.bytes == bytes);
+  CHECK(report.host_seconds > 0);
+  CHECK(report.seconds >= report.host_seconds);
+  for (size_t i = 0; i < report.phase_count; ++i) {
+    CHECK(report.phases[i].start >= -1e-3);  // the epoch's error is microseconds
+    CHECK(report.phases[i].start + report.phases[i].seconds <= report.seconds + 1e-3);
+  }
+  const uvm_move_phase* copy = phase_named(report, copy_phase);
+  REQUIRE(copy != nullptr);
+  CHECK(copy->bytes == bytes);
+  REQUIRE(copy->seconds > 0);
+  const double gbps = copy->bytes / copy->seconds / 1e9;
+  CHECK(gbps > 3);
+  CHECK(gbps < 1000);
+}
+
+}  // namespace
+
+TEST_CASE("each move reports its phases, timed on the GPU, and the data survives", "[gpu][offload][trace]") {
+  REQUIRE(gpu::concurrent_managed_access());
+  if (!discard_supported()) {
+    WARN("not run: staged offload needs CUDA 13 discard");
+    return;
+  }
+  Managed m(256 * MiB);
+  const auto expected = fill(m, 5);
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const uvm_range whole{m.ptr, m.size};
+  REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  uvm_move_report report{};
+  REQUIRE(uvm_last_move(0, &report) == UVM_OK);  // waits for the copies
+  check_timeline(report, "copy", m.size);
+  REQUIRE(phase_named(report, "discard") != nullptr);
+  CHECK(phase_named(report, "discard")->start >= phase_named(report, "copy")->start);
+
+  REQUIRE(uvm_onload_ranges(&whole, 1, stream) == UVM_OK);
+  REQUIRE(uvm_last_move(UVM_ANY_DEVICE, &report) == UVM_OK);
+  check_timeline(report, "copy", m.size);
+  REQUIRE(phase_named(report, "populate") != nullptr);
+  CHECK(phase_named(report, "populate")->bytes == m.size);
+  CUDA_REQUIRE(cudaStreamSynchronize(stream));
+  CHECK(matches(m, expected));
+
+  void* releasable = uvm_malloc_releasable(64 * MiB, 0, nullptr);
+  REQUIRE(releasable != nullptr);
+  const uvm_range all{releasable, 64 * MiB};
+  REQUIRE(uvm_offload_ranges(&all, 1, UVM_STRATEGY_AUTO, stream) == UVM_OK);
+  REQUIRE(uvm_last_move(0, &report) == UVM_OK);
+  check_timeline(report, "copy", 64 * MiB);
+  CHECK(phase_named(report, "release") != nullptr);
+  REQUIRE(uvm_onload_ranges(&all, 1, stream) == UVM_OK);
+  REQUIRE(uvm_last_move(0, &report) == UVM_OK);
+  check_timeline(report, "copy", 64 * MiB);
+  CHECK(phase_named(report, "map") != nullptr);
+  CUDA_REQUIRE(cudaStreamSynchronize(stream));
+  uvm_free(releasable, 64 * MiB, 0, nullptr);
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+}

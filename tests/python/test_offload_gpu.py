@@ -2,10 +2,11 @@
 (skipped with the reason otherwise). Managed memory stays far below 25 % of the card: the largest
 model here is 1 GiB."""
 import gc
+import json
 import sys
 
 import pytest
-from conftest import SHIM
+from conftest import SHIM, python
 
 sys.path.insert(0, str(SHIM))
 import uvm  # noqa: E402
@@ -170,3 +171,40 @@ def test_offload_refuses_plain_tensors_with_a_clear_error():
     with pytest.raises(TypeError, match="cannot find managed memory"):
         uvm.offload(3.5)
     torch.cuda.synchronize()  # no stale CUDA error left for torch
+
+
+def test_last_move_and_the_trace_file_show_every_phase(tmp_path):
+    """uvm.last_move() gives the phases of the last offload / onload, timed on the GPU; UVM_TRACE
+    gets them as Chrome trace events, written at exit (a process of its own: the file is named
+    once per process)."""
+    code = """
+import json, torch, uvm
+pool = uvm.create_releasable_mempool()
+with torch.cuda.use_mem_pool(pool):
+    tensors = [torch.full((n,), 3.0, device="cuda") for n in (64 << 20, 1 << 20, 12345)]
+uvm.offload(tensors)
+print(json.dumps(uvm.last_move()))
+uvm.onload(tensors)
+print(json.dumps(uvm.last_move()))
+assert all(bool((t == 3.0).all()) for t in tensors)
+"""
+    out = python(code, {"UVM_TRACE": str(tmp_path / "uvm-%p.json")}).stdout.strip().split("\n")
+    offload, onload = json.loads(out[-2]), json.loads(out[-1])
+    assert len(offload) == 1 and len(onload) == 1, out
+    offload, onload = offload[0], onload[0]
+    assert offload["call"] == "uvm_offload_ranges" and onload["call"] == "uvm_onload_ranges"
+    assert offload["status"] == "UVM_OK" and offload["device"] == torch.cuda.current_device()
+    for move, must in ((offload, {"copy", "release"}), (onload, {"map", "copy"})):
+        assert must <= set(move["phases"]), move
+        copy = move["phases"]["copy"]
+        assert copy["bytes"] == move["bytes"] >= (65 << 20) * 4, move
+        assert 3 < copy["gbps"] < 1000, move
+        assert move["seconds"] >= move["host_seconds"] > 0, move
+    [trace_file] = list(tmp_path.iterdir())
+    events = json.loads(trace_file.read_text())
+    calls = [e for e in events if e.get("cat") == "uvm" and e["name"].startswith("uvm_")]
+    assert [e["name"] for e in calls] == ["uvm_offload_ranges", "uvm_onload_ranges"], calls
+    copies = [e for e in events if e.get("name") == "copy"]
+    assert copies and all(e["dur"] > 0 and e["args"]["bytes"] > 0 for e in copies), copies
+    lanes = {e["args"]["name"] for e in events if e.get("ph") == "M"}
+    assert any(lane.startswith("GPU") for lane in lanes) and any(lane.startswith("host") for lane in lanes), lanes

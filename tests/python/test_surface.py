@@ -229,3 +229,18 @@ def test_device_arguments_refused_by_name(given, cpu, error):
     from uvm import _lib
     with pytest.raises(error, match="device"):
         _lib.device_ordinal(given, cpu=cpu)
+
+
+def test_last_move_is_empty_before_any_move_and_flush_is_harmless(tmp_path):
+    """No GPU needed: a thread that moved nothing has no report; the trace flush without UVM_TRACE
+    does nothing, and with it (and no move) writes no file."""
+    code = ("import uvm\nprint(uvm.last_move(), uvm.last_move(device=0))\nuvm.trace_flush()\n"
+            "import ctypes\nprint(ctypes.sizeof(uvm._lib.MoveReport), ctypes.sizeof(uvm._lib.MovePhase))")
+    out = python(code, {"UVM_TRACE": str(tmp_path / "trace-%p.json")}).stdout.split("\n")
+    assert out[0] == "[] []", out
+    # uvm.h's layout on LP64 (tests/abi/header_c99.c asserts the same sizes in C):
+    # 8 + 4 + 4 + 8 + 8 + 8 + 8, then 8 phases of 8 + 8 + 4 (+4 padding) + 8 + 8
+    assert out[1] == f"{48 + 8 * 40} 40", out
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(TypeError, match="not a bool"):
+        uvm.last_move(device=True)

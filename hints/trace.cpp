@@ -44,8 +44,26 @@ uint64_t nvtx_start(const char*) { return 0; }
 void nvtx_end(uint64_t) {}
 #endif
 
+// While alive, this thread may make the calls a capture in the global mode forbids (event queries,
+// measured to invalidate a capture on another stream on an H100): timing touches only uvm's own
+// events, never a capturing stream, so the relaxed mode is safe, and the caller's capture survives.
+class RelaxedCapture {
+ public:
+  RelaxedCapture() { changed_ = clear_cuda_error(cudaThreadExchangeStreamCaptureMode(&mode_)) == cudaSuccess; }
+  ~RelaxedCapture() {
+    if (changed_) clear_cuda_error(cudaThreadExchangeStreamCaptureMode(&mode_));
+  }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+  bool changed_ = false;
+};
+
 // A timing event (cudaEventCreate: timing is its default) recorded on `stream` now, or null.
 EventRef try_mark(cudaStream_t stream) {
+  const RelaxedCapture relaxed;
   auto event = std::make_shared<CudaEvent>();
   if (clear_cuda_error(cudaEventCreate(&event->handle)) != cudaSuccess) {
     event->handle = nullptr;
@@ -65,6 +83,7 @@ struct Epoch {
 class Epochs {
  public:
   Epoch of(int device) {
+    const RelaxedCapture relaxed;
     std::lock_guard<std::mutex> lock(mutex_);
     Epoch& epoch = epochs_[device];
     if (epoch.event && host_seconds() - epoch.host < kEpochLifetimeSeconds) return epoch;
@@ -242,6 +261,7 @@ StreamPhase::~StreamPhase() {
 }
 
 bool time_intervals(const MoveLog& log, bool wait, std::vector<TimedInterval>* out) {
+  const RelaxedCapture relaxed;
   out->clear();
   bool not_yet = false;
   for (const Interval& interval : log.intervals) {

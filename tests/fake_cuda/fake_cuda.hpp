@@ -77,8 +77,11 @@ void release_held();
 // Forgets the op log only.
 void reset_ops();
 
-// Marks a stream as being captured (cudaStreamIsCapturing reports Active).
+// Marks a stream as being captured in the global mode (cudaStreamIsCapturing reports Active).
+// While any is, event queries and waits from a thread whose capture mode is not relaxed
+// (cudaThreadExchangeStreamCaptureMode) fail and invalidate the capture, as on the driver.
 void set_capturing(cudaStream_t stream, bool capturing);
+bool capture_invalidated();
 
 // A distinct stream handle (never dereferenced).
 cudaStream_t make_stream();

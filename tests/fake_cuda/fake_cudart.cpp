@@ -52,7 +52,8 @@ struct World {
   std::vector<fake::Op> ops;
   std::vector<LocationRecord> preferred, prefetched;
   std::map<std::string, cudaError_t> injected;
-  std::set<cudaStream_t> capturing;
+  std::set<cudaStream_t> capturing;  // each in the global mode
+  bool capture_invalidated = false;
   bool context_created[kDeviceCount] = {};
   uintptr_t next_stream = 0x1000;
   std::map<void*, size_t> pinned;  // mmap'ed, so a 256 MiB block costs only the pages touched
@@ -87,6 +88,7 @@ std::string scenario() {
 thread_local int current_context = fake::kNoContext;
 thread_local int selected_device = 0;
 thread_local cudaError_t pending = cudaSuccess;
+thread_local cudaStreamCaptureMode capture_mode = cudaStreamCaptureModeGlobal;
 
 cudaError_t set_error(cudaError_t e) {
   if (e != cudaSuccess) pending = e;
@@ -440,6 +442,7 @@ void reset() {
   w.prefetched.clear();
   w.injected.clear();
   w.capturing.clear();
+  w.capture_invalidated = false;
   for (bool& created : w.context_created) created = false;
   pending = cudaSuccess;
 }
@@ -526,6 +529,11 @@ void set_thread_context(int device) {
     world().context_created[device] = true;
   }
 }
+bool capture_invalidated() {
+  std::lock_guard<std::mutex> lock(world().mutex);
+  return world().capture_invalidated;
+}
+
 bool context_created(int device) {
   std::lock_guard<std::mutex> lock(world().mutex);
   return world().context_created[device];
@@ -924,10 +932,24 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   return cudaSuccess;
 }
 
+// Like the driver under a global-mode capture: a query or wait, unsafe while any stream captures
+// unless this thread's mode is relaxed, fails and invalidates the capture.
+bool unsafe_during_capture(World& w) {
+  if (w.capturing.empty() || capture_mode == cudaStreamCaptureModeRelaxed) return false;
+  w.capture_invalidated = true;
+  return true;
+}
+
 cudaError_t cudaEventQuery(cudaEvent_t event) {
   World& w = world();
   std::lock_guard<std::mutex> lock(w.mutex);
+  if (unsafe_during_capture(w)) return set_error(cudaErrorStreamCaptureUnsupported);
   return w.live_events.count(event) ? cudaSuccess : set_error(cudaErrorInvalidResourceHandle);
+}
+
+cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
+  std::swap(*mode, capture_mode);
+  return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {

@@ -283,3 +283,21 @@ TEST_CASE("UVM_TRACE holds every move as a Chrome trace, valid JSON after each w
   CHECK(count(second, "},\n{") + 1 == count(second, "\"ph\":"));  // one event a line, comma-separated
   std::remove(path.c_str());
 }
+
+TEST_CASE("timing a move never invalidates a capture running on another stream", "[trace][capture]") {
+  // On the driver, an event query while any stream captures in the global mode invalidates that
+  // capture, unless the querying thread's mode is relaxed; a prefetch on the legacy stream beside
+  // a non-blocking stream's capture is legal, and its timing must not break the capture.
+  FakeMachine machine;
+  Managed m;
+  const uvm_range whole = m.whole();
+  cudaStream_t captured = fake::make_stream();
+  fake::set_capturing(captured, true);
+  REQUIRE(uvm_prefetch_ranges(&whole, 1, UVM_LOCATION_CPU, nullptr) == UVM_OK);
+  CHECK_FALSE(fake::capture_invalidated());
+  uvm_move_report report;
+  REQUIRE(uvm_last_move(0, &report) == UVM_OK);
+  CHECK_FALSE(fake::capture_invalidated());
+  CHECK(std::string(report.call) == "uvm_prefetch_ranges");
+  fake::set_capturing(captured, false);
+}

@@ -241,8 +241,9 @@ class Method:
 
 
 def wake_report(method_name: str) -> dict:
-    """uvm's own account of the wake just timed (uvm.last_move): seconds, bytes and GB/s per phase."""
-    if not method_name.startswith("uvm"):
+    """uvm's own account of the wake just timed (uvm.last_move): seconds, bytes and GB/s per phase.
+    Only for the native methods, whose wake is one onload (memory_saver's is one resume a tag)."""
+    if method_name not in ("uvm releasable", "uvm managed"):
         return {}
     import uvm
     return {name: {"seconds": p["seconds"], "start": p["start"], "bytes": p["bytes"], "gbps": p["gbps"]}

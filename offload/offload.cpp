@@ -25,7 +25,8 @@ struct OffloadPieces {
 
 // Only uvm's own allocations are staged, since a host copy must die with its memory and uvm cannot
 // see a cudaFree of memory it did not allocate. Releasable memory is not managed, so it is always
-// staged.
+// staged, in pieces of at most a pinning step, so that a first offload can copy a big tensor's
+// first steps while the rest of its staging memory is pinned.
 OffloadPieces pieces_to_move(const std::vector<HintRange>& merged, bool staging_wanted) {
   OffloadPieces pieces;
   for (const HintRange& range : merged) {
@@ -33,7 +34,13 @@ OffloadPieces pieces_to_move(const std::vector<HintRange>& merged, bool staging_
     std::vector<Span> staged_already;
     for (const StagedPiece& piece : staging().overlapping(range.begin, range.end)) staged_already.push_back(piece.span);
     for (const Span& span : subtract(Span{range.begin, range.end}, staged_already)) {
-      (stage ? pieces.staged : pieces.migrated).push_back(clipped(range, span));
+      if (!stage) {
+        pieces.migrated.push_back(clipped(range, span));
+        continue;
+      }
+      for (uintptr_t at = span.begin; at < span.end; at += std::min<uintptr_t>(kPinStepBytes, span.end - at)) {
+        pieces.staged.push_back(clipped(range, Span{at, std::min<uintptr_t>(span.end, at + kPinStepBytes)}));
+      }
     }
   }
   return pieces;
@@ -155,28 +162,41 @@ uvm_status offload(const Call& call, const uvm_range* ranges, size_t count, int 
   for (;;) {
     const Staging::RoomClaim claim(staging());  // the room made here stays until it is reserved
     if (uvm_status s = check_strategy_fits(call, requested, strategy, target)) return s;
-    // Pinned memory is allocated with no lock held (1.6–2.3 s for 4 GiB on an H200), so that it
-    // holds up no uvm_free or move on another thread.
+    // Pinned memory is allocated with no lock held, so that it holds up no uvm_free or move on
+    // another thread; a first offload's block is pinned in steps on a thread of its own, and each
+    // round below copies into the steps done while the rest is pinned.
     const std::vector<Span> wanted = spans_of(pieces_to_move(target.merged, staging_wanted).staged);
     if (!wanted.empty()) {
-      if (uvm_status s = staging().ensure_capacity(call, wanted)) return s;
+      if (uvm_status s = staging().ensure_capacity(call, wanted, true)) return s;
     }
-    const auto moves = lock_moves();
-    // Once more under the lock: an allocation may have been freed, or its bytes moved, meanwhile.
-    if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;
-    if (target.merged.empty()) return UVM_OK;
-    if (target.device != device) {
-      return fail(call, UVM_ERROR_INVALID_ARGUMENT, "the ranges were freed and reallocated on device %d meanwhile",
-                  target.device);
+    {
+      const auto moves = lock_moves();
+      // Once more under the lock: an allocation may have been freed, or its bytes moved, meanwhile.
+      if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;
+      if (target.merged.empty()) return UVM_OK;
+      if (target.device != device) {
+        return fail(call, UVM_ERROR_INVALID_ARGUMENT, "the ranges were freed and reallocated on device %d meanwhile",
+                    target.device);
+      }
+      if (uvm_status s = check_strategy_fits(call, requested, strategy, target)) return s;
+      const OffloadPieces pieces = pieces_to_move(target.merged, staging_wanted);
+      Reservation reserved;
+      reserved.spans = spans_of(pieces.staged);
+      const size_t placed =
+          reserved.spans.empty() ? 0 : staging().reserve_prefix(reserved.spans, &reserved.hosts, &reserved.reused);
+      if (placed == reserved.spans.size()) return issue_offload(call, target, pieces, reserved, stream);
+      if (placed > 0) {
+        // The steps pinned so far hold these: copy them now; the next round takes the rest.
+        OffloadPieces first;
+        first.staged.assign(pieces.staged.begin(), pieces.staged.begin() + static_cast<std::ptrdiff_t>(placed));
+        reserved.spans.resize(placed);
+        if (uvm_status s = issue_offload(call, target, first, reserved, stream)) return s;
+        continue;
+      }
     }
-    if (uvm_status s = check_strategy_fits(call, requested, strategy, target)) return s;
-    const OffloadPieces pieces = pieces_to_move(target.merged, staging_wanted);
-    Reservation reserved;
-    reserved.spans = spans_of(pieces.staged);
-    if (!reserved.spans.empty() && !staging().reserve(reserved.spans, &reserved.hosts, &reserved.reused)) {
-      continue;  // another offload took the room made for this one: grow again, with the lock let go
-    }
-    return issue_offload(call, target, pieces, reserved, stream);
+    // Nothing fits yet: wait for the pinning in progress; if there is none, another offload took
+    // the room made for this one: grow again, with the lock let go.
+    staging().wait_for_pinning();
   }
 }
 

@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include "../alloc/devices.hpp"
+
 namespace uvm {
 namespace {
 
@@ -38,22 +40,11 @@ void fault_in(char* host, size_t bytes) {
 
 // mmap + huge pages + fault-in + cudaHostRegister; null and the reason on failure (nothing left
 // mapped, no CUDA error pending).
+char* map_for_pinning(size_t bytes, std::string* why);
+
 char* register_pinned(size_t bytes, std::string* why) {
-  void* mapped = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (mapped == MAP_FAILED) {
-    *why = std::string("mmap: ") + std::strerror(errno);
-    return nullptr;
-  }
-  auto* host = static_cast<char*>(mapped);
-  (void)madvise(host, bytes, MADV_HUGEPAGE);  // a hint: without transparent huge pages it still works
-  // A child process (any fork: subprocess, DataLoader workers) must not inherit pinned pages: the
-  // kernel would copy every one of them at the fork, since pinned pages cannot be shared
-  // copy-on-write. cudaHostAlloc's memory is not inherited either.
-  if (madvise(host, bytes, MADV_DONTFORK) != 0) {
-    *why = std::string("madvise(MADV_DONTFORK): ") + std::strerror(errno);
-    munmap(host, bytes);
-    return nullptr;
-  }
+  char* host = map_for_pinning(bytes, why);
+  if (host == nullptr) return nullptr;
   fault_in(host, bytes);
   if (cudaError_t e = cudaHostRegister(host, bytes, cudaHostRegisterPortable)) {
     clear_cuda_error(e);
@@ -62,6 +53,60 @@ char* register_pinned(size_t bytes, std::string* why) {
     return nullptr;
   }
   return host;
+}
+
+// Maps `bytes` for pinning: huge pages advised, never inherited by a fork. Null and why on failure.
+char* map_for_pinning(size_t bytes, std::string* why) {
+  void* mapped = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mapped == MAP_FAILED) {
+    *why = std::string("mmap: ") + std::strerror(errno);
+    return nullptr;
+  }
+  auto* host = static_cast<char*>(mapped);
+  (void)madvise(host, bytes, MADV_HUGEPAGE);
+  if (madvise(host, bytes, MADV_DONTFORK) != 0) {
+    *why = std::string("madvise(MADV_DONTFORK): ") + std::strerror(errno);
+    munmap(host, bytes);
+    return nullptr;
+  }
+  return host;
+}
+
+// The pinning thread: step by step, the next step faulted in on other threads while this one is
+// registered (measured: fault-in 23–33 GB/s and registration 29–38 GB/s for 4 GiB on an H100, so
+// overlapping them nearly halves the pinning).
+void pin_steps(char* host, size_t bytes, int device, std::shared_ptr<StepPinning> progress) {
+  ContextScope scope;
+  std::string failure;
+  if (scope.enter(Call::of("uvm_offload_ranges (pinning staging memory)"), device,
+                  ContextScope::When::only_if_none_current) != UVM_OK) {
+    failure = "no context for the pinning thread";
+  }
+  auto step_size = [&](size_t at) { return std::min(kPinStepBytes, bytes - at); };
+  if (failure.empty()) fault_in(host, step_size(0));
+  for (size_t at = 0; at < bytes && failure.empty(); at += kPinStepBytes) {
+    const size_t next = at + kPinStepBytes;
+    std::thread ahead;
+    try {
+      if (next < bytes) ahead = std::thread([=] { fault_in(host + next, step_size(next)); });
+    } catch (...) {
+      // No thread: the next step is faulted in by its own registration instead.
+    }
+    const cudaError_t e = cudaHostRegister(host + at, step_size(at), cudaHostRegisterPortable);
+    if (ahead.joinable()) ahead.join();
+    if (e != cudaSuccess) {
+      clear_cuda_error(e);
+      failure = std::string("cudaHostRegister: ") + cudaGetErrorName(e);
+      break;
+    }
+    std::lock_guard<std::mutex> lock(progress->mutex);
+    progress->pinned = at + step_size(at);
+    progress->changed.notify_all();
+  }
+  std::lock_guard<std::mutex> lock(progress->mutex);
+  progress->failure = failure;
+  progress->done = true;
+  progress->changed.notify_all();
 }
 
 }  // namespace
@@ -93,9 +138,41 @@ uvm_status pin_host_memory(const Call& call, size_t bytes, PinnedKind wanted, Pi
   return UVM_OK;
 }
 
+uvm_status pin_host_memory_in_steps(const Call& call, size_t bytes, int device, PinnedMemory* out) {
+  std::string why;
+  char* host = map_for_pinning(bytes, &why);
+  if (host == nullptr) return pin_host_memory(call, bytes, PinnedKind::host_alloc, out);
+  auto progress = std::make_shared<StepPinning>();
+  try {
+    std::thread(pin_steps, host, bytes, device, progress).detach();
+  } catch (...) {
+    munmap(host, bytes);
+    return pin_host_memory(call, bytes, PinnedKind::registered, out);  // no thread: pin it here
+  }
+  *out = PinnedMemory{host, bytes, PinnedKind::registered, progress};
+  return UVM_OK;
+}
+
+size_t pinned_bytes_now(const PinnedMemory& memory) {
+  if (!memory.steps) return memory.bytes;
+  std::lock_guard<std::mutex> lock(memory.steps->mutex);
+  return memory.steps->pinned;
+}
+
 uvm_status unpin_host_memory(const Call& call, const PinnedMemory& memory) {
   if (memory.kind == PinnedKind::host_alloc) {
     if (cudaError_t e = cudaFreeHost(memory.host)) return fail_cuda(call, e, "cudaFreeHost(%p)", memory.host);
+    return UVM_OK;
+  }
+  if (memory.steps) {
+    std::unique_lock<std::mutex> lock(memory.steps->mutex);
+    memory.steps->changed.wait(lock, [&] { return memory.steps->done; });
+    for (size_t at = 0; at < memory.steps->pinned; at += kPinStepBytes) {
+      if (cudaError_t e = cudaHostUnregister(memory.host + at)) {
+        return fail_cuda(call, e, "cudaHostUnregister(%p)", memory.host + at);
+      }
+    }
+    munmap(memory.host, memory.bytes);
     return UVM_OK;
   }
   if (cudaError_t e = cudaHostUnregister(memory.host)) return fail_cuda(call, e, "cudaHostUnregister(%p)", memory.host);

@@ -29,9 +29,13 @@ void prune(std::vector<EventRef>* events) {
 }  // namespace
 
 // First fit, as reserve() places: the bytes no existing block could take.
-size_t Staging::unplaced_bytes(const std::vector<Span>& spans) const {
+size_t Staging::unplaced_bytes(const std::vector<Span>& spans, bool pinning_done) const {
   std::vector<size_t> free_bytes;
-  for (const auto& block : blocks_) free_bytes.push_back(block->capacity - (block->live == 0 ? 0 : block->used));
+  for (const auto& block : blocks_) {
+    const size_t usable = pinning_done ? block->usable_when_pinned() : block->usable();
+    const size_t used = block->live == 0 ? 0 : block->used;
+    free_bytes.push_back(usable > used ? usable - used : 0);
+  }
   size_t unplaced = 0;
   for (const Span& span : spans) {
     const size_t need = aligned(span.size());
@@ -42,50 +46,76 @@ size_t Staging::unplaced_bytes(const std::vector<Span>& spans) const {
   return unplaced;
 }
 
-uvm_status Staging::new_block(const Call& call, size_t bytes, std::shared_ptr<Block>* out) {
+uvm_status Staging::new_block(const Call& call, size_t bytes, bool in_steps, std::shared_ptr<Block>* out) {
   auto block = std::make_shared<Block>();
   PinnedMemory memory;
-  HostPhase pinning(Phase::pin);
-  if (uvm_status s = pin_host_memory(call, std::max(kMinBlockBytes, bytes), configured_pinned_kind(), &memory)) return s;
-  pinning.finish(memory.bytes);
+  clear_cuda_error(cudaGetDevice(&block->device));
+  bytes = std::max(kMinBlockBytes, bytes);
+  if (in_steps && configured_pinned_kind() == PinnedKind::registered) {
+    if (uvm_status s = pin_host_memory_in_steps(call, bytes, block->device, &memory)) return s;
+  } else {
+    HostPhase pinning(Phase::pin);
+    if (uvm_status s = pin_host_memory(call, bytes, configured_pinned_kind(), &memory)) return s;
+    pinning.finish(memory.bytes);
+  }
   block->host = memory.host;
   block->capacity = memory.bytes;
   block->pinned = memory.kind;
-  clear_cuda_error(cudaGetDevice(&block->device));
+  block->steps = memory.steps;
   *out = std::move(block);
   return UVM_OK;
 }
 
-uvm_status Staging::ensure_capacity(const Call& call, const std::vector<Span>& spans) {
+uvm_status Staging::ensure_capacity(const Call& call, const std::vector<Span>& spans, bool in_steps) {
   std::lock_guard<std::mutex> growing(growth_mutex_);
   size_t missing = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    missing = unplaced_bytes(spans);
+    for (const auto& block : blocks_) {
+      if (!block->steps) continue;
+      std::lock_guard<std::mutex> progress(block->steps->mutex);
+      if (block->steps->done && !block->steps->failure.empty()) step_pinning_failed_ = true;
+    }
+    missing = unplaced_bytes(spans, true);
+    in_steps = in_steps && !step_pinning_failed_;
   }
   if (missing == 0) return UVM_OK;
   std::shared_ptr<Block> block;
-  if (uvm_status s = new_block(call, missing, &block)) return s;
+  if (uvm_status s = new_block(call, missing, in_steps, &block)) return s;
   std::lock_guard<std::mutex> lock(mutex_);
   blocks_.push_back(std::move(block));
   return UVM_OK;
 }
 
 bool Staging::reserve(const std::vector<Span>& spans, std::vector<char*>* hosts, std::vector<EventRef>* wait_for) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (unplaced_bytes(spans) != 0) return false;
+  }
+  if (reserve_prefix(spans, hosts, wait_for) == spans.size()) return true;
+  cancel(std::vector<Span>(spans.begin(), spans.begin() + hosts->size()), *hosts);  // the room went meanwhile
+  hosts->clear();
+  return false;
+}
+
+size_t Staging::reserve_prefix(const std::vector<Span>& spans, std::vector<char*>* hosts,
+                               std::vector<EventRef>* wait_for) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (unplaced_bytes(spans) != 0) return false;
-  hosts->assign(spans.size(), nullptr);
+  hosts->clear();
   for (auto& block : blocks_) {
     if (block->live == 0) block->used = 0;  // rewind: its readers are waited for below
   }
+  std::vector<size_t> usable;
+  for (const auto& block : blocks_) usable.push_back(block->usable());
   std::vector<std::shared_ptr<Block>> touched;
   for (size_t i = 0; i < spans.size(); ++i) {
     const size_t need = aligned(spans[i].size());
-    // First fit, as unplaced_bytes counted, so every span finds a block.
-    const auto fits = std::find_if(blocks_.begin(), blocks_.end(),
-                                   [&](const auto& b) { return b->capacity - b->used >= need; });
-    const std::shared_ptr<Block>& block = *fits;
-    (*hosts)[i] = block->host + block->used;
+    // First fit, as unplaced_bytes counts.
+    size_t b = 0;
+    while (b < blocks_.size() && !(usable[b] >= blocks_[b]->used && usable[b] - blocks_[b]->used >= need)) ++b;
+    if (b == blocks_.size()) break;
+    const std::shared_ptr<Block>& block = blocks_[b];
+    hosts->push_back(block->host + block->used);
     block->used += need;
     block->live += spans[i].size();
     if (std::find(touched.begin(), touched.end(), block) == touched.end()) touched.push_back(block);
@@ -94,6 +124,28 @@ bool Staging::reserve(const std::vector<Span>& spans, std::vector<char*>* hosts,
     prune(&block->reads);
     wait_for->insert(wait_for->end(), block->reads.begin(), block->reads.end());
   }
+  return hosts->size();
+}
+
+bool Staging::wait_for_pinning() {
+  std::shared_ptr<StepPinning> pinning;
+  size_t seen = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& block : blocks_) {
+      if (!block->steps) continue;
+      std::lock_guard<std::mutex> progress(block->steps->mutex);
+      if (block->steps->done) continue;
+      pinning = block->steps;
+      seen = pinning->pinned;
+      break;
+    }
+  }
+  if (!pinning) return false;
+  HostPhase waiting(Phase::pin);
+  std::unique_lock<std::mutex> progress(pinning->mutex);
+  pinning->changed.wait(progress, [&] { return pinning->done || pinning->pinned > seen; });
+  waiting.finish(pinning->pinned - seen);
   return true;
 }
 
@@ -170,7 +222,7 @@ uvm_status Staging::free_block(const Call& call, const Block& block) {
   for (const EventRef& read : block.reads) {
     if (cudaError_t e = cudaEventSynchronize(read->handle)) return fail_cuda(call, e, "cudaEventSynchronize");
   }
-  return unpin_host_memory(call, PinnedMemory{block.host, block.capacity, block.pinned});
+  return unpin_host_memory(call, PinnedMemory{block.host, block.capacity, block.pinned, block.steps});
 }
 
 Staging::RoomClaim::RoomClaim(Staging& store) : store_(store) {

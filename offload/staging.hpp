@@ -35,6 +35,9 @@ class Staging {
   // `wait_for` the reads the writer must wait for. False, reserving nothing, if they are too small:
   // the caller then lets go of its locks and grows the store (ensure_capacity) first.
   bool reserve(const std::vector<Span>& spans, std::vector<char*>* hosts, std::vector<EventRef>* wait_for);
+  // Like reserve, for the longest leading run of `spans` that fits in memory already pinned
+  // (a block being pinned in steps offers its steps done): how many were reserved, maybe 0.
+  size_t reserve_prefix(const std::vector<Span>& spans, std::vector<char*>* hosts, std::vector<EventRef>* wait_for);
   // Gives back a reservation that was never committed.
   void cancel(const std::vector<Span>& spans, const std::vector<char*>& hosts);
   // The spans now hold data, complete when `written` completes (null: already complete).
@@ -48,7 +51,14 @@ class Staging {
   // so that pinning memory (seconds for many GiB) blocks no other uvm call.
   // Growers take turns (growth_mutex_), so that an offload waiting for a reservation in progress
   // uses its block instead of allocating one of its own.
-  uvm_status ensure_capacity(const Call& call, const std::vector<Span>& spans);
+  // With `in_steps` (an offload: the copies into the first steps overlap the pinning of the rest),
+  // a new block of the registered kind is pinned in steps on a thread of its own and this returns
+  // at once; after one such pinning failed, growth pins at once again (cudaHostAlloc fallback).
+  // A block still being pinned counts at its full size.
+  uvm_status ensure_capacity(const Call& call, const std::vector<Span>& spans, bool in_steps = false);
+  // Waits, holding no lock, until a block being pinned in steps pins more or stops; false at once
+  // if none is being pinned.
+  bool wait_for_pinning();
   // Frees the blocks that hold nothing, after the copies reading them finished. The blocks leave
   // the store first, so no lock is held while it waits and frees (unpinning GiBs takes
   // hundreds of ms); a block whose wait fails goes back, and the next call tries again. Frees
@@ -78,6 +88,15 @@ class Staging {
     char* host = nullptr;
     size_t capacity = 0;
     PinnedKind pinned = PinnedKind::host_alloc;  // how to give it back
+    std::shared_ptr<StepPinning> steps;          // while or after pinning in steps
+    // Bytes pinned now, and bytes that will be once a pinning in progress ends (a failed one
+    // stops short).
+    size_t usable() const { return pinned_bytes_now(PinnedMemory{host, capacity, pinned, steps}); }
+    size_t usable_when_pinned() const {
+      if (!steps) return capacity;
+      std::lock_guard<std::mutex> lock(steps->mutex);
+      return steps->done && !steps->failure.empty() ? steps->pinned : capacity;
+    }
     size_t used = 0;  // bump pointer
     size_t live = 0;  // bytes reserved or staged
     int device = 0;   // current when it was allocated; freed in that device's context
@@ -90,8 +109,10 @@ class Staging {
     EventRef written;
   };
   std::shared_ptr<Block> block_holding(const char* host) const;
-  size_t unplaced_bytes(const std::vector<Span>& spans) const;
-  static uvm_status new_block(const Call& call, size_t bytes, std::shared_ptr<Block>* out);
+  // The bytes of `spans` no block can take (first fit); `pinning_done` counts blocks being pinned
+  // at their full size instead of their steps done.
+  size_t unplaced_bytes(const std::vector<Span>& spans, bool pinning_done = false) const;
+  static uvm_status new_block(const Call& call, size_t bytes, bool in_steps, std::shared_ptr<Block>* out);
   static uvm_status free_block(const Call& call, const Block& block);
   void release_locked(uintptr_t begin, uintptr_t end, const EventRef& read);
   static void give_back(Block& block, size_t bytes, const EventRef& read);
@@ -101,6 +122,7 @@ class Staging {
   std::vector<std::shared_ptr<Block>> blocks_;
   std::map<uintptr_t, Entry> entries_;  // by begin; disjoint
   int room_claims_ = 0;                  // RoomClaims alive
+  bool step_pinning_failed_ = false;     // then growth pins at once
 };
 
 // The process-wide staging store (never destroyed: no CUDA calls from static destructors).

@@ -32,8 +32,8 @@ MUTANTS = [
  ("offload/staging.cpp", "  std::lock_guard<std::mutex> growing(growth_mutex_);\n", "", "offload_tests", "reservations at once*"),
  # An offload that finds its room taken gives up instead of growing again; release_staging frees
  # pinned memory under the moves lock, which uvm_free needs.
- ("offload/offload.cpp", "      continue;  // another offload", "      return UVM_ERROR_INTERNAL;  // another offload", "offload_tests",
-  "an offload that finds*"),
+ ("offload/offload.cpp", "    staging().wait_for_pinning();\n  }\n}", "    if (!staging().wait_for_pinning()) return UVM_ERROR_INTERNAL;\n  }\n}",
+  "offload_tests", "an offload that finds*"),
  ("offload/staging.cpp", "  return uvm::guarded(call, [&] { return uvm::staging().free_unused(call); });",
   "  return uvm::guarded(call, [&] { const auto moves = uvm::lock_moves(); return uvm::staging().free_unused(call); });",
   "offload_tests", "freeing pinned staging*"),
@@ -43,6 +43,15 @@ MUTANTS = [
  # A move no longer waits for the last move of its allocation on another stream.
  ("hints/order.cpp", "  for (const EventRef& move : events_of(allocations_of(ranges))) {", "  for (const EventRef& move : std::vector<EventRef>{}) {",
   "hints_tests", "[order]"),
+ # A first offload pins all its staging memory before copying (UVM_PINNED unset: the registered
+ # way); or keeps a big tensor as one piece, which waits for every step.
+ ("offload/offload.cpp", "staging().ensure_capacity(call, wanted, true)", "staging().ensure_capacity(call, wanted, false)",
+  "offload_tests", "[steps]"),
+ ("offload/offload.cpp", "at += std::min<uintptr_t>(kPinStepBytes, span.end - at)) {\n        pieces.staged.push_back(clipped(range, Span{at, std::min<uintptr_t>(span.end, at + kPinStepBytes)}));",
+  "at = span.end) {\n        pieces.staged.push_back(clipped(range, span));", "offload_tests", "[steps]"),
+ # Timing reads events in the global capture mode: a capture on another stream is invalidated.
+ ("hints/trace.cpp", "  const RelaxedCapture relaxed;\n  out->clear();", "  out->clear();", "hints_tests", "[trace_capture]"),
+ ("hints/trace.cpp", "  Epoch of(int device) {\n    const RelaxedCapture relaxed;", "  Epoch of(int device) {", "hints_tests", "[trace_capture]"),
  # Onload no longer takes its turn with the other moves: two threads map and release under each other.
  ("offload/onload.cpp", "  const auto moves = lock_moves();\n  if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;  // freed",
   "  if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;  // freed", "hints_tests",
@@ -58,7 +67,9 @@ for path, old, new, binary, tag in MUTANTS:
     try:
         b = subprocess.run(["ninja", "-C", BUILD, f"tests/{binary}"], capture_output=True, text=True)
         assert b.returncode == 0, b.stdout[-2000:]
-        r = subprocess.run([f"{BUILD}/tests/{binary}", tag], capture_output=True, text=True, errors="replace", env=env, timeout=300)
+        # The [steps] tests pin the registered way, as UVM_PINNED unset asks.
+        run_env = {**env, "UVM_PINNED": ""} if tag == "[steps]" else env
+        r = subprocess.run([f"{BUILD}/tests/{binary}", tag], capture_output=True, text=True, errors="replace", env=run_env, timeout=300)
         survived += r.returncode == 0
         print(f"{'KILLED' if r.returncode else 'SURVIVED'}: {path}: {old.strip()[:60]!r} -> {new.strip()[:60]!r}")
     finally:

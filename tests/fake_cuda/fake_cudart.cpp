@@ -100,6 +100,7 @@ struct Gate {
   std::mutex mutex;
   std::condition_variable changed;
   std::string armed;  // the call to hold next
+  int skip = 0;       // calls of it to let through first
   bool open = true;
   int waiting = 0;
 };
@@ -113,6 +114,10 @@ void pass_gate(const char* call) {
   Gate& g = gate();
   std::unique_lock<std::mutex> lock(g.mutex);
   if (g.armed != call) return;
+  if (g.skip > 0) {
+    --g.skip;
+    return;
+  }
   g.armed.clear();
   ++g.waiting;
   g.changed.notify_all();
@@ -452,10 +457,11 @@ void fail_next(const std::string& call_name, cudaError_t error) {
   world().injected[call_name] = error;
 }
 
-void hold_next(const std::string& call_name) {
+void hold_next(const std::string& call_name, int skip) {
   Gate& g = gate();
   std::lock_guard<std::mutex> lock(g.mutex);
   g.armed = call_name;
+  g.skip = skip;
   g.open = false;
 }
 

@@ -284,7 +284,7 @@ TEST_CASE("UVM_TRACE holds every move as a Chrome trace, valid JSON after each w
   std::remove(path.c_str());
 }
 
-TEST_CASE("timing a move never invalidates a capture running on another stream", "[trace][capture]") {
+TEST_CASE("timing a move never invalidates a capture running on another stream", "[trace][capture][trace_capture]") {
   // On the driver, an event query while any stream captures in the global mode invalidates that
   // capture, unless the querying thread's mode is relaxed; a prefetch on the legacy stream beside
   // a non-blocking stream's capture is legal, and its timing must not break the capture.

@@ -352,3 +352,46 @@ TEST_CASE("reservations at once take turns: one block, not one each", "[offload]
   CHECK(held);
   CHECK(fake::pinned_blocks() == blocks_before + 1);
 }
+
+// Run with UVM_PINNED unset, so that staging is pinned the registered way (tests/meson.build:
+// offload-pinned-in-steps); 512 MiB of it is faulted in for real.
+TEST_CASE("a first offload copies into the steps pinned so far while the rest is being pinned",
+          "[scenario][steps][cuda13]") {
+  FakeMachine machine;
+  REQUIRE(uvm_release_staging() == UVM_OK);  // nothing pinned yet: this is a first offload
+  const size_t step = size_t{256} << 20;
+  Buffer b(2 * step);
+  const auto ranges = tensors_in(b, 8);
+  cudaStream_t stream = fake::make_stream();
+  auto copied_out = [] {
+    size_t bytes = 0;
+    for (const fake::Op& op : FakeMachine::ops_named(fake::OpKind::copy_to_host)) bytes += op.size;
+    return bytes;
+  };
+  fake::hold_next("cudaHostRegister", 1);  // the second step waits
+  uvm_status status = UVM_ERROR_INTERNAL;
+  uvm_move_report report{};
+  std::thread offload([&] {
+    fake::set_thread_context(0);
+    status = uvm_offload_ranges(ranges.data(), ranges.size(), UVM_STRATEGY_STAGED, stream);
+    uvm_last_move(0, &report);
+  });
+  REQUIRE(fake::wait_until_held(10000));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (copied_out() < step && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CHECK(copied_out() == step);  // the first step's tensors are copied out, the second's wait
+  fake::release_held();
+  offload.join();
+  REQUIRE(status == UVM_OK);
+  CHECK(copied_out() == 2 * step);
+  CHECK(residency().staged_bytes == 2 * step);
+  CHECK(report.bytes == 2 * step);  // one call, in two rounds
+  REQUIRE(uvm_onload_ranges(ranges.data(), ranges.size(), stream) == UVM_OK);
+  CHECK(b.intact());
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  size_t capacity = 1;
+  REQUIRE(uvm_get_staging(&capacity, nullptr) == UVM_OK);
+  CHECK(capacity == 0);  // the block pinned in steps is given back whole
+}

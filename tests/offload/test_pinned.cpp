@@ -69,3 +69,49 @@ TEST_CASE("UVM_PINNED chooses how staging memory is pinned", "[pinned]") {
   CHECK(uvm::pinned_kind_from("hostalloc") == uvm::PinnedKind::host_alloc);
   CHECK(uvm::pinned_kind_from("bogus") == uvm::PinnedKind::registered);  // malformed: the default
 }
+
+TEST_CASE("pinning in steps registers step by step on a thread of its own; copies may use each step done",
+          "[pinned][steps]") {
+  FakeMachine machine;
+  const size_t bytes = 2 * uvm::kPinStepBytes + kBytes;
+  fake::hold_next("cudaHostRegister", 1);  // the second step waits
+  uvm::PinnedMemory memory;
+  REQUIRE(uvm::pin_host_memory_in_steps(kCall, bytes, 0, &memory) == UVM_OK);  // returns at once
+  CHECK(memory.kind == uvm::PinnedKind::registered);
+  REQUIRE(memory.steps != nullptr);
+  REQUIRE(fake::wait_until_held(10000));
+  CHECK(uvm::pinned_bytes_now(memory) == uvm::kPinStepBytes);  // the first step is usable already
+  std::memset(memory.host, 0x5a, uvm::kPinStepBytes);
+  fake::release_held();
+  {
+    std::unique_lock<std::mutex> lock(memory.steps->mutex);
+    memory.steps->changed.wait(lock, [&] { return memory.steps->done; });
+    CHECK(memory.steps->failure.empty());
+  }
+  CHECK(uvm::pinned_bytes_now(memory) == bytes);
+  const auto registered = FakeMachine::ops_named(fake::OpKind::host_register);
+  REQUIRE(registered.size() == 3);
+  CHECK(registered[0].ptr == memory.host);
+  CHECK(registered[1].size == uvm::kPinStepBytes);
+  CHECK(registered[2].size == kBytes);
+  CHECK(static_cast<unsigned char>(memory.host[bytes - 1]) == 0);  // faulted in, never written
+  REQUIRE(uvm::unpin_host_memory(kCall, memory) == UVM_OK);
+  CHECK(FakeMachine::ops_named(fake::OpKind::host_unregister).size() == 3);
+}
+
+TEST_CASE("a step that cannot be registered ends the pinning, saying why; what was pinned is given back",
+          "[pinned][steps]") {
+  FakeMachine machine;
+  fake::fail_next("cudaHostRegister", cudaErrorNotSupported);
+  uvm::PinnedMemory memory;
+  REQUIRE(uvm::pin_host_memory_in_steps(kCall, kBytes, 0, &memory) == UVM_OK);
+  {
+    std::unique_lock<std::mutex> lock(memory.steps->mutex);
+    memory.steps->changed.wait(lock, [&] { return memory.steps->done; });
+    CHECK(memory.steps->failure == "cudaHostRegister: cudaErrorNotSupported");
+    CHECK(memory.steps->pinned == 0);
+  }
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  REQUIRE(uvm::unpin_host_memory(kCall, memory) == UVM_OK);
+  CHECK(FakeMachine::ops_named(fake::OpKind::host_unregister).empty());  // nothing was registered
+}

@@ -25,8 +25,7 @@ struct OffloadPieces {
 
 // Only uvm's own allocations are staged, since a host copy must die with its memory and uvm cannot
 // see a cudaFree of memory it did not allocate. Releasable memory is not managed, so it is always
-// staged, in pieces of at most a pinning step, so that a first offload can copy a big tensor's
-// first steps while the rest of its staging memory is pinned.
+// staged.
 OffloadPieces pieces_to_move(const std::vector<HintRange>& merged, bool staging_wanted) {
   OffloadPieces pieces;
   for (const HintRange& range : merged) {
@@ -34,16 +33,27 @@ OffloadPieces pieces_to_move(const std::vector<HintRange>& merged, bool staging_
     std::vector<Span> staged_already;
     for (const StagedPiece& piece : staging().overlapping(range.begin, range.end)) staged_already.push_back(piece.span);
     for (const Span& span : subtract(Span{range.begin, range.end}, staged_already)) {
-      if (!stage) {
-        pieces.migrated.push_back(clipped(range, span));
-        continue;
-      }
-      for (uintptr_t at = span.begin; at < span.end; at += std::min<uintptr_t>(kPinStepBytes, span.end - at)) {
-        pieces.staged.push_back(clipped(range, Span{at, std::min<uintptr_t>(span.end, at + kPinStepBytes)}));
-      }
+      (stage ? pieces.staged : pieces.migrated).push_back(clipped(range, span));
     }
   }
   return pieces;
+}
+
+size_t placed_bytes(const std::vector<Span>& spans) {
+  size_t total = 0;
+  for (const Span& span : spans) total += span.size();
+  return total;
+}
+
+// The staged pieces cut as staging placed them (`placed`, in order, each inside one piece).
+std::vector<HintRange> pieces_placed(const std::vector<HintRange>& pieces, const std::vector<Span>& placed) {
+  std::vector<HintRange> cut;
+  size_t p = 0;
+  for (const Span& span : placed) {
+    while (pieces[p].end <= span.begin) ++p;
+    cut.push_back(clipped(pieces[p], span));
+  }
+  return cut;
 }
 
 // Whether the strategy the caller asked for (`requested`; `strategy` is what it resolves to) can
@@ -179,18 +189,17 @@ uvm_status offload(const Call& call, const uvm_range* ranges, size_t count, int 
                     target.device);
       }
       if (uvm_status s = check_strategy_fits(call, requested, strategy, target)) return s;
-      const OffloadPieces pieces = pieces_to_move(target.merged, staging_wanted);
+      OffloadPieces pieces = pieces_to_move(target.merged, staging_wanted);
+      const std::vector<Span> wanted_now = spans_of(pieces.staged);
       Reservation reserved;
-      reserved.spans = spans_of(pieces.staged);
-      const size_t placed =
-          reserved.spans.empty() ? 0 : staging().reserve_prefix(reserved.spans, &reserved.hosts, &reserved.reused);
-      if (placed == reserved.spans.size()) return issue_offload(call, target, pieces, reserved, stream);
-      if (placed > 0) {
+      if (!wanted_now.empty()) staging().reserve_prefix(wanted_now, &reserved.spans, &reserved.hosts, &reserved.reused);
+      const bool all_placed = placed_bytes(reserved.spans) == placed_bytes(wanted_now);
+      pieces.staged = pieces_placed(pieces.staged, reserved.spans);
+      if (all_placed) return issue_offload(call, target, pieces, reserved, stream);
+      if (!reserved.spans.empty()) {
         // The steps pinned so far hold these: copy them now; the next round takes the rest.
-        OffloadPieces first;
-        first.staged.assign(pieces.staged.begin(), pieces.staged.begin() + static_cast<std::ptrdiff_t>(placed));
-        reserved.spans.resize(placed);
-        if (uvm_status s = issue_offload(call, target, first, reserved, stream)) return s;
+        pieces.migrated.clear();
+        if (uvm_status s = issue_offload(call, target, pieces, reserved, stream)) return s;
         continue;
       }
     }

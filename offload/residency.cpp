@@ -44,14 +44,22 @@ uvm_status staged_copy(const Call& call, const void* ptr, size_t size, const voi
   if (size == 0) return fail(call, UVM_ERROR_INVALID_ARGUMENT, "size is 0");
   HintRange range;
   if (uvm_status s = resolve_range(call, ptr, size, &range)) return s;
+  // One piece, or pieces that follow each other on the device and in host memory alike (a first
+  // offload cuts a tensor where the steps of its pinning end).
   const auto pieces = staging().overlapping(range.begin, range.end);
-  if (pieces.size() != 1 || pieces[0].span.begin != range.begin || pieces[0].span.end != range.end) return UVM_OK;
-  if (pieces[0].written) {
-    if (cudaError_t e = cudaEventSynchronize(pieces[0].written->handle)) {
+  if (pieces.empty() || pieces.front().span.begin != range.begin || pieces.back().span.end != range.end) return UVM_OK;
+  for (size_t i = 1; i < pieces.size(); ++i) {
+    const bool follows = pieces[i].span.begin == pieces[i - 1].span.end &&
+                         pieces[i].host == pieces[i - 1].host + pieces[i - 1].span.size();
+    if (!follows) return UVM_OK;
+  }
+  for (const StagedPiece& piece : pieces) {
+    if (!piece.written) continue;
+    if (cudaError_t e = cudaEventSynchronize(piece.written->handle)) {
       return fail_cuda(call, e, "cudaEventSynchronize (the copy into staging memory)");
     }
   }
-  *host = pieces[0].host;
+  *host = pieces.front().host;
   return UVM_OK;
 }
 

@@ -92,39 +92,66 @@ bool Staging::reserve(const std::vector<Span>& spans, std::vector<char*>* hosts,
     std::lock_guard<std::mutex> lock(mutex_);
     if (unplaced_bytes(spans) != 0) return false;
   }
-  if (reserve_prefix(spans, hosts, wait_for) == spans.size()) return true;
-  cancel(std::vector<Span>(spans.begin(), spans.begin() + hosts->size()), *hosts);  // the room went meanwhile
+  std::vector<Span> placed;
+  reserve_prefix(spans, &placed, hosts, wait_for);
+  const bool whole = placed.size() == spans.size() &&
+                     std::equal(placed.begin(), placed.end(), spans.begin(), [](const Span& a, const Span& b) {
+                       return a.begin == b.begin && a.end == b.end;
+                     });
+  if (whole) return true;
+  cancel(placed, *hosts);  // cut, or the room went meanwhile
   hosts->clear();
   return false;
 }
 
-size_t Staging::reserve_prefix(const std::vector<Span>& spans, std::vector<char*>* hosts,
-                               std::vector<EventRef>* wait_for) {
+void Staging::reserve_prefix(const std::vector<Span>& spans, std::vector<Span>* placed, std::vector<char*>* hosts,
+                             std::vector<EventRef>* wait_for) {
   std::lock_guard<std::mutex> lock(mutex_);
+  placed->clear();
   hosts->clear();
   for (auto& block : blocks_) {
     if (block->live == 0) block->used = 0;  // rewind: its readers are waited for below
   }
   std::vector<size_t> usable;
   for (const auto& block : blocks_) usable.push_back(block->usable());
+  auto room = [&](size_t b) { return usable[b] > blocks_[b]->used ? usable[b] - blocks_[b]->used : 0; };
   std::vector<std::shared_ptr<Block>> touched;
-  for (size_t i = 0; i < spans.size(); ++i) {
-    const size_t need = aligned(spans[i].size());
-    // First fit, as unplaced_bytes counts.
+  auto place = [&](size_t b, const Span& span) {
+    Block& block = *blocks_[b];
+    placed->push_back(span);
+    hosts->push_back(block.host + block.used);
+    block.used += aligned(span.size());
+    block.live += span.size();
+    if (std::find(touched.begin(), touched.end(), blocks_[b]) == touched.end()) touched.push_back(blocks_[b]);
+  };
+  for (const Span& span : spans) {
+    // First fit by the whole span, as unplaced_bytes counts; a block being pinned in steps also
+    // takes its first parts, up to the steps done.
     size_t b = 0;
-    while (b < blocks_.size() && !(usable[b] >= blocks_[b]->used && usable[b] - blocks_[b]->used >= need)) ++b;
+    const size_t whole = aligned(span.size());
+    while (b < blocks_.size() && room(b) < whole && !(blocks_[b]->steps && room(b) > 0 &&
+                                                       blocks_[b]->usable_when_pinned() - blocks_[b]->used >= whole)) {
+      ++b;
+    }
     if (b == blocks_.size()) break;
-    const std::shared_ptr<Block>& block = blocks_[b];
-    hosts->push_back(block->host + block->used);
-    block->used += need;
-    block->live += spans[i].size();
-    if (std::find(touched.begin(), touched.end(), block) == touched.end()) touched.push_back(block);
+    if (!blocks_[b]->steps) {
+      place(b, span);
+      continue;
+    }
+    // Cut where steps end: from the bump pointer to the end of its step, then a step at a time.
+    uintptr_t at = span.begin;
+    while (at < span.end && room(b) > 0) {
+      const size_t to_step_end = kPinStepBytes - blocks_[b]->used % kPinStepBytes;
+      const size_t part = std::min({static_cast<size_t>(span.end - at), to_step_end, room(b)});
+      place(b, Span{at, at + part});
+      at += part;
+    }
+    if (at < span.end) break;  // the rest waits for the next steps
   }
   for (auto& block : touched) {
     prune(&block->reads);
     wait_for->insert(wait_for->end(), block->reads.begin(), block->reads.end());
   }
-  return hosts->size();
 }
 
 bool Staging::wait_for_pinning() {

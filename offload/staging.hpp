@@ -35,9 +35,12 @@ class Staging {
   // `wait_for` the reads the writer must wait for. False, reserving nothing, if they are too small:
   // the caller then lets go of its locks and grows the store (ensure_capacity) first.
   bool reserve(const std::vector<Span>& spans, std::vector<char*>* hosts, std::vector<EventRef>* wait_for);
-  // Like reserve, for the longest leading run of `spans` that fits in memory already pinned
-  // (a block being pinned in steps offers its steps done): how many were reserved, maybe 0.
-  size_t reserve_prefix(const std::vector<Span>& spans, std::vector<char*>* hosts, std::vector<EventRef>* wait_for);
+  // Like reserve, for the longest leading run of `spans` that fits in memory already pinned (a
+  // block being pinned in steps offers its steps done), in `placed` with its host bytes in `hosts`:
+  // in a block pinned in steps a span is cut where a step ends, since one copy may not cross two
+  // registrations (cudaErrorInvalidValue on an H100), so `placed` may hold a span's first parts.
+  void reserve_prefix(const std::vector<Span>& spans, std::vector<Span>* placed, std::vector<char*>* hosts,
+                      std::vector<EventRef>* wait_for);
   // Gives back a reservation that was never committed.
   void cancel(const std::vector<Span>& spans, const std::vector<char*>& hosts);
   // The spans now hold data, complete when `written` completes (null: already complete).

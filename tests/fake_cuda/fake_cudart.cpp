@@ -879,6 +879,13 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpy
   const bool to_device = inside_one_allocation(w, dst, 1);
   const void* managed = to_device ? dst : src;
   if (!inside_one_allocation(w, managed, count)) return set_error(cudaErrorInvalidValue);
+  // Like the driver (measured on an H100): a copy may not run across two host registrations.
+  const auto* host = static_cast<const char*>(to_device ? src : dst);
+  for (const auto& [registered, bytes] : w.registered) {
+    const auto* begin = static_cast<const char*>(registered);
+    const bool overlaps = host < begin + bytes && begin < host + count;
+    if (overlaps && (host < begin || host + count > begin + bytes)) return set_error(cudaErrorInvalidValue);
+  }
   std::memmove(dst, src, count);
   if (to_device && !inside_mapped_reservation(w, dst, count)) {  // device memory has no discard state
     update_discard(w, dst, count, [](Discard& state, char*) {

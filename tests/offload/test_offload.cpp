@@ -388,10 +388,39 @@ TEST_CASE("a first offload copies into the steps pinned so far while the rest is
   CHECK(copied_out() == 2 * step);
   CHECK(residency().staged_bytes == 2 * step);
   CHECK(report.bytes == 2 * step);  // one call, in two rounds
+  const void* copy = nullptr;
+  REQUIRE(uvm_get_staged_copy(b.ptr, b.size, &copy) == UVM_OK);  // cut where the steps end, yet one copy
+  REQUIRE(copy != nullptr);
+  CHECK(std::memcmp(copy, b.ptr, 0) == 0);
+  for (size_t i : {size_t{0}, step - 1, step, 2 * step - 1}) {
+    CHECK(static_cast<const unsigned char*>(copy)[i] == static_cast<unsigned char>(i * 7 + 3));
+  }
   REQUIRE(uvm_onload_ranges(ranges.data(), ranges.size(), stream) == UVM_OK);
   CHECK(b.intact());
   REQUIRE(uvm_release_staging() == UVM_OK);
   size_t capacity = 1;
   REQUIRE(uvm_get_staging(&capacity, nullptr) == UVM_OK);
   CHECK(capacity == 0);  // the block pinned in steps is given back whole
+}
+
+TEST_CASE("a first offload never copies across two pinning steps, wherever its tensors start",
+          "[scenario][steps][cuda13]") {
+  FakeMachine machine;
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  // 1 MiB + 300 MiB + 200 MiB in three allocations: every piece after the first starts off a step
+  // boundary of the staging block, and the big one spans two steps.
+  Buffer small(1 << 20), big(300 << 20), middle(200 << 20);
+  const std::vector<uvm_range> ranges = {small.whole(), big.whole(), middle.whole()};
+  cudaStream_t stream = fake::make_stream();
+  REQUIRE(uvm_offload_ranges(ranges.data(), ranges.size(), UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  INFO(uvm_last_error());
+  CHECK(residency().staged_bytes == (501u << 20));
+  const void* copy = nullptr;
+  REQUIRE(uvm_get_staged_copy(big.ptr, big.size, &copy) == UVM_OK);
+  CHECK(copy != nullptr);
+  REQUIRE(uvm_onload_ranges(ranges.data(), ranges.size(), stream) == UVM_OK);
+  CHECK(small.intact());
+  CHECK(big.intact());
+  CHECK(middle.intact());
+  REQUIRE(uvm_release_staging() == UVM_OK);
 }

@@ -238,8 +238,9 @@ std::string describe(const uvm_move_report& report) {
   return text;
 }
 
-// Timed on the GPU and placed on the host clock: each phase inside the call's span, copies at a
-// speed a PCIe or C2C link can have.
+// Timed on the GPU and placed on the host clock: each phase inside the call's span, the copies
+// taking a time no link could beat (their speed itself is the benchmarks' business: under
+// compute-sanitizer they run at 2 GB/s).
 void check_timeline(const uvm_move_report& report, const char* copy_phase, size_t bytes) {
   INFO(describe(report));
   REQUIRE(report.status == UVM_OK);
@@ -254,9 +255,7 @@ void check_timeline(const uvm_move_report& report, const char* copy_phase, size_
   REQUIRE(copy != nullptr);
   CHECK(copy->bytes == bytes);
   REQUIRE(copy->seconds > 0);
-  const double gbps = copy->bytes / copy->seconds / 1e9;
-  CHECK(gbps > 3);
-  CHECK(gbps < 1000);
+  CHECK(copy->bytes / copy->seconds / 1e9 < 1000);
 }
 
 }  // namespace

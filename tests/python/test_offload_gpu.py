@@ -198,7 +198,7 @@ assert all(bool((t == 3.0).all()) for t in tensors)
         assert must <= set(move["phases"]), move
         copy = move["phases"]["copy"]
         assert copy["bytes"] == move["bytes"] >= (65 << 20) * 4, move
-        assert 3 < copy["gbps"] < 1000, move
+        assert 0 < copy["gbps"] < 1000, move  # timed, and no faster than any link
         assert move["seconds"] >= move["host_seconds"] > 0, move
     [trace_file] = list(tmp_path.iterdir())
     events = json.loads(trace_file.read_text())

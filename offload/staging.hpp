@@ -3,7 +3,8 @@
 // host bytes that hold their data). Residency, offload, onload, discard and free all read it here.
 //
 // Pinned memory is slow to allocate (0.25 s for 4 GiB on an H100 the way pinned.hpp does it, 2.1 s
-// with cudaHostAlloc), so blocks are kept and reused across offload/onload cycles. A block's bump pointer rewinds once nothing in it is staged; the
+// with cudaHostAlloc), so blocks are kept and reused across offload/onload cycles, and an
+// offload's new block is pinned in steps that its copies use as each is done. A block's bump pointer rewinds once nothing in it is staged; the
 // next writer then waits, on its stream, for every copy that was still reading the block.
 #pragma once
 

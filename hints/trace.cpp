@@ -285,13 +285,7 @@ namespace uvm {
 
 bool time_move(const MoveLog& log, bool wait, TimedMove* out) {
   if (!time_intervals(log, wait, &out->intervals)) return false;
-  out->call = log.call;
-  out->device = log.device;
-  out->status = log.status;
-  out->bytes = log.bytes;
-  out->host_begin = log.host_begin;
-  out->host_end = log.host_end;
-  out->thread = log.thread;
+  static_cast<MoveFacts&>(*out) = log;
   return true;
 }
 

@@ -49,14 +49,18 @@ struct Interval {
   EventRef begin, end;
 };
 
-// Everything recorded of one move call.
-struct MoveLog {
+// What a move call was, once it returned: kept by both the log and its timed form.
+struct MoveFacts {
   const char* call = "";
   int device = 0;
   int status = 0;
   size_t bytes = 0;  // what the call moved
   double host_begin = 0, host_end = 0;
   uint64_t thread = 0;  // a small number per host thread, for the trace's lanes
+};
+
+// Everything recorded of one move call.
+struct MoveLog : MoveFacts {
   EventRef epoch;       // the device's clock epoch: completed at host time epoch_host
   double epoch_host = 0;
   std::vector<Interval> intervals;

@@ -11,13 +11,7 @@ namespace uvm {
 
 // A published move with its intervals on the host clock and no CUDA events left: what the sinks
 // keep once a move's marks have completed.
-struct TimedMove {
-  const char* call = "";
-  int device = 0;
-  int status = 0;
-  size_t bytes = 0;
-  double host_begin = 0, host_end = 0;
-  uint64_t thread = 0;
+struct TimedMove : MoveFacts {
   std::vector<TimedInterval> intervals;
 };
 

@@ -125,7 +125,7 @@ uvm_status pin_host_memory(const Call& call, size_t bytes, PinnedKind wanted, Pi
   std::string why = "UVM_PINNED=hostalloc";
   if (wanted == PinnedKind::registered) {
     if (char* host = register_pinned(bytes, &why)) {
-      *out = PinnedMemory{host, bytes, PinnedKind::registered};
+      *out = PinnedMemory{host, bytes, PinnedKind::registered, nullptr};
       return UVM_OK;
     }
   }
@@ -134,7 +134,7 @@ uvm_status pin_host_memory(const Call& call, size_t bytes, PinnedKind wanted, Pi
     return fail_cuda(call, e, "cudaHostAlloc(%zu bytes of pinned staging memory, after %s; offload with "
                               "UVM_STRATEGY_MIGRATE to need none)", bytes, why.c_str());
   }
-  *out = PinnedMemory{static_cast<char*>(host), bytes, PinnedKind::host_alloc};
+  *out = PinnedMemory{static_cast<char*>(host), bytes, PinnedKind::host_alloc, nullptr};
   return UVM_OK;
 }
 

@@ -222,8 +222,8 @@ void HostPhase::finish(size_t bytes) {
 
 HostPhase::~HostPhase() { finish(0); }
 
-StreamPhase::StreamPhase(Phase phase, cudaStream_t stream, int lane)
-    : phase_(phase), stream_(stream), lane_(lane), open_(current_log != nullptr) {
+StreamPhase::StreamPhase(Phase phase, cudaStream_t stream, int lane, uintptr_t address)
+    : phase_(phase), stream_(stream), lane_(lane), address_(address), open_(current_log != nullptr) {
   if (!open_) return;
   begin_ = try_mark(stream);
   nvtx_range_ = nvtx_start(phase_name(phase));
@@ -238,6 +238,7 @@ void StreamPhase::end(size_t bytes, bool start_another) {
     interval.phase = phase_;
     interval.bytes = bytes;
     interval.lane = lane_;
+    interval.address = address_;
     interval.begin = begin_;
     interval.end = end;
     current_log->intervals.push_back(std::move(interval));
@@ -265,7 +266,8 @@ bool time_intervals(const MoveLog& log, bool wait, std::vector<TimedInterval>* o
   out->clear();
   bool not_yet = false;
   for (const Interval& interval : log.intervals) {
-    TimedInterval timed{interval.phase, interval.bytes, interval.lane, interval.host_begin, interval.host_end};
+    TimedInterval timed{interval.phase,  interval.bytes,      interval.lane,
+                        interval.address, interval.host_begin, interval.host_end};
     if (interval.begin) {
       if (!log.epoch) continue;
       const bool both = completed(interval.begin, wait, &not_yet) && completed(interval.end, wait, &not_yet);

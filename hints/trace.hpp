@@ -45,6 +45,7 @@ struct Interval {
   Phase phase = Phase::copy;
   size_t bytes = 0;
   int lane = -1;  // -1: the calling thread; 0: the caller's stream; 1…: uvm's worker streams
+  uintptr_t address = 0;  // the device address it starts at, where one applies
   double host_begin = 0, host_end = 0;
   EventRef begin, end;
 };
@@ -109,9 +110,10 @@ class HostPhase {
 
 // A phase timed on `stream` between a mark made at construction and one made by next() or
 // finish(). next() ends this phase and starts another at the same mark (one event for both).
+// `address`: the device bytes it works on start there (a trace shows which chunk was slow).
 class StreamPhase {
  public:
-  StreamPhase(Phase phase, cudaStream_t stream, int lane = 0);
+  StreamPhase(Phase phase, cudaStream_t stream, int lane = 0, uintptr_t address = 0);
   ~StreamPhase();
   StreamPhase(const StreamPhase&) = delete;
   StreamPhase& operator=(const StreamPhase&) = delete;
@@ -123,6 +125,7 @@ class StreamPhase {
   Phase phase_;
   cudaStream_t stream_;
   int lane_;
+  uintptr_t address_;
   EventRef begin_;
   bool open_;
   uint64_t nvtx_range_ = 0;
@@ -136,6 +139,7 @@ struct TimedInterval {
   Phase phase;
   size_t bytes;
   int lane;
+  uintptr_t address;
   double begin, end;
 };
 

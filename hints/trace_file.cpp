@@ -132,10 +132,10 @@ class TraceFile {
       const double seconds = interval.end - interval.begin;
       append(&events,
              "{\"name\":\"%s\",\"cat\":\"uvm\",\"ph\":\"X\",\"ts\":%lld,\"dur\":%lld,\"pid\":%d,\"tid\":%lld,"
-             "\"args\":{\"call\":\"%s\",\"bytes\":%zu,\"GB/s\":%.2f}}",
+             "\"args\":{\"call\":\"%s\",\"bytes\":%zu,\"GB/s\":%.2f,\"address\":\"0x%llx\"}}",
              phase_name(interval.phase), micros(interval.begin - origin_), micros(seconds), getpid(),
              lane_id(move, interval.lane), move.call, interval.bytes,
-             seconds > 0 ? interval.bytes / seconds / 1e9 : 0.0);
+             seconds > 0 ? interval.bytes / seconds / 1e9 : 0.0, static_cast<unsigned long long>(interval.address));
     }
     if (wrote_any_) std::fseek(file_, -3, SEEK_END);  // back over "\n]\n"
     std::fputs(events.c_str(), file_);

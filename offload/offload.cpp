@@ -109,7 +109,7 @@ uvm_status offload_staged(const Call& call, const std::vector<HintRange>& pieces
       return give_up(fail_cuda(call, e, "cudaStreamWaitEvent (staging memory still being read)"));
     }
   }
-  StreamPhase copies(Phase::copy, stream);
+  StreamPhase copies(Phase::copy, stream, 0, spans.empty() ? 0 : spans.front().begin);
   size_t copied_bytes = 0;
   for (size_t i = 0; i < pieces.size(); ++i) {
     const void* ptr = reinterpret_cast<const void*>(spans[i].begin);

@@ -77,7 +77,7 @@ uvm_status start_workers(const Call& call, const std::vector<StagedWork>& work, 
 uvm_status copy_chunk(const Call& call, int device, const OnloadChunk& chunk, bool managed, cudaStream_t worker,
                       int lane) {
   void* populate = reinterpret_cast<void*>(chunk.populate.begin);
-  StreamPhase phase(managed ? Phase::populate : Phase::copy, worker, lane);
+  StreamPhase phase(managed ? Phase::populate : Phase::copy, worker, lane, chunk.populate.begin);
   if (managed) {
     if (cudaError_t e = prefetch_to(populate, chunk.populate.size(), device, worker)) {
       return fail_cuda(call, e, "cudaMemPrefetchAsync(%p, %zu bytes) populating before the copy", populate,

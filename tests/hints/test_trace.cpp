@@ -4,6 +4,7 @@
 // fails the move.
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -280,6 +281,10 @@ TEST_CASE("UVM_TRACE holds every move as a Chrome trace, valid JSON after each w
   CHECK(count(second, "\"name\":\"uvm_onload_ranges\"") == 1);
   CHECK(count(second, "\"name\":\"populate\"") == 2);
   CHECK(count(second, "uvm worker stream 1") == 1);  // the onload's worker has its own lane
+  char address[64];
+  std::snprintf(address, sizeof address, "\"address\":\"0x%llx\"",
+                static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(m.ptr)));
+  CHECK(count(second, address) == 4);  // the copy out, and the chunk's populate, copy and populate
   CHECK(count(second, "},\n{") + 1 == count(second, "\"ph\":"));  // one event a line, comma-separated
   std::remove(path.c_str());
 }

@@ -147,8 +147,6 @@ double host_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-bool recording() { return current_log != nullptr; }
-
 uint64_t thread_number() {
   static std::atomic<uint64_t> next{1};
   thread_local const uint64_t number = next++;

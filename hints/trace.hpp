@@ -131,9 +131,6 @@ class StreamPhase {
   uint64_t nvtx_range_ = 0;
 };
 
-// Whether a move is being recorded on this thread (phases outside one are not timed).
-bool recording();
-
 // An interval placed on the host clock (seconds, host_seconds()).
 struct TimedInterval {
   Phase phase;

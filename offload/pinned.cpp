@@ -113,6 +113,7 @@ void pin_steps(char* host, size_t bytes, int device, std::shared_ptr<StepPinning
 
 PinnedKind pinned_kind_from(const char* env_value) {
   if (env_value != nullptr && std::strcmp(env_value, "hostalloc") == 0) return PinnedKind::host_alloc;
+  if (env_value != nullptr && std::strcmp(env_value, "pageable") == 0) return PinnedKind::pageable;
   return PinnedKind::registered;
 }
 
@@ -123,6 +124,16 @@ PinnedKind configured_pinned_kind() {
 
 uvm_status pin_host_memory(const Call& call, size_t bytes, PinnedKind wanted, PinnedMemory* out) {
   std::string why = "UVM_PINNED=hostalloc";
+  if (wanted == PinnedKind::pageable) {
+    char* host = map_for_pinning(bytes, &why);
+    if (host == nullptr) {
+      return fail(call, UVM_ERROR_OUT_OF_MEMORY, "cannot map %zu bytes of pageable staging memory (UVM_PINNED=pageable): %s",
+                  bytes, why.c_str());
+    }
+    fault_in(host, bytes);  // so that the driver's staged copies find every page present
+    *out = PinnedMemory{host, bytes, PinnedKind::pageable, nullptr};
+    return UVM_OK;
+  }
   if (wanted == PinnedKind::registered) {
     if (char* host = register_pinned(bytes, &why)) {
       *out = PinnedMemory{host, bytes, PinnedKind::registered, nullptr};
@@ -162,6 +173,10 @@ size_t pinned_bytes_now(const PinnedMemory& memory) {
 uvm_status unpin_host_memory(const Call& call, const PinnedMemory& memory) {
   if (memory.kind == PinnedKind::host_alloc) {
     if (cudaError_t e = cudaFreeHost(memory.host)) return fail_cuda(call, e, "cudaFreeHost(%p)", memory.host);
+    return UVM_OK;
+  }
+  if (memory.kind == PinnedKind::pageable) {
+    munmap(memory.host, memory.bytes);
     return UVM_OK;
   }
   if (memory.steps) {

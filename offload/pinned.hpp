@@ -17,8 +17,10 @@
 namespace uvm {
 
 // How staging memory is pinned. env UVM_PINNED=register (the default: mmap, huge pages, parallel
-// fault-in, cudaHostRegister; cudaHostAlloc if any of that fails) or hostalloc (cudaHostAlloc only).
-enum class PinnedKind { registered, host_alloc };
+// fault-in, cudaHostRegister; cudaHostAlloc if any of that fails), hostalloc (cudaHostAlloc only),
+// or pageable: mapped and faulted in the same way but never pinned, for hosts short on pinnable
+// memory; copies to and from it are staged by the driver and slower (docs/performance.md).
+enum class PinnedKind { registered, host_alloc, pageable };
 
 // How far pinning in steps has come: the first `pinned` bytes are registered. Written by the
 // pinning thread, read by whoever waits for room.

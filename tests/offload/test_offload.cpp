@@ -424,3 +424,30 @@ TEST_CASE("a first offload never copies across two pinning steps, wherever its t
   CHECK(middle.intact());
   REQUIRE(uvm_release_staging() == UVM_OK);
 }
+
+// Run with UVM_PINNED=pageable (tests/meson.build: offload-pageable).
+TEST_CASE("UVM_PINNED=pageable stages in memory it never pins, and the data survives", "[scenario][pageable][cuda13]") {
+  FakeMachine machine;
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  Buffer b(size_t{32} << 20);
+  const auto ranges = tensors_in(b, 16);
+  cudaStream_t stream = fake::make_stream();
+  fake::reset_ops();
+  REQUIRE(uvm_offload_ranges(ranges.data(), ranges.size(), UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  CHECK(FakeMachine::pinnings() == 0);  // neither cudaHostRegister nor cudaHostAlloc
+  CHECK(FakeMachine::ops_named(fake::OpKind::copy_to_host).size() == 1);
+  CHECK(residency().staged_bytes == b.size);
+  size_t capacity = 0;
+  REQUIRE(uvm_get_staging(&capacity, nullptr) == UVM_OK);
+  CHECK(capacity >= b.size);
+  const void* copy = nullptr;
+  REQUIRE(uvm_get_staged_copy(b.ptr, b.size, &copy) == UVM_OK);
+  REQUIRE(copy != nullptr);
+  CHECK(static_cast<const unsigned char*>(copy)[12345] == static_cast<unsigned char>(12345 * 7 + 3));
+  REQUIRE(uvm_onload_ranges(ranges.data(), ranges.size(), stream) == UVM_OK);
+  CHECK(b.intact());
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  REQUIRE(uvm_get_staging(&capacity, nullptr) == UVM_OK);
+  CHECK(capacity == 0);
+  CHECK(FakeMachine::ops_named(fake::OpKind::host_unregister).empty());
+}

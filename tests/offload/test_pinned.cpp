@@ -115,3 +115,16 @@ TEST_CASE("a step that cannot be registered ends the pinning, saying why; what w
   REQUIRE(uvm::unpin_host_memory(kCall, memory) == UVM_OK);
   CHECK(FakeMachine::ops_named(fake::OpKind::host_unregister).empty());  // nothing was registered
 }
+
+TEST_CASE("pageable staging memory is mapped and faulted in, never pinned, and unmapped", "[pinned]") {
+  FakeMachine machine;
+  CHECK(uvm::pinned_kind_from("pageable") == uvm::PinnedKind::pageable);
+  uvm::PinnedMemory memory;
+  REQUIRE(uvm::pin_host_memory(kCall, kBytes, uvm::PinnedKind::pageable, &memory) == UVM_OK);
+  CHECK(memory.kind == uvm::PinnedKind::pageable);
+  CHECK(FakeMachine::pinnings() == 0);
+  std::memset(memory.host, 0x5a, kBytes);
+  REQUIRE(uvm::unpin_host_memory(kCall, memory) == UVM_OK);
+  CHECK(FakeMachine::ops_named(fake::OpKind::host_unregister).empty());
+  CHECK(FakeMachine::ops_named(fake::OpKind::host_free).empty());
+}

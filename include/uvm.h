@@ -323,13 +323,15 @@ UVM_API uvm_status uvm_get_staging(size_t* capacity_bytes, size_t* staged_bytes)
 /* Allocates pinned staging memory ahead of need, so that a later staged offload of up to `bytes` in
  * one call pays no pinning on its critical path: call it at model load. (Without it, an offload
  * that needs more staging pins a new block in 256 MiB steps on a thread of its own and copies into
- * each step as soon as it is pinned: 19.5–24.6 GB/s for a first 4 GiB, against 46–47 steady.)
+ * each step as soon as it is pinned: 12–25 GB/s for a first 4 GiB, against 46–47 steady.)
  * Allocates only if no staging block has `bytes` free; 0 does nothing. Holds no lock the moves need
  * (an offload on another thread that needs memory meanwhile waits for this block and uses it).
  * Staging memory is mapped, backed by transparent huge pages where the host allows, faulted in by
  * several threads and registered (cudaHostRegisterPortable: 8.5× faster than cudaHostAlloc for
  * 4 GiB on an H100); cudaHostAllocPortable if that fails, or with env UVM_PINNED=hostalloc. It is
- * pinned for every device; uvm_release_staging gives it back. */
+ * pinned for every device; uvm_release_staging gives it back. Env UVM_PINNED=pageable, for hosts
+ * short on pinnable memory, maps and faults it in but never pins it: the driver then stages every
+ * copy, 4–7× slower (offload 10.7–11.9, onload 6.1–6.7 GB/s for 4 GiB on an H100). */
 UVM_API uvm_status uvm_reserve_staging(size_t bytes);
 
 /* Frees the pinned staging memory that holds no offloaded data (waits for copies still reading it;

@@ -119,7 +119,7 @@ def staging() -> dict:
 def reserve_staging(nbytes: int) -> None:
     """Allocates pinned staging memory for a staged offload of up to `nbytes` ahead of need (at model
     load), so that the first offload pays no pinning (without it, that offload pins in steps while
-    it copies: 19.5–24.6 GB/s for 4 GiB against 46–47 steady)."""
+    it copies: 12–25 GB/s for 4 GiB against 46–47 steady)."""
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
         raise ValueError(f"nbytes must be an int >= 0, not {nbytes!r}")
     _lib.check(_get_ctypes_lib().uvm_reserve_staging(nbytes))

@@ -38,23 +38,6 @@ void fault_in(char* host, size_t bytes) {
   for (std::thread& worker : workers) worker.join();
 }
 
-// mmap + huge pages + fault-in + cudaHostRegister; null and the reason on failure (nothing left
-// mapped, no CUDA error pending).
-char* map_for_pinning(size_t bytes, std::string* why);
-
-char* register_pinned(size_t bytes, std::string* why) {
-  char* host = map_for_pinning(bytes, why);
-  if (host == nullptr) return nullptr;
-  fault_in(host, bytes);
-  if (cudaError_t e = cudaHostRegister(host, bytes, cudaHostRegisterPortable)) {
-    clear_cuda_error(e);
-    *why = std::string("cudaHostRegister: ") + cudaGetErrorName(e);
-    munmap(host, bytes);
-    return nullptr;
-  }
-  return host;
-}
-
 // Maps `bytes` for pinning: huge pages advised, never inherited by a fork. Null and why on failure.
 char* map_for_pinning(size_t bytes, std::string* why) {
   void* mapped = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -63,9 +46,27 @@ char* map_for_pinning(size_t bytes, std::string* why) {
     return nullptr;
   }
   auto* host = static_cast<char*>(mapped);
-  (void)madvise(host, bytes, MADV_HUGEPAGE);
+  (void)madvise(host, bytes, MADV_HUGEPAGE);  // a hint: without transparent huge pages it still works
+  // A child process (any fork: subprocess, DataLoader workers) must not inherit pinned pages: the
+  // kernel would copy every one of them at the fork, since pinned pages cannot be shared
+  // copy-on-write. cudaHostAlloc's memory is not inherited either.
   if (madvise(host, bytes, MADV_DONTFORK) != 0) {
     *why = std::string("madvise(MADV_DONTFORK): ") + std::strerror(errno);
+    munmap(host, bytes);
+    return nullptr;
+  }
+  return host;
+}
+
+// mmap + huge pages + fault-in + cudaHostRegister; null and the reason on failure (nothing left
+// mapped, no CUDA error pending).
+char* register_pinned(size_t bytes, std::string* why) {
+  char* host = map_for_pinning(bytes, why);
+  if (host == nullptr) return nullptr;
+  fault_in(host, bytes);
+  if (cudaError_t e = cudaHostRegister(host, bytes, cudaHostRegisterPortable)) {
+    clear_cuda_error(e);
+    *why = std::string("cudaHostRegister: ") + cudaGetErrorName(e);
     munmap(host, bytes);
     return nullptr;
   }

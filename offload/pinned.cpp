@@ -171,6 +171,16 @@ size_t pinned_bytes_now(const PinnedMemory& memory) {
   return memory.steps->pinned;
 }
 
+bool pinning_failed(const PinnedMemory& memory) {
+  if (!memory.steps) return false;
+  std::lock_guard<std::mutex> lock(memory.steps->mutex);
+  return memory.steps->done && !memory.steps->failure.empty();
+}
+
+size_t pinned_bytes_eventually(const PinnedMemory& memory) {
+  return pinning_failed(memory) ? pinned_bytes_now(memory) : memory.bytes;
+}
+
 uvm_status unpin_host_memory(const Call& call, const PinnedMemory& memory) {
   if (memory.kind == PinnedKind::host_alloc) {
     if (cudaError_t e = cudaFreeHost(memory.host)) return fail_cuda(call, e, "cudaFreeHost(%p)", memory.host);

@@ -59,6 +59,12 @@ uvm_status pin_host_memory_in_steps(const Call& call, size_t bytes, int device, 
 // The bytes of `memory` usable now: all of it, or for memory pinned in steps the steps registered.
 size_t pinned_bytes_now(const PinnedMemory& memory);
 
+// The bytes of `memory` usable once its pinning ends: all of it, unless a step failed.
+size_t pinned_bytes_eventually(const PinnedMemory& memory);
+
+// Whether pinning `memory` in steps stopped at a step that could not be registered.
+bool pinning_failed(const PinnedMemory& memory);
+
 // Gives back memory from pin_host_memory or pin_host_memory_in_steps (waiting for its pinning to
 // end: cudaHostUnregister + munmap, or cudaFreeHost).
 uvm_status unpin_host_memory(const Call& call, const PinnedMemory& memory);

@@ -32,7 +32,7 @@ void prune(std::vector<EventRef>* events) {
 size_t Staging::unplaced_bytes(const std::vector<Span>& spans, bool pinning_done) const {
   std::vector<size_t> free_bytes;
   for (const auto& block : blocks_) {
-    const size_t usable = pinning_done ? block->usable_when_pinned() : block->usable();
+    const size_t usable = pinning_done ? pinned_bytes_eventually(block->memory) : pinned_bytes_now(block->memory);
     const size_t used = block->live == 0 ? 0 : block->used;
     free_bytes.push_back(usable > used ? usable - used : 0);
   }
@@ -58,10 +58,7 @@ uvm_status Staging::new_block(const Call& call, size_t bytes, bool in_steps, std
     if (uvm_status s = pin_host_memory(call, bytes, configured_pinned_kind(), &memory)) return s;
     pinning.finish(memory.bytes);
   }
-  block->host = memory.host;
-  block->capacity = memory.bytes;
-  block->pinned = memory.kind;
-  block->steps = memory.steps;
+  block->memory = memory;
   *out = std::move(block);
   return UVM_OK;
 }
@@ -72,9 +69,7 @@ uvm_status Staging::ensure_capacity(const Call& call, const std::vector<Span>& s
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const auto& block : blocks_) {
-      if (!block->steps) continue;
-      std::lock_guard<std::mutex> progress(block->steps->mutex);
-      if (block->steps->done && !block->steps->failure.empty()) step_pinning_failed_ = true;
+      if (pinning_failed(block->memory)) step_pinning_failed_ = true;
     }
     missing = unplaced_bytes(spans, true);
     in_steps = in_steps && !step_pinning_failed_;
@@ -113,28 +108,29 @@ void Staging::reserve_prefix(const std::vector<Span>& spans, std::vector<Span>* 
     if (block->live == 0) block->used = 0;  // rewind: its readers are waited for below
   }
   std::vector<size_t> usable;
-  for (const auto& block : blocks_) usable.push_back(block->usable());
+  for (const auto& block : blocks_) usable.push_back(pinned_bytes_now(block->memory));
   auto room = [&](size_t b) { return usable[b] > blocks_[b]->used ? usable[b] - blocks_[b]->used : 0; };
   std::vector<std::shared_ptr<Block>> touched;
   auto place = [&](size_t b, const Span& span) {
     Block& block = *blocks_[b];
     placed->push_back(span);
-    hosts->push_back(block.host + block.used);
+    hosts->push_back(block.memory.host + block.used);
     block.used += aligned(span.size());
     block.live += span.size();
     if (std::find(touched.begin(), touched.end(), blocks_[b]) == touched.end()) touched.push_back(blocks_[b]);
   };
+  // First fit by the whole span, as unplaced_bytes counts: a block pinned in steps takes a span
+  // its steps will hold once one of them has room, and gets it part by part.
+  auto fits = [&](size_t b, size_t whole) {
+    const Block& block = *blocks_[b];
+    if (!block.memory.steps) return room(b) >= whole;
+    return room(b) > 0 && pinned_bytes_eventually(block.memory) - block.used >= whole;
+  };
   for (const Span& span : spans) {
-    // First fit by the whole span, as unplaced_bytes counts; a block being pinned in steps also
-    // takes its first parts, up to the steps done.
     size_t b = 0;
-    const size_t whole = aligned(span.size());
-    while (b < blocks_.size() && room(b) < whole && !(blocks_[b]->steps && room(b) > 0 &&
-                                                       blocks_[b]->usable_when_pinned() - blocks_[b]->used >= whole)) {
-      ++b;
-    }
+    while (b < blocks_.size() && !fits(b, aligned(span.size()))) ++b;
     if (b == blocks_.size()) break;
-    if (!blocks_[b]->steps) {
+    if (!blocks_[b]->memory.steps) {
       place(b, span);
       continue;
     }
@@ -160,10 +156,10 @@ bool Staging::wait_for_pinning() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const auto& block : blocks_) {
-      if (!block->steps) continue;
-      std::lock_guard<std::mutex> progress(block->steps->mutex);
-      if (block->steps->done) continue;
-      pinning = block->steps;
+      if (!block->memory.steps) continue;
+      std::lock_guard<std::mutex> progress(block->memory.steps->mutex);
+      if (block->memory.steps->done) continue;
+      pinning = block->memory.steps;
       seen = pinning->pinned;
       break;
     }
@@ -238,7 +234,7 @@ void Staging::give_back(Block& block, size_t bytes, const EventRef& read) {
 
 std::shared_ptr<Staging::Block> Staging::block_holding(const char* host) const {
   for (const auto& block : blocks_) {
-    if (host >= block->host && host < block->host + block->capacity) return block;
+    if (host >= block->memory.host && host < block->memory.host + block->memory.bytes) return block;
   }
   return nullptr;
 }
@@ -249,7 +245,7 @@ uvm_status Staging::free_block(const Call& call, const Block& block) {
   for (const EventRef& read : block.reads) {
     if (cudaError_t e = cudaEventSynchronize(read->handle)) return fail_cuda(call, e, "cudaEventSynchronize");
   }
-  return unpin_host_memory(call, PinnedMemory{block.host, block.capacity, block.pinned, block.steps});
+  return unpin_host_memory(call, block.memory);
 }
 
 Staging::RoomClaim::RoomClaim(Staging& store) : store_(store) {
@@ -285,7 +281,7 @@ uvm_status Staging::free_unused(const Call& call) {
 size_t Staging::capacity_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   size_t total = 0;
-  for (const auto& block : blocks_) total += block->capacity;
+  for (const auto& block : blocks_) total += block->memory.bytes;
   return total;
 }
 

@@ -89,18 +89,7 @@ class Staging {
 
  private:
   struct Block {
-    char* host = nullptr;
-    size_t capacity = 0;
-    PinnedKind pinned = PinnedKind::host_alloc;  // how to give it back
-    std::shared_ptr<StepPinning> steps;          // while or after pinning in steps
-    // Bytes pinned now, and bytes that will be once a pinning in progress ends (a failed one
-    // stops short).
-    size_t usable() const { return pinned_bytes_now(PinnedMemory{host, capacity, pinned, steps}); }
-    size_t usable_when_pinned() const {
-      if (!steps) return capacity;
-      std::lock_guard<std::mutex> lock(steps->mutex);
-      return steps->done && !steps->failure.empty() ? steps->pinned : capacity;
-    }
+    PinnedMemory memory;  // how it was pinned, and how far a pinning in steps has come
     size_t used = 0;  // bump pointer
     size_t live = 0;  // bytes reserved or staged
     int device = 0;   // current when it was allocated; freed in that device's context

@@ -4,12 +4,15 @@ namespace uvm {
 namespace {
 
 // Creates an event and records it on `stream`: the event, or the CUDA error and the call that failed.
-cudaError_t create_and_record(cudaStream_t stream, EventRef* out, const char** failed_call) {
+// Ordering events skip timing (cheaper to record and wait on); timing events are cudaEventCreate's
+// default.
+cudaError_t create_and_record(cudaStream_t stream, bool timing, EventRef* out, const char** failed_call) {
   auto event = std::make_shared<CudaEvent>();
-  cudaError_t e = cudaEventCreateWithFlags(&event->handle, cudaEventDisableTiming);
+  cudaError_t e = timing ? cudaEventCreate(&event->handle)
+                         : cudaEventCreateWithFlags(&event->handle, cudaEventDisableTiming);
   if (e != cudaSuccess) {
     event->handle = nullptr;
-    *failed_call = "cudaEventCreateWithFlags";
+    *failed_call = timing ? "cudaEventCreate" : "cudaEventCreateWithFlags";
     return e;
   }
   if ((e = cudaEventRecord(event->handle, stream)) != cudaSuccess) {
@@ -29,20 +32,27 @@ CudaEvent::~CudaEvent() {
 EventRef try_record(cudaStream_t stream) {
   EventRef event;
   const char* failed_call = nullptr;
-  clear_cuda_error(create_and_record(stream, &event, &failed_call));
+  clear_cuda_error(create_and_record(stream, false, &event, &failed_call));
+  return event;
+}
+
+EventRef try_record_timing(cudaStream_t stream) {
+  EventRef event;
+  const char* failed_call = nullptr;
+  clear_cuda_error(create_and_record(stream, true, &event, &failed_call));
   return event;
 }
 
 uvm_status record_event(const Call& call, cudaStream_t stream, EventRef* out) {
   const char* failed_call = nullptr;
-  if (cudaError_t e = create_and_record(stream, out, &failed_call)) return fail_cuda(call, e, "%s", failed_call);
+  if (cudaError_t e = create_and_record(stream, false, out, &failed_call)) return fail_cuda(call, e, "%s", failed_call);
   return UVM_OK;
 }
 
 uvm_status mark_or_wait(const Call& call, cudaStream_t stream, EventRef* out) {
   out->reset();
   const char* failed_call = nullptr;
-  const cudaError_t e = clear_cuda_error(create_and_record(stream, out, &failed_call));
+  const cudaError_t e = clear_cuda_error(create_and_record(stream, false, out, &failed_call));
   if (e == cudaSuccess) return UVM_OK;
   if (cudaError_t waited = cudaStreamSynchronize(stream)) {
     return fail_cuda(call, waited, "cudaStreamSynchronize (standing in for an event: %s gave %s)", failed_call,

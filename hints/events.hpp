@@ -24,6 +24,9 @@ using EventRef = std::shared_ptr<CudaEvent>;
 // created or recorded; records no error and leaves none pending.
 EventRef try_record(cudaStream_t stream);
 
+// The same with timing (cudaEventCreate), for cudaEventElapsedTime: the marks of trace.hpp.
+EventRef try_record_timing(cudaStream_t stream);
+
 // An event recorded on `stream` now; fails naming the CUDA call that failed.
 uvm_status record_event(const Call& call, cudaStream_t stream, EventRef* out);
 

@@ -61,16 +61,10 @@ class RelaxedCapture {
   bool changed_ = false;
 };
 
-// A timing event (cudaEventCreate: timing is its default) recorded on `stream` now, or null.
+// A timing event recorded on `stream` now, or null.
 EventRef try_mark(cudaStream_t stream) {
   const RelaxedCapture relaxed;
-  auto event = std::make_shared<CudaEvent>();
-  if (clear_cuda_error(cudaEventCreate(&event->handle)) != cudaSuccess) {
-    event->handle = nullptr;
-    return nullptr;
-  }
-  if (clear_cuda_error(cudaEventRecord(event->handle, stream)) != cudaSuccess) return nullptr;
-  return event;
+  return try_record_timing(stream);
 }
 
 struct Epoch {

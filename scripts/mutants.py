@@ -49,6 +49,8 @@ MUTANTS = [
   "offload_tests", "[steps]"),
  ("offload/staging.cpp", "std::min({static_cast<size_t>(span.end - at), to_step_end, room(b)})",
   "std::min(static_cast<size_t>(span.end - at), room(b))", "offload_tests", "[steps]"),
+ # A round of an offload in steps stages a whole piece where staging placed only its first part.
+ ("offload/offload.cpp", "    cut.push_back(clipped(pieces[p], span));", "    cut.push_back(pieces[p]);", "offload_tests", "[steps]"),
  # Timing reads events in the global capture mode: a capture on another stream is invalidated.
  ("hints/trace.cpp", "  const RelaxedCapture relaxed;\n  out->clear();", "  out->clear();", "hints_tests", "[trace_capture]"),
  ("hints/trace.cpp", "  Epoch of(int device) {\n    const RelaxedCapture relaxed;", "  Epoch of(int device) {", "hints_tests", "[trace_capture]"),

@@ -3,6 +3,7 @@
 // runs beside them on other threads (the same ranges, frees, release_staging), and whichever CUDA
 // call fails half-way. The fake runtime really copies bytes and scribbles 0xDD over discarded ones.
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -425,4 +426,48 @@ TEST_CASE("every failed CUDA call in an offload or onload rolls back cleanly", "
   const size_t events_before = fake::live_events();
   check_rollbacks();
   CHECK(fake::live_events() == events_before);  // no event outlives the memory it ordered
+}
+
+// Run with UVM_PINNED unset (tests/meson.build: offload-pinned-in-steps): the staging block is
+// pinned in 256 MiB steps, and the offload copies into each step as it is done, in rounds that let
+// go of the moves lock between them.
+TEST_CASE("an offload in rounds, cut at pinning steps, keeps kept neighbours and survives an onload between rounds",
+          "[scenario][steps][safety][cuda13]") {
+  FakeMachine machine;
+  REQUIRE(uvm_release_staging() == UVM_OK);  // nothing pinned: the offload pins in steps
+  const size_t mib = size_t{1} << 20;
+  // Moved pieces of 200, 200 and 150 MiB around kept ones of 1 MiB and 512 B: the staged bytes
+  // span three steps, cut inside the first two pieces.
+  Layout layout({200 * mib, mib, 200 * mib, 512, 150 * mib}, 512);
+  cudaStream_t stream = fake::make_stream();
+  auto copied_out = [] {
+    size_t bytes = 0;
+    for (const fake::Op& op : FakeMachine::ops_named(fake::OpKind::copy_to_host)) bytes += op.size;
+    return bytes;
+  };
+  fake::hold_next("cudaHostRegister", 1);  // the second step waits
+  uvm_status offloaded = UVM_ERROR_INTERNAL;
+  std::thread offload([&] {
+    fake::set_thread_context(0);
+    offloaded = uvm_offload_ranges(layout.moved.data(), layout.moved.size(), UVM_STRATEGY_STAGED, stream);
+  });
+  REQUIRE(fake::wait_until_held(10000));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (copied_out() < 256 * mib && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CHECK(copied_out() == 256 * mib);  // the first step's round is done; the offload waits, holding no lock
+  // An onload of the same ranges on this thread runs between the rounds (the offload may stage
+  // what it brought back once more: the offload was asked for all of it); meanwhile the program
+  // writes the kept neighbours.
+  REQUIRE(uvm_onload_ranges(layout.moved.data(), layout.moved.size(), stream) == UVM_OK);
+  layout.write(layout.kept, 1);
+  fake::release_held();
+  offload.join();
+  REQUIRE(offloaded == UVM_OK);
+  CHECK(staged_bytes() == 550 * mib);  // in the end all of it, whatever the onload took back between
+  REQUIRE(uvm_onload_ranges(layout.moved.data(), layout.moved.size(), stream) == UVM_OK);
+  CHECK(layout.first_wrong(layout.kept, 1) == -1);
+  CHECK(layout.first_wrong(layout.moved, 0) == -1);
+  check_no_staging_left();
 }

@@ -141,6 +141,37 @@ print(repr(log.getvalue()))
     assert "\\r" not in out and out == repr("cycle 1/3\ncycle 2/3\ncycle 3/3\n")
 
 
+def test_bench_tables_have_small_tensor_and_pool_rows_against_pinned():
+    code = """import sys, types
+sys.argv = ['x']
+sys.path.insert(0, %r)
+try:
+    import torch
+except ImportError:  # the tables need no torch: a stand-in with what the module's definitions name
+    torch = types.ModuleType("torch")
+    torch.nn = types.SimpleNamespace(Module=object)
+    sys.modules["torch"] = torch
+import offload_bench as b
+def row(shape, method, off, on):
+    return {"shape": shape, "size_mib": 2048, "params": 4096 if shape == "small" else 1027, "method": method,
+            "offload_gbps": off, "onload_gbps": on, "reclaimed": None if method == "pinned memcpy" else True,
+            "graph_ok": None if method == "pinned memcpy" else True, "first_offload_gbps": None}
+rows = [row("transformer", "uvm auto", 50.0, 44.0), row("transformer", "uvm pool", 25.0, 22.0),
+        row("transformer", "pinned memcpy", 50.0, 55.0), row("small", "uvm auto", 40.0, 27.5),
+        row("small", "uvm pool", 30.0, 20.0), row("small", "pinned memcpy", 50.0, 55.0)]
+old = dict(rows[0]); del old["shape"]  # results written before shapes existed read as transformer
+print(b.markdown(rows))
+print("\\n".join(b.goal_lines(rows)))
+print(b.markdown([old]).splitlines()[-1])
+""" % str(SHIM.parent / "bench")
+    out = python(code).stdout
+    assert "| 2048 MiB small | 4096 | uvm auto | 40.0 | 27.5 | 80% | 50% |" in out, out
+    assert "| 2048 MiB | 1027 | uvm pool | 25.0 | 22.0 | 50% | 40% |" in out, out
+    assert "uvm.offload(pool) 25.0 / 22.0 GB/s against by tensors 50.0 / 44.0" in out, out
+    assert "small tensors, 4096 x 512 KiB, uvm pool: offload 30.0 GB/s (goal >= 45), onload 20.0" in out, out
+    assert out.strip().splitlines()[-1].startswith("| 2048 MiB | 1027 | uvm auto |"), out
+
+
 @needs_torch
 def test_tensor_guards():
     assert uvm.prefetch_managed_tensor(None, device=0) is None

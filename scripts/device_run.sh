@@ -18,7 +18,8 @@
 #   BEFORE=DIR                   also benchmarks the uvm tree in DIR (an older commit's files,
 #                                e.g. from `git archive`), alternating before/after runs of
 #                                BEFORE_ARGS (default: 1 and 4 GiB, auto, staged and pinned memcpy;
-#                                split on spaces)
+#                                split as the shell splits words, so quotes group); BEFORE_ALSO="VAR=x"
+#                                adds a run of this tree with that environment to each round
 # The device has no network: Catch2 travels as Debian's .deb in .deps/ (carry it), unpacked to /tmp.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -121,7 +122,7 @@ fi
 if [ -n "${BEFORE:-}" ]; then
   echo "== offload bench: before ($BEFORE) and after (this tree), alternating"
   before_args=(--sizes-mib 1024,4096 --methods "uvm auto,uvm staged,pinned memcpy")
-  [ -n "${BEFORE_ARGS:-}" ] && read -r -a before_args <<<"$BEFORE_ARGS"
+  [ -n "${BEFORE_ARGS:-}" ] && eval "before_args=($BEFORE_ARGS)"
   for round in 1 2; do
     for side in before after; do
       root=$PWD
@@ -131,6 +132,11 @@ if [ -n "${BEFORE:-}" ]; then
         { tail -n 20 "$OUT/bench-$side-$round.log"; status=1; }
       echo "-- $side, round $round"
       grep -E "^\| *[0-9]" "$OUT/bench-$side-$round.log"
+      [ -n "${BEFORE_ALSO:-}" ] && [ "$side" = after ] && {
+        echo "-- after with $BEFORE_ALSO, round $round"
+        env $BEFORE_ALSO UVM_CACHE_DIR=/tmp/uvm-cache-after PYTHONPATH=$PWD/python_shim python3 -m uvm bench \
+          "${before_args[@]}" --out "$OUT/bench-also-$round" 2>/dev/null | grep -E "^\| *[0-9]"
+      }
     done
   done
 fi

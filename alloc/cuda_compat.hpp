@@ -4,14 +4,12 @@
 //                              cudaMemAdvise(ptr, n, advice, device); CPU = cudaCpuDeviceId.
 //   12020 <= VERSION < 13000   location forms with a _v2 suffix: cudaMemPrefetchAsync_v2(ptr, n,
 //                              cudaMemLocation, flags, stream), cudaMemAdvise_v2(ptr, n, advice, loc).
-//   VERSION >= 13000           location forms under the plain names; cudaMemDiscardBatchAsync,
-//                              cudaMemPrefetchBatchAsync.
+//   VERSION >= 13000           location forms under the plain names; cudaMemDiscardBatchAsync.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
-#include <vector>
 
 #include "uvm.h"
 
@@ -39,30 +37,6 @@ inline cudaError_t prefetch_to(const void* ptr, size_t size, int device, cudaStr
 #else
   return cudaMemPrefetchAsync(ptr, size, device, stream);
 #endif
-}
-
-// Whether prefetch_batch_to can issue one call for many ranges.
-constexpr bool kPrefetchBatchAvailable = CUDART_VERSION >= 13000;
-
-// Prefetches `ranges` (each inside one allocation) to `device` in `stream` order: with `batch` (and
-// CUDA 13) one cudaMemPrefetchBatchAsync, which must not be given the legacy NULL stream; else one
-// cudaMemPrefetchAsync a range.
-inline cudaError_t prefetch_batch_to(const std::vector<void*>& ptrs, const std::vector<size_t>& sizes, int device,
-                                     cudaStream_t stream, bool batch) {
-#if CUDART_VERSION >= 13000
-  if (batch && ptrs.size() > 1) {
-    cudaMemLocation location = location_of(device);
-    size_t first_index = 0;
-    return cudaMemPrefetchBatchAsync(const_cast<void**>(ptrs.data()), const_cast<size_t*>(sizes.data()), ptrs.size(),
-                                     &location, &first_index, 1, 0, stream);
-  }
-#else
-  (void)batch;
-#endif
-  for (size_t i = 0; i < ptrs.size(); ++i) {
-    if (cudaError_t e = prefetch_to(ptrs[i], sizes[i], device, stream)) return e;
-  }
-  return cudaSuccess;
 }
 
 inline cudaError_t advise(const void* ptr, size_t size, cudaMemoryAdvise advice, int device) {

@@ -1,6 +1,7 @@
 // uvm_onload_ranges: bringing offloaded memory back to its GPU. Staged bytes are copied back from
 // pinned memory chunk by chunk over uvm's worker streams; migrated bytes are prefetched.
 #include <algorithm>
+#include <set>
 #include <vector>
 
 #include "../alloc/cuda_compat.hpp"
@@ -59,23 +60,6 @@ uvm_status start_workers(const Call& call, const std::vector<StagedWork>& work, 
   return UVM_OK;
 }
 
-// Prefetches a chunk's populate ranges to `device` on `worker`; `why` says which of the two.
-uvm_status populate(const Call& call, const OnloadChunk& chunk, int device, cudaStream_t worker, bool batch,
-                    const char* why) {
-  std::vector<void*> ptrs;
-  std::vector<size_t> sizes;
-  for (const Span& span : chunk.populate) {
-    ptrs.push_back(reinterpret_cast<void*>(span.begin));
-    sizes.push_back(span.size());
-  }
-  if (cudaError_t e = prefetch_batch_to(ptrs, sizes, device, worker, batch)) {
-    const bool one_call = batch && kPrefetchBatchAvailable && ptrs.size() > 1;
-    return fail_cuda(call, e, "%s(%zu range%s from %p, %zu bytes) %s", one_call ? "cudaMemPrefetchBatchAsync" : "cudaMemPrefetchAsync",
-                     ptrs.size(), ptrs.size() == 1 ? "" : "s", ptrs.front(), chunk.bytes(), why);
-  }
-  return UVM_OK;
-}
-
 // One chunk back on a worker: prefetch, copy, prefetch.
 // - The prefetch before the copies populates the chunk. Copying into discarded pages without it
 //   faults page by page (0.6 GB/s on an H100); populating everything first and copying after is as
@@ -90,13 +74,16 @@ uvm_status populate(const Call& call, const OnloadChunk& chunk, int device, cuda
 //
 // A chunk of releasable memory (device memory, mapped before the onload) is only copied.
 // `lane` names the worker in move reports and traces.
-uvm_status copy_chunk(const Call& call, int device, const OnloadChunk& chunk, bool batch, cudaStream_t worker,
+uvm_status copy_chunk(const Call& call, int device, const OnloadChunk& chunk, bool managed, cudaStream_t worker,
                       int lane) {
-  const bool managed = chunk.copies.front().managed;
-  StreamPhase phase(managed ? Phase::populate : Phase::copy, worker, lane, chunk.populate.front().begin);
+  void* populate = reinterpret_cast<void*>(chunk.populate.begin);
+  StreamPhase phase(managed ? Phase::populate : Phase::copy, worker, lane, chunk.populate.begin);
   if (managed) {
-    if (uvm_status s = populate(call, chunk, device, worker, batch, "populating before the copy")) return s;
-    phase.next(Phase::copy, chunk.bytes());
+    if (cudaError_t e = prefetch_to(populate, chunk.populate.size(), device, worker)) {
+      return fail_cuda(call, e, "cudaMemPrefetchAsync(%p, %zu bytes) populating before the copy", populate,
+                       chunk.populate.size());
+    }
+    phase.next(Phase::copy, chunk.populate.size());
   }
   size_t copied = 0;
   for (const CopyPiece& copy : chunk.copies) {
@@ -111,30 +98,35 @@ uvm_status copy_chunk(const Call& call, int device, const OnloadChunk& chunk, bo
     return UVM_OK;
   }
   phase.next(Phase::populate, copied);  // the prefetch after: moves nothing once the pages hold the data
-  if (uvm_status s = populate(call, chunk, device, worker, batch, "undoing the discard after the copy")) return s;
+  if (cudaError_t e = prefetch_to(populate, chunk.populate.size(), device, worker)) {
+    return fail_cuda(call, e, "cudaMemPrefetchAsync(%p, %zu bytes) undoing the discard after the copy", populate,
+                     chunk.populate.size());
+  }
   phase.finish(0);
   return UVM_OK;
 }
 
 // Issues every chunk on the workers in turn. Releasable memory is mapped chunk by chunk, so that
-// mapping the next allocations overlaps the copies into the ones before. Counts the prefetch calls.
-uvm_status issue_chunks(const Call& call, int device, const std::vector<StagedWork>& work,
-                        const OnloadPipeline& pipeline, Workers* workers, uint64_t* prefetches) {
+// mapping the next allocations overlaps the copies into the ones before. Counts the prefetches.
+uvm_status issue_chunks(const Call& call, int device, const std::vector<StagedWork>& work, size_t chunk_bytes,
+                        Workers* workers, uint64_t* prefetches) {
   std::vector<CopyPiece> pieces;
+  std::set<uintptr_t> releasable;
   for (const StagedWork& w : work) {
-    pieces.push_back(CopyPiece{w.piece.span, w.range.allocation, w.piece.host, !w.range.releasable});
+    pieces.push_back(CopyPiece{w.piece.span, w.range.allocation, w.piece.host});
+    if (w.range.releasable) releasable.insert(w.range.allocation);
   }
-  const std::vector<OnloadChunk> chunks = plan_onload(pieces, pipeline.chunk_bytes);
-  const bool batch = pipeline.batch_prefetch && kPrefetchBatchAvailable;
+  const std::vector<OnloadChunk> chunks = plan_onload(pieces, chunk_bytes);
   for (size_t c = 0; c < chunks.size(); ++c) {
-    const CopyPiece& first = chunks[c].copies.front();
+    const uintptr_t allocation = chunks[c].copies.front().allocation;
+    const bool managed = releasable.count(allocation) == 0;
     workers->used = static_cast<int>(std::min<size_t>(c + 1, workers->count));
-    if (!first.managed) {
-      if (uvm_status s = restore_one(call, first.allocation)) return s;
+    if (!managed) {
+      if (uvm_status s = restore_one(call, allocation)) return s;
     }
     const int worker = static_cast<int>(c % workers->count);
-    if (uvm_status s = copy_chunk(call, device, chunks[c], batch, workers->streams[worker], worker + 1)) return s;
-    if (first.managed) *prefetches += 2 * (batch ? 1 : chunks[c].populate.size());
+    if (uvm_status s = copy_chunk(call, device, chunks[c], managed, workers->streams[worker], worker + 1)) return s;
+    if (managed) *prefetches += 2;
   }
   return UVM_OK;
 }
@@ -173,7 +165,7 @@ uvm_status copy_back(const Call& call, int device, const std::vector<StagedWork>
   if (uvm_status s = start_workers(call, work, stream, workers)) return s;
   uint64_t prefetches = 0;
   EventRef read;
-  uvm_status status = issue_chunks(call, device, work, pipeline, &workers, &prefetches);
+  uvm_status status = issue_chunks(call, device, work, pipeline.chunk_bytes, &workers, &prefetches);
   if (status == UVM_OK) status = join_workers(call, workers, stream, &read);
   if (status != UVM_OK) {
     settle(workers);

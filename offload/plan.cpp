@@ -51,43 +51,27 @@ std::vector<Span> split_into_chunks(const std::vector<Span>& spans, size_t chunk
   return chunks;
 }
 
-OnloadPipeline parse_onload_pipeline(const char* chunk_mib, const char* streams, const char* prefetch) {
+OnloadPipeline parse_onload_pipeline(const char* chunk_mib, const char* streams) {
   return OnloadPipeline{
       static_cast<size_t>(parse_in_range(chunk_mib, 1, 4096, kDefaultChunkMiB)) << 20,
-      static_cast<int>(parse_in_range(streams, 1, kMaxWorkerStreams, kDefaultStreams)),
-      prefetch == nullptr || std::string(prefetch) != "each"};
-}
-
-size_t OnloadChunk::bytes() const {
-  size_t total = 0;
-  for (const Span& span : populate) total += span.size();
-  return total;
+      static_cast<int>(parse_in_range(streams, 1, kMaxWorkerStreams, kDefaultStreams))};
 }
 
 std::vector<OnloadChunk> plan_onload(const std::vector<CopyPiece>& pieces, size_t chunk_bytes) {
   std::vector<OnloadChunk> chunks;
-  size_t room = 0;  // what the last chunk can still take
   for (size_t i = 0; i < pieces.size(); ++i) {
     const CopyPiece& piece = pieces[i];
     const CopyPiece* before = i > 0 ? &pieces[i - 1] : nullptr;
-    const bool same_allocation = before != nullptr && before->allocation == piece.allocation && piece.allocation != 0;
-    const bool touches = same_allocation && piece.span.begin == before->span.end;
-    // Whether the piece may join the last chunk at all: managed pieces join managed ones; a
-    // releasable piece only continues the pieces of its own allocation that it touches.
-    const bool joinable = !chunks.empty() && before != nullptr && before->managed == piece.managed &&
-                          (piece.managed || touches);
     for (uintptr_t at = piece.span.begin; at < piece.span.end;) {
-      // A piece cut at a chunk's end goes on in a new one.
-      if (!(at == piece.span.begin && joinable && room > 0)) {
-        chunks.push_back(OnloadChunk{});
-        room = chunk_bytes;
-      }
+      const bool continues = at == piece.span.begin && before != nullptr && !chunks.empty() &&
+                             before->allocation == piece.allocation && piece.allocation != 0 &&
+                             piece.span.begin == before->span.end && chunks.back().populate.end == before->span.end;
+      const bool fits = continues && piece.span.begin - chunks.back().populate.begin < chunk_bytes;
+      if (!fits) chunks.push_back(OnloadChunk{Span{at, at}, {}});
       OnloadChunk& chunk = chunks.back();
-      const uintptr_t end = at + std::min<size_t>(piece.span.end - at, room);
-      if (touches && !chunk.populate.empty() && chunk.populate.back().end == at) chunk.populate.back().end = end;
-      else chunk.populate.push_back(Span{at, end});
-      chunk.copies.push_back(CopyPiece{Span{at, end}, piece.allocation, piece.host + (at - piece.span.begin), piece.managed});
-      room -= end - at;
+      const uintptr_t end = std::min<uintptr_t>(piece.span.end, chunk.populate.begin + chunk_bytes);
+      chunk.copies.push_back(CopyPiece{Span{at, end}, piece.allocation, piece.host + (at - piece.span.begin)});
+      chunk.populate.end = end;
       at = end;
     }
   }
@@ -96,8 +80,7 @@ std::vector<OnloadChunk> plan_onload(const std::vector<CopyPiece>& pieces, size_
 
 OnloadPipeline onload_pipeline() {
   static const OnloadPipeline pipeline =
-      parse_onload_pipeline(std::getenv("UVM_ONLOAD_CHUNK_MIB"), std::getenv("UVM_ONLOAD_STREAMS"),
-                            std::getenv("UVM_ONLOAD_PREFETCH"));
+      parse_onload_pipeline(std::getenv("UVM_ONLOAD_CHUNK_MIB"), std::getenv("UVM_ONLOAD_STREAMS"));
   return pipeline;
 }
 

@@ -38,9 +38,7 @@ enum class OpKind {
   copy_to_host, copy_to_device,  // ptr: the device side
   host_alloc, host_free, host_register, host_unregister, event_record, event_sync, wait_event,  // event ops: ptr is the event
   stream_sync, device_sync, vmm_create, vmm_map, vmm_unmap,
-  timing_mark,  // a record of a timing event (cudaEventCreate); fail_next("cudaEventRecord(timing)") fails one
-  prefetch_batch  // one cudaMemPrefetchBatchAsync (ptr: its first range, size: all its bytes); each of
-                  // its ranges is also logged as a prefetch
+  timing_mark  // a record of a timing event (cudaEventCreate); fail_next("cudaEventRecord(timing)") fails one
 };
 
 // How fast the virtual clock that timing events read says copies and prefetches run (every op

@@ -256,10 +256,15 @@ cudaError_t advise_at(const void* ptr, size_t size, cudaMemoryAdvise advice, int
   return cudaSuccess;
 }
 
-// A validated prefetch's effect: logged, and the discard state as measured (a copy's writes
-// into discarded pages stay "rewritten" until a prefetch to the device; a prefetch to the CPU
-// drops whatever is still counted as discarded).
-void apply_prefetch(World& w, const void* ptr, size_t size, int where, cudaStream_t stream) {
+cudaError_t prefetch_to(const void* ptr, size_t size, int where, unsigned int flags, cudaStream_t stream) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  cudaError_t error;
+  if (injected(w, "cudaMemPrefetchAsync", &error)) return error;
+  ensure_context(w);
+  if (flags != 0 || !inside_one_allocation(w, ptr, size)) return set_error(cudaErrorInvalidValue);
+  if (w.capturing.count(stream)) return set_error(cudaErrorStreamCaptureUnsupported);
+  if (where != cudaCpuDeviceId && !kDevices[where].concurrent) return set_error(cudaErrorInvalidDevice);
   const auto begin = reinterpret_cast<uintptr_t>(ptr);
   w.prefetched.push_back({begin, begin + size, where});
   log(w, fake::OpKind::prefetch, ptr, size, where, stream);
@@ -271,18 +276,6 @@ void apply_prefetch(World& w, const void* ptr, size_t size, int where, cudaStrea
       state = Discard::none;
     }
   });
-}
-
-cudaError_t prefetch_to(const void* ptr, size_t size, int where, unsigned int flags, cudaStream_t stream) {
-  World& w = world();
-  std::lock_guard<std::mutex> lock(w.mutex);
-  cudaError_t error;
-  if (injected(w, "cudaMemPrefetchAsync", &error)) return error;
-  ensure_context(w);
-  if (flags != 0 || !inside_one_allocation(w, ptr, size)) return set_error(cudaErrorInvalidValue);
-  if (w.capturing.count(stream)) return set_error(cudaErrorStreamCaptureUnsupported);
-  if (where != cudaCpuDeviceId && !kDevices[where].concurrent) return set_error(cudaErrorInvalidDevice);
-  apply_prefetch(w, ptr, size, where, stream);
   return cudaSuccess;
 }
 
@@ -434,8 +427,8 @@ const char* name(OpKind kind) {
                                       "free", "copy:to_host", "copy:to_device", "host_alloc", "host_free",
                                       "host_register", "host_unregister",
                                       "event_record", "event_sync", "wait_event", "stream_sync", "device_sync",
-                                      "vmm_create", "vmm_map", "vmm_unmap", "timing_mark", "prefetch_batch"};
-  static_assert(sizeof names / sizeof names[0] == static_cast<size_t>(OpKind::prefetch_batch) + 1, "a name per kind");
+                                      "vmm_create", "vmm_map", "vmm_unmap", "timing_mark"};
+  static_assert(sizeof names / sizeof names[0] == static_cast<size_t>(OpKind::timing_mark) + 1, "a name per kind");
   return names[static_cast<size_t>(kind)];
 }
 
@@ -717,35 +710,6 @@ cudaError_t cudaMemAdvise(const void* ptr, size_t size, cudaMemoryAdvise advice,
 
 cudaError_t cudaMemPrefetchAsync(const void* ptr, size_t size, int device, cudaStream_t stream) {
   return prefetch_to(ptr, size, device, 0, stream);
-}
-#endif
-
-#if CUDART_VERSION >= 13000
-cudaError_t cudaMemPrefetchBatchAsync(void** ptrs, size_t* sizes, size_t count, cudaMemLocation* locations,
-                                      size_t* location_indices, size_t location_count, unsigned long long flags,
-                                      cudaStream_t stream) {
-  World& w = world();
-  std::lock_guard<std::mutex> lock(w.mutex);
-  cudaError_t error;
-  if (injected(w, "cudaMemPrefetchBatchAsync", &error)) return error;
-  ensure_context(w);
-  // As documented: one location entry at least, the first applying from index 0, and never the
-  // legacy NULL stream (rejected as the discard batch is).
-  if (flags != 0 || count == 0 || stream == nullptr || stream == cudaStreamLegacy || location_count != 1 ||
-      location_indices[0] != 0) {
-    return set_error(cudaErrorInvalidValue);
-  }
-  if (w.capturing.count(stream)) return set_error(cudaErrorStreamCaptureUnsupported);
-  const int where = decode(locations[0]);
-  if (where != cudaCpuDeviceId && !kDevices[where].concurrent) return set_error(cudaErrorInvalidDevice);
-  for (size_t i = 0; i < count; ++i) {
-    if (!inside_one_allocation(w, ptrs[i], sizes[i])) return set_error(cudaErrorInvalidValue);
-  }
-  size_t total = 0;
-  for (size_t i = 0; i < count; ++i) total += sizes[i];
-  log(w, fake::OpKind::prefetch_batch, ptrs[0], total, where, stream);
-  for (size_t i = 0; i < count; ++i) apply_prefetch(w, ptrs[i], sizes[i], where, stream);
-  return cudaSuccess;
 }
 #endif
 

@@ -396,10 +396,7 @@ void check_rollbacks() {
     check_no_staging_left();
   }
   SECTION("onload: a copy back, a populate, the join") {
-    // The moved pieces are not touching (kept ones lie between), so with CUDA 13 one batch
-    // populates them all.
-    const char* populate = CUDART_VERSION >= 13000 ? "cudaMemPrefetchBatchAsync" : "cudaMemPrefetchAsync";
-    for (const char* call : {"cudaMemcpyAsync", populate, "cudaStreamWaitEvent", "cudaEventRecord"}) {
+    for (const char* call : {"cudaMemcpyAsync", "cudaMemPrefetchAsync", "cudaStreamWaitEvent", "cudaEventRecord"}) {
       CAPTURE(call);
       REQUIRE(offload() == UVM_OK);
       layout.write(layout.kept, 3);

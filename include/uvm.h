@@ -320,6 +320,28 @@ UVM_API uvm_status uvm_onload_ranges(const uvm_range* ranges, size_t count, cuda
  * out-pointer may be NULL. */
 UVM_API uvm_status uvm_get_staging(size_t* capacity_bytes, size_t* staged_bytes);
 
+/* How uvm gets its staging memory (env UVM_PINNED; see uvm_reserve_staging). */
+typedef enum uvm_pinned_kind {
+  UVM_PINNED_REGISTERED = 0, /* mapped, huge pages where allowed, cudaHostRegister (the default) */
+  UVM_PINNED_HOST_ALLOC = 1, /* cudaHostAlloc (UVM_PINNED=hostalloc, or where registering failed) */
+  UVM_PINNED_PAGEABLE = 2    /* mapped but never pinned (UVM_PINNED=pageable): slower copies */
+} uvm_pinned_kind;
+
+/* The staging memory uvm holds, by how it was got. */
+typedef struct uvm_staging_info {
+  size_t capacity_bytes;     /* host memory held for staging, all kinds together */
+  size_t staged_bytes;       /* of it, holding offloaded data */
+  size_t registered_bytes;   /* of it, UVM_PINNED_REGISTERED */
+  size_t host_alloc_bytes;   /* of it, UVM_PINNED_HOST_ALLOC */
+  size_t pageable_bytes;     /* of it, UVM_PINNED_PAGEABLE */
+  size_t pinning_bytes;      /* of registered_bytes, not pinned yet: a block still being pinned in steps */
+  size_t blocks;             /* host allocations held */
+  int configured_kind;       /* the uvm_pinned_kind env UVM_PINNED asks for */
+} uvm_staging_info;
+
+/* Fills `info` (not NULL) with the staging memory held, by kind. */
+UVM_API uvm_status uvm_get_staging_info(uvm_staging_info* info);
+
 /* Allocates pinned staging memory ahead of need, so that a later staged offload of up to `bytes` in
  * one call pays no pinning on its critical path: call it at model load. (Without it, an offload
  * that needs more staging pins a new block in 256 MiB steps on a thread of its own and copies into

@@ -20,7 +20,12 @@ namespace uvm {
 // fault-in, cudaHostRegister; cudaHostAlloc if any of that fails), hostalloc (cudaHostAlloc only),
 // or pageable: mapped and faulted in the same way but never pinned, for hosts short on pinnable
 // memory; copies to and from it are staged by the driver and slower (docs/performance.md).
-enum class PinnedKind { registered, host_alloc, pageable };
+// The values are uvm_pinned_kind's, which reports them.
+enum class PinnedKind {
+  registered = UVM_PINNED_REGISTERED,
+  host_alloc = UVM_PINNED_HOST_ALLOC,
+  pageable = UVM_PINNED_PAGEABLE
+};
 
 // How far pinning in steps has come: the first `pinned` bytes are registered. Written by the
 // pinning thread, read by whoever waits for room.

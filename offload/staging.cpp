@@ -292,6 +292,31 @@ size_t Staging::staged_bytes() const {
   return total;
 }
 
+uvm_staging_info Staging::info() const {
+  uvm_staging_info info{};
+  std::lock_guard<std::mutex> lock(mutex_);  // one snapshot: staged bytes and blocks together
+  for (const auto& [begin, entry] : entries_) info.staged_bytes += entry.end - begin;
+  for (const auto& block : blocks_) {
+    const PinnedMemory& memory = block->memory;
+    info.capacity_bytes += memory.bytes;
+    ++info.blocks;
+    switch (memory.kind) {
+      case PinnedKind::registered:
+        info.registered_bytes += memory.bytes;
+        info.pinning_bytes += memory.bytes - pinned_bytes_now(memory);
+        break;
+      case PinnedKind::host_alloc:
+        info.host_alloc_bytes += memory.bytes;
+        break;
+      case PinnedKind::pageable:
+        info.pageable_bytes += memory.bytes;
+        break;
+    }
+  }
+  info.configured_kind = static_cast<int>(configured_pinned_kind());
+  return info;
+}
+
 size_t Staging::staged_bytes_in(uintptr_t begin, uintptr_t end) const {
   size_t total = 0;
   for (const StagedPiece& piece : overlapping(begin, end)) total += piece.span.size();
@@ -312,6 +337,15 @@ uvm_status uvm_get_staging(size_t* capacity_bytes, size_t* staged_bytes) {
   return uvm::guarded(call, [&] {
     if (capacity_bytes) *capacity_bytes = uvm::staging().capacity_bytes();
     if (staged_bytes) *staged_bytes = uvm::staging().staged_bytes();
+    return UVM_OK;
+  });
+}
+
+uvm_status uvm_get_staging_info(uvm_staging_info* info) {
+  const uvm::Call call = uvm::Call::of("uvm_get_staging_info");
+  return uvm::guarded(call, [&] {
+    if (info == nullptr) return uvm::fail(call, UVM_ERROR_INVALID_ARGUMENT, "info is NULL");
+    *info = uvm::staging().info();
     return UVM_OK;
   });
 }

@@ -84,6 +84,8 @@ class Staging {
   };
   size_t capacity_bytes() const;
   size_t staged_bytes() const;
+  // The held memory by kind (uvm_get_staging_info).
+  uvm_staging_info info() const;
   // The staged bytes inside [begin, end).
   size_t staged_bytes_in(uintptr_t begin, uintptr_t end) const;
 

@@ -109,11 +109,15 @@ def mem_get_info(device=None) -> tuple[int, int]:
 
 
 def staging() -> dict:
-    """The pinned host memory uvm holds for staged offload: capacity_bytes, and staged_bytes in use."""
-    lib = _get_ctypes_lib()
-    capacity, staged = ctypes.c_size_t(), ctypes.c_size_t()
-    _lib.check(lib.uvm_get_staging(ctypes.byref(capacity), ctypes.byref(staged)))
-    return {"capacity_bytes": capacity.value, "staged_bytes": staged.value}
+    """The host memory uvm holds for staged offload: capacity_bytes, staged_bytes in use, and by how
+    it was got (registered_bytes, host_alloc_bytes, pageable_bytes; pinning_bytes of the registered
+    ones not pinned yet), in `blocks` host allocations; `kind` is what env UVM_PINNED asks for
+    ("register", "hostalloc" or "pageable")."""
+    info = _lib.StagingInfo()
+    _lib.check(_get_ctypes_lib().uvm_get_staging_info(ctypes.byref(info)))
+    found = {name: getattr(info, name) for name, _ in _lib.StagingInfo._fields_ if name != "configured_kind"}
+    found["kind"] = _lib.PINNED_KINDS.get(info.configured_kind, str(info.configured_kind))
+    return found
 
 
 def reserve_staging(nbytes: int) -> None:

@@ -50,6 +50,7 @@ def doctor() -> int:
             if not caps.concurrent_managed_access:
                 problems.append(f"device {device} lacks concurrentManagedAccess: prefetch and advice "
                                 "are unavailable there")
+        print(staging_line())  # host memory, shared by every device
     try:
         import torch
         print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), MemPool: "
@@ -79,10 +80,18 @@ def _print_residency(lib, device: int) -> None:
         print(f"  {label}: {r.allocations} allocations, {r.live_bytes >> 20} MiB: on device "
               f"{r.device_bytes >> 20} MiB, on host {r.host_bytes >> 20} MiB (staged {r.staged_bytes >> 20} "
               f"MiB), discarded {r.discarded_bytes >> 20} MiB")
-    capacity, staged = ctypes.c_size_t(), ctypes.c_size_t()
-    lib.uvm_get_staging(ctypes.byref(capacity), ctypes.byref(staged))
-    if device == 0:
-        print(f"  pinned staging memory: {capacity.value >> 20} MiB held, {staged.value >> 20} MiB in use")
+
+
+def staging_line() -> str:
+    """The staging memory held, by kind, in one line."""
+    import uvm
+    s = uvm.staging()
+    kinds = ", ".join(f"{label} {s[key] >> 20} MiB" for key, label in
+                      (("registered_bytes", "registered"), ("host_alloc_bytes", "cudaHostAlloc"),
+                       ("pageable_bytes", "pageable")) if s[key])
+    pinning = f", {s['pinning_bytes'] >> 20} MiB still being pinned" if s["pinning_bytes"] else ""
+    return (f"staging memory (UVM_PINNED={s['kind']}): {s['capacity_bytes'] >> 20} MiB held in {s['blocks']} "
+            f"block(s){' (' + kinds + ')' if kinds else ''}{pinning}, {s['staged_bytes'] >> 20} MiB in use")
 
 
 USAGE = """usage: python -m uvm doctor          what uvm sees here; exit 0 if a pool can be created

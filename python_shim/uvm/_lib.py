@@ -54,6 +54,17 @@ class Residency(ctypes.Structure):
                 ("released_bytes", ctypes.c_size_t)]
 
 
+class StagingInfo(ctypes.Structure):
+    _fields_ = [("capacity_bytes", ctypes.c_size_t), ("staged_bytes", ctypes.c_size_t),
+                ("registered_bytes", ctypes.c_size_t), ("host_alloc_bytes", ctypes.c_size_t),
+                ("pageable_bytes", ctypes.c_size_t), ("pinning_bytes", ctypes.c_size_t),
+                ("blocks", ctypes.c_size_t), ("configured_kind", ctypes.c_int)]
+
+
+# uvm_pinned_kind, as env UVM_PINNED names it.
+PINNED_KINDS = {0: "register", 1: "hostalloc", 2: "pageable"}
+
+
 class MovePhase(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("bytes", ctypes.c_size_t), ("operations", ctypes.c_uint32),
                 ("start", ctypes.c_double), ("seconds", ctypes.c_double)]
@@ -102,6 +113,7 @@ SIGNATURES = {
     "uvm_offload_ranges": (_int, [ctypes.POINTER(Range), _size, _int, _stream]),
     "uvm_onload_ranges": (_int, [ctypes.POINTER(Range), _size, _stream]),
     "uvm_get_staging": (_int, [ctypes.POINTER(_size), ctypes.POINTER(_size)]),
+    "uvm_get_staging_info": (_int, [ctypes.POINTER(StagingInfo)]),
     "uvm_reserve_staging": (_int, [_size]),
     "uvm_release_staging": (_int, []),
     "uvm_get_residency": (_int, [_int, ctypes.c_char_p, ctypes.POINTER(Residency)]),

@@ -19,6 +19,7 @@ static int failures = 0;
 #if defined(__LP64__)
 typedef char move_phase_is_40_bytes[sizeof(uvm_move_phase) == 40 ? 1 : -1];
 typedef char move_report_is_368_bytes[sizeof(uvm_move_report) == 368 ? 1 : -1];
+typedef char staging_info_is_64_bytes[sizeof(uvm_staging_info) == 64 ? 1 : -1];
 #endif
 
 int main(void) {

@@ -366,6 +366,14 @@ TEST_CASE("reserve_staging allocates ahead, once, and the next staged offload us
   REQUIRE(uvm_reserve_staging(b.size) == UVM_OK);  // already there: nothing more
   REQUIRE(uvm_reserve_staging(0) == UVM_OK);
   CHECK(fake::pinned_blocks() == blocks_before + 1);
+  uvm_staging_info info{};
+  REQUIRE(uvm_get_staging_info(&info) == UVM_OK);  // this program runs with UVM_PINNED=hostalloc
+  CHECK(info.configured_kind == UVM_PINNED_HOST_ALLOC);
+  CHECK(info.host_alloc_bytes == capacity);
+  CHECK(info.registered_bytes + info.pageable_bytes + info.pinning_bytes + info.staged_bytes == 0);
+  CHECK(info.blocks == 1);
+  CHECK(uvm_get_staging_info(nullptr) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(std::string(uvm_last_error()), Has("uvm_get_staging_info(): info is NULL"));
   fake::reset_ops();
   const uvm_range whole = b.whole();
   REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_STAGED, fake::make_stream()) == UVM_OK);
@@ -428,12 +436,22 @@ TEST_CASE("a first offload copies into the steps pinned so far while the rest is
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   CHECK(copied_out() == step);  // the first step's tensors are copied out, the second's wait
+  uvm_staging_info pinning{};
+  REQUIRE(uvm_get_staging_info(&pinning) == UVM_OK);
+  CHECK(pinning.configured_kind == UVM_PINNED_REGISTERED);
+  CHECK(pinning.blocks == 1);
+  CHECK(pinning.registered_bytes == 2 * step);
+  CHECK(pinning.pinning_bytes == step);  // the second step is not pinned yet
   fake::release_held();
   offload.join();
   REQUIRE(status == UVM_OK);
   CHECK(copied_out() == 2 * step);
   CHECK(residency().staged_bytes == 2 * step);
   CHECK(report.bytes == 2 * step);  // one call, in two rounds
+  uvm_staging_info pinned{};
+  REQUIRE(uvm_get_staging_info(&pinned) == UVM_OK);
+  CHECK(pinned.pinning_bytes == 0);
+  CHECK(pinned.staged_bytes == 2 * step);
   const void* copy = nullptr;
   REQUIRE(uvm_get_staged_copy(b.ptr, b.size, &copy) == UVM_OK);  // cut where the steps end, yet one copy
   REQUIRE(copy != nullptr);
@@ -486,6 +504,12 @@ TEST_CASE("UVM_PINNED=pageable stages in memory it never pins, and the data surv
   size_t capacity = 0;
   REQUIRE(uvm_get_staging(&capacity, nullptr) == UVM_OK);
   CHECK(capacity >= b.size);
+  uvm_staging_info info{};
+  REQUIRE(uvm_get_staging_info(&info) == UVM_OK);
+  CHECK(info.configured_kind == UVM_PINNED_PAGEABLE);
+  CHECK(info.pageable_bytes == capacity);  // all of it, and none pinned
+  CHECK(info.registered_bytes + info.host_alloc_bytes == 0);
+  CHECK(info.staged_bytes == b.size);
   const void* copy = nullptr;
   REQUIRE(uvm_get_staged_copy(b.ptr, b.size, &copy) == UVM_OK);
   REQUIRE(copy != nullptr);

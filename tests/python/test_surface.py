@@ -262,6 +262,20 @@ def test_device_arguments_refused_by_name(given, cpu, error):
         _lib.device_ordinal(given, cpu=cpu)
 
 
+def test_staging_reports_its_memory_by_kind_and_the_kind_asked_for():
+    """No GPU needed: nothing held yet, the kind env UVM_PINNED asks for, the C layout; doctor says it."""
+    code = ("import ctypes, uvm\nprint(sorted(uvm.staging().items()))\nprint(ctypes.sizeof(uvm._lib.StagingInfo))")
+    for env, kind in ((None, "register"), ("pageable", "pageable"), ("hostalloc", "hostalloc"), ("bogus", "register")):
+        out = python(code, {} if env is None else {"UVM_PINNED": env}).stdout.split("\n")
+        assert out[0] == str(sorted({"capacity_bytes": 0, "staged_bytes": 0, "registered_bytes": 0,
+                                     "host_alloc_bytes": 0, "pageable_bytes": 0, "pinning_bytes": 0,
+                                     "blocks": 0, "kind": kind}.items())), (env, out)
+        assert out[1] == "64", out  # 7 size_t and an int, padded (tests/abi/header_c99.c asserts it in C)
+    doctor = python("import sys, uvm.__main__ as m; sys.exit(m.main(['doctor']))", {"UVM_PINNED": "pageable"},
+                    check=False)
+    assert "staging memory (UVM_PINNED=pageable): 0 MiB held in 0 block(s), 0 MiB in use" in doctor.stdout, doctor.stdout
+
+
 def test_last_move_is_empty_before_any_move_and_flush_is_harmless(tmp_path):
     """No GPU needed: a thread that moved nothing has no report; the trace flush without UVM_TRACE
     does nothing, and with it (and no move) writes no file."""

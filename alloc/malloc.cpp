@@ -8,6 +8,7 @@
 #include "limits.hpp"
 #include "registry.hpp"
 #include "moves.hpp"
+#include "slabs.hpp"
 #include "stats.hpp"
 #include "vmm.hpp"
 
@@ -30,13 +31,23 @@ uvm_status apply_advice(const Call& call, void* ptr, size_t size, int device, uv
   return UVM_OK;
 }
 
-// Managed memory with the default advice applied.
+// Gives a slot back after the work that may still use it finished (cudaFree would wait too), and
+// frees its slab once no slot of it is in use.
+uvm_status free_slot(const Call& call, uintptr_t slab, void* ptr, bool reusable);
+
+// Managed memory with the default advice applied: its own cudaMallocManaged, or a slot of a slab
+// (alloc/slabs.hpp), whose base goes to `slab`.
 uvm_status allocate_managed(const Call& call, size_t size, int device, const DeviceCaps& caps,
-                            uvm_advice_mode mode, void** out) {
+                            uvm_advice_mode mode, void** out, uintptr_t* slab) {
   void* ptr = nullptr;
-  if (cudaError_t e = cudaMallocManaged(&ptr, size, cudaMemAttachGlobal)) return fail_cuda(call, e, "cudaMallocManaged");
+  if (slab_serves(size)) {
+    if (uvm_status s = take_slot(call, device, &ptr, slab)) return s;
+  } else if (cudaError_t e = cudaMallocManaged(&ptr, size, cudaMemAttachGlobal)) {
+    return fail_cuda(call, e, "cudaMallocManaged");
+  }
   if (uvm_status s = apply_advice(call, ptr, size, device, mode, caps)) {
-    clear_cuda_error(cudaFree(ptr));
+    if (*slab != 0) (void)free_slot(call, *slab, ptr, true);  // the advice failed: the slot is as it was
+    else clear_cuda_error(cudaFree(ptr));
     return s;
   }
   *out = ptr;
@@ -64,8 +75,9 @@ uvm_status allocate(const Call& call, size_t size, int device, Backing backing, 
   ContextScope scope;
   uvm_status status = scope.enter(call, device, ContextScope::When::always);
   void* ptr = nullptr;
+  uintptr_t slab = 0;
   if (status == UVM_OK) {
-    status = backing == Backing::managed ? allocate_managed(call, size, device, caps, mode, &ptr)
+    status = backing == Backing::managed ? allocate_managed(call, size, device, caps, mode, &ptr, &slab)
                                          : vmm_allocate(call, size, device, &ptr);
   }
   if (status != UVM_OK) {
@@ -75,7 +87,7 @@ uvm_status allocate(const Call& call, size_t size, int device, Backing backing, 
   // Nothing uvm knew about these addresses can describe the new memory.
   const auto begin = reinterpret_cast<uintptr_t>(ptr);
   forget_moved_state(begin, begin + size);
-  registry().insert(ptr, size, device, thread_tag(), backing);
+  registry().insert(ptr, size, device, thread_tag(), backing, slab);
   commit_reservation(device, size);
   *out = ptr;
   return UVM_OK;
@@ -85,20 +97,32 @@ bool exiting_error(cudaError_t e) {
   return e == cudaErrorCudartUnloading || e == cudaErrorContextIsDestroyed;
 }
 
+uvm_status free_slot(const Call& call, uintptr_t slab, void* ptr, bool reusable) {
+  bool emptied = false;
+  if (uvm_status s = give_back_slot(call, slab, ptr, reusable, &emptied)) return s;
+  if (!emptied) return UVM_OK;
+  const cudaError_t e = cudaFree(reinterpret_cast<void*>(slab));
+  if (e != cudaSuccess && !exiting_error(e)) {
+    return fail_cuda(call, e, "cudaFree(%p: a slab of small-tensor segments)", reinterpret_cast<void*>(slab));
+  }
+  clear_cuda_error(e);
+  return UVM_OK;
+}
+
 // Takes the allocation out of the registry and forgets its staged copy in one step under the moves
 // lock, so that no offload can stage it after this; an offload issued before is waited for by
 // cudaFree, which synchronizes with the work still running.
-bool forget_allocation(void* ptr, AllocationView* found, size_t* host_bytes) {
+bool forget_allocation(void* ptr, AllocationView* found, size_t* host_bytes, size_t* discarded_bytes) {
   const auto moves = lock_moves();
-  if (!registry().erase(ptr, found, host_bytes)) return false;
+  if (!registry().erase(ptr, found, host_bytes, discarded_bytes)) return false;
   forget_moved_state(found->base, found->base + found->size);
   return true;
 }
 
 uvm_status release(const Call& call, void* ptr, size_t size, int device) {
   AllocationView found;
-  size_t host_bytes = 0;
-  if (!forget_allocation(ptr, &found, &host_bytes)) {
+  size_t host_bytes = 0, discarded_bytes = 0;
+  if (!forget_allocation(ptr, &found, &host_bytes, &discarded_bytes)) {
     AllocationView inside;
     if (registry().find(ptr, &inside)) {
       return fail(call, UVM_ERROR_INVALID_ARGUMENT,
@@ -119,6 +143,14 @@ uvm_status release(const Call& call, void* ptr, size_t size, int device) {
       if (e != cudaSuccess && !exiting_error(e)) status = fail_cuda(call, e, "cudaDeviceSynchronize before unmapping");
       else clear_cuda_error(e);
       if (status == UVM_OK && !exiting_error(e)) status = vmm_free(call, found.base);
+    } else if (found.slab != 0) {
+      // Like cudaFree, wait for the work that may still use the slot before it is handed out again.
+      const cudaError_t e = cudaDeviceSynchronize();
+      if (e != cudaSuccess && !exiting_error(e)) status = fail_cuda(call, e, "cudaDeviceSynchronize before reusing the slot");
+      else clear_cuda_error(e);
+      // Staged or discarded bytes (host_bytes counts staged ones, and migrated ones, to be safe) may
+      // leave pages the driver counts as discarded: such a slot is not handed out again.
+      if (status == UVM_OK) status = free_slot(call, found.slab, ptr, host_bytes + discarded_bytes == 0);
     } else {
       const cudaError_t e = cudaFree(ptr);
       if (e != cudaSuccess && !exiting_error(e)) status = fail_cuda(call, e, "cudaFree");

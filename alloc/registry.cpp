@@ -7,17 +7,18 @@
 
 namespace uvm {
 
-void Registry::insert(const void* base, size_t size, int device, TagId tag, Backing backing) {
+void Registry::insert(const void* base, size_t size, int device, TagId tag, Backing backing, uintptr_t slab) {
   std::lock_guard<std::mutex> lock(mutex_);
-  entries_[reinterpret_cast<uintptr_t>(base)] = Entry{size, device, tag, backing, false, {}, {}};
+  entries_[reinterpret_cast<uintptr_t>(base)] = Entry{size, device, tag, backing, slab, false, {}, {}};
 }
 
-bool Registry::erase(const void* base, AllocationView* removed, size_t* host_bytes) {
+bool Registry::erase(const void* base, AllocationView* removed, size_t* host_bytes, size_t* discarded_bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = entries_.find(reinterpret_cast<uintptr_t>(base));
   if (it == entries_.end()) return false;
-  *removed = AllocationView{it->first, it->second.size, it->second.device, it->second.backing};
+  *removed = view_of(it->first, it->second);
   *host_bytes = it->second.host_spans.total();
+  *discarded_bytes = it->second.discarded_spans.total();
   entries_.erase(it);
   return true;
 }
@@ -29,7 +30,7 @@ bool Registry::find(const void* ptr, AllocationView* found) const {
   if (it == entries_.begin()) return false;
   --it;
   if (address - it->first >= it->second.size) return false;
-  *found = AllocationView{it->first, it->second.size, it->second.device, it->second.backing};
+  *found = view_of(it->first, it->second);
   return true;
 }
 
@@ -61,6 +62,10 @@ void Registry::set_released(uintptr_t base, bool released) {
   if (it != entries_.end()) it->second.released = released;
 }
 
+AllocationView Registry::view_of(uintptr_t base, const Entry& entry) {
+  return AllocationView{base, entry.size, entry.device, entry.backing, entry.slab};
+}
+
 bool Registry::selected(const Entry& entry, int device, bool any_tag, TagId tag) {
   return (device == UVM_ANY_DEVICE || entry.device == device) && (any_tag || entry.tag == tag);
 }
@@ -69,7 +74,7 @@ std::vector<AllocationView> Registry::select(int device, bool any_tag, TagId tag
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<AllocationView> found;
   for (const auto& [base, entry] : entries_) {
-    if (selected(entry, device, any_tag, tag)) found.push_back(AllocationView{base, entry.size, entry.device, entry.backing});
+    if (selected(entry, device, any_tag, tag)) found.push_back(view_of(base, entry));
   }
   return found;
 }

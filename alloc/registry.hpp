@@ -25,6 +25,9 @@ struct AllocationView {
   size_t size = 0;
   int device = 0;
   Backing backing = Backing::managed;
+  uintptr_t slab = 0;  // the slab holding it (alloc/slabs.hpp), 0 if it is a driver allocation of its own
+  // The driver allocation holding it: where one prefetch or copy may reach.
+  uintptr_t memory() const { return slab != 0 ? slab : base; }
 };
 
 // to_host: migrated to the CPU. staged: copied to pinned staging and discarded on the device
@@ -33,9 +36,10 @@ enum class Move { to_device, to_host, staged, discarded };
 
 class Registry {
  public:
-  void insert(const void* base, size_t size, int device, TagId tag, Backing backing);
-  // Removes the allocation that starts at `base`; fills `removed` and the bytes it had on the host.
-  bool erase(const void* base, AllocationView* removed, size_t* host_bytes);
+  void insert(const void* base, size_t size, int device, TagId tag, Backing backing, uintptr_t slab = 0);
+  // Removes the allocation that starts at `base`; fills `removed`, the bytes it had on the host
+  // (staged included) and those it had discarded.
+  bool erase(const void* base, AllocationView* removed, size_t* host_bytes, size_t* discarded_bytes);
   // The allocation holding byte `ptr`, if any.
   bool find(const void* ptr, AllocationView* found) const;
   // Records that [begin, end) of the allocation at `base` moved; returns the signed change in its
@@ -61,11 +65,13 @@ class Registry {
     int device;
     TagId tag;
     Backing backing;
+    uintptr_t slab;
     bool released;            // releasable only: its physical memory is given back
     SpanSet host_spans;       // includes the staged ones
     SpanSet discarded_spans;
   };
   static bool selected(const Entry& entry, int device, bool any_tag, TagId tag);
+  static AllocationView view_of(uintptr_t base, const Entry& entry);
   mutable std::mutex mutex_;
   std::map<uintptr_t, Entry> entries_;
 };

@@ -17,7 +17,7 @@ uvm_status resolve_range(const Call& call, const void* ptr, size_t size, HintRan
                   reinterpret_cast<void*>(allocation.base), allocation.size);
     }
     *range = HintRange{begin, begin + size, allocation.base, allocation.device,
-                       allocation.backing == Backing::releasable};
+                       allocation.backing == Backing::releasable, allocation.memory()};
     return UVM_OK;
   }
   const void* last = reinterpret_cast<const void*>(begin + size - 1);

@@ -18,6 +18,7 @@ struct HintRange {
   uintptr_t allocation = 0;  // base of the uvm allocation, 0 for other managed memory
   int owner_device = 0;      // the uvm allocation's device, else the caller's current device
   bool releasable = false;   // a uvm_malloc_releasable allocation (device memory, not managed)
+  uintptr_t memory = 0;      // the driver allocation holding it (a slab, or the uvm allocation), 0 if unknown
 };
 
 // Validates [ptr, ptr + size) (size > 0) and fills `range`.

@@ -100,7 +100,12 @@ UVM_API const char* uvm_version(void);
  * applies the default advice, and registers it. The caller's current device and context are
  * restored; no context is created on any other device. `stream` is unused (managed allocation is
  * not stream-ordered). Returns NULL on failure (reason in uvm_last_error()). size 0 returns NULL
- * and is not an error: nothing is allocated, and uvm_free(NULL, …) accepts it back. */
+ * and is not an error: nothing is allocated, and uvm_free(NULL, …) accepts it back.
+ * Exactly 2 MiB (PyTorch's small-tensor segment) comes from a slab: one cudaMallocManaged of 32
+ * such segments, so that moving thousands of small tensors costs the driver a few ranges, not one a
+ * segment. Each segment is still its own allocation to every uvm call; uvm_free waits for the device
+ * as cudaFree does, and the slab goes back to the driver once none of its segments is in use. Env
+ * UVM_SLABS=0 turns this off. */
 UVM_API void* uvm_malloc(size_t size, int device, cudaStream_t stream);
 
 /* Allocates `size` bytes of releasable device memory for `device`: an address range reserved and

@@ -113,7 +113,7 @@ uvm_status issue_chunks(const Call& call, int device, const std::vector<StagedWo
   std::vector<CopyPiece> pieces;
   std::set<uintptr_t> releasable;
   for (const StagedWork& w : work) {
-    pieces.push_back(CopyPiece{w.piece.span, w.range.allocation, w.piece.host});
+    pieces.push_back(CopyPiece{w.piece.span, w.range.allocation, w.piece.host, w.range.memory});
     if (w.range.releasable) releasable.insert(w.range.allocation);
   }
   const std::vector<OnloadChunk> chunks = plan_onload(pieces, chunk_bytes);

@@ -64,13 +64,13 @@ std::vector<OnloadChunk> plan_onload(const std::vector<CopyPiece>& pieces, size_
     const CopyPiece* before = i > 0 ? &pieces[i - 1] : nullptr;
     for (uintptr_t at = piece.span.begin; at < piece.span.end;) {
       const bool continues = at == piece.span.begin && before != nullptr && !chunks.empty() &&
-                             before->allocation == piece.allocation && piece.allocation != 0 &&
+                             before->memory == piece.memory && piece.memory != 0 &&
                              piece.span.begin == before->span.end && chunks.back().populate.end == before->span.end;
       const bool fits = continues && piece.span.begin - chunks.back().populate.begin < chunk_bytes;
       if (!fits) chunks.push_back(OnloadChunk{Span{at, at}, {}});
       OnloadChunk& chunk = chunks.back();
       const uintptr_t end = std::min<uintptr_t>(piece.span.end, chunk.populate.begin + chunk_bytes);
-      chunk.copies.push_back(CopyPiece{Span{at, end}, piece.allocation, piece.host + (at - piece.span.begin)});
+      chunk.copies.push_back(CopyPiece{Span{at, end}, piece.allocation, piece.host + (at - piece.span.begin), piece.memory});
       chunk.populate.end = end;
       at = end;
     }

@@ -36,11 +36,13 @@ OnloadPipeline parse_onload_pipeline(const char* chunk_mib, const char* streams)
 
 namespace uvm {
 
-// A staged piece to copy back: its managed bytes, the uvm allocation holding them, its host copy.
+// A staged piece to copy back: its managed bytes, the uvm allocation holding them, its host copy,
+// and the driver allocation holding them (a slab of small-tensor segments, or the allocation).
 struct CopyPiece {
   Span span;
   uintptr_t allocation = 0;
   const char* host = nullptr;
+  uintptr_t memory = 0;
 };
 
 // One step of an onload on one worker stream: `populate` is prefetched to the device, each of
@@ -50,14 +52,15 @@ struct OnloadChunk {
   std::vector<CopyPiece> copies;
 };
 
-// Cuts `pieces` (sorted by address, disjoint) into chunks of at most `chunk_bytes`; pieces of one
-// allocation that touch share a chunk. A gap between pieces is never populated: prefetching a
-// gap together with the pieces around it lost data on an H200 (zeros from a 64 KiB boundary on,
-// 1 run in 12), where prefetching exactly the copied bytes never did.
-// Chunks do not cross allocations. Filling them across PyTorch's 2 MiB small-tensor segments, with
-// one cudaMemPrefetchBatchAsync a chunk, was measured on an H100 (2026-11-22): the driver still
-// spent 100–190 µs on each range, before and after the copy, batched or not, and the 4 GiB model's
-// onload fell from 40 to 34 GB/s.
+// Cuts `pieces` (sorted by address, disjoint) into chunks of at most `chunk_bytes`; pieces that
+// touch inside one driver allocation share a chunk, including pieces of neighbouring slots of a
+// slab (alloc/slabs.hpp), so that one prefetch populates them. A gap between pieces is never
+// populated: prefetching a gap together with the pieces around it lost data on an H200 (zeros from
+// a 64 KiB boundary on, 1 run in 12), where prefetching exactly the copied bytes never did.
+// Chunks do not cross driver allocations (the driver refuses such a prefetch). Filling them across
+// separate allocations, with one cudaMemPrefetchBatchAsync a chunk, was measured on an H100
+// (2026-11-22): the driver still spent 100–190 µs on each range, before and after the copy, batched
+// or not, and the 4 GiB model's onload fell from 40 to 34 GB/s.
 std::vector<OnloadChunk> plan_onload(const std::vector<CopyPiece>& pieces, size_t chunk_bytes);
 
 }  // namespace uvm

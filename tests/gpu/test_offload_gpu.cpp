@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <string>
 #include <thread>
+#include <memory>
 #include <vector>
 
 #include "gpu_support.hpp"
@@ -185,6 +186,78 @@ TEST_CASE("pieces written on the GPU while their 512-byte neighbours are offload
   }
   CUDA_REQUIRE(cudaStreamDestroy(stream));
   CHECK(cudaPeekAtLastError() == cudaSuccess);
+}
+
+TEST_CASE("small-tensor segments share slabs: a cycle keeps every byte, a kept tensor and a reused slot too",
+          "[gpu][offload][safety][slabs]") {
+  // 40 segments of 2 MiB (a slab of 32 and 8 of the next), four 512 KiB tensors each, as PyTorch
+  // packs them. All but one tensor are offloaded (staged: one populate reaches across segments),
+  // the kept one is written on the GPU meanwhile; then a migrate cycle, read on the CPU. Then the
+  // segments are freed while staged and allocated again: new data copied in must survive a
+  // migration (a slot the driver may count as discarded is never handed out again).
+  REQUIRE(gpu::concurrent_managed_access());
+  if (!discard_supported()) {
+    WARN("not run: staged offload needs CUDA 13 discard");
+    return;
+  }
+  constexpr size_t kSegment = 2 * MiB, kTensor = kSegment / 4;
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  Managed holder(kSegment);  // keeps the first slab alive when the others are freed
+  std::vector<std::unique_ptr<Managed>> segments;
+  std::vector<unsigned char> expected;
+  for (int i = 0; i < 40; ++i) {
+    segments.push_back(std::make_unique<Managed>(kSegment));
+    const auto bytes = fill(*segments.back(), 100 + i);
+    expected.insert(expected.end(), bytes.begin(), bytes.end());
+  }
+  unsigned char* kept = segments[5]->ptr + 2 * kTensor;
+  std::vector<uvm_range> moved;
+  for (auto& segment : segments) {
+    for (size_t k = 0; k < 4; ++k) {
+      if (segment->ptr + k * kTensor != kept) moved.push_back(uvm_range{segment->ptr + k * kTensor, kTensor});
+    }
+  }
+  const auto all_match = [&] {
+    bool ok = true;
+    for (size_t i = 0; i < segments.size(); ++i) {
+      std::vector<unsigned char> now(kSegment);
+      CUDA_REQUIRE(cudaMemcpy(now.data(), segments[i]->ptr, kSegment, cudaMemcpyDefault));
+      ok = ok && std::equal(now.begin(), now.end(), expected.begin() + i * kSegment);
+    }
+    return ok;
+  };
+  REQUIRE(uvm_offload_ranges(moved.data(), moved.size(), UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  CUDA_REQUIRE(cudaMemsetAsync(kept, 0x3C, kTensor, stream));
+  std::fill(expected.begin() + 5 * kSegment + 2 * kTensor, expected.begin() + 5 * kSegment + 3 * kTensor, 0x3C);
+  REQUIRE(uvm_onload_ranges(moved.data(), moved.size(), stream) == UVM_OK);
+  CUDA_REQUIRE(cudaStreamSynchronize(stream));
+  CHECK(all_match());
+  REQUIRE(uvm_offload_ranges(moved.data(), moved.size(), UVM_STRATEGY_MIGRATE, stream) == UVM_OK);
+  CUDA_REQUIRE(cudaStreamSynchronize(stream));
+  CHECK(all_match());
+  REQUIRE(uvm_onload_ranges(moved.data(), moved.size(), stream) == UVM_OK);
+  CUDA_REQUIRE(cudaStreamSynchronize(stream));
+  CHECK(all_match());
+
+  // Freed while staged, allocated again, data copied in, migrated: nothing lost.
+  REQUIRE(uvm_offload_ranges(moved.data(), moved.size(), UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  CUDA_REQUIRE(cudaStreamSynchronize(stream));
+  segments.clear();
+  expected.clear();
+  for (int i = 0; i < 40; ++i) {
+    segments.push_back(std::make_unique<Managed>(kSegment));
+    const auto bytes = fill(*segments.back(), 200 + i);
+    expected.insert(expected.end(), bytes.begin(), bytes.end());
+  }
+  std::vector<uvm_range> whole;
+  for (auto& segment : segments) whole.push_back(uvm_range{segment->ptr, kSegment});
+  REQUIRE(uvm_offload_ranges(whole.data(), whole.size(), UVM_STRATEGY_MIGRATE, stream) == UVM_OK);
+  CUDA_REQUIRE(cudaStreamSynchronize(stream));
+  CHECK(all_match());
+  segments.clear();
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
 }
 
 TEST_CASE("threads moving the same ranges on their own streams lose nothing", "[gpu][offload][safety][threads]") {

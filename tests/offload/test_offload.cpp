@@ -5,6 +5,7 @@
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -13,6 +14,7 @@
 
 namespace {
 constexpr size_t kSize = 1 << 20;
+constexpr size_t kSlabSlot = size_t{2} << 20;  // served from a slab (alloc/slabs.hpp)
 
 struct Buffer {
   explicit Buffer(size_t size = kSize, int device = 0) : size(size), device(device) {
@@ -168,6 +170,92 @@ TEST_CASE("many small allocations come back whole, every byte populated after it
   CHECK(all_right());
   REQUIRE(uvm_onload_ranges(moved.data(), moved.size(), stream) == UVM_OK);
   CHECK(all_right());
+}
+
+TEST_CASE("a slot freed while staged or discarded is never handed out again", "[offload][slabs][cuda13]") {
+  // A copy into a page the driver counts as discarded leaves it discardable: a next owner that
+  // copied its data in could lose it to a later migration. Such a slot waits for its slab's cudaFree.
+  FakeMachine machine;
+  void* keep = uvm_malloc(kSlabSlot, 0, nullptr);  // holds the slab
+  void* staged = uvm_malloc(kSlabSlot, 0, nullptr);
+  void* discarded = uvm_malloc(kSlabSlot, 0, nullptr);
+  void* migrated = uvm_malloc(kSlabSlot, 0, nullptr);
+  cudaStream_t stream = fake::make_stream();
+  const uvm_range staged_range{staged, 4096}, migrated_range{migrated, kSlabSlot};
+  REQUIRE(uvm_offload_ranges(&staged_range, 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  REQUIRE(uvm_discard(discarded, 4096, stream) == UVM_OK);
+  REQUIRE(uvm_offload_ranges(&migrated_range, 1, UVM_STRATEGY_MIGRATE, stream) == UVM_OK);
+  for (void* p : {staged, discarded, migrated}) uvm_free(p, kSlabSlot, 0, nullptr);
+  CHECK(uvm_last_status() == UVM_OK);
+  std::set<void*> handed;
+  std::vector<void*> fresh;
+  for (int i = 0; i < 40; ++i) {
+    fresh.push_back(uvm_malloc(kSlabSlot, 0, nullptr));
+    handed.insert(fresh.back());
+  }
+  CHECK(handed.count(staged) == 0);
+  CHECK(handed.count(discarded) == 0);
+  CHECK(handed.count(migrated) == 0);  // counted off the device too: uvm keeps to the safe side
+  for (void* p : fresh) uvm_free(p, kSlabSlot, 0, nullptr);
+  fake::reset_ops();
+  uvm_free(keep, kSlabSlot, 0, nullptr);
+  CHECK(FakeMachine::ops_named(fake::OpKind::free).size() == 1);  // the last slot in use: the slab goes, retired slots too
+  REQUIRE(uvm_release_staging() == UVM_OK);
+}
+
+TEST_CASE("neighbouring slots of a slab come back with one populate; a kept tensor stays as written",
+          "[offload][slabs][cuda13]") {
+  // 40 slots (a full slab of 32 and 8 of the next), each four 512 KiB tensors, as PyTorch packs
+  // them; all are offloaded but the third tensor of slot 5, which the program writes meanwhile.
+  FakeMachine machine;
+  constexpr size_t kTensor = kSlabSlot / 4;
+  std::vector<unsigned char*> slots;
+  for (int i = 0; i < 40; ++i) {
+    slots.push_back(static_cast<unsigned char*>(uvm_malloc(kSlabSlot, 0, nullptr)));
+    REQUIRE(slots.back() != nullptr);
+    for (size_t b = 0; b < kSlabSlot; ++b) slots.back()[b] = static_cast<unsigned char>(b * 7 + i);
+  }
+  const uvm_range kept{slots[5] + 2 * kTensor, kTensor};
+  std::vector<uvm_range> moved;
+  for (unsigned char* slot : slots) {
+    for (size_t k = 0; k < 4; ++k) {
+      if (slot + k * kTensor != kept.ptr) moved.push_back(uvm_range{slot + k * kTensor, kTensor});
+    }
+  }
+  const auto right = [&] {
+    for (size_t i = 0; i < slots.size(); ++i) {
+      for (size_t b = 0; b < kSlabSlot; ++b) {
+        const bool in_kept = slots[i] + b >= kept.ptr && slots[i] + b < static_cast<const unsigned char*>(kept.ptr) + kTensor;
+        if (slots[i][b] != static_cast<unsigned char>(in_kept ? b * 3 + 1 : b * 7 + i)) return false;
+      }
+    }
+    return true;
+  };
+  cudaStream_t stream = fake::make_stream();
+  REQUIRE(uvm_offload_ranges(moved.data(), moved.size(), UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  for (size_t b = 2 * kTensor; b < 3 * kTensor; ++b) slots[5][b] = static_cast<unsigned char>(b * 3 + 1);
+  fake::reset_ops();
+  REQUIRE(uvm_onload_ranges(moved.data(), moved.size(), stream) == UVM_OK);
+  CHECK(right());
+  // Three chunks: the first slab up to the kept tensor, the rest of it, and the second slab; each
+  // prefetched before and after its copies (one range a slot would be 80 prefetches).
+  const auto prefetches = FakeMachine::ops_named(fake::OpKind::prefetch);
+  CHECK(prefetches.size() == 6);
+  const auto first_slab = reinterpret_cast<uintptr_t>(slots[0]);
+  const auto kept_begin = reinterpret_cast<uintptr_t>(kept.ptr);
+  for (const fake::Op& op : prefetches) {
+    const auto begin = reinterpret_cast<uintptr_t>(op.ptr);
+    const bool in_first = begin >= first_slab && begin < first_slab + 32 * kSlabSlot;
+    if (in_first) CHECK(begin + op.size <= first_slab + 32 * kSlabSlot);  // never across slabs
+    CHECK((begin + op.size <= kept_begin || begin >= kept_begin + kTensor));  // never the kept tensor
+  }
+  // A migrate cycle after: no page the copies wrote may still count as discarded.
+  REQUIRE(uvm_offload_ranges(moved.data(), moved.size(), UVM_STRATEGY_MIGRATE, stream) == UVM_OK);
+  REQUIRE(uvm_onload_ranges(moved.data(), moved.size(), stream) == UVM_OK);
+  CHECK(right());
+  for (unsigned char* slot : slots) uvm_free(slot, kSlabSlot, 0, nullptr);
+  CHECK(uvm_last_status() == UVM_OK);
+  REQUIRE(uvm_release_staging() == UVM_OK);
 }
 
 TEST_CASE("migrate offload prefetches to the CPU; auto stages where discard works", "[offload][cuda13]") {

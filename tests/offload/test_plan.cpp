@@ -48,8 +48,10 @@ TEST_CASE("the onload pipeline reads its env, keeping defaults for bad values", 
 }
 
 namespace {
-uvm::CopyPiece piece(uintptr_t begin, uintptr_t end, uintptr_t allocation = 1) {
-  return uvm::CopyPiece{span(begin, end), allocation, reinterpret_cast<const char*>(begin + 100000)};
+// A piece of `allocation`, held by the driver allocation `memory` (a slab; by default its own).
+uvm::CopyPiece piece(uintptr_t begin, uintptr_t end, uintptr_t allocation = 1, uintptr_t memory = 0) {
+  return uvm::CopyPiece{span(begin, end), allocation, reinterpret_cast<const char*>(begin + 100000),
+                        memory != 0 ? memory : allocation};
 }
 
 // Every byte of every piece is copied exactly once, from its own host byte, and nothing else.
@@ -82,7 +84,20 @@ TEST_CASE("onload chunks: touching pieces share one, a gap never is populated", 
   CHECK(chunks[2].populate.end == 3100);
   check_exact(chunks, pieces);
   const std::vector<uvm::CopyPiece> two = {piece(0, 100, 1), piece(100, 200, 2)};
-  CHECK(uvm::plan_onload(two, 1 << 20).size() == 2);  // two allocations never share a chunk
+  CHECK(uvm::plan_onload(two, 1 << 20).size() == 2);  // two driver allocations never share a chunk
+  // Slots of one slab (alloc/slabs.hpp) that touch share one: one prefetch populates them.
+  const std::vector<uvm::CopyPiece> slots = {piece(0, 100, 1, 9), piece(100, 200, 2, 9), piece(200, 300, 3, 10),
+                                             piece(300, 400, 4, 10), piece(450, 500, 5, 10)};
+  const auto slotted = uvm::plan_onload(slots, 1 << 20);
+  REQUIRE(slotted.size() == 3);
+  CHECK(slotted[0].populate.begin == 0);
+  CHECK(slotted[0].populate.end == 200);
+  REQUIRE(slotted[0].copies.size() == 2);
+  CHECK(slotted[0].copies[1].allocation == 2);  // each copy still knows its own allocation
+  CHECK(slotted[1].populate.begin == 200);      // touching, but another slab
+  CHECK(slotted[1].populate.end == 400);
+  CHECK(slotted[2].populate.begin == 450);      // the same slab, after a gap: never populated
+  check_exact(slotted, slots);
   const std::vector<uvm::CopyPiece> long_ones = {piece(0, 250), piece(250, 270), piece(300, 700)};
   const auto cut = uvm::plan_onload(long_ones, 100);
   for (const auto& chunk : cut) CHECK(chunk.populate.size() <= 100);

@@ -171,18 +171,25 @@ def discard_managed_tensor(tensor, *, stream=None) -> None:
     _tensor_call(_lib._get_ctypes_lib().uvm_discard, tensor, stream=stream)
 
 
-def _cuda_span(tensor, what: str) -> tuple[int, tuple[int, int]] | None:
+def _describe(what) -> str:
+    """What a tensor is, for messages: a string, or a module's (kind, name), formatted only when a
+    message needs it (a move of thousands of tensors should not pay for their names)."""
+    return what if isinstance(what, str) else f"{what[0]} {what[1]!r}"
+
+
+def _cuda_span(tensor, what) -> tuple[int, tuple[int, int]] | None:
     """(device, span) of a CUDA tensor without asking the library, None for nothing to do: the C
     calls validate every range themselves, and a batched one says which it refused."""
     if tensor is None:
         return None
-    torch = _torch(f"a {type(tensor).__name__} as a {what}")
+    torch = _torch(f"a {type(tensor).__name__} as a {_describe(what)}")
     if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{what} must be a torch.Tensor, not {type(tensor).__name__}")
+        raise TypeError(f"{_describe(what)} must be a torch.Tensor, not {type(tensor).__name__}")
     if tensor.numel() == 0:
         return None
     if not tensor.is_cuda:
-        raise ValueError(f"{what} is a {tensor.device} tensor; only CUDA tensors from a uvm pool are managed memory")
+        raise ValueError(f"{_describe(what)} is a {tensor.device} tensor; only CUDA tensors from a uvm pool are "
+                         "managed memory")
     return tensor.device.index, _span(tensor)
 
 
@@ -204,20 +211,41 @@ def _block_span(tensor, span: tuple[int, int]) -> tuple[int, int]:
     return ptr, -(-size // BLOCK_BYTES) * BLOCK_BYTES
 
 
+def _move_span(tensor, what) -> tuple[int, tuple[int, int], int] | None:
+    """(device, the bytes to move as _block_span gives them, the tensor's own bytes), None for an
+    empty tensor. A contiguous CUDA tensor takes a short path (a few attribute reads): the shim
+    found a 4,096-tensor model's ranges in 19–22 ms on an H100, a third of moving its 2 GiB."""
+    try:
+        short = tensor.is_cuda and tensor.is_contiguous()
+    except AttributeError:  # not a tensor: the long path says what is wrong
+        short = False
+    if not short:
+        found = _cuda_span(tensor, what)
+        return None if found is None else (found[0], _block_span(tensor, found[1]), found[1][1])
+    nbytes = tensor.nbytes
+    if nbytes == 0:
+        return None
+    ptr = tensor.data_ptr()
+    storage = tensor.untyped_storage()
+    if ptr % BLOCK_BYTES == 0 and ptr == storage.data_ptr() and nbytes == storage.nbytes():
+        return tensor.get_device(), (ptr, -(-nbytes // BLOCK_BYTES) * BLOCK_BYTES), nbytes
+    return tensor.get_device(), (ptr, nbytes), nbytes
+
+
 def _named_tensors(obj, include_buffers: bool):
-    """(what, tensor) pairs of a tensor or module."""
+    """(what, tensor) pairs of a tensor or module; `what` as _describe reads it."""
     import torch
     if isinstance(obj, torch.Tensor):
         return [("tensor", obj)]
-    named = [(f"parameter {name!r}", t) for name, t in obj.named_parameters()]
+    named = [(("parameter", name), t) for name, t in obj.named_parameters()]
     if include_buffers:
-        named += [(f"buffer {name!r}", t) for name, t in obj.named_buffers()]
+        named += [(("buffer", name), t) for name, t in obj.named_buffers()]
     return named
 
 
-def _module_spans(module, include_buffers: bool) -> dict[tuple[int, int], str]:
+def _module_spans(module, include_buffers: bool) -> dict:
     """The spans of a module's tensors, each with what it is; shared tensors count once."""
-    spans: dict[tuple[int, int], str] = {}
+    spans: dict = {}  # span -> what (as _describe reads it)
     for what, tensor in _named_tensors(module, include_buffers):
         found = _cuda_span(tensor, what)
         if found is not None:
@@ -260,7 +288,7 @@ def _check_batch(status: int, spans: list, whats: list, index: int | None = None
     if not 0 <= index < len(spans):
         _lib.check(status)
     ptr, size = spans[index]
-    about = f"{whats[index]} at 0x{ptr:x} ({size} bytes)"
+    about = f"{_describe(whats[index])} at 0x{ptr:x} ({size} bytes)"
     if status == _lib.UVM_ERROR_NOT_MANAGED:
         about += f" is {_NOT_UVM}"
     _lib.check(status, about)
@@ -298,12 +326,15 @@ def _ranges_by_device(obj, include_buffers: bool, into: dict | None = None) -> d
     torch = _torch(f"finding managed memory in a {type(obj).__name__}")
     if isinstance(obj, (torch.Tensor, torch.nn.Module)):
         for what, tensor in _named_tensors(obj, include_buffers):
-            found = _cuda_span(tensor, what)
+            found = _move_span(tensor, what)
             if found is None:
                 continue
-            block = _block_span(tensor, found[1])
-            if block not in into.setdefault(found[0], {}):
-                into[found[0]][block] = (what, found[1][1])  # shared tensors count once
+            device, block, asked = found
+            on_device = into.get(device)
+            if on_device is None:
+                on_device = into[device] = {}
+            if block not in on_device:
+                on_device[block] = (what, asked)  # shared tensors count once
     elif isinstance(obj, torch.cuda.MemPool):
         for segment in obj.snapshot():
             span = (segment["address"], segment["total_size"])

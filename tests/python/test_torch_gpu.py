@@ -187,3 +187,26 @@ def test_discard_a_tensor_on_the_default_stream(pool):
     t.fill_(5.0)  # writing makes the range usable again
     assert t.sum().item() == 5.0 * t.numel()
     assert uvm.discard_managed_tensor(None) is None
+
+
+def test_the_short_path_finds_the_same_bytes_as_the_long_one(pool):
+    """uvm.torch._move_span (a contiguous CUDA tensor's few attribute reads) against _cuda_span +
+    _block_span, for every shape of tensor a move meets: whole storages of odd sizes (padded to their
+    512-byte block), views inside a storage (exact), non-contiguous and expanded ones, empty ones, and
+    tensors from a 2 MiB slab segment."""
+    with torch.cuda.use_mem_pool(pool):
+        base = torch.arange(10_000, dtype=torch.float32, device="cuda")
+        odd = torch.empty(333, dtype=torch.uint8, device="cuda")
+        small = [torch.empty(512 << 10, dtype=torch.uint8, device="cuda") for _ in range(4)]
+        matrix = torch.empty(64, 48, dtype=torch.bfloat16, device="cuda")
+    tensors = [base, odd, *small, matrix, base[100:300], base[:5000], matrix.t(), matrix[:, 3],
+               base[:1].expand(50), base[:0], torch.empty(0, device="cuda")]
+    for tensor in tensors:
+        long = uvm.torch._cuda_span(tensor, "x")
+        expected = None if long is None else (long[0], uvm.torch._block_span(tensor, long[1]), long[1][1])
+        assert uvm.torch._move_span(tensor, "x") == expected, (tensor.shape, tensor.stride(), tensor.storage_offset())
+    assert uvm.torch._move_span(odd, "x")[1] == (odd.data_ptr(), 512)  # padded to its block
+    with pytest.raises(ValueError, match="parameter 'w' is a cpu tensor"):
+        uvm.torch._move_span(torch.ones(3), ("parameter", "w"))
+    with pytest.raises(TypeError, match="tensor must be a torch.Tensor, not list"):
+        uvm.torch._move_span([1], "tensor")

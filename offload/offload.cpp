@@ -111,16 +111,28 @@ uvm_status offload_staged(const Call& call, const std::vector<HintRange>& pieces
   }
   StreamPhase copies(Phase::copy, stream, 0, spans.empty() ? 0 : spans.front().begin);
   size_t copied_bytes = 0;
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    const void* ptr = reinterpret_cast<const void*>(spans[i].begin);
-    if (cudaError_t e = cudaMemcpyAsync(reserved.hosts[i], ptr, spans[i].size(), cudaMemcpyDefault, stream)) {
-      return give_up(fail_cuda(call, e, "cudaMemcpyAsync(%p → pinned staging, %zu bytes)", ptr, spans[i].size()));
+  for (size_t first = 0; first < pieces.size();) {
+    // Pieces that follow each other on the device (in one driver allocation) and in staging (in one
+    // registration) go as one copy: the 2 MiB segments of a slab, 32 copies for 1,024.
+    size_t last = first;
+    size_t bytes = spans[first].size();
+    while (last + 1 < pieces.size() && pieces[last + 1].memory == pieces[first].memory && pieces[first].memory != 0 &&
+           spans[last + 1].begin == spans[last].end && reserved.hosts[last + 1] == reserved.hosts[last] + spans[last].size() &&
+           staging().one_registration(reserved.hosts[first], bytes + spans[last + 1].size())) {
+      ++last;
+      bytes += spans[last].size();
     }
-    copied_bytes += spans[i].size();
-    const bool last_of_allocation = i + 1 == pieces.size() || pieces[i + 1].allocation != pieces[i].allocation;
-    if (pieces[i].releasable && last_of_allocation) {
-      if (EventRef copied = try_record(stream)) (*done)[pieces[i].allocation] = copied;
+    const void* ptr = reinterpret_cast<const void*>(spans[first].begin);
+    if (cudaError_t e = cudaMemcpyAsync(reserved.hosts[first], ptr, bytes, cudaMemcpyDefault, stream)) {
+      return give_up(fail_cuda(call, e, "cudaMemcpyAsync(%p → pinned staging, %zu bytes)", ptr, bytes));
     }
+    copied_bytes += bytes;
+    // A releasable allocation never shares a driver allocation, so its last piece ends a copy.
+    const bool last_of_allocation = last + 1 == pieces.size() || pieces[last + 1].allocation != pieces[last].allocation;
+    if (pieces[last].releasable && last_of_allocation) {
+      if (EventRef copied = try_record(stream)) (*done)[pieces[last].allocation] = copied;
+    }
+    first = last + 1;
   }
   copies.finish(copied_bytes);
   if (uvm_status s = discard_batch(call, pieces, stream)) return give_up(s);

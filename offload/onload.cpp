@@ -86,12 +86,24 @@ uvm_status copy_chunk(const Call& call, int device, const OnloadChunk& chunk, bo
     phase.next(Phase::copy, chunk.populate.size());
   }
   size_t copied = 0;
-  for (const CopyPiece& copy : chunk.copies) {
-    void* ptr = reinterpret_cast<void*>(copy.span.begin);
-    if (cudaError_t e = cudaMemcpyAsync(ptr, copy.host, copy.span.size(), cudaMemcpyDefault, worker)) {
-      return fail_cuda(call, e, "cudaMemcpyAsync(pinned staging → %p, %zu bytes)", ptr, copy.span.size());
+  const std::vector<CopyPiece>& pieces = chunk.copies;
+  for (size_t first = 0; first < pieces.size();) {
+    // Pieces that follow each other on the device (one chunk: one driver allocation) and in staging
+    // (in one registration) go back as one copy.
+    size_t last = first;
+    size_t bytes = pieces[first].span.size();
+    while (last + 1 < pieces.size() && pieces[last + 1].span.begin == pieces[last].span.end &&
+           pieces[last + 1].host == pieces[last].host + pieces[last].span.size() &&
+           staging().one_registration(pieces[first].host, bytes + pieces[last + 1].span.size())) {
+      ++last;
+      bytes += pieces[last].span.size();
     }
-    copied += copy.span.size();
+    void* ptr = reinterpret_cast<void*>(pieces[first].span.begin);
+    if (cudaError_t e = cudaMemcpyAsync(ptr, pieces[first].host, bytes, cudaMemcpyDefault, worker)) {
+      return fail_cuda(call, e, "cudaMemcpyAsync(pinned staging → %p, %zu bytes)", ptr, bytes);
+    }
+    copied += bytes;
+    first = last + 1;
   }
   if (!managed) {
     phase.finish(copied);

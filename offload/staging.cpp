@@ -323,6 +323,15 @@ size_t Staging::staged_bytes_in(uintptr_t begin, uintptr_t end) const {
   return total;
 }
 
+bool Staging::one_registration(const char* host, size_t bytes) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto block = block_holding(host);
+  if (!block || bytes == 0) return false;
+  const size_t offset = static_cast<size_t>(host - block->memory.host);
+  if (offset + bytes > block->memory.bytes) return false;
+  return !block->memory.steps || offset / kPinStepBytes == (offset + bytes - 1) / kPinStepBytes;
+}
+
 Staging& staging() {
   static Staging* instance = new Staging();
   return *instance;

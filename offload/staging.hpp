@@ -88,6 +88,9 @@ class Staging {
   uvm_staging_info info() const;
   // The staged bytes inside [begin, end).
   size_t staged_bytes_in(uintptr_t begin, uintptr_t end) const;
+  // Whether [host, host + bytes) lies in one block and, for a block pinned in steps, one step: one
+  // copy may then reach all of it (a copy across two host registrations fails on an H100).
+  bool one_registration(const char* host, size_t bytes) const;
 
  private:
   struct Block {

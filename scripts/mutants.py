@@ -54,6 +54,14 @@ MUTANTS = [
  # Timing reads events in the global capture mode: a capture on another stream is invalidated.
  ("hints/trace.cpp", "  const RelaxedCapture relaxed;\n  out->clear();", "  out->clear();", "hints_tests", "[trace_capture]"),
  ("hints/trace.cpp", "  Epoch of(int device) {\n    const RelaxedCapture relaxed;", "  Epoch of(int device) {", "hints_tests", "[trace_capture]"),
+ # A slot freed while staged is handed out again (a copy into its discarded pages could be lost later).
+ ("alloc/slabs.cpp", "  if (!reusable) found.retired.set(index);\n", "", "offload_tests", "[slabs]"),
+ # Onload populates slot by slot again: one prefetch range per segment of a slab.
+ ("offload/plan.cpp", "before->memory == piece.memory && piece.memory != 0", "before->allocation == piece.allocation && piece.allocation != 0",
+  "offload_tests", "[slabs]"),
+ # Neighbouring pieces are copied as one even across two pinning steps (cudaErrorInvalidValue on an H100).
+ ("offload/offload.cpp", "staging().one_registration(reserved.hosts[first], bytes + spans[last + 1].size())", "true",
+  "offload_tests", "[steps]"),
  # Onload no longer takes its turn with the other moves: two threads map and release under each other.
  ("offload/onload.cpp", "  const auto moves = lock_moves();\n  if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;  // freed",
   "  if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;  // freed", "hints_tests",

@@ -232,11 +232,17 @@ TEST_CASE("neighbouring slots of a slab come back with one populate; a kept tens
     return true;
   };
   cudaStream_t stream = fake::make_stream();
+  REQUIRE(uvm_release_staging() == UVM_OK);  // one new block holds it all
+  fake::reset_ops();
   REQUIRE(uvm_offload_ranges(moved.data(), moved.size(), UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  // Pieces that follow each other on the device, in one slab, and in staging go as one copy: up to
+  // the kept tensor, after it, and the second slab.
+  CHECK(FakeMachine::ops_named(fake::OpKind::copy_to_host).size() == 3);
   for (size_t b = 2 * kTensor; b < 3 * kTensor; ++b) slots[5][b] = static_cast<unsigned char>(b * 3 + 1);
   fake::reset_ops();
   REQUIRE(uvm_onload_ranges(moved.data(), moved.size(), stream) == UVM_OK);
   CHECK(right());
+  CHECK(FakeMachine::ops_named(fake::OpKind::copy_to_device).size() == 3);  // one a chunk
   // Three chunks: the first slab up to the kept tensor, the rest of it, and the second slab; each
   // prefetched before and after its copies (one range a slot would be 80 prefetches).
   const auto prefetches = FakeMachine::ops_named(fake::OpKind::prefetch);

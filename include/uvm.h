@@ -309,6 +309,8 @@ typedef enum uvm_strategy {
  * Bytes already offloaded are skipped. STAGED keeps the host copy in pinned memory that uvm reuses
  * across cycles (uvm_release_staging gives it back); the copy dies with its allocation. Staging it
  * must add first is pinned in steps while the copies into the steps done run (uvm_reserve_staging).
+ * After an offload that staged bytes, staging blocks left holding nothing (the set offloaded shrank)
+ * are freed on a thread of uvm's, so that the host memory held stays near what is offloaded.
  * Touching offloaded bytes before uvm_onload_ranges gives indeterminate values for STAGED ones.
  * UVM_ERROR_UNSUPPORTED for STAGED without discard support; UVM_ERROR_INVALID_ARGUMENT for STAGED
  * on managed memory uvm did not allocate (uvm could not see it freed); UVM_ERROR_CAPTURING while
@@ -364,7 +366,8 @@ UVM_API uvm_status uvm_reserve_staging(size_t bytes);
 /* Frees the pinned staging memory that holds no offloaded data (waits for copies still reading it;
  * if that wait fails, the block is kept and the next call tries again). While an offload on another
  * thread is between pinning room for itself and using it, it frees nothing (an offload must not
- * lose the room it made). Takes no lock the moves need. */
+ * lose the room it made). Takes no lock the moves need. Returns once a free of empty blocks that
+ * an offload started in the background has ended too. */
 UVM_API uvm_status uvm_release_staging(void);
 
 /* ------------------------------------------------------------------------------------------------

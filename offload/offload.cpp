@@ -168,7 +168,8 @@ uvm_status issue_offload(const Call& call, const MoveTarget& target, const Offlo
   return release_emptied(call, target.merged, stream, done);
 }
 
-uvm_status offload(const Call& call, const uvm_range* ranges, size_t count, int requested, cudaStream_t stream) {
+uvm_status offload_in_rounds(const Call& call, const uvm_range* ranges, size_t count, int requested,
+                             cudaStream_t stream, bool* staged) {
   if (requested != UVM_STRATEGY_AUTO && requested != UVM_STRATEGY_MIGRATE && requested != UVM_STRATEGY_STAGED) {
     return fail(call, UVM_ERROR_INVALID_ARGUMENT, "strategy %d is not a uvm_strategy", requested);
   }
@@ -207,6 +208,7 @@ uvm_status offload(const Call& call, const uvm_range* ranges, size_t count, int 
       if (!wanted_now.empty()) staging().reserve_prefix(wanted_now, &reserved.spans, &reserved.hosts, &reserved.reused);
       const bool all_placed = placed_bytes(reserved.spans) == placed_bytes(wanted_now);
       pieces.staged = pieces_placed(pieces.staged, reserved.spans);
+      *staged = *staged || !pieces.staged.empty();
       if (all_placed) return issue_offload(call, target, pieces, reserved, stream);
       if (!reserved.spans.empty()) {
         // The steps pinned so far hold these: copy them now; the next round takes the rest.
@@ -219,6 +221,16 @@ uvm_status offload(const Call& call, const uvm_range* ranges, size_t count, int 
     // the room made for this one: grow again, with the lock let go.
     staging().wait_for_pinning();
   }
+}
+
+// Host memory stays near what is offloaded: once an offload has staged its pieces, staging blocks
+// left with nothing in them are freed (in the background). An offload that staged nothing (a
+// migration) leaves them for the next staged one.
+uvm_status offload(const Call& call, const uvm_range* ranges, size_t count, int requested, cudaStream_t stream) {
+  bool staged = false;
+  const uvm_status status = offload_in_rounds(call, ranges, count, requested, stream, &staged);
+  if (status == UVM_OK && staged) staging().free_unused_in_background();
+  return status;
 }
 
 }  // namespace

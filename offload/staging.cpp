@@ -1,6 +1,7 @@
 #include "staging.hpp"
 
 #include <algorithm>
+#include <thread>
 
 #include "../alloc/devices.hpp"
 #include "../alloc/moves.hpp"
@@ -259,6 +260,14 @@ Staging::RoomClaim::~RoomClaim() {
 }
 
 uvm_status Staging::free_unused(const Call& call) {
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    background_done_.wait(lock, [&] { return !freeing_in_background_; });
+  }
+  return free_unused_now(call);
+}
+
+uvm_status Staging::free_unused_now(const Call& call) {
   std::vector<std::shared_ptr<Block>> unused;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -276,6 +285,22 @@ uvm_status Staging::free_unused(const Call& call) {
   std::lock_guard<std::mutex> lock(mutex_);
   blocks_.insert(blocks_.end(), kept.begin(), kept.end());
   return status;
+}
+
+void Staging::free_unused_in_background() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const bool any_empty = std::any_of(blocks_.begin(), blocks_.end(), [](const auto& b) { return b->live == 0; });
+    if (!any_empty || freeing_in_background_) return;
+    freeing_in_background_ = true;
+  }
+  // A failure keeps the block, as free_unused does; the next offload or uvm_release_staging tries again.
+  std::thread([this] {
+    (void)free_unused_now(Call::of("uvm_offload_ranges (freeing staging left empty)"));
+    std::lock_guard<std::mutex> lock(mutex_);
+    freeing_in_background_ = false;
+    background_done_.notify_all();
+  }).detach();
 }
 
 size_t Staging::capacity_bytes() const {

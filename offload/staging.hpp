@@ -10,6 +10,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <condition_variable>
 #include <cstddef>
 #include <map>
 #include <memory>
@@ -66,8 +67,12 @@ class Staging {
   // Frees the blocks that hold nothing, after the copies reading them finished. The blocks leave
   // the store first, so no lock is held while it waits and frees (unpinning GiBs takes
   // hundreds of ms); a block whose wait fails goes back, and the next call tries again. Frees
-  // nothing while an offload holds a RoomClaim.
+  // nothing while an offload holds a RoomClaim. Returns once a free in the background has ended too.
   uvm_status free_unused(const Call& call);
+  // Keeps what is held near what is staged: after an offload, blocks that hold nothing (the set
+  // offloaded shrank, so fewer blocks hold it) are freed on a thread of their own, since unpinning
+  // GiBs takes hundreds of ms. Starts nothing when no block is empty.
+  void free_unused_in_background();
 
   // Held by an offload from making room (ensure_capacity) until it has reserved it: the room is
   // not freed under it. Without it a release_staging loop on another thread took the room every
@@ -114,6 +119,7 @@ class Staging {
   static uvm_status free_block(const Call& call, const Block& block);
   void release_locked(uintptr_t begin, uintptr_t end, const EventRef& read);
   static void give_back(Block& block, size_t bytes, const EventRef& read);
+  uvm_status free_unused_now(const Call& call);
 
   mutable std::mutex mutex_;
   std::mutex growth_mutex_;  // held across pinning by ensure_capacity only; never with mutex_ waiting on it
@@ -121,6 +127,8 @@ class Staging {
   std::map<uintptr_t, Entry> entries_;  // by begin; disjoint
   int room_claims_ = 0;                  // RoomClaims alive
   bool step_pinning_failed_ = false;     // then growth pins at once
+  bool freeing_in_background_ = false;   // a free_unused_in_background thread runs
+  std::condition_variable background_done_;
 };
 
 // The process-wide staging store (never destroyed: no CUDA calls from static destructors).

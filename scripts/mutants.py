@@ -62,6 +62,9 @@ MUTANTS = [
  # Neighbouring pieces are copied as one even across two pinning steps (cudaErrorInvalidValue on an H100).
  ("offload/offload.cpp", "staging().one_registration(reserved.hosts[first], bytes + spans[last + 1].size())", "true",
   "offload_tests", "[steps]"),
+ # Staging left empty by a smaller offload is kept for ever.
+ ("offload/offload.cpp", "if (status == UVM_OK && staged) staging().free_unused_in_background();", "", "offload_tests",
+  "when the set offloaded shrinks*"),
  # Onload no longer takes its turn with the other moves: two threads map and release under each other.
  ("offload/onload.cpp", "  const auto moves = lock_moves();\n  if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;  // freed",
   "  if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;  // freed", "hints_tests",

@@ -481,6 +481,43 @@ TEST_CASE("reserve_staging allocates ahead, once, and the next staged offload us
   CHECK(cudaPeekAtLastError() == cudaSuccess);
 }
 
+TEST_CASE("when the set offloaded shrinks, the staging left empty goes back in the background",
+          "[offload][cuda13]") {
+  FakeMachine machine;
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  const size_t blocks_before = fake::pinned_blocks();
+  Buffer x(size_t{300} << 20), y(size_t{300} << 20);  // past the 256 MiB minimum: a block each
+  const uvm_range both[] = {x.whole(), y.whole()};
+  cudaStream_t stream = fake::make_stream();
+  REQUIRE(uvm_offload_ranges(&both[0], 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  REQUIRE(uvm_offload_ranges(&both[1], 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  REQUIRE(uvm_onload_ranges(both, 2, stream) == UVM_OK);
+  size_t capacity = 0;
+  REQUIRE(uvm_get_staging(&capacity, nullptr) == UVM_OK);
+  CHECK(capacity == x.size + y.size);  // kept across the cycle, for the next one
+  REQUIRE(uvm_offload_ranges(both, 2, UVM_STRATEGY_MIGRATE, stream) == UVM_OK);  // stages nothing
+  REQUIRE(uvm_onload_ranges(both, 2, stream) == UVM_OK);
+  REQUIRE(uvm_get_staging(&capacity, nullptr) == UVM_OK);
+  CHECK(capacity == x.size + y.size);  // a migration leaves the blocks for the next staged offload
+
+  REQUIRE(uvm_offload_ranges(&both[0], 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);  // one block holds it
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (uvm_get_staging(&capacity, nullptr) == UVM_OK && capacity != x.size &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CHECK(capacity == x.size);  // held: what is offloaded, and no more
+  size_t staged = 0;
+  REQUIRE(uvm_release_staging() == UVM_OK);  // waits for the free in the background
+  REQUIRE(uvm_get_staging(&capacity, &staged) == UVM_OK);
+  CHECK(staged == x.size);
+  CHECK(fake::pinned_blocks() == blocks_before + 1);
+  REQUIRE(uvm_onload_ranges(&both[0], 1, stream) == UVM_OK);
+  CHECK(x.intact());
+  CHECK(y.intact());
+  REQUIRE(uvm_release_staging() == UVM_OK);
+}
+
 TEST_CASE("reservations at once take turns: one block, not one each", "[offload][threads]") {
   FakeMachine machine;
   REQUIRE(uvm_release_staging() == UVM_OK);

@@ -1,5 +1,7 @@
 #include "events.hpp"
 
+#include "../alloc/devices.hpp"
+
 namespace uvm {
 namespace {
 
@@ -8,6 +10,7 @@ namespace {
 // default.
 cudaError_t create_and_record(cudaStream_t stream, bool timing, EventRef* out, const char** failed_call) {
   auto event = std::make_shared<CudaEvent>();
+  if (clear_cuda_error(cudaGetDevice(&event->device)) != cudaSuccess) event->device = -1;
   cudaError_t e = timing ? cudaEventCreate(&event->handle)
                          : cudaEventCreateWithFlags(&event->handle, cudaEventDisableTiming);
   if (e != cudaSuccess) {
@@ -26,7 +29,10 @@ cudaError_t create_and_record(cudaStream_t stream, bool timing, EventRef* out, c
 }  // namespace
 
 CudaEvent::~CudaEvent() {
-  if (handle != nullptr) clear_cuda_error(cudaEventDestroy(handle));
+  if (handle == nullptr) return;
+  ContextScope scope;
+  if (device >= 0) (void)scope.enter(Call::of("cudaEventDestroy"), device, ContextScope::When::only_if_none_current);
+  clear_cuda_error(cudaEventDestroy(handle));
 }
 
 EventRef try_record(cudaStream_t stream) {

@@ -10,9 +10,13 @@
 
 namespace uvm {
 
-// A CUDA event owned by whoever still needs to wait on it; destroyed with its last owner.
+// A CUDA event owned by whoever still needs to wait on it; destroyed with its last owner, in its
+// device's context when the destroying thread has none current (a runtime call with no context
+// current would create the selected device's, usually device 0's: a GPU run found a move on
+// device 1 doing that).
 struct CudaEvent {
   cudaEvent_t handle = nullptr;
+  int device = -1;  // whose context was current when it was created
   CudaEvent() = default;
   CudaEvent(const CudaEvent&) = delete;
   CudaEvent& operator=(const CudaEvent&) = delete;

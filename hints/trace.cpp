@@ -10,6 +10,7 @@
 #define UVM_HAVE_NVTX 1
 #endif
 
+#include "../alloc/devices.hpp"
 #include "trace_sinks.hpp"
 
 namespace uvm {
@@ -278,6 +279,11 @@ bool time_intervals(const MoveLog& log, bool wait, std::vector<TimedInterval>* o
 namespace uvm {
 
 bool time_move(const MoveLog& log, bool wait, TimedMove* out) {
+  // Queried from the move's device's context when the thread has none (after the move's own
+  // context scope ended, or from a thread that never had one: uvm_last_move, the trace file's
+  // flush at exit); with none current, the runtime would create device 0's.
+  ContextScope scope;
+  if (log.device >= 0) (void)scope.enter(Call::of("uvm_last_move"), log.device, ContextScope::When::only_if_none_current);
   if (!time_intervals(log, wait, &out->intervals)) return false;
   static_cast<MoveFacts&>(*out) = log;
   return true;

@@ -65,6 +65,11 @@ MUTANTS = [
  # Staging left empty by a smaller offload is kept for ever.
  ("offload/offload.cpp", "if (status == UVM_OK && staged) staging().free_unused_in_background();", "", "offload_tests",
   "when the set offloaded shrinks*"),
+ # Events are queried or destroyed with no context current: the runtime makes device 0's.
+ ("hints/trace.cpp", "  if (log.device >= 0) (void)scope.enter(Call::of(\"uvm_last_move\"), log.device, ContextScope::When::only_if_none_current);\n",
+  "", "offload_tests", "[context]"),
+ ("hints/events.cpp", "  if (device >= 0) (void)scope.enter(Call::of(\"cudaEventDestroy\"), device, ContextScope::When::only_if_none_current);\n",
+  "", "offload_tests", "[context]"),
  # Onload no longer takes its turn with the other moves: two threads map and release under each other.
  ("offload/onload.cpp", "  const auto moves = lock_moves();\n  if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;  // freed",
   "  if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;  // freed", "hints_tests",

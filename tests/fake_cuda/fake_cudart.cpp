@@ -937,6 +937,8 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   std::lock_guard<std::mutex> lock(w.mutex);
   cudaError_t error;
   if (injected(w, "cudaEventElapsedTime", &error)) return error;
+  ensure_context(w);  // like every runtime call: with no context current, the selected device's
+  ensure_context(w);  // like every runtime call: with no context current, the selected device's
   if (!w.timing_events.count(start) || !w.timing_events.count(end) || !w.recorded_at.count(start) ||
       !w.recorded_at.count(end)) {
     return set_error(cudaErrorInvalidResourceHandle);
@@ -956,6 +958,7 @@ bool unsafe_during_capture(World& w) {
 cudaError_t cudaEventQuery(cudaEvent_t event) {
   World& w = world();
   std::lock_guard<std::mutex> lock(w.mutex);
+  ensure_context(w);
   if (unsafe_during_capture(w)) return set_error(cudaErrorStreamCaptureUnsupported);
   return w.live_events.count(event) ? cudaSuccess : set_error(cudaErrorInvalidResourceHandle);
 }
@@ -979,6 +982,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
   World& w = world();
   std::lock_guard<std::mutex> lock(w.mutex);
+  ensure_context(w);
   w.timing_events.erase(event);
   w.recorded_at.erase(event);
   return w.live_events.erase(event) ? cudaSuccess : set_error(cudaErrorInvalidResourceHandle);

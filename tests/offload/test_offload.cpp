@@ -434,6 +434,35 @@ TEST_CASE("offload works from a thread with no context, in the owner's context o
   CHECK(b.intact());
 }
 
+TEST_CASE("moves on device 1 from a thread with no context never make device 0's context", "[offload][threads][context]") {
+  // The GPU suite's multi-GPU case found device 0's primary context created by a cycle on device 1:
+  // a runtime call made with no context current (an event queried or destroyed after the move's
+  // context was left) initializes the selected device's. The fake does the same.
+  FakeMachine machine;
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  fake::reset();  // forget which contexts exist
+  fake::set_thread_context(fake::kNoContext);
+  {
+    Buffer b(size_t{64} << 20, 1);
+    const uvm_range r = b.whole();
+    std::vector<uvm_strategy> strategies = {UVM_STRATEGY_MIGRATE, UVM_STRATEGY_AUTO};
+    if (CUDART_VERSION >= 13000) strategies.push_back(UVM_STRATEGY_STAGED);  // discard: CUDA 13
+    for (uvm_strategy strategy : strategies) {
+      REQUIRE(uvm_offload_ranges(&r, 1, strategy, nullptr) == UVM_OK);
+      REQUIRE(uvm_onload_ranges(&r, 1, nullptr) == UVM_OK);
+      uvm_move_report report{};
+      (void)uvm_last_move(1, &report);
+    }
+    uvm_residency residency{};
+    REQUIRE(uvm_get_residency(1, nullptr, &residency) == UVM_OK);
+    CHECK(b.intact());
+  }
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  CHECK(fake::current_context() == fake::kNoContext);
+  CHECK_FALSE(fake::context_created(0));
+  CHECK(fake::context_created(1));
+}
+
 TEST_CASE("with a CUDA 12 driver auto falls back to migrate and staged is refused", "[cuda12][scenario]") {
   FakeMachine machine;
   Buffer b;

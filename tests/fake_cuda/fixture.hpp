@@ -21,6 +21,13 @@ struct FakeMachine {
     return ops_named(fake::OpKind::host_alloc).size() + ops_named(fake::OpKind::host_register).size();
   }
 
+  // The bytes the ops of one kind logged so far moved (copy_to_host: copied out to staging).
+  static size_t bytes_of(fake::OpKind kind) {
+    size_t bytes = 0;
+    for (const fake::Op& op : ops_named(kind)) bytes += op.size;
+    return bytes;
+  }
+
   // The ops logged so far of one kind.
   static std::vector<fake::Op> ops_named(fake::OpKind kind) {
     std::vector<fake::Op> selected;

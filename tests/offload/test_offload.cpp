@@ -577,11 +577,7 @@ TEST_CASE("a first offload copies into the steps pinned so far while the rest is
   Buffer b(2 * step);
   const auto ranges = tensors_in(b, 8);
   cudaStream_t stream = fake::make_stream();
-  auto copied_out = [] {
-    size_t bytes = 0;
-    for (const fake::Op& op : FakeMachine::ops_named(fake::OpKind::copy_to_host)) bytes += op.size;
-    return bytes;
-  };
+  auto copied_out = [] { return FakeMachine::bytes_of(fake::OpKind::copy_to_host); };
   fake::hold_next("cudaHostRegister", 1);  // the second step waits
   uvm_status status = UVM_ERROR_INTERNAL;
   uvm_move_report report{};

@@ -440,11 +440,7 @@ TEST_CASE("an offload in rounds, cut at pinning steps, keeps kept neighbours and
   // span three steps, cut inside the first two pieces.
   Layout layout({200 * mib, mib, 200 * mib, 512, 150 * mib}, 512);
   cudaStream_t stream = fake::make_stream();
-  auto copied_out = [] {
-    size_t bytes = 0;
-    for (const fake::Op& op : FakeMachine::ops_named(fake::OpKind::copy_to_host)) bytes += op.size;
-    return bytes;
-  };
+  auto copied_out = [] { return FakeMachine::bytes_of(fake::OpKind::copy_to_host); };
   fake::hold_next("cudaHostRegister", 1);  // the second step waits
   uvm_status offloaded = UVM_ERROR_INTERNAL;
   std::thread offload([&] {

@@ -111,28 +111,26 @@ uvm_status offload_staged(const Call& call, const std::vector<HintRange>& pieces
   }
   StreamPhase copies(Phase::copy, stream, 0, spans.empty() ? 0 : spans.front().begin);
   size_t copied_bytes = 0;
+  std::vector<CopyPiece> placed;  // each piece where it lies in staging
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    placed.push_back(CopyPiece{spans[i], pieces[i].allocation, reserved.hosts[i], pieces[i].memory});
+  }
+  const auto one_registration = [](const char* host, size_t bytes) { return staging().one_registration(host, bytes); };
   for (size_t first = 0; first < pieces.size();) {
-    // Pieces that follow each other on the device (in one driver allocation) and in staging (in one
-    // registration) go as one copy: the 2 MiB segments of a slab, 32 copies for 1,024.
-    size_t last = first;
-    size_t bytes = spans[first].size();
-    while (last + 1 < pieces.size() && pieces[last + 1].memory == pieces[first].memory && pieces[first].memory != 0 &&
-           spans[last + 1].begin == spans[last].end && reserved.hosts[last + 1] == reserved.hosts[last] + spans[last].size() &&
-           staging().one_registration(reserved.hosts[first], bytes + spans[last + 1].size())) {
-      ++last;
-      bytes += spans[last].size();
-    }
+    const size_t end = copy_run_end(placed, first, one_registration);
+    const size_t bytes = spans[end - 1].end - spans[first].begin;
     const void* ptr = reinterpret_cast<const void*>(spans[first].begin);
     if (cudaError_t e = cudaMemcpyAsync(reserved.hosts[first], ptr, bytes, cudaMemcpyDefault, stream)) {
       return give_up(fail_cuda(call, e, "cudaMemcpyAsync(%p → pinned staging, %zu bytes)", ptr, bytes));
     }
     copied_bytes += bytes;
     // A releasable allocation never shares a driver allocation, so its last piece ends a copy.
-    const bool last_of_allocation = last + 1 == pieces.size() || pieces[last + 1].allocation != pieces[last].allocation;
+    const size_t last = end - 1;
+    const bool last_of_allocation = end == pieces.size() || pieces[end].allocation != pieces[last].allocation;
     if (pieces[last].releasable && last_of_allocation) {
       if (EventRef copied = try_record(stream)) (*done)[pieces[last].allocation] = copied;
     }
-    first = last + 1;
+    first = end;
   }
   copies.finish(copied_bytes);
   if (uvm_status s = discard_batch(call, pieces, stream)) return give_up(s);

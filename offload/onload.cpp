@@ -87,23 +87,16 @@ uvm_status copy_chunk(const Call& call, int device, const OnloadChunk& chunk, bo
   }
   size_t copied = 0;
   const std::vector<CopyPiece>& pieces = chunk.copies;
+  const auto one_registration = [](const char* host, size_t bytes) { return staging().one_registration(host, bytes); };
   for (size_t first = 0; first < pieces.size();) {
-    // Pieces that follow each other on the device (one chunk: one driver allocation) and in staging
-    // (in one registration) go back as one copy.
-    size_t last = first;
-    size_t bytes = pieces[first].span.size();
-    while (last + 1 < pieces.size() && pieces[last + 1].span.begin == pieces[last].span.end &&
-           pieces[last + 1].host == pieces[last].host + pieces[last].span.size() &&
-           staging().one_registration(pieces[first].host, bytes + pieces[last + 1].span.size())) {
-      ++last;
-      bytes += pieces[last].span.size();
-    }
+    const size_t end = copy_run_end(pieces, first, one_registration);
+    const size_t bytes = pieces[end - 1].span.end - pieces[first].span.begin;
     void* ptr = reinterpret_cast<void*>(pieces[first].span.begin);
     if (cudaError_t e = cudaMemcpyAsync(ptr, pieces[first].host, bytes, cudaMemcpyDefault, worker)) {
       return fail_cuda(call, e, "cudaMemcpyAsync(pinned staging → %p, %zu bytes)", ptr, bytes);
     }
     copied += bytes;
-    first = last + 1;
+    first = end;
   }
   if (!managed) {
     phase.finish(copied);

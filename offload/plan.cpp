@@ -78,6 +78,22 @@ std::vector<OnloadChunk> plan_onload(const std::vector<CopyPiece>& pieces, size_
   return chunks;
 }
 
+size_t copy_run_end(const std::vector<CopyPiece>& pieces, size_t first,
+                    const std::function<bool(const char* host, size_t bytes)>& one_registration) {
+  size_t end = first + 1;
+  size_t bytes = pieces[first].span.size();
+  while (end < pieces.size()) {
+    const CopyPiece& before = pieces[end - 1];
+    const CopyPiece& next = pieces[end];
+    const bool follows = next.memory == before.memory && next.memory != 0 && next.span.begin == before.span.end &&
+                         next.host == before.host + before.span.size();
+    if (!follows || !one_registration(pieces[first].host, bytes + next.span.size())) break;
+    bytes += next.span.size();
+    ++end;
+  }
+  return end;
+}
+
 OnloadPipeline onload_pipeline() {
   static const OnloadPipeline pipeline =
       parse_onload_pipeline(std::getenv("UVM_ONLOAD_CHUNK_MIB"), std::getenv("UVM_ONLOAD_STREAMS"));

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <vector>
 
 #include "../alloc/span_set.hpp"
@@ -62,5 +63,13 @@ struct OnloadChunk {
 // (2026-11-22): the driver still spent 100–190 µs on each range, before and after the copy, batched
 // or not, and the 4 GiB model's onload fell from 40 to 34 GB/s.
 std::vector<OnloadChunk> plan_onload(const std::vector<CopyPiece>& pieces, size_t chunk_bytes);
+
+// Where the copy that starts at pieces[first] ends (one past its last piece): the pieces after it
+// join while each starts where the one before ends, both on the device (in one driver allocation)
+// and in staging, and `one_registration(host, bytes)` says one copy may reach that many staging
+// bytes (a copy across two host registrations fails on an H100). The 2 MiB segments of a slab then
+// take 32 copies, not 1,024.
+size_t copy_run_end(const std::vector<CopyPiece>& pieces, size_t first,
+                    const std::function<bool(const char* host, size_t bytes)>& one_registration);
 
 }  // namespace uvm

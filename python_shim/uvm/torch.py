@@ -225,11 +225,7 @@ def _move_span(tensor, what) -> tuple[int, tuple[int, int], int] | None:
     nbytes = tensor.nbytes
     if nbytes == 0:
         return None
-    ptr = tensor.data_ptr()
-    storage = tensor.untyped_storage()
-    if ptr % BLOCK_BYTES == 0 and ptr == storage.data_ptr() and nbytes == storage.nbytes():
-        return tensor.get_device(), (ptr, -(-nbytes // BLOCK_BYTES) * BLOCK_BYTES), nbytes
-    return tensor.get_device(), (ptr, nbytes), nbytes
+    return tensor.get_device(), _block_span(tensor, (tensor.data_ptr(), nbytes)), nbytes
 
 
 def _named_tensors(obj, include_buffers: bool):
@@ -330,11 +326,8 @@ def _ranges_by_device(obj, include_buffers: bool, into: dict | None = None) -> d
             if found is None:
                 continue
             device, block, asked = found
-            on_device = into.get(device)
-            if on_device is None:
-                on_device = into[device] = {}
-            if block not in on_device:
-                on_device[block] = (what, asked)  # shared tensors count once
+            if block not in into.setdefault(device, {}):
+                into[device][block] = (what, asked)  # shared tensors count once
     elif isinstance(obj, torch.cuda.MemPool):
         for segment in obj.snapshot():
             span = (segment["address"], segment["total_size"])

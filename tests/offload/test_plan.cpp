@@ -105,3 +105,18 @@ TEST_CASE("onload chunks: touching pieces share one, a gap never is populated", 
   check_exact(cut, long_ones);
   CHECK(uvm::plan_onload({}, 100).empty());
 }
+
+TEST_CASE("one copy takes the pieces that follow each other on the device and in staging", "[plan]") {
+  // piece(): host = device address + 100000, so pieces that touch on the device touch in staging.
+  const std::vector<uvm::CopyPiece> pieces = {piece(0, 100, 1, 9), piece(100, 200, 2, 9), piece(200, 300, 3, 10),
+                                              piece(300, 400, 4, 10), piece(500, 600, 5, 10), piece(600, 700, 6, 10)};
+  const auto anywhere = [](const char*, size_t) { return true; };
+  CHECK(uvm::copy_run_end(pieces, 0, anywhere) == 2);  // two slots of slab 9; slab 10 is another allocation
+  CHECK(uvm::copy_run_end(pieces, 2, anywhere) == 4);  // then a gap on the device
+  CHECK(uvm::copy_run_end(pieces, 4, anywhere) == 6);
+  auto moved = pieces;
+  moved[1].host += 8;  // apart in staging
+  CHECK(uvm::copy_run_end(moved, 0, anywhere) == 1);
+  const auto at_most_150 = [](const char*, size_t bytes) { return bytes <= 150; };  // a registration ends
+  CHECK(uvm::copy_run_end(pieces, 0, at_most_150) == 1);
+}

@@ -11,6 +11,7 @@
 #   MULTI_GPU=1                  runs tests/multi_gpu/run.sh (2+ GPUs)
 #   PROBE=1                      runs bench/transfer_probe.cu with PROBE_ARGS (default "4096 2")
 #   PINNED_PROBE="4 8 [first]"  runs bench/pinned_probe.cpp with those arguments
+#   GATHER_PROBE="4096 [--before DIR]"  runs bench/gather_probe.py (the shim's per-tensor costs)
 #   JIT_BENCH=1                  runs the JIT build benchmark
 #   PEERS=1                      runs torch_memory_saver's examples on uvm.memory_saver
 #                                (tests/peers/run_tms_examples.sh) and the Megatron-Core harness
@@ -109,6 +110,11 @@ if [ -n "${PINNED_PROBE:-}" ]; then
   g++ -O2 -std=c++17 bench/pinned_probe.cpp -I"${CUDA_HOME:-/usr/local/cuda}/include" \
     -L"${CUDA_HOME:-/usr/local/cuda}/lib64" -lcudart -lpthread -o "$build/pinned_probe" &&
     "$build/pinned_probe" $PINNED_PROBE | tee "$OUT/pinned_probe.txt" || status=1
+fi
+
+if [ -n "${GATHER_PROBE:-}" ]; then
+  echo "== gather probe ($GATHER_PROBE)"
+  python3 bench/gather_probe.py $GATHER_PROBE --json "$OUT/gather_probe.json" | tee "$OUT/gather_probe.txt" || status=1
 fi
 
 if [ "${RL_BENCH:-0}" = 1 ]; then

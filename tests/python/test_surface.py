@@ -172,6 +172,17 @@ print(b.markdown([old]).splitlines()[-1])
     assert out.strip().splitlines()[-1].startswith("| 2048 MiB | 1027 | uvm auto |"), out
 
 
+def test_range_arrays_hold_each_pointer_and_size_as_uvm_range_does():
+    """uvm.torch._range_array packs (ptr, size) pairs as 64-bit integers under a uvm_range array:
+    the layout must match the struct field for field, extreme values included."""
+    import ctypes
+    spans = [(0x7F00_0000_0000, 512), (1, 2**64 - 1), (2**64 - 1, 0)]
+    ranges = uvm.torch._range_array(spans)
+    assert ctypes.sizeof(ranges) == len(spans) * ctypes.sizeof(uvm._lib.Range)
+    assert [(r.ptr, r.size) for r in ranges] == spans
+    assert len(uvm.torch._range_array([])) == 0
+
+
 @needs_torch
 def test_tensor_guards():
     assert uvm.prefetch_managed_tensor(None, device=0) is None

@@ -128,6 +128,42 @@ def test_a_plain_tensor_gets_a_helpful_error_and_torch_goes_on(pool):
     assert (plain * 2).sum().item() == 42.0  # no stale CUDA error surfaces at the next kernel
 
 
+def test_a_module_is_walked_as_named_parameters_and_named_buffers_list_it(pool):
+    """uvm.torch._members reads each submodule's own dicts when named_parameters and named_buffers
+    are torch's, so it must find exactly their tensors: nested and shared submodules, a None
+    parameter, non-persistent buffers, buffers left out on request; a module overriding those
+    methods is asked through them. A failure still names the tensor."""
+    with torch.cuda.use_mem_pool(pool):
+        shared = torch.nn.Linear(8, 8, device="cuda")
+        inner = torch.nn.Sequential(shared, torch.nn.Linear(8, 4, bias=False, device="cuda"))
+        model = torch.nn.Sequential(shared, torch.nn.BatchNorm1d(8, device="cuda"), inner)
+        model.register_buffer("scratch", torch.zeros(3, device="cuda"), persistent=False)
+        model.register_parameter("nothing", None)
+    for include_buffers in (True, False):
+        expected = {id(t) for t in model.parameters()}
+        if include_buffers:
+            expected |= {id(t) for t in model.buffers()}
+        found = uvm.torch._members(model, include_buffers)
+        assert {id(t) for _, t in found} == expected
+        assert {uvm.torch._describe(what) for what, _ in found} == (
+            {f"parameter {name!r}" for name, _ in model.named_parameters()}
+            | ({f"buffer {name!r}" for name, _ in model.named_buffers()} if include_buffers else set()))
+
+    class OnlyFirst(torch.nn.Module):  # shows one parameter of two
+        def __init__(self):
+            super().__init__()
+            self.first, self.second = inner[0].weight, inner[1].weight
+
+        def named_parameters(self, *args, **kwargs):
+            yield "first", self.first
+
+    assert [t for _, t in uvm.torch._members(OnlyFirst(), False)] == [inner[0].weight]
+    mixed = torch.nn.Sequential(inner, torch.nn.Linear(4, 2, device="cuda"))  # the second: plain memory
+    with pytest.raises(RuntimeError, match=r"parameter '1\.(weight|bias)' at 0x[0-9a-f]+ .* is not managed"):
+        uvm.offload(mixed)
+    torch.cuda.synchronize()
+
+
 def test_live_bytes_return_to_baseline(pool):
     gc.collect()
     torch.cuda.synchronize()

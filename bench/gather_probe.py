@@ -56,11 +56,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("count", type=int, nargs="?", default=4096)
     parser.add_argument("--before", help="an older tree whose shim path to time alongside")
+    parser.add_argument("--pool-mib", type=int, default=0,
+                        help="also time finding a uvm pool's segments, the pool holding this many MiB "
+                             "as 512 KiB tensors (managed memory: keep it under 25%% of the card)")
     parser.add_argument("--json")
     args = parser.parse_args()
     model = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros(2048, device="cuda", dtype=torch.bfloat16))
                                    for _ in range(args.count))
     tensors = list(model.parameters())
+    # Before any storage object is kept: each call then makes (and drops) a Python storage object.
+    fresh_storage_ms = round(best_ms(lambda: [t.untyped_storage().nbytes() for t in tensors]), 3)
     storages = [t.untyped_storage() for t in tensors]
     spans = [(t.data_ptr(), t.nbytes) for t in tensors]
 
@@ -88,18 +93,32 @@ def main() -> None:
         "storage.nbytes()": lambda: [s.nbytes() for s in storages],
         "get_device()": lambda: [t.get_device() for t in tensors],
         "device.index": lambda: [t.device.index for t in tensors],
-        "_move_span (each)": lambda: [uvm.torch._move_span(t, "x") for t in tensors],
-        "_ranges_by_device (whole)": lambda: uvm.torch._ranges_by_device(model, True),
         "Range array, ctypes objects": ctypes_ranges,
         "Range array, array.array": array_ranges,
     }
     rows = {name: round(best_ms(fn), 3) for name, fn in steps.items()}
+    rows["untyped_storage().nbytes(), no storage object kept"] = fresh_storage_ms
+    del storages  # what follows meets storages as a move does: none kept
+    rows["_move_span (each)"] = round(best_ms(lambda: [uvm.torch._move_span(t, "x") for t in tensors]), 3)
+    rows["_ranges_by_device (whole)"] = round(best_ms(lambda: uvm.torch._ranges_by_device(model, True)), 3)
     shims = {"this tree": uvm.torch}
     if args.before:
         shims["before"] = load_shim(args.before, "uvm_before")
     for round_ in (1, 2):
         for label, shim in shims.items():
             rows[f"shim path, {label}, round {round_}"] = round(best_ms(lambda: shim_path(shim, model)), 3)
+    if args.pool_mib:
+        pool = uvm.create_unified_mempool()
+        with torch.cuda.use_mem_pool(pool):
+            held = [torch.empty(512 << 10, dtype=torch.uint8, device="cuda") for _ in range(args.pool_mib * 2)]
+        segments = len(pool.snapshot())
+        pool_steps = {
+            f"pool.snapshot(), {segments} segments": pool.snapshot,
+            "torch.cuda.memory_snapshot(pool.id)": lambda: torch.cuda.memory.memory_snapshot(pool.id),
+            "_ranges_by_device(pool)": lambda: uvm.torch._ranges_by_device(pool, True),
+            f"_ranges_by_device(tensors of the pool), {len(held)}": lambda: uvm.torch._ranges_by_device(held, True),
+        }
+        rows.update({name: round(best_ms(fn), 3) for name, fn in pool_steps.items()})
     props = torch.cuda.get_device_properties(0)
     print(f"{props.name}, torch {torch.__version__}, Python {sys.version.split()[0]}, {args.count} tensors")
     print("| step | ms for all | µs per tensor |\n|---|---|---|")

@@ -363,8 +363,9 @@ UVM_API uvm_status uvm_get_staging_info(uvm_staging_info* info);
  * copy, 4–7× slower (offload 10.7–11.9, onload 6.1–6.7 GB/s for 4 GiB on an H100). */
 UVM_API uvm_status uvm_reserve_staging(size_t bytes);
 
-/* Frees the pinned staging memory that holds no offloaded data (waits for copies still reading it;
- * if that wait fails, the block is kept and the next call tries again). While an offload on another
+/* Frees the pinned staging memory that holds no offloaded data: empty blocks, and the 256 MiB steps
+ * of a block pinned in steps past the last one in use (waits for copies still reading it; if that
+ * wait fails, the block is kept and the next call tries again). While an offload on another
  * thread is between pinning room for itself and using it, it frees nothing (an offload must not
  * lose the room it made). Takes no lock the moves need. Returns once a free of empty blocks that
  * an offload started in the background has ended too. */

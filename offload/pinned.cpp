@@ -181,6 +181,14 @@ size_t pinned_bytes_eventually(const PinnedMemory& memory) {
   return pinning_failed(memory) ? pinned_bytes_now(memory) : memory.bytes;
 }
 
+uvm_status unpin_steps(const Call& call, char* host, size_t bytes) {
+  for (size_t at = 0; at < bytes; at += kPinStepBytes) {
+    if (cudaError_t e = cudaHostUnregister(host + at)) return fail_cuda(call, e, "cudaHostUnregister(%p)", host + at);
+  }
+  munmap(host, bytes);
+  return UVM_OK;
+}
+
 uvm_status unpin_host_memory(const Call& call, const PinnedMemory& memory) {
   if (memory.kind == PinnedKind::host_alloc) {
     if (cudaError_t e = cudaFreeHost(memory.host)) return fail_cuda(call, e, "cudaFreeHost(%p)", memory.host);
@@ -193,12 +201,10 @@ uvm_status unpin_host_memory(const Call& call, const PinnedMemory& memory) {
   if (memory.steps) {
     std::unique_lock<std::mutex> lock(memory.steps->mutex);
     memory.steps->changed.wait(lock, [&] { return memory.steps->done; });
-    for (size_t at = 0; at < memory.steps->pinned; at += kPinStepBytes) {
-      if (cudaError_t e = cudaHostUnregister(memory.host + at)) {
-        return fail_cuda(call, e, "cudaHostUnregister(%p)", memory.host + at);
-      }
-    }
-    munmap(memory.host, memory.bytes);
+    const size_t pinned = memory.steps->pinned;
+    lock.unlock();
+    if (uvm_status s = unpin_steps(call, memory.host, pinned)) return s;
+    if (memory.bytes > pinned) munmap(memory.host + pinned, memory.bytes - pinned);  // a step failed
     return UVM_OK;
   }
   if (cudaError_t e = cudaHostUnregister(memory.host)) return fail_cuda(call, e, "cudaHostUnregister(%p)", memory.host);

@@ -70,6 +70,11 @@ size_t pinned_bytes_eventually(const PinnedMemory& memory);
 // Whether pinning `memory` in steps stopped at a step that could not be registered.
 bool pinning_failed(const PinnedMemory& memory);
 
+// Gives back `bytes` (a multiple of kPinStepBytes, or up to the end of the memory) of memory pinned
+// in steps from `host`, where a step starts: each step is unregistered, then all of it unmapped.
+// An unregistration that fails stops there, naming cudaHostUnregister, and unmaps nothing.
+uvm_status unpin_steps(const Call& call, char* host, size_t bytes);
+
 // Gives back memory from pin_host_memory or pin_host_memory_in_steps (waiting for its pinning to
 // end: cudaHostUnregister + munmap, or cudaFreeHost).
 uvm_status unpin_host_memory(const Call& call, const PinnedMemory& memory);

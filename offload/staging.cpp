@@ -267,11 +267,60 @@ uvm_status Staging::free_unused(const Call& call) {
   return free_unused_now(call);
 }
 
+size_t Staging::unused_step_bytes(const Block& block) {
+  const PinnedMemory& memory = block.memory;
+  if (!memory.steps || block.live == 0) return 0;  // a block holding nothing is freed whole
+  {
+    std::lock_guard<std::mutex> progress(memory.steps->mutex);
+    if (!memory.steps->done || !memory.steps->failure.empty()) return 0;
+  }
+  const size_t kept = (block.used + kPinStepBytes - 1) / kPinStepBytes * kPinStepBytes;
+  return memory.bytes > kept ? memory.bytes - kept : 0;
+}
+
+uvm_status Staging::trim_steps(const Call& call) {
+  struct Tail {
+    char* host;
+    size_t bytes;
+    int device;
+    std::vector<EventRef> reads;
+  };
+  std::vector<Tail> tails;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (room_claims_ > 0) return UVM_OK;  // an offload is about to fill the room
+    for (auto& block : blocks_) {
+      const size_t cut = unused_step_bytes(*block);
+      if (cut == 0) continue;
+      PinnedMemory& memory = block->memory;
+      memory.bytes -= cut;  // a multiple of kPinStepBytes: the tail starts where a step does
+      {
+        std::lock_guard<std::mutex> progress(memory.steps->mutex);
+        memory.steps->pinned = memory.bytes;
+      }
+      prune(&block->reads);
+      tails.push_back(Tail{memory.host + memory.bytes, cut, block->device, block->reads});
+    }
+  }
+  uvm_status status = UVM_OK;
+  for (const Tail& tail : tails) {
+    ContextScope scope;
+    uvm_status s = scope.enter(call, tail.device, ContextScope::When::only_if_none_current);
+    for (size_t i = 0; s == UVM_OK && i < tail.reads.size(); ++i) {
+      if (cudaError_t e = cudaEventSynchronize(tail.reads[i]->handle)) s = fail_cuda(call, e, "cudaEventSynchronize");
+    }
+    if (s == UVM_OK) s = unpin_steps(call, tail.host, tail.bytes);
+    if (status == UVM_OK) status = s;
+  }
+  return status;
+}
+
 uvm_status Staging::free_unused_now(const Call& call) {
+  const uvm_status trimmed = trim_steps(call);
   std::vector<std::shared_ptr<Block>> unused;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (room_claims_ > 0) return UVM_OK;  // an offload is about to fill the empty blocks
+    if (room_claims_ > 0) return trimmed;  // an offload is about to fill the empty blocks
     auto holding = std::stable_partition(blocks_.begin(), blocks_.end(), [](const auto& b) { return b->live != 0; });
     unused.assign(holding, blocks_.end());
     blocks_.erase(holding, blocks_.end());
@@ -284,14 +333,16 @@ uvm_status Staging::free_unused_now(const Call& call) {
   }
   std::lock_guard<std::mutex> lock(mutex_);
   blocks_.insert(blocks_.end(), kept.begin(), kept.end());
-  return status;
+  return trimmed != UVM_OK ? trimmed : status;
 }
 
 void Staging::free_unused_in_background() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    const bool any_empty = std::any_of(blocks_.begin(), blocks_.end(), [](const auto& b) { return b->live == 0; });
-    if (!any_empty || freeing_in_background_) return;
+    const bool any_to_free = std::any_of(blocks_.begin(), blocks_.end(), [](const auto& b) {
+      return b->live == 0 || unused_step_bytes(*b) != 0;
+    });
+    if (!any_to_free || freeing_in_background_) return;
     freeing_in_background_ = true;
   }
   // A failure keeps the block, as free_unused does; the next offload or uvm_release_staging tries again.

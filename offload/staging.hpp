@@ -64,14 +64,16 @@ class Staging {
   // Waits, holding no lock, until a block being pinned in steps pins more or stops; false at once
   // if none is being pinned.
   bool wait_for_pinning();
-  // Frees the blocks that hold nothing, after the copies reading them finished. The blocks leave
+  // Frees the blocks that hold nothing, after the copies reading them finished, and the steps of a
+  // block pinned in steps past the last one its bump pointer reaches (trim_steps). The blocks leave
   // the store first, so no lock is held while it waits and frees (unpinning GiBs takes
   // hundreds of ms); a block whose wait fails goes back, and the next call tries again. Frees
   // nothing while an offload holds a RoomClaim. Returns once a free in the background has ended too.
   uvm_status free_unused(const Call& call);
   // Keeps what is held near what is staged: after an offload, blocks that hold nothing (the set
-  // offloaded shrank, so fewer blocks hold it) are freed on a thread of their own, since unpinning
-  // GiBs takes hundreds of ms. Starts nothing when no block is empty.
+  // offloaded shrank, so fewer blocks hold it) and the unused steps of a block bigger than the set
+  // it now holds are freed on a thread of their own, since unpinning GiBs takes hundreds of ms.
+  // Starts nothing when there is nothing to free.
   void free_unused_in_background();
 
   // Held by an offload from making room (ensure_capacity) until it has reserved it: the room is
@@ -120,6 +122,15 @@ class Staging {
   void release_locked(uintptr_t begin, uintptr_t end, const EventRef& read);
   static void give_back(Block& block, size_t bytes, const EventRef& read);
   uvm_status free_unused_now(const Call& call);
+  // Where a block pinned in steps could be cut: its bytes past the step that holds its bump
+  // pointer, 0 for none (still pinning, a step failed, or nothing to cut). Under mutex_.
+  static size_t unused_step_bytes(const Block& block);
+  // Cuts those steps off every block that has them: the block shrinks under mutex_ (no reservation
+  // reaches them after), then, with no lock held, the reads of the block are waited for and the
+  // steps unregistered and unmapped. Holding them held pinned memory up to a whole first offload's
+  // size after the set offloaded shrank. A failed wait or unregistration leaves the steps mapped
+  // (lost to uvm, as they hold no data) and is reported.
+  uvm_status trim_steps(const Call& call);
 
   mutable std::mutex mutex_;
   std::mutex growth_mutex_;  // held across pinning by ensure_capacity only; never with mutex_ waiting on it

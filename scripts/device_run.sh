@@ -5,7 +5,8 @@
 #   BENCH=full|quick|sweep|none  full (default): every size and method; quick: 4 GiB only; sweep:
 #                                quick, then onload pipeline settings (SWEEP, chunk MiB:streams)
 #   BENCH_ARGS="..."             replaces the offload bench's size arguments (split on spaces)
-#   TRACE_SMALL=1                traces a cycle of the small-tensor model (UVM_TRACE) to $OUT
+#   TRACE_SMALL=1                traces a cycle of the small-tensor model (UVM_TRACE) to $OUT,
+#                                moved by TRACE_METHOD (default "uvm auto")
 #   TESTS=0                      skips the tests (else also the GPU suite built against CUDA 12.8,
 #                                when .deps/cuda-12.8 is there: scripts/fetch_cuda12.sh)
 #   MULTI_GPU=1                  runs tests/multi_gpu/run.sh (2+ GPUs)
@@ -156,9 +157,9 @@ if [ "$bench" != none ]; then
   PYTHONPATH=python_shim python3 -m uvm bench "${sizes[@]}" --out "$OUT/bench" || status=1
 fi
 if [ "${TRACE_SMALL:-0}" = 1 ]; then
-  echo "== trace of the small-tensor model's cycles (uvm auto)"
+  echo "== trace of the small-tensor model's cycles (${TRACE_METHOD:-uvm auto})"
   UVM_TRACE=$OUT/trace-small.json PYTHONPATH=python_shim python3 -m uvm bench --sizes-mib "" --small-mib 2048 \
-    --methods "uvm auto" --cycles 1 --out "$OUT/trace-small" 2>/dev/null | grep -E "^\| 2048" || status=1
+    --methods "${TRACE_METHOD:-uvm auto}" --cycles 1 --out "$OUT/trace-small" 2>/dev/null | grep -E "^\| 2048" || status=1
 fi
 if [ "$bench" = sweep ]; then
   for setting in ${SWEEP:-32:2 128:2 32:4 64:4 16:8}; do

@@ -65,6 +65,12 @@ MUTANTS = [
  # Staging left empty by a smaller offload is kept for ever.
  ("offload/offload.cpp", "if (status == UVM_OK && staged) staging().free_unused_in_background();", "", "offload_tests",
   "when the set offloaded shrinks*"),
+ # A block pinned in steps keeps its unused steps; cuts them where no step starts; or frees them
+ # and later unregisters them again with the block.
+ ("offload/staging.cpp", "  if (!memory.steps || block.live == 0) return 0;", "  return 0;", "offload_tests", "[steps]"),
+ ("offload/staging.cpp", "  const size_t kept = (block.used + kPinStepBytes - 1) / kPinStepBytes * kPinStepBytes;",
+  "  const size_t kept = block.used;", "offload_tests", "[steps]"),
+ ("offload/staging.cpp", "        memory.steps->pinned = memory.bytes;\n", "", "offload_tests", "[steps]"),
  # Events are queried or destroyed with no context current: the runtime makes device 0's.
  ("hints/trace.cpp", "  if (log.device >= 0) (void)scope.enter(Call::of(\"uvm_last_move\"), log.device, ContextScope::When::only_if_none_current);\n",
   "", "offload_tests", "[context]"),

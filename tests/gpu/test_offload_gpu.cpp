@@ -260,6 +260,49 @@ TEST_CASE("small-tensor segments share slabs: a cycle keeps every byte, a kept t
   CUDA_REQUIRE(cudaStreamDestroy(stream));
 }
 
+TEST_CASE("a staging block bigger than the set it now holds gives back its unused steps; copies go on",
+          "[gpu][offload][staging]") {
+  // 600 MiB staged once (a block pinned in three 256 MiB steps, when UVM_PINNED asks for the
+  // registered way), then only 10 MiB: the two steps past the first are unregistered and unmapped
+  // in the background while the first step keeps serving copies. Every byte survives each cycle.
+  REQUIRE(gpu::concurrent_managed_access());
+  if (!discard_supported()) {
+    WARN("not run: staged offload needs CUDA 13 discard");
+    return;
+  }
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  Managed small(10 * MiB), big(590 * MiB);
+  const auto small_bytes = fill(small, 7), big_bytes = fill(big, 9);
+  const uvm_range both[] = {{small.ptr, small.size}, {big.ptr, big.size}};
+  REQUIRE(uvm_offload_ranges(both, 2, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  REQUIRE(uvm_onload_ranges(both, 2, stream) == UVM_OK);
+  CUDA_REQUIRE(cudaStreamSynchronize(stream));
+  uvm_staging_info before{};
+  REQUIRE(uvm_get_staging_info(&before) == UVM_OK);
+  const bool in_steps = before.configured_kind == UVM_PINNED_REGISTERED && before.registered_bytes >= 600 * MiB;
+  for (int round = 0; round < 3; ++round) {
+    REQUIRE(uvm_offload_ranges(both, 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+    REQUIRE(uvm_release_staging() == UVM_OK);  // waits for the steps given back in the background
+    uvm_staging_info after{};
+    REQUIRE(uvm_get_staging_info(&after) == UVM_OK);
+    if (in_steps) CHECK(after.capacity_bytes == 256 * MiB);
+    REQUIRE(uvm_onload_ranges(both, 1, stream) == UVM_OK);
+    CUDA_REQUIRE(cudaStreamSynchronize(stream));
+    CHECK(matches(small, small_bytes));
+    REQUIRE(uvm_offload_ranges(both, 2, UVM_STRATEGY_STAGED, stream) == UVM_OK);  // grows again
+    REQUIRE(uvm_onload_ranges(both, 2, stream) == UVM_OK);
+    CUDA_REQUIRE(cudaStreamSynchronize(stream));
+    CHECK(matches(small, small_bytes));
+    CHECK(matches(big, big_bytes));
+  }
+  if (!in_steps) WARN("staging was not pinned in steps (UVM_PINNED): the trim itself was not exercised");
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
+
 TEST_CASE("threads moving the same ranges on their own streams lose nothing", "[gpu][offload][safety][threads]") {
   REQUIRE(gpu::concurrent_managed_access());
   Managed m(32 * MiB);

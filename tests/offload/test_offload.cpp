@@ -1,6 +1,7 @@
 // uvm_offload_ranges / uvm_onload_ranges against the fake runtime, which really copies bytes and
 // scribbles over discarded ones: data survives every strategy, calls are coalesced, staging memory
 // is reused, and failures are clean.
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -643,6 +644,105 @@ TEST_CASE("a first offload never copies across two pinning steps, wherever its t
   CHECK(big.intact());
   CHECK(middle.intact());
   REQUIRE(uvm_release_staging() == UVM_OK);
+}
+
+TEST_CASE("a block pinned in steps that holds a smaller set gives back the steps past it", "[scenario][steps][cuda13]") {
+  FakeMachine machine;
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  const size_t step = size_t{256} << 20;
+  Buffer small(size_t{10} << 20), big(2 * step);
+  const uvm_range both[] = {small.whole(), big.whole()};
+  cudaStream_t stream = fake::make_stream();
+  REQUIRE(uvm_offload_ranges(both, 2, UVM_STRATEGY_STAGED, stream) == UVM_OK);  // one block, three steps
+  REQUIRE(uvm_onload_ranges(both, 2, stream) == UVM_OK);
+  size_t capacity = 0;
+  REQUIRE(uvm_get_staging(&capacity, nullptr) == UVM_OK);
+  REQUIRE(capacity == small.size + big.size);
+  const size_t blocks_before = fake::pinned_blocks();
+
+  fake::reset_ops();
+  REQUIRE(uvm_offload_ranges(&both[0], 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);  // the first step holds it
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (uvm_get_staging(&capacity, nullptr) == UVM_OK && capacity != step &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CHECK(capacity == step);  // held: the offloaded set rounded up to a step, not the whole block
+  REQUIRE(uvm_release_staging() == UVM_OK);  // waits for the free in the background
+  const auto unpinned = FakeMachine::ops_named(fake::OpKind::host_unregister);
+  REQUIRE(unpinned.size() == 2);  // the second and third steps, each where its registration starts
+  CHECK(unpinned[0].ptr != unpinned[1].ptr);
+  CHECK(fake::pinned_blocks() == blocks_before - 2);  // the block stays, its first step registered
+  uvm_staging_info info{};
+  REQUIRE(uvm_get_staging_info(&info) == UVM_OK);
+  CHECK(info.registered_bytes == step);
+  CHECK(info.pinning_bytes == 0);
+  CHECK(info.staged_bytes == small.size);
+  REQUIRE(uvm_onload_ranges(&both[0], 1, stream) == UVM_OK);
+  CHECK(small.intact());
+
+  // The smaller block goes on serving, and a bigger set grows staging again.
+  REQUIRE(uvm_offload_ranges(both, 2, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  REQUIRE(uvm_onload_ranges(both, 2, stream) == UVM_OK);
+  CHECK(small.intact());
+  CHECK(big.intact());
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  REQUIRE(uvm_get_staging(&capacity, nullptr) == UVM_OK);
+  CHECK(capacity == 0);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+}
+
+TEST_CASE("steps given back while other threads offload, onload and release staging lose no byte",
+          "[scenario][steps][cuda13]") {
+  FakeMachine machine;
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  const size_t step = size_t{256} << 20;
+  Buffer small(size_t{10} << 20), big(2 * step), other(size_t{6} << 20);
+  const uvm_range both[] = {small.whole(), big.whole()};
+  const uvm_range kept = other.whole();
+  std::atomic<bool> stop{false};
+  std::atomic<int> failures{0};
+  // One thread cycles between the whole set (three steps) and its small part (one step: the other
+  // two are cut off in the background); another offloads its own tensor; a third releases staging.
+  std::thread cycling([&] {
+    fake::set_thread_context(0);
+    cudaStream_t stream = fake::make_stream();
+    for (int round = 0; round < 4; ++round) {
+      failures += uvm_offload_ranges(both, 2, UVM_STRATEGY_STAGED, stream) != UVM_OK;
+      failures += uvm_onload_ranges(both, 2, stream) != UVM_OK;
+      failures += !small.intact() + !big.intact();
+      failures += uvm_offload_ranges(&both[0], 1, UVM_STRATEGY_STAGED, stream) != UVM_OK;
+      failures += uvm_onload_ranges(&both[0], 1, stream) != UVM_OK;
+      failures += !small.intact() + !big.intact();
+    }
+    stop = true;
+  });
+  std::thread neighbour([&] {
+    fake::set_thread_context(0);
+    cudaStream_t stream = fake::make_stream();
+    while (!stop) {
+      failures += uvm_offload_ranges(&kept, 1, UVM_STRATEGY_STAGED, stream) != UVM_OK;
+      failures += uvm_onload_ranges(&kept, 1, stream) != UVM_OK;
+      failures += !other.intact();
+    }
+  });
+  std::thread releasing([&] {
+    fake::set_thread_context(0);
+    while (!stop) failures += uvm_release_staging() != UVM_OK;
+  });
+  cycling.join();
+  neighbour.join();
+  releasing.join();
+  INFO(uvm_last_error());
+  CHECK(failures == 0);
+  CHECK(small.intact());
+  CHECK(big.intact());
+  CHECK(other.intact());
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  size_t capacity = 1;
+  REQUIRE(uvm_get_staging(&capacity, nullptr) == UVM_OK);
+  CHECK(capacity == 0);
+  CHECK(fake::pinned_blocks() == 0);
 }
 
 // Run with UVM_PINNED=pageable (tests/meson.build: offload-pageable).

@@ -707,7 +707,7 @@ TEST_CASE("steps given back while other threads offload, onload and release stag
   std::thread cycling([&] {
     fake::set_thread_context(0);
     cudaStream_t stream = fake::make_stream();
-    for (int round = 0; round < 4; ++round) {
+    for (int round = 0; round < 2; ++round) {
       failures += uvm_offload_ranges(both, 2, UVM_STRATEGY_STAGED, stream) != UVM_OK;
       failures += uvm_onload_ranges(both, 2, stream) != UVM_OK;
       failures += !small.intact() + !big.intact();

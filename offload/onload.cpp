@@ -15,6 +15,7 @@
 #include "../hints/trace.hpp"
 #include "move_target.hpp"
 #include "plan.hpp"
+#include "sm_copy.hpp"
 #include "staging.hpp"
 
 namespace uvm {
@@ -72,10 +73,13 @@ uvm_status start_workers(const Call& call, const std::vector<StagedWork>& work, 
 //   `transfer_probe … hazard` (docs/performance.md); once the pages hold the data the prefetch
 //   moves nothing and costs no bandwidth.
 //
-// A chunk of releasable memory (device memory, mapped before the onload) is only copied.
+// A chunk of releasable memory (device memory, mapped before the onload) is only copied, by the
+// copy engine or, with UVM_ONLOAD_COPY=sm, by the SMs (sm_copy.hpp: after a bulk free the engine
+// runs at half speed). Managed memory keeps the engine: the prefetches around its copies are
+// measured with engine copies only.
 // `lane` names the worker in move reports and traces.
-uvm_status copy_chunk(const Call& call, int device, const OnloadChunk& chunk, bool managed, cudaStream_t worker,
-                      int lane) {
+uvm_status copy_chunk(const Call& call, int device, const OnloadChunk& chunk, bool managed, OnloadCopy how,
+                      cudaStream_t worker, int lane) {
   void* populate = reinterpret_cast<void*>(chunk.populate.begin);
   StreamPhase phase(managed ? Phase::populate : Phase::copy, worker, lane, chunk.populate.begin);
   if (managed) {
@@ -92,7 +96,9 @@ uvm_status copy_chunk(const Call& call, int device, const OnloadChunk& chunk, bo
     const size_t end = copy_run_end(pieces, first, one_registration);
     const size_t bytes = pieces[end - 1].span.end - pieces[first].span.begin;
     void* ptr = reinterpret_cast<void*>(pieces[first].span.begin);
-    if (cudaError_t e = cudaMemcpyAsync(ptr, pieces[first].host, bytes, cudaMemcpyDefault, worker)) {
+    if (!managed && how == OnloadCopy::sm && sm_copyable(ptr, pieces[first].host, bytes)) {
+      if (uvm_status s = sm_copy(call, device, ptr, pieces[first].host, bytes, worker)) return s;
+    } else if (cudaError_t e = cudaMemcpyAsync(ptr, pieces[first].host, bytes, cudaMemcpyDefault, worker)) {
       return fail_cuda(call, e, "cudaMemcpyAsync(pinned staging → %p, %zu bytes)", ptr, bytes);
     }
     copied += bytes;
@@ -114,7 +120,7 @@ uvm_status copy_chunk(const Call& call, int device, const OnloadChunk& chunk, bo
 // Issues every chunk on the workers in turn. Releasable memory is mapped chunk by chunk, so that
 // mapping the next allocations overlaps the copies into the ones before. Counts the prefetches.
 uvm_status issue_chunks(const Call& call, int device, const std::vector<StagedWork>& work, size_t chunk_bytes,
-                        Workers* workers, uint64_t* prefetches) {
+                        OnloadCopy how, Workers* workers, uint64_t* prefetches) {
   std::vector<CopyPiece> pieces;
   std::set<uintptr_t> releasable;
   for (const StagedWork& w : work) {
@@ -130,7 +136,9 @@ uvm_status issue_chunks(const Call& call, int device, const std::vector<StagedWo
       if (uvm_status s = restore_one(call, allocation)) return s;
     }
     const int worker = static_cast<int>(c % workers->count);
-    if (uvm_status s = copy_chunk(call, device, chunks[c], managed, workers->streams[worker], worker + 1)) return s;
+    if (uvm_status s = copy_chunk(call, device, chunks[c], managed, how, workers->streams[worker], worker + 1)) {
+      return s;
+    }
     if (managed) *prefetches += 2;
   }
   return UVM_OK;
@@ -164,13 +172,15 @@ void finish_copy_back(int device, const std::vector<StagedWork>& work, const Eve
 // loses nothing: the next onload copies them again.
 uvm_status copy_back(const Call& call, int device, const std::vector<StagedWork>& work, cudaStream_t stream) {
   const OnloadPipeline pipeline = onload_pipeline();
+  OnloadCopy how = OnloadCopy::engine;
+  if (uvm_status s = configured_onload_copy(call, &how)) return s;
   Workers workers;
   workers.count = pipeline.streams;
   if (uvm_status s = worker_streams(call, workers.count, workers.streams)) return s;
   if (uvm_status s = start_workers(call, work, stream, workers)) return s;
   uint64_t prefetches = 0;
   EventRef read;
-  uvm_status status = issue_chunks(call, device, work, pipeline.chunk_bytes, &workers, &prefetches);
+  uvm_status status = issue_chunks(call, device, work, pipeline.chunk_bytes, how, &workers, &prefetches);
   if (status == UVM_OK) status = join_workers(call, workers, stream, &read);
   if (status != UVM_OK) {
     settle(workers);

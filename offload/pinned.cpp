@@ -58,13 +58,17 @@ char* map_for_pinning(size_t bytes, std::string* why) {
   return host;
 }
 
+// Portable: pinned for every device's context. Mapped: a kernel may read it through the host
+// pointer (uvm's SM copy, sm_copy.hpp); cudaHostAlloc memory is mapped that way already.
+constexpr unsigned kRegisterFlags = cudaHostRegisterPortable | cudaHostRegisterMapped;
+
 // mmap + huge pages + fault-in + cudaHostRegister; null and the reason on failure (nothing left
 // mapped, no CUDA error pending).
 char* register_pinned(size_t bytes, std::string* why) {
   char* host = map_for_pinning(bytes, why);
   if (host == nullptr) return nullptr;
   fault_in(host, bytes);
-  if (cudaError_t e = cudaHostRegister(host, bytes, cudaHostRegisterPortable)) {
+  if (cudaError_t e = cudaHostRegister(host, bytes, kRegisterFlags)) {
     clear_cuda_error(e);
     *why = std::string("cudaHostRegister: ") + cudaGetErrorName(e);
     munmap(host, bytes);
@@ -93,7 +97,7 @@ void pin_steps(char* host, size_t bytes, int device, std::shared_ptr<StepPinning
     } catch (...) {
       // No thread: the next step is faulted in by its own registration instead.
     }
-    const cudaError_t e = cudaHostRegister(host + at, step_size(at), cudaHostRegisterPortable);
+    const cudaError_t e = cudaHostRegister(host + at, step_size(at), kRegisterFlags);
     if (ahead.joinable()) ahead.join();
     if (e != cudaSuccess) {
       clear_cuda_error(e);

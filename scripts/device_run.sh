@@ -16,7 +16,8 @@
 #   JIT_BENCH=1                  runs the JIT build benchmark
 #   PEERS=1                      runs torch_memory_saver's examples on uvm.memory_saver
 #                                (tests/peers/run_tms_examples.sh) and the Megatron-Core harness
-#   RL_BENCH=1                   runs the sleep/wake cycle benchmark (python -m uvm bench rl)
+#   RL_BENCH=1                   runs the sleep/wake cycle benchmark (python -m uvm bench rl);
+#                                RL_ALSO="VAR=x" runs it again with that environment
 #   BEFORE=DIR                   also benchmarks the uvm tree in DIR (an older commit's files,
 #                                e.g. from `git archive`), alternating before/after runs of
 #                                BEFORE_ARGS (default: 1 and 4 GiB, auto, staged and pinned memcpy;
@@ -123,7 +124,13 @@ if [ "${RL_BENCH:-0}" = 1 ]; then
   if ls .deps/wheels/torch_memory_saver-*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-deps --target /tmp/peer-site .deps/wheels/torch_memory_saver-*.whl
   fi
-  PYTHONPATH=python_shim:/tmp/peer-site python3 -m uvm bench rl ${RL_ARGS:-} --out "$OUT/rl" || status=1
+  eval "rl_args=(${RL_ARGS:-})"  # split as the shell splits words, so quotes group (method names have spaces)
+  PYTHONPATH=python_shim:/tmp/peer-site python3 -m uvm bench rl "${rl_args[@]}" --out "$OUT/rl" || status=1
+  if [ -n "${RL_ALSO:-}" ]; then
+    echo "== RL sleep/wake cycle bench again, with $RL_ALSO"
+    env $RL_ALSO PYTHONPATH=python_shim:/tmp/peer-site python3 -m uvm bench rl "${rl_args[@]}" --out "$OUT/rl-also" ||
+      status=1
+  fi
 fi
 
 if [ -n "${BEFORE:-}" ]; then

@@ -71,6 +71,12 @@ MUTANTS = [
  ("offload/staging.cpp", "  const size_t kept = (block.used + kPinStepBytes - 1) / kPinStepBytes * kPinStepBytes;",
   "  const size_t kept = block.used;", "offload_tests", "[steps]"),
  ("offload/staging.cpp", "        memory.steps->pinned = memory.bytes;\n", "", "offload_tests", "[steps]"),
+ # The SM kernel copies into managed memory too (measured with engine copies only), or takes a copy
+ # that does not start on a 16-byte boundary.
+ ("offload/onload.cpp", "if (!managed && how == OnloadCopy::sm && sm_copyable(", "if (how == OnloadCopy::sm && sm_copyable(",
+  "offload_tests", "[sm_copy]"),
+ ("offload/sm_copy.cpp", "bytes % kWordBytes == 0 &&\n         aligned(dst) && aligned(host)", "bytes % kWordBytes == 0",
+  "offload_tests", "[sm_copy]"),
  # Events are queried or destroyed with no context current: the runtime makes device 0's.
  ("hints/trace.cpp", "  if (log.device >= 0) (void)scope.enter(Call::of(\"uvm_last_move\"), log.device, ContextScope::When::only_if_none_current);\n",
   "", "offload_tests", "[context]"),
@@ -81,6 +87,7 @@ MUTANTS = [
   "  if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;  // freed", "hints_tests",
   "threads offloading*"),
 ]
+TAG_ENV = {"[steps]": {"UVM_PINNED": ""}, "[sm_copy]": {"UVM_ONLOAD_COPY": "sm"}}
 os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 env = {**os.environ, "UVM_LIMIT_BYTES": "", "UVM_LIMIT_FRACTION": "", "UVM_DEFAULT_ADVICE": "", "UVM_PINNED": "hostalloc"}
 survived = 0
@@ -91,8 +98,8 @@ for path, old, new, binary, tag in MUTANTS:
     try:
         b = subprocess.run(["ninja", "-C", BUILD, f"tests/{binary}"], capture_output=True, text=True)
         assert b.returncode == 0, b.stdout[-2000:]
-        # The [steps] tests pin the registered way, as UVM_PINNED unset asks.
-        run_env = {**env, "UVM_PINNED": ""} if tag == "[steps]" else env
+        # The [steps] tests pin the registered way, as UVM_PINNED unset asks; [sm_copy] copies by kernel.
+        run_env = {**env, **TAG_ENV.get(tag, {})}
         r = subprocess.run([f"{BUILD}/tests/{binary}", tag], capture_output=True, text=True, errors="replace", env=run_env, timeout=300)
         survived += r.returncode == 0
         print(f"{'KILLED' if r.returncode else 'SURVIVED'}: {path}: {old.strip()[:60]!r} -> {new.strip()[:60]!r}")

@@ -38,7 +38,8 @@ enum class OpKind {
   copy_to_host, copy_to_device,  // ptr: the device side
   host_alloc, host_free, host_register, host_unregister, event_record, event_sync, wait_event,  // event ops: ptr is the event
   stream_sync, device_sync, vmm_create, vmm_map, vmm_unmap,
-  timing_mark  // a record of a timing event (cudaEventCreate); fail_next("cudaEventRecord(timing)") fails one
+  timing_mark,  // a record of a timing event (cudaEventCreate); fail_next("cudaEventRecord(timing)") fails one
+  sm_copy       // uvm's copy kernel launched (cuLaunchKernel): ptr is the device side, size the bytes
 };
 
 // How fast the virtual clock that timing events read says copies and prefetches run (every op

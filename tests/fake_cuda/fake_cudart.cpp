@@ -294,6 +294,7 @@ constexpr size_t kGranularity = size_t{64} << 10;
 CUresult fake_get_error_name(CUresult result, const char** name) {
   *name = result == CUDA_ERROR_OUT_OF_MEMORY ? "CUDA_ERROR_OUT_OF_MEMORY"
           : result == CUDA_ERROR_INVALID_VALUE ? "CUDA_ERROR_INVALID_VALUE"
+          : result == CUDA_ERROR_ILLEGAL_ADDRESS ? "CUDA_ERROR_ILLEGAL_ADDRESS"
                                                : "CUDA_ERROR_UNKNOWN";
   return CUDA_SUCCESS;
 }
@@ -393,6 +394,60 @@ CUresult fake_mem_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc
   return CUDA_SUCCESS;
 }
 
+// Modules and kernels: only uvm's copy kernel is known, and a launch of it copies as the GPU would,
+// from pinned host memory (one block or registration) into mapped device memory (releasable).
+const CUmodule kCopyModule = reinterpret_cast<CUmodule>(0x5eed);
+const CUfunction kCopyFunction = reinterpret_cast<CUfunction>(0xc0b1);
+
+CUresult fake_module_load_data(CUmodule* module, const void* image) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  CUresult r;
+  if (injected_driver(w, "cuModuleLoadData", &r)) return r;
+  ensure_context(w);
+  if (std::strstr(static_cast<const char*>(image), ".entry uvm_copy_words(") == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *module = kCopyModule;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_module_get_function(CUfunction* function, CUmodule module, const char* name) {
+  if (module != kCopyModule || std::strcmp(name, "uvm_copy_words") != 0) return CUDA_ERROR_INVALID_VALUE;
+  *function = kCopyFunction;
+  return CUDA_SUCCESS;
+}
+
+bool inside_pinned_host(World& w, const char* host, size_t size) {
+  for (const auto* blocks : {&w.pinned, &w.registered}) {
+    for (const auto& [block, bytes] : *blocks) {
+      const auto* begin = static_cast<const char*>(block);
+      if (host >= begin && host + size <= begin + bytes) return true;
+    }
+  }
+  return false;
+}
+
+CUresult fake_launch_kernel(CUfunction function, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,
+                            unsigned block_y, unsigned block_z, unsigned shared, CUstream stream, void** params,
+                            void** extra) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  CUresult r;
+  if (injected_driver(w, "cuLaunchKernel", &r)) return r;
+  const int device = ensure_context(w);
+  if (function != kCopyFunction || grid_x * grid_y * grid_z == 0 || block_x * block_y * block_z == 0 ||
+      block_x * block_y * block_z > 1024 || shared != 0 || params == nullptr || extra != nullptr) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  void* dst = *static_cast<void**>(params[0]);
+  const auto* src = *static_cast<const char**>(params[1]);
+  const size_t bytes = *static_cast<uint64_t*>(params[2]) * 16;
+  if (reinterpret_cast<uintptr_t>(dst) % 16 || reinterpret_cast<uintptr_t>(src) % 16) return CUDA_ERROR_INVALID_VALUE;
+  if (!inside_mapped_reservation(w, dst, bytes) || !inside_pinned_host(w, src, bytes)) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  std::memmove(dst, src, bytes);
+  log(w, fake::OpKind::sm_copy, dst, bytes, device, reinterpret_cast<cudaStream_t>(stream));
+  return CUDA_SUCCESS;
+}
+
 cudaError_t entry_point(const char* symbol, void** fn, cudaDriverEntryPointQueryResult* status) {
   *fn = nullptr;
   if (scenario() != "no_entry_points") {
@@ -409,7 +464,10 @@ cudaError_t entry_point(const char* symbol, void** fn, cudaDriverEntryPointQuery
         {"cuMemRelease", reinterpret_cast<void*>(&fake_mem_release)},
         {"cuMemMap", reinterpret_cast<void*>(&fake_mem_map)},
         {"cuMemUnmap", reinterpret_cast<void*>(&fake_mem_unmap)},
-        {"cuMemSetAccess", reinterpret_cast<void*>(&fake_mem_set_access)}};
+        {"cuMemSetAccess", reinterpret_cast<void*>(&fake_mem_set_access)},
+        {"cuModuleLoadData", reinterpret_cast<void*>(&fake_module_load_data)},
+        {"cuModuleGetFunction", reinterpret_cast<void*>(&fake_module_get_function)},
+        {"cuLaunchKernel", reinterpret_cast<void*>(&fake_launch_kernel)}};
     for (const auto& [name, address] : vmm) {
       if (!std::strcmp(symbol, name)) *fn = address;
     }
@@ -427,8 +485,8 @@ const char* name(OpKind kind) {
                                       "free", "copy:to_host", "copy:to_device", "host_alloc", "host_free",
                                       "host_register", "host_unregister",
                                       "event_record", "event_sync", "wait_event", "stream_sync", "device_sync",
-                                      "vmm_create", "vmm_map", "vmm_unmap", "timing_mark"};
-  static_assert(sizeof names / sizeof names[0] == static_cast<size_t>(OpKind::timing_mark) + 1, "a name per kind");
+                                      "vmm_create", "vmm_map", "vmm_unmap", "timing_mark", "sm_copy"};
+  static_assert(sizeof names / sizeof names[0] == static_cast<size_t>(OpKind::sm_copy) + 1, "a name per kind");
   return names[static_cast<size_t>(kind)];
 }
 
@@ -613,6 +671,8 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
     case cudaDevAttrManagedMemory: *value = d.managed; break;
     case cudaDevAttrConcurrentManagedAccess: *value = d.concurrent; break;
     case cudaDevAttrPageableMemoryAccess: *value = 0; break;
+    case cudaDevAttrMultiProcessorCount: *value = 4; break;
+    case cudaDevAttrCanUseHostPointerForRegisteredMem: *value = 1; break;
     default: return set_error(cudaErrorInvalidValue);
   }
   return cudaSuccess;

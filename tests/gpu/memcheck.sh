@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the GPU suite under compute-sanitizer memcheck; any error fails the test. Skips (77) with the
+# Runs the GPU suite (or the tests a second argument picks) under compute-sanitizer memcheck; any
+# error fails the test. Skips (77) with the
 # reason when there is no GPU or no compute-sanitizer.
 set -u
 suite=$1
@@ -13,4 +14,5 @@ if [ -z "$sanitizer" ]; then echo "SKIP: compute-sanitizer not found"; exit 77; 
 # memcheck also reports failed API calls. One test provokes one on purpose — uvm's capture probe on
 # the legacy stream (cudaErrorStreamCaptureImplicit, cleared at once) — so it runs outside memcheck,
 # in the plain gpu test, which checks that no error is left pending.
-exec "$sanitizer" --tool memcheck --leak-check no --error-exitcode 99 "$suite" "~[api_error_probe]~[multi_gpu]"
+# A second argument picks the tests instead (e.g. "[release]" under UVM_ONLOAD_COPY=sm).
+exec "$sanitizer" --tool memcheck --leak-check no --error-exitcode 99 "$suite" "${2:-~[api_error_probe]~[multi_gpu]}"

@@ -74,6 +74,32 @@ TEST_CASE("offloading a releasable allocation frees it for cudaMemGetInfo and cu
   CUDA_REQUIRE(cudaStreamDestroy(stream));
 }
 
+TEST_CASE("after a claim of the freed memory, onload copies every byte back, word-aligned or not",
+          "[gpu][release]") {
+  // Under UVM_ONLOAD_COPY=sm (meson test gpu-sm-copy) a's copies go through uvm's SM kernel and
+  // b's piece, which starts off a 16-byte boundary, through the copy engine; b's other bytes stay.
+  Releasable a(64 * MiB + 4096), b(8 * MiB);
+  const auto expect_a = a.fill(21), expect_b = b.fill(22);
+  cudaStream_t stream;
+  CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const uvm_range moved[] = {a.whole(), uvm_range{b.ptr + 1001, 3 * 4096 + 5}};
+  for (int cycle = 0; cycle < 3; ++cycle) {
+    INFO("cycle " << cycle << ": " << uvm_last_error());
+    REQUIRE(uvm_offload_ranges(moved, 2, UVM_STRATEGY_AUTO, stream) == UVM_OK);
+    CUDA_REQUIRE(cudaStreamSynchronize(stream));
+    void* claim = nullptr;  // the freed memory used by someone else, as the RL benchmark's claim does
+    CUDA_REQUIRE(cudaMalloc(&claim, a.size));
+    CUDA_REQUIRE(cudaMemset(claim, 0xA5, a.size));
+    CUDA_REQUIRE(cudaFree(claim));
+    REQUIRE(uvm_onload_ranges(moved, 2, stream) == UVM_OK);
+    CUDA_REQUIRE(cudaStreamSynchronize(stream));
+    CHECK(a.holds(expect_a));
+    CHECK(b.holds(expect_b));
+  }
+  CHECK(cudaGetLastError() == cudaSuccess);
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
+
 TEST_CASE("a discarded releasable allocation is released and comes back writable", "[gpu][release]") {
   Releasable a(64 * MiB);
   a.fill(4);

@@ -12,32 +12,6 @@
 
 namespace {
 constexpr size_t kSize = size_t{1} << 20;
-
-struct Releasable {
-  explicit Releasable(size_t size = kSize, int device = 0, unsigned seed = 3) : size(size), device(device), seed(seed) {
-    ptr = static_cast<unsigned char*>(uvm_malloc_releasable(size, device, nullptr));
-    REQUIRE(ptr != nullptr);
-    fill();
-  }
-  ~Releasable() { uvm_free(ptr, size, device, nullptr); }
-  unsigned char expected(size_t i) const { return static_cast<unsigned char>(i * 13 + seed); }
-  void fill() {
-    for (size_t i = 0; i < size; ++i) ptr[i] = expected(i);
-  }
-  bool intact(size_t from = 0, size_t to = 0) const {
-    for (size_t i = from; i < (to ? to : size); ++i) {
-      if (ptr[i] != expected(i)) return false;
-    }
-    return true;
-  }
-  uvm_range whole() const { return uvm_range{ptr, size}; }
-  uvm_range part(size_t from, size_t to) const { return uvm_range{ptr + from, to - from}; }
-  unsigned char* ptr;
-  size_t size;
-  int device;
-  unsigned seed;
-};
-
 }  // namespace
 
 TEST_CASE("offloading all of a releasable allocation gives its memory back; onload restores it", "[release]") {

@@ -1,0 +1,174 @@
+#include "sm_copy.hpp"
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "../alloc/driver_api.hpp"
+#include "pinned.hpp"
+
+namespace uvm {
+namespace {
+
+// uvm_copy_words(dst, src, words): each thread copies 16-byte words dst[i] = src[i], i from its global
+// index in steps of the whole grid. Written for sm_70, the oldest GPU with the managed-memory
+// features uvm needs; the driver compiles it for the GPU at hand.
+constexpr char kCopyPtx[] = R"(
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry uvm_copy_words(.param .u64 dst, .param .u64 src, .param .u64 words)
+{
+  .reg .pred %p;
+  .reg .b32 %r<8>;
+  .reg .b64 %rd<10>;
+
+  ld.param.u64 %rd1, [dst];
+  ld.param.u64 %rd2, [src];
+  ld.param.u64 %rd3, [words];
+  cvta.to.global.u64 %rd1, %rd1;
+  cvta.to.global.u64 %rd2, %rd2;
+  mov.u32 %r0, %ctaid.x;
+  mov.u32 %r1, %ntid.x;
+  mov.u32 %r2, %tid.x;
+  mov.u32 %r3, %nctaid.x;
+  mul.wide.u32 %rd4, %r0, %r1;
+  cvt.u64.u32 %rd5, %r2;
+  add.s64 %rd4, %rd4, %rd5;
+  mul.wide.u32 %rd6, %r3, %r1;
+  setp.ge.u64 %p, %rd4, %rd3;
+  @%p bra DONE;
+LOOP:
+  shl.b64 %rd7, %rd4, 4;
+  add.s64 %rd8, %rd2, %rd7;
+  ld.global.v4.u32 {%r4, %r5, %r6, %r7}, [%rd8];
+  add.s64 %rd9, %rd1, %rd7;
+  st.global.v4.u32 [%rd9], {%r4, %r5, %r6, %r7};
+  add.s64 %rd4, %rd4, %rd6;
+  setp.lt.u64 %p, %rd4, %rd3;
+  @%p bra LOOP;
+DONE:
+  ret;
+}
+)";
+
+constexpr size_t kWordBytes = 16;
+// Threads in flight per SM: two blocks of 1,024, as bench/transfer_probe.cu ran it (264 × 1,024 on
+// an H100's 132 SMs) to keep enough 16-byte reads in flight over PCIe.
+constexpr unsigned kThreadsPerBlock = 1024;
+constexpr unsigned kBlocksPerSm = 2;
+
+struct KernelApi {
+  CUresult (*module_load_data)(CUmodule*, const void*) = nullptr;
+  CUresult (*module_get_function)(CUfunction*, CUmodule, const char*) = nullptr;
+  CUresult (*launch_kernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                            CUstream, void**, void**) = nullptr;
+  bool available = false;
+};
+
+const KernelApi& kernel_api() {
+  static KernelApi* api = [] {
+    auto* a = new KernelApi();
+    a->available = resolve_driver("cuModuleLoadData", &a->module_load_data) &&
+                   resolve_driver("cuModuleGetFunction", &a->module_get_function) &&
+                   resolve_driver("cuLaunchKernel", &a->launch_kernel);
+    return a;
+  }();
+  return *api;
+}
+
+// The kernel as loaded on one device, or why it could not be. Modules are never unloaded: they die
+// with their context, and no CUDA call may run from a static destructor.
+struct LoadedKernel {
+  CUfunction function = nullptr;
+  unsigned blocks = 0;
+};
+
+std::mutex loaded_mutex;
+std::map<int, LoadedKernel>* loaded = new std::map<int, LoadedKernel>();  // by device; never destroyed
+
+uvm_status load_kernel(const Call& call, int device, LoadedKernel* out) {
+  std::lock_guard<std::mutex> lock(loaded_mutex);
+  auto found = loaded->find(device);
+  if (found != loaded->end()) {
+    *out = found->second;
+    return UVM_OK;
+  }
+  const KernelApi& api = kernel_api();
+  if (!api.available) {
+    return fail(call, UVM_ERROR_UNSUPPORTED,
+                "UVM_ONLOAD_COPY=sm needs the driver's cuModuleLoadData, cuModuleGetFunction and cuLaunchKernel, "
+                "which this driver does not offer; use UVM_ONLOAD_COPY=engine");
+  }
+  int sms = 0, host_pointer = 0;
+  if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) {
+    return fail_cuda(call, e, "cudaDeviceGetAttribute(MultiProcessorCount, device %d)", device);
+  }
+  if (cudaError_t e = cudaDeviceGetAttribute(&host_pointer, cudaDevAttrCanUseHostPointerForRegisteredMem, device)) {
+    return fail_cuda(call, e, "cudaDeviceGetAttribute(CanUseHostPointerForRegisteredMem, device %d)", device);
+  }
+  if (!host_pointer) {
+    return fail(call, UVM_ERROR_UNSUPPORTED,
+                "UVM_ONLOAD_COPY=sm: device %d cannot read pinned memory through its host pointer "
+                "(cudaDevAttrCanUseHostPointerForRegisteredMem is 0); use UVM_ONLOAD_COPY=engine", device);
+  }
+  CUmodule module = nullptr;
+  if (CUresult r = api.module_load_data(&module, kCopyPtx)) {
+    return fail_driver(call, r, "cuModuleLoadData(the SM copy kernel, device %d; UVM_ONLOAD_COPY=engine avoids it)",
+                       device);
+  }
+  LoadedKernel kernel;
+  if (CUresult r = api.module_get_function(&kernel.function, module, "uvm_copy_words")) {
+    return fail_driver(call, r, "cuModuleGetFunction(uvm_copy_words, device %d)", device);
+  }
+  kernel.blocks = static_cast<unsigned>(sms > 0 ? sms : 1) * kBlocksPerSm;
+  (*loaded)[device] = kernel;
+  *out = kernel;
+  return UVM_OK;
+}
+
+}  // namespace
+
+bool onload_copy_from(const char* env_value, OnloadCopy* out) {
+  if (env_value == nullptr || *env_value == '\0' || std::strcmp(env_value, "engine") == 0) {
+    *out = OnloadCopy::engine;
+    return true;
+  }
+  if (std::strcmp(env_value, "sm") == 0) {
+    *out = OnloadCopy::sm;
+    return true;
+  }
+  return false;
+}
+
+uvm_status configured_onload_copy(const Call& call, OnloadCopy* out) {
+  static const char* value = std::getenv("UVM_ONLOAD_COPY");
+  if (onload_copy_from(value, out)) return UVM_OK;
+  return fail(call, UVM_ERROR_INVALID_ARGUMENT, "UVM_ONLOAD_COPY='%s' is neither engine nor sm", value);
+}
+
+bool sm_copyable(const void* dst, const void* host, size_t bytes) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % kWordBytes == 0; };
+  return configured_pinned_kind() != PinnedKind::pageable && bytes > 0 && bytes % kWordBytes == 0 &&
+         aligned(dst) && aligned(host);
+}
+
+uvm_status sm_copy(const Call& call, int device, void* dst, const void* host, size_t bytes, cudaStream_t stream) {
+  LoadedKernel kernel;
+  if (uvm_status s = load_kernel(call, device, &kernel)) return s;
+  uint64_t words = bytes / kWordBytes;
+  void* params[] = {&dst, &host, &words};
+  if (CUresult r = kernel_api().launch_kernel(kernel.function, kernel.blocks, 1, 1, kThreadsPerBlock, 1, 1, 0,
+                                              reinterpret_cast<CUstream>(stream), params, nullptr)) {
+    return fail_driver(call, r, "cuLaunchKernel(SM copy of %zu bytes from pinned %p to %p, device %d)", bytes,
+                       host, dst, device);
+  }
+  return UVM_OK;
+}
+
+}  // namespace uvm

@@ -1,0 +1,39 @@
+// Copies from pinned staging memory into device memory with the GPU's SMs instead of a copy
+// engine. bench/transfer_probe.cu on an H100: right after a bulk free, copy-engine host→device
+// copies run at half speed (26.8–27.3 GB/s) while a kernel reading the pinned memory keeps
+// 49–51 GB/s; steady, the copy engine is faster (53–55 against 50 GB/s). The RL benchmark's wake
+// after a 70 GB free (releasable memory) copied at 19–27 GB/s with the copy engine.
+//
+// The kernel is PTX in this file, loaded through the driver (cuModuleLoadData) once per device,
+// since libuvm.so is built without nvcc.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "../alloc/errors.hpp"
+
+namespace uvm {
+
+// How an onload copies staged bytes back into releasable memory. env UVM_ONLOAD_COPY=engine (the
+// default: cudaMemcpyAsync) or sm (the kernel). Managed memory is always copied by the engine.
+enum class OnloadCopy { engine, sm };
+
+// The setting env UVM_ONLOAD_COPY asks for (read once). Any other value than engine or sm fails
+// the onload, naming it: a misspelt setting must not pass silently for the default.
+uvm_status configured_onload_copy(const Call& call, OnloadCopy* out);
+// Parses a value of UVM_ONLOAD_COPY (null or empty: engine); false for an unknown one.
+bool onload_copy_from(const char* env_value, OnloadCopy* out);
+
+// Whether the kernel can copy these bytes: both ends 16-byte aligned and whole 16-byte words.
+// Other copies (and the pageable staging of UVM_PINNED=pageable, which no kernel can read) go to
+// the copy engine.
+bool sm_copyable(const void* dst, const void* host, size_t bytes);
+
+// Launches the copy of `bytes` from pinned `host` to device memory `dst` on `stream`, in the current
+// context, which must be device `device`'s. The kernel is loaded the first time a device needs it;
+// a failure names the driver call and its error, and the caller's copy is not issued.
+uvm_status sm_copy(const Call& call, int device, void* dst, const void* host, size_t bytes, cudaStream_t stream);
+
+}  // namespace uvm

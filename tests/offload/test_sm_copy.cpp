@@ -1,0 +1,112 @@
+// offload/sm_copy.cpp against the fake driver, whose copy kernel copies as the GPU would (from pinned
+// host memory into mapped device memory) and is logged as an sm_copy op. The [sm_copy] cases run
+// with UVM_ONLOAD_COPY=sm (tests/meson.build: offload-sm-copy), [sm_copy_env] with a misspelt value.
+#include <string>
+
+#include "../../offload/sm_copy.hpp"
+#include "fixture.hpp"
+
+namespace {
+constexpr size_t kMiB = size_t{1} << 20;
+
+bool mentions(const char* text, const char* part) { return std::string(text).find(part) != std::string::npos; }
+}  // namespace
+
+TEST_CASE("UVM_ONLOAD_COPY reads engine (the default) or sm, and nothing else", "[offload]") {
+  uvm::OnloadCopy how = uvm::OnloadCopy::sm;
+  CHECK(uvm::onload_copy_from(nullptr, &how));
+  CHECK(how == uvm::OnloadCopy::engine);
+  CHECK(uvm::onload_copy_from("sm", &how));
+  CHECK(how == uvm::OnloadCopy::sm);
+  CHECK(uvm::onload_copy_from("", &how));
+  CHECK(how == uvm::OnloadCopy::engine);
+  CHECK(uvm::onload_copy_from("engine", &how));
+  CHECK(how == uvm::OnloadCopy::engine);
+  CHECK_FALSE(uvm::onload_copy_from("SM", &how));
+  CHECK_FALSE(uvm::onload_copy_from("kernel", &how));
+}
+
+TEST_CASE("the kernel takes only 16-byte words at 16-byte aligned ends", "[offload]") {
+  alignas(16) static char host[64];
+  char* device = reinterpret_cast<char*>(uintptr_t{1} << 40);
+  CHECK(uvm::sm_copyable(device, host, 64));
+  CHECK_FALSE(uvm::sm_copyable(device, host, 0));
+  CHECK_FALSE(uvm::sm_copyable(device, host, 40));  // not whole words
+  CHECK_FALSE(uvm::sm_copyable(device + 8, host, 48));
+  CHECK_FALSE(uvm::sm_copyable(device, host + 4, 48));
+}
+
+// First of the [sm_copy] cases: the kernel is loaded once per device and process, so its load can
+// fail only before any other case loaded it.
+TEST_CASE("a kernel that cannot be loaded or launched fails the onload by name and loses nothing",
+          "[scenario][sm_copy][cuda13]") {
+  FakeMachine machine;
+  Releasable a(2 * kMiB, 0, 7);
+  cudaStream_t stream = fake::make_stream();
+  const uvm_range whole = a.whole();
+  for (const char* call : {"cuModuleLoadData", "cuLaunchKernel"}) {
+    INFO(call);
+    REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+    fake::fail_next(call, cudaErrorInvalidValue);
+    CHECK(uvm_onload_ranges(&whole, 1, stream) == UVM_ERROR_CUDA);
+    CHECK(mentions(uvm_last_error(), call));
+    CHECK(mentions(uvm_last_error(), "CUDA_ERROR_INVALID_VALUE"));
+    CHECK(cudaPeekAtLastError() == cudaSuccess);
+    CHECK(residency().staged_bytes == a.size);  // still staged: the next onload brings it back
+    REQUIRE(uvm_onload_ranges(&whole, 1, stream) == UVM_OK);
+    CHECK(a.intact());
+  }
+  REQUIRE(uvm_release_staging() == UVM_OK);
+}
+
+TEST_CASE("with UVM_ONLOAD_COPY=sm releasable memory comes back by the kernel, managed memory by the engine",
+          "[scenario][sm_copy][cuda13]") {
+  FakeMachine machine;
+  Releasable a(4 * kMiB, 0, 5), b(2 * kMiB, 0, 9);
+  void* managed_ptr = uvm_malloc(kMiB, 0, nullptr);
+  REQUIRE(managed_ptr != nullptr);
+  auto* managed = static_cast<unsigned char*>(managed_ptr);
+  for (size_t i = 0; i < kMiB; ++i) managed[i] = static_cast<unsigned char>(i * 3 + 1);
+  cudaStream_t stream = fake::make_stream();
+  // All of a; of b a piece that starts off a 16-byte boundary and two neighbours that stay; the
+  // managed allocation whole.
+  const uvm_range moved[] = {a.whole(), b.part(1001, 1001 + 3 * 4096), uvm_range{managed, kMiB}};
+  REQUIRE(uvm_offload_ranges(moved, 3, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  fake::reset_ops();
+  REQUIRE(uvm_onload_ranges(moved, 3, stream) == UVM_OK);
+  INFO(uvm_last_error());
+  const auto by_kernel = FakeMachine::ops_named(fake::OpKind::sm_copy);
+  const auto by_engine = FakeMachine::ops_named(fake::OpKind::copy_to_device);
+  REQUIRE(by_kernel.size() >= 1);
+  size_t kernel_bytes = 0;
+  for (const fake::Op& op : by_kernel) {
+    kernel_bytes += op.size;
+    CHECK(op.ptr >= a.ptr);
+    CHECK(static_cast<const unsigned char*>(op.ptr) + op.size <= a.ptr + a.size);  // only a is word-aligned
+  }
+  CHECK(kernel_bytes == a.size);
+  size_t engine_bytes = 0;
+  for (const fake::Op& op : by_engine) engine_bytes += op.size;
+  CHECK(engine_bytes == 3 * 4096 + kMiB);  // b's unaligned piece and the managed allocation
+  CHECK(a.intact());
+  CHECK(b.intact());  // the piece and both neighbours
+  bool managed_intact = true;
+  for (size_t i = 0; i < kMiB; ++i) managed_intact = managed_intact && managed[i] == static_cast<unsigned char>(i * 3 + 1);
+  CHECK(managed_intact);
+  CHECK(residency().staged_bytes == 0);
+  uvm_free(managed_ptr, kMiB, 0, nullptr);
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+}
+
+TEST_CASE("a misspelt UVM_ONLOAD_COPY fails the onload naming it, and the bytes stay staged", "[scenario][sm_copy_env][cuda13]") {
+  FakeMachine machine;
+  Releasable a(kMiB, 0, 11);
+  cudaStream_t stream = fake::make_stream();
+  const uvm_range whole = a.whole();
+  REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  CHECK(uvm_onload_ranges(&whole, 1, stream) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions(uvm_last_error(), "UVM_ONLOAD_COPY='fast'"));
+  CHECK(residency().staged_bytes == a.size);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+}

@@ -136,7 +136,8 @@ uvm_status issue_chunks(const Call& call, int device, const std::vector<StagedWo
       if (uvm_status s = restore_one(call, allocation)) return s;
     }
     const int worker = static_cast<int>(c % workers->count);
-    if (uvm_status s = copy_chunk(call, device, chunks[c], managed, how, workers->streams[worker], worker + 1)) {
+    if (uvm_status s = copy_chunk(call, device, chunks[c], managed, copy_for_worker(how, worker),
+                                  workers->streams[worker], worker + 1)) {
       return s;
     }
     if (managed) *prefetches += 2;

@@ -143,13 +143,22 @@ bool onload_copy_from(const char* env_value, OnloadCopy* out) {
     *out = OnloadCopy::sm;
     return true;
   }
+  if (std::strcmp(env_value, "mixed") == 0) {
+    *out = OnloadCopy::mixed;
+    return true;
+  }
   return false;
+}
+
+OnloadCopy copy_for_worker(OnloadCopy setting, int worker) {
+  if (setting != OnloadCopy::mixed) return setting;
+  return worker % 2 == 1 ? OnloadCopy::sm : OnloadCopy::engine;
 }
 
 uvm_status configured_onload_copy(const Call& call, OnloadCopy* out) {
   static const char* value = std::getenv("UVM_ONLOAD_COPY");
   if (onload_copy_from(value, out)) return UVM_OK;
-  return fail(call, UVM_ERROR_INVALID_ARGUMENT, "UVM_ONLOAD_COPY='%s' is neither engine nor sm", value);
+  return fail(call, UVM_ERROR_INVALID_ARGUMENT, "UVM_ONLOAD_COPY='%s' is none of engine, sm, mixed", value);
 }
 
 bool sm_copyable(const void* dst, const void* host, size_t bytes) {

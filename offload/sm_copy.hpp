@@ -17,14 +17,18 @@
 namespace uvm {
 
 // How an onload copies staged bytes back into releasable memory. env UVM_ONLOAD_COPY=engine (the
-// default: cudaMemcpyAsync) or sm (the kernel). Managed memory is always copied by the engine.
-enum class OnloadCopy { engine, sm };
+// default: cudaMemcpyAsync), sm (the kernel), or mixed (the kernel on every other worker stream, the
+// engine on the rest, so both pull over the link at once). Managed memory is always copied by the
+// engine.
+enum class OnloadCopy { engine, sm, mixed };
 
-// The setting env UVM_ONLOAD_COPY asks for (read once). Any other value than engine or sm fails
+// The setting env UVM_ONLOAD_COPY asks for (read once). Any other value than engine, sm or mixed fails
 // the onload, naming it: a misspelt setting must not pass silently for the default.
 uvm_status configured_onload_copy(const Call& call, OnloadCopy* out);
 // Parses a value of UVM_ONLOAD_COPY (null or empty: engine); false for an unknown one.
 bool onload_copy_from(const char* env_value, OnloadCopy* out);
+// How the chunks of worker `worker` (0-based) are copied under `setting`: engine or sm.
+OnloadCopy copy_for_worker(OnloadCopy setting, int worker);
 
 // Whether the kernel can copy these bytes: both ends 16-byte aligned and whole 16-byte words.
 // Other copies (and the pageable staging of UVM_PINNED=pageable, which no kernel can read) go to

@@ -17,7 +17,7 @@
 #   PEERS=1                      runs torch_memory_saver's examples on uvm.memory_saver
 #                                (tests/peers/run_tms_examples.sh) and the Megatron-Core harness
 #   RL_BENCH=1                   runs the sleep/wake cycle benchmark (python -m uvm bench rl);
-#                                RL_ALSO="VAR=x" runs it again with that environment
+#                                RL_ALSO="VAR=x;VAR=y" runs it again with each environment
 #   BEFORE=DIR                   also benchmarks the uvm tree in DIR (an older commit's files,
 #                                e.g. from `git archive`), alternating before/after runs of
 #                                BEFORE_ARGS (default: 1 and 4 GiB, auto, staged and pinned memcpy;
@@ -126,11 +126,12 @@ if [ "${RL_BENCH:-0}" = 1 ]; then
   fi
   eval "rl_args=(${RL_ARGS:-})"  # split as the shell splits words, so quotes group (method names have spaces)
   PYTHONPATH=python_shim:/tmp/peer-site python3 -m uvm bench rl "${rl_args[@]}" --out "$OUT/rl" || status=1
-  if [ -n "${RL_ALSO:-}" ]; then
-    echo "== RL sleep/wake cycle bench again, with $RL_ALSO"
-    env $RL_ALSO PYTHONPATH=python_shim:/tmp/peer-site python3 -m uvm bench rl "${rl_args[@]}" --out "$OUT/rl-also" ||
-      status=1
-  fi
+  IFS=';' read -r -a rl_also <<<"${RL_ALSO:-}"
+  for i in "${!rl_also[@]}"; do
+    echo "== RL sleep/wake cycle bench again, with ${rl_also[$i]}"
+    env ${rl_also[$i]} PYTHONPATH=python_shim:/tmp/peer-site python3 -m uvm bench rl "${rl_args[@]}" \
+      --out "$OUT/rl-also-$i" || status=1
+  done
 fi
 
 if [ -n "${BEFORE:-}" ]; then

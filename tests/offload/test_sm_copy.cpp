@@ -1,6 +1,7 @@
 // offload/sm_copy.cpp against the fake driver, whose copy kernel copies as the GPU would (from pinned
 // host memory into mapped device memory) and is logged as an sm_copy op. The [sm_copy] cases run
-// with UVM_ONLOAD_COPY=sm (tests/meson.build: offload-sm-copy), [sm_copy_env] with a misspelt value.
+// with UVM_ONLOAD_COPY=sm (tests/meson.build: offload-sm-copy), [sm_copy_mixed] with mixed and 1 MiB
+// chunks, [sm_copy_env] with a misspelt value.
 #include <string>
 
 #include "../../offload/sm_copy.hpp"
@@ -22,8 +23,19 @@ TEST_CASE("UVM_ONLOAD_COPY reads engine (the default) or sm, and nothing else", 
   CHECK(how == uvm::OnloadCopy::engine);
   CHECK(uvm::onload_copy_from("engine", &how));
   CHECK(how == uvm::OnloadCopy::engine);
+  CHECK(uvm::onload_copy_from("mixed", &how));
+  CHECK(how == uvm::OnloadCopy::mixed);
   CHECK_FALSE(uvm::onload_copy_from("SM", &how));
   CHECK_FALSE(uvm::onload_copy_from("kernel", &how));
+}
+
+TEST_CASE("mixed copies by kernel on every other worker stream and by engine on the rest", "[offload]") {
+  using uvm::OnloadCopy;
+  for (int worker = 0; worker < 8; ++worker) {
+    CHECK(uvm::copy_for_worker(OnloadCopy::engine, worker) == OnloadCopy::engine);
+    CHECK(uvm::copy_for_worker(OnloadCopy::sm, worker) == OnloadCopy::sm);
+    CHECK(uvm::copy_for_worker(OnloadCopy::mixed, worker) == (worker % 2 ? OnloadCopy::sm : OnloadCopy::engine));
+  }
 }
 
 TEST_CASE("the kernel takes only 16-byte words at 16-byte aligned ends", "[offload]") {
@@ -99,6 +111,27 @@ TEST_CASE("with UVM_ONLOAD_COPY=sm releasable memory comes back by the kernel, m
   CHECK(cudaPeekAtLastError() == cudaSuccess);
 }
 
+TEST_CASE("with UVM_ONLOAD_COPY=mixed the chunks of releasable memory alternate kernel and engine; no byte lost",
+          "[scenario][sm_copy_mixed][cuda13]") {
+  FakeMachine machine;
+  Releasable a(8 * kMiB, 0, 13), b(2 * kMiB, 0, 17);
+  cudaStream_t stream = fake::make_stream();
+  const uvm_range moved[] = {a.whole(), b.part(4096, 4096 + kMiB)};  // b's first and last bytes stay
+  REQUIRE(uvm_offload_ranges(moved, 2, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  fake::reset_ops();
+  REQUIRE(uvm_onload_ranges(moved, 2, stream) == UVM_OK);
+  INFO(uvm_last_error());
+  size_t by_kernel = 0, by_engine = 0;
+  for (const fake::Op& op : FakeMachine::ops_named(fake::OpKind::sm_copy)) by_kernel += op.size;
+  for (const fake::Op& op : FakeMachine::ops_named(fake::OpKind::copy_to_device)) by_engine += op.size;
+  CHECK(by_kernel > 0);
+  CHECK(by_engine > 0);
+  CHECK(by_kernel + by_engine == a.size + kMiB);
+  CHECK(a.intact());
+  CHECK(b.intact());
+  REQUIRE(uvm_release_staging() == UVM_OK);
+}
+
 TEST_CASE("a misspelt UVM_ONLOAD_COPY fails the onload naming it, and the bytes stay staged", "[scenario][sm_copy_env][cuda13]") {
   FakeMachine machine;
   Releasable a(kMiB, 0, 11);
@@ -106,7 +139,7 @@ TEST_CASE("a misspelt UVM_ONLOAD_COPY fails the onload naming it, and the bytes 
   const uvm_range whole = a.whole();
   REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
   CHECK(uvm_onload_ranges(&whole, 1, stream) == UVM_ERROR_INVALID_ARGUMENT);
-  CHECK(mentions(uvm_last_error(), "UVM_ONLOAD_COPY='fast'"));
+  CHECK(mentions(uvm_last_error(), "UVM_ONLOAD_COPY='fast' is none of engine, sm, mixed"));
   CHECK(residency().staged_bytes == a.size);
   CHECK(cudaPeekAtLastError() == cudaSuccess);
 }

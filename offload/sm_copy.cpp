@@ -135,11 +135,11 @@ uvm_status load_kernel(const Call& call, int device, LoadedKernel* out) {
 }  // namespace
 
 bool onload_copy_from(const char* env_value, OnloadCopy* out) {
-  if (env_value == nullptr || *env_value == '\0' || std::strcmp(env_value, "engine") == 0) {
+  if (std::strcmp(env_value ? env_value : "", "engine") == 0) {
     *out = OnloadCopy::engine;
     return true;
   }
-  if (std::strcmp(env_value, "sm") == 0) {
+  if (env_value == nullptr || *env_value == '\0' || std::strcmp(env_value, "sm") == 0) {
     *out = OnloadCopy::sm;
     return true;
   }

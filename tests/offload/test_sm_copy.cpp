@@ -13,14 +13,15 @@ constexpr size_t kMiB = size_t{1} << 20;
 bool mentions(const char* text, const char* part) { return std::string(text).find(part) != std::string::npos; }
 }  // namespace
 
-TEST_CASE("UVM_ONLOAD_COPY reads engine (the default) or sm, and nothing else", "[offload]") {
-  uvm::OnloadCopy how = uvm::OnloadCopy::sm;
+TEST_CASE("UVM_ONLOAD_COPY reads sm (the default), engine or mixed, and nothing else", "[offload]") {
+  uvm::OnloadCopy how = uvm::OnloadCopy::engine;
   CHECK(uvm::onload_copy_from(nullptr, &how));
-  CHECK(how == uvm::OnloadCopy::engine);
+  CHECK(how == uvm::OnloadCopy::sm);
+  how = uvm::OnloadCopy::engine;
+  CHECK(uvm::onload_copy_from("", &how));
+  CHECK(how == uvm::OnloadCopy::sm);
   CHECK(uvm::onload_copy_from("sm", &how));
   CHECK(how == uvm::OnloadCopy::sm);
-  CHECK(uvm::onload_copy_from("", &how));
-  CHECK(how == uvm::OnloadCopy::engine);
   CHECK(uvm::onload_copy_from("engine", &how));
   CHECK(how == uvm::OnloadCopy::engine);
   CHECK(uvm::onload_copy_from("mixed", &how));

@@ -174,7 +174,7 @@ void finish_copy_back(int device, const std::vector<StagedWork>& work, const Eve
 uvm_status copy_back(const Call& call, int device, const std::vector<StagedWork>& work, cudaStream_t stream) {
   const OnloadPipeline pipeline = onload_pipeline();
   OnloadCopy how = OnloadCopy::engine;
-  if (uvm_status s = configured_onload_copy(call, &how)) return s;
+  if (uvm_status s = onload_copy_for(call, device, &how)) return s;
   Workers workers;
   workers.count = pipeline.streams;
   if (uvm_status s = worker_streams(call, workers.count, workers.streams)) return s;

@@ -92,6 +92,23 @@ struct LoadedKernel {
 std::mutex loaded_mutex;
 std::map<int, LoadedKernel>* loaded = new std::map<int, LoadedKernel>();  // by device; never destroyed
 
+// Whether the kernel (PTX for sm_70) can run on `device`. Leaves no CUDA error pending.
+bool kernel_runs_on(int device) {
+  int major = 0;
+  return clear_cuda_error(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) == cudaSuccess &&
+         major >= 7;
+}
+
+// Whether the default may use the kernel on `device`: it runs there, the driver offers the module
+// calls, and the device reads registered memory through its host pointer. Records no error.
+bool kernel_usable(int device) {
+  int host_pointer = 0;
+  return kernel_api().available && kernel_runs_on(device) &&
+         clear_cuda_error(cudaDeviceGetAttribute(&host_pointer, cudaDevAttrCanUseHostPointerForRegisteredMem,
+                                                 device)) == cudaSuccess &&
+         host_pointer != 0;
+}
+
 uvm_status load_kernel(const Call& call, int device, LoadedKernel* out) {
   std::lock_guard<std::mutex> lock(loaded_mutex);
   auto found = loaded->find(device);
@@ -104,6 +121,11 @@ uvm_status load_kernel(const Call& call, int device, LoadedKernel* out) {
     return fail(call, UVM_ERROR_UNSUPPORTED,
                 "UVM_ONLOAD_COPY=sm needs the driver's cuModuleLoadData, cuModuleGetFunction and cuLaunchKernel, "
                 "which this driver does not offer; use UVM_ONLOAD_COPY=engine");
+  }
+  if (!kernel_runs_on(device)) {
+    return fail(call, UVM_ERROR_UNSUPPORTED,
+                "UVM_ONLOAD_COPY=sm: uvm's copy kernel needs compute capability 7.0 or newer, which device %d "
+                "does not have; use UVM_ONLOAD_COPY=engine", device);
   }
   int sms = 0, host_pointer = 0;
   if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) {
@@ -155,10 +177,14 @@ OnloadCopy copy_for_worker(OnloadCopy setting, int worker) {
   return worker % 2 == 1 ? OnloadCopy::sm : OnloadCopy::engine;
 }
 
-uvm_status configured_onload_copy(const Call& call, OnloadCopy* out) {
+uvm_status onload_copy_for(const Call& call, int device, OnloadCopy* out) {
   static const char* value = std::getenv("UVM_ONLOAD_COPY");
-  if (onload_copy_from(value, out)) return UVM_OK;
-  return fail(call, UVM_ERROR_INVALID_ARGUMENT, "UVM_ONLOAD_COPY='%s' is none of engine, sm, mixed", value);
+  if (!onload_copy_from(value, out)) {
+    return fail(call, UVM_ERROR_INVALID_ARGUMENT, "UVM_ONLOAD_COPY='%s' is none of engine, sm, mixed", value);
+  }
+  const bool asked = value != nullptr && *value != '\0';
+  if (*out != OnloadCopy::engine && !asked && !kernel_usable(device)) *out = OnloadCopy::engine;
+  return UVM_OK;
 }
 
 bool sm_copyable(const void* dst, const void* host, size_t bytes) {

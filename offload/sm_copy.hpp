@@ -25,9 +25,12 @@ namespace uvm {
 // 0.17–0.20 s.
 enum class OnloadCopy { engine, sm, mixed };
 
-// The setting env UVM_ONLOAD_COPY asks for (read once). Any other value than engine, sm or mixed fails
-// the onload, naming it: a misspelt setting must not pass silently for the default.
-uvm_status configured_onload_copy(const Call& call, OnloadCopy* out);
+// How an onload on `device` copies, as env UVM_ONLOAD_COPY asks (read once). Any other value than
+// engine, sm or mixed fails the onload, naming it: a misspelt setting must not pass silently for the
+// default. With the variable unset, a device the kernel cannot serve (older than sm_70, no module
+// calls in the driver, no host-pointer access to registered memory) gets the engine; asked for
+// explicitly there, the kernel fails the onload, saying why.
+uvm_status onload_copy_for(const Call& call, int device, OnloadCopy* out);
 // Parses a value of UVM_ONLOAD_COPY (null or empty: sm); false for an unknown one.
 bool onload_copy_from(const char* env_value, OnloadCopy* out);
 // How the chunks of worker `worker` (0-based) are copied under `setting`: engine or sm.

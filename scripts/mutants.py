@@ -77,6 +77,9 @@ MUTANTS = [
   "offload_tests", "[sm_copy]"),
  ("offload/sm_copy.cpp", "bytes % kWordBytes == 0 &&\n         aligned(dst) && aligned(host)", "bytes % kWordBytes == 0",
   "offload_tests", "[sm_copy]"),
+ # With UVM_ONLOAD_COPY unset, a device too old for the kernel gets it anyway (the onload fails).
+ ("offload/sm_copy.cpp", "  if (*out != OnloadCopy::engine && !asked && !kernel_usable(device)) *out = OnloadCopy::engine;\n", "",
+  "offload_tests", "[sm_copy_default]"),
  # Events are queried or destroyed with no context current: the runtime makes device 0's.
  ("hints/trace.cpp", "  if (log.device >= 0) (void)scope.enter(Call::of(\"uvm_last_move\"), log.device, ContextScope::When::only_if_none_current);\n",
   "", "offload_tests", "[context]"),
@@ -87,7 +90,8 @@ MUTANTS = [
   "  if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;  // freed", "hints_tests",
   "threads offloading*"),
 ]
-TAG_ENV = {"[steps]": {"UVM_PINNED": ""}, "[sm_copy]": {"UVM_ONLOAD_COPY": "sm"}}
+TAG_ENV = {"[steps]": {"UVM_PINNED": ""}, "[sm_copy]": {"UVM_ONLOAD_COPY": "sm"},
+           "[sm_copy_default]": {"UVM_ONLOAD_COPY": "", "FAKE_CUDA_SCENARIO": "pre_volta"}}
 os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 env = {**os.environ, "UVM_LIMIT_BYTES": "", "UVM_LIMIT_FRACTION": "", "UVM_DEFAULT_ADVICE": "", "UVM_PINNED": "hostalloc"}
 survived = 0

@@ -10,6 +10,8 @@
 //   no_driver       cudaGetDeviceCount fails with cudaErrorInsufficientDriver
 //   no_entry_points the driver entry points cannot be resolved (uvm's runtime fallback)
 //   cuda12          driver and runtime report 12.8 (no discard)
+//   pre_volta       the devices report compute capability 6.x (9.x otherwise): uvm's copy kernel
+//                   cannot run there
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -673,6 +673,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
     case cudaDevAttrPageableMemoryAccess: *value = 0; break;
     case cudaDevAttrMultiProcessorCount: *value = 4; break;
     case cudaDevAttrCanUseHostPointerForRegisteredMem: *value = 1; break;
+    case cudaDevAttrComputeCapabilityMajor: *value = scenario() == "pre_volta" ? 6 : 9; break;
     default: return set_error(cudaErrorInvalidValue);
   }
   return cudaSuccess;

@@ -1,7 +1,8 @@
 // offload/sm_copy.cpp against the fake driver, whose copy kernel copies as the GPU would (from pinned
 // host memory into mapped device memory) and is logged as an sm_copy op. The [sm_copy] cases run
 // with UVM_ONLOAD_COPY=sm (tests/meson.build: offload-sm-copy), [sm_copy_mixed] with mixed and 1 MiB
-// chunks, [sm_copy_env] with a misspelt value.
+// chunks, [sm_copy_env] with a misspelt value, [sm_copy_default] with it unset on devices too old
+// for the kernel.
 #include <string>
 
 #include "../../offload/sm_copy.hpp"
@@ -130,6 +131,24 @@ TEST_CASE("with UVM_ONLOAD_COPY=mixed the chunks of releasable memory alternate 
   CHECK(by_kernel + by_engine == a.size + kMiB);
   CHECK(a.intact());
   CHECK(b.intact());
+  REQUIRE(uvm_release_staging() == UVM_OK);
+}
+
+TEST_CASE("with UVM_ONLOAD_COPY unset, a device too old for the kernel gets the copy engine, and no error",
+          "[scenario][sm_copy_default][cuda13]") {
+  FakeMachine machine;
+  Releasable a(2 * kMiB, 0, 19);
+  cudaStream_t stream = fake::make_stream();
+  const uvm_range whole = a.whole();
+  REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  fake::reset_ops();
+  uvm_clear_last_error();
+  REQUIRE(uvm_onload_ranges(&whole, 1, stream) == UVM_OK);
+  CHECK(FakeMachine::ops_named(fake::OpKind::sm_copy).empty());
+  CHECK(FakeMachine::bytes_of(fake::OpKind::copy_to_device) == a.size);
+  CHECK(std::string(uvm_last_error()).empty());  // falling back is not a failure
+  CHECK(a.intact());
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
   REQUIRE(uvm_release_staging() == UVM_OK);
 }
 

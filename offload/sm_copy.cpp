@@ -82,7 +82,7 @@ const KernelApi& kernel_api() {
   return *api;
 }
 
-// The kernel as loaded on one device, or why it could not be. Modules are never unloaded: they die
+// The kernel as loaded on one device. Modules are never unloaded: they die
 // with their context, and no CUDA call may run from a static destructor.
 struct LoadedKernel {
   CUfunction function = nullptr;

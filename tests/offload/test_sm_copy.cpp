@@ -90,18 +90,14 @@ TEST_CASE("with UVM_ONLOAD_COPY=sm releasable memory comes back by the kernel, m
   REQUIRE(uvm_onload_ranges(moved, 3, stream) == UVM_OK);
   INFO(uvm_last_error());
   const auto by_kernel = FakeMachine::ops_named(fake::OpKind::sm_copy);
-  const auto by_engine = FakeMachine::ops_named(fake::OpKind::copy_to_device);
   REQUIRE(by_kernel.size() >= 1);
-  size_t kernel_bytes = 0;
   for (const fake::Op& op : by_kernel) {
-    kernel_bytes += op.size;
     CHECK(op.ptr >= a.ptr);
     CHECK(static_cast<const unsigned char*>(op.ptr) + op.size <= a.ptr + a.size);  // only a is word-aligned
   }
-  CHECK(kernel_bytes == a.size);
-  size_t engine_bytes = 0;
-  for (const fake::Op& op : by_engine) engine_bytes += op.size;
-  CHECK(engine_bytes == 3 * 4096 + kMiB);  // b's unaligned piece and the managed allocation
+  CHECK(FakeMachine::bytes_of(fake::OpKind::sm_copy) == a.size);
+  // b's unaligned piece and the managed allocation
+  CHECK(FakeMachine::bytes_of(fake::OpKind::copy_to_device) == 3 * 4096 + kMiB);
   CHECK(a.intact());
   CHECK(b.intact());  // the piece and both neighbours
   bool managed_intact = true;
@@ -123,9 +119,8 @@ TEST_CASE("with UVM_ONLOAD_COPY=mixed the chunks of releasable memory alternate 
   fake::reset_ops();
   REQUIRE(uvm_onload_ranges(moved, 2, stream) == UVM_OK);
   INFO(uvm_last_error());
-  size_t by_kernel = 0, by_engine = 0;
-  for (const fake::Op& op : FakeMachine::ops_named(fake::OpKind::sm_copy)) by_kernel += op.size;
-  for (const fake::Op& op : FakeMachine::ops_named(fake::OpKind::copy_to_device)) by_engine += op.size;
+  const size_t by_kernel = FakeMachine::bytes_of(fake::OpKind::sm_copy);
+  const size_t by_engine = FakeMachine::bytes_of(fake::OpKind::copy_to_device);
   CHECK(by_kernel > 0);
   CHECK(by_engine > 0);
   CHECK(by_kernel + by_engine == a.size + kMiB);

@@ -92,21 +92,25 @@ struct LoadedKernel {
 std::mutex loaded_mutex;
 std::map<int, LoadedKernel>* loaded = new std::map<int, LoadedKernel>();  // by device; never destroyed
 
-// Whether the kernel (PTX for sm_70) can run on `device`. Leaves no CUDA error pending.
-bool kernel_runs_on(int device) {
-  int major = 0;
-  return clear_cuda_error(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) == cudaSuccess &&
-         major >= 7;
-}
-
-// Whether the default may use the kernel on `device`: it runs there, the driver offers the module
-// calls, and the device reads registered memory through its host pointer. Records no error.
-bool kernel_usable(int device) {
-  int host_pointer = 0;
-  return kernel_api().available && kernel_runs_on(device) &&
-         clear_cuda_error(cudaDeviceGetAttribute(&host_pointer, cudaDevAttrCanUseHostPointerForRegisteredMem,
-                                                 device)) == cudaSuccess &&
-         host_pointer != 0;
+// Why the kernel cannot serve `device` (for a message), or null when it can: the driver offers the
+// module calls, the device runs sm_70 code and reads registered memory through its host pointer.
+// Records no error and leaves no CUDA error pending.
+const char* kernel_refusal(int device) {
+  if (!kernel_api().available) {
+    return "the driver does not offer cuModuleLoadData, cuModuleGetFunction and cuLaunchKernel";
+  }
+  int major = 0, host_pointer = 0;
+  if (clear_cuda_error(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) != cudaSuccess ||
+      major < 7) {
+    return "uvm's copy kernel needs compute capability 7.0 or newer";
+  }
+  if (clear_cuda_error(cudaDeviceGetAttribute(&host_pointer, cudaDevAttrCanUseHostPointerForRegisteredMem,
+                                              device)) != cudaSuccess ||
+      host_pointer == 0) {
+    return "the device cannot read pinned memory through its host pointer "
+           "(cudaDevAttrCanUseHostPointerForRegisteredMem is 0)";
+  }
+  return nullptr;
 }
 
 uvm_status load_kernel(const Call& call, int device, LoadedKernel* out) {
@@ -116,29 +120,15 @@ uvm_status load_kernel(const Call& call, int device, LoadedKernel* out) {
     *out = found->second;
     return UVM_OK;
   }
-  const KernelApi& api = kernel_api();
-  if (!api.available) {
-    return fail(call, UVM_ERROR_UNSUPPORTED,
-                "UVM_ONLOAD_COPY=sm needs the driver's cuModuleLoadData, cuModuleGetFunction and cuLaunchKernel, "
-                "which this driver does not offer; use UVM_ONLOAD_COPY=engine");
+  if (const char* why = kernel_refusal(device)) {
+    return fail(call, UVM_ERROR_UNSUPPORTED, "UVM_ONLOAD_COPY asks for uvm's copy kernel on device %d, but %s; use "
+                "UVM_ONLOAD_COPY=engine", device, why);
   }
-  if (!kernel_runs_on(device)) {
-    return fail(call, UVM_ERROR_UNSUPPORTED,
-                "UVM_ONLOAD_COPY=sm: uvm's copy kernel needs compute capability 7.0 or newer, which device %d "
-                "does not have; use UVM_ONLOAD_COPY=engine", device);
-  }
-  int sms = 0, host_pointer = 0;
+  int sms = 0;
   if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) {
     return fail_cuda(call, e, "cudaDeviceGetAttribute(MultiProcessorCount, device %d)", device);
   }
-  if (cudaError_t e = cudaDeviceGetAttribute(&host_pointer, cudaDevAttrCanUseHostPointerForRegisteredMem, device)) {
-    return fail_cuda(call, e, "cudaDeviceGetAttribute(CanUseHostPointerForRegisteredMem, device %d)", device);
-  }
-  if (!host_pointer) {
-    return fail(call, UVM_ERROR_UNSUPPORTED,
-                "UVM_ONLOAD_COPY=sm: device %d cannot read pinned memory through its host pointer "
-                "(cudaDevAttrCanUseHostPointerForRegisteredMem is 0); use UVM_ONLOAD_COPY=engine", device);
-  }
+  const KernelApi& api = kernel_api();
   CUmodule module = nullptr;
   if (CUresult r = api.module_load_data(&module, kCopyPtx)) {
     return fail_driver(call, r, "cuModuleLoadData(the SM copy kernel, device %d; UVM_ONLOAD_COPY=engine avoids it)",
@@ -183,7 +173,7 @@ uvm_status onload_copy_for(const Call& call, int device, OnloadCopy* out) {
     return fail(call, UVM_ERROR_INVALID_ARGUMENT, "UVM_ONLOAD_COPY='%s' is none of engine, sm, mixed", value);
   }
   const bool asked = value != nullptr && *value != '\0';
-  if (*out != OnloadCopy::engine && !asked && !kernel_usable(device)) *out = OnloadCopy::engine;
+  if (*out != OnloadCopy::engine && !asked && kernel_refusal(device) != nullptr) *out = OnloadCopy::engine;
   return UVM_OK;
 }
 

@@ -78,7 +78,7 @@ MUTANTS = [
  ("offload/sm_copy.cpp", "bytes % kWordBytes == 0 &&\n         aligned(dst) && aligned(host)", "bytes % kWordBytes == 0",
   "offload_tests", "[sm_copy]"),
  # With UVM_ONLOAD_COPY unset, a device too old for the kernel gets it anyway (the onload fails).
- ("offload/sm_copy.cpp", "  if (*out != OnloadCopy::engine && !asked && !kernel_usable(device)) *out = OnloadCopy::engine;\n", "",
+ ("offload/sm_copy.cpp", "  if (*out != OnloadCopy::engine && !asked && kernel_refusal(device) != nullptr) *out = OnloadCopy::engine;\n", "",
   "offload_tests", "[sm_copy_default]"),
  # Events are queried or destroyed with no context current: the runtime makes device 0's.
  ("hints/trace.cpp", "  if (log.device >= 0) (void)scope.enter(Call::of(\"uvm_last_move\"), log.device, ContextScope::When::only_if_none_current);\n",

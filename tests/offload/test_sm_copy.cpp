@@ -1,8 +1,8 @@
 // offload/sm_copy.cpp against the fake driver, whose copy kernel copies as the GPU would (from pinned
 // host memory into mapped device memory) and is logged as an sm_copy op. The [sm_copy] cases run
 // with UVM_ONLOAD_COPY=sm (tests/meson.build: offload-sm-copy), [sm_copy_mixed] with mixed and 1 MiB
-// chunks, [sm_copy_env] with a misspelt value, [sm_copy_default] with it unset on devices too old
-// for the kernel.
+// chunks, [sm_copy_env] with a misspelt value, [sm_copy_default] unset and [sm_copy_refused] sm, both
+// on devices too old for the kernel.
 #include <string>
 
 #include "../../offload/sm_copy.hpp"
@@ -145,6 +145,20 @@ TEST_CASE("with UVM_ONLOAD_COPY unset, a device too old for the kernel gets the 
   CHECK(a.intact());
   CHECK(cudaPeekAtLastError() == cudaSuccess);
   REQUIRE(uvm_release_staging() == UVM_OK);
+}
+
+TEST_CASE("asked for on a device too old for it, the kernel fails the onload saying why; nothing is lost",
+          "[scenario][sm_copy_refused][cuda13]") {
+  FakeMachine machine;
+  Releasable a(kMiB, 0, 23);
+  cudaStream_t stream = fake::make_stream();
+  const uvm_range whole = a.whole();
+  REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  CHECK(uvm_onload_ranges(&whole, 1, stream) == UVM_ERROR_UNSUPPORTED);
+  CHECK(mentions(uvm_last_error(), "compute capability 7.0"));
+  CHECK(mentions(uvm_last_error(), "UVM_ONLOAD_COPY=engine"));
+  CHECK(residency().staged_bytes == a.size);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
 }
 
 TEST_CASE("a misspelt UVM_ONLOAD_COPY fails the onload naming it, and the bytes stay staged", "[scenario][sm_copy_env][cuda13]") {

@@ -158,7 +158,9 @@ def row(shape, method, off, on):
             "graph_ok": None if method == "pinned memcpy" else True, "first_offload_gbps": None}
 rows = [row("transformer", "uvm auto", 50.0, 44.0), row("transformer", "uvm pool", 25.0, 22.0),
         row("transformer", "pinned memcpy", 50.0, 55.0), row("small", "uvm auto", 40.0, 27.5),
-        row("small", "uvm pool", 30.0, 20.0), row("small", "pinned memcpy", 50.0, 55.0)]
+        row("small", "uvm pool", 30.0, 20.0), row("small", "pinned memcpy", 50.0, 55.0),
+        dict(row("transformer", "uvm staged, no claim", 50.0, 48.0), bytes=int(48e9), onload_s=[1.0, 0.96, 1.2],
+             reclaimed=None)]
 old = dict(rows[0]); del old["shape"]  # results written before shapes existed read as transformer
 print(b.markdown(rows))
 print("\\n".join(b.goal_lines(rows)))
@@ -170,6 +172,10 @@ print(b.markdown([old]).splitlines()[-1])
     assert "uvm.offload(pool) 25.0 / 22.0 GB/s against by tensors 50.0 / 44.0" in out, out
     assert "small tensors, 4096 x 512 KiB, uvm pool: offload 30.0 GB/s (goal >= 45), onload 20.0" in out, out
     assert out.strip().splitlines()[-1].startswith("| 2048 MiB | 1027 | uvm auto |"), out
+    # 40.0, 48.0 and 50.0 GB/s: a spread of 10 GB/s, 21 % of the 48.0 median
+    assert ("2048 MiB transformer, onload with no claim: 40.0–50.0 GB/s, median 48.0 (goal >= 48), "
+            "spread 21% of the median (goal <= 10%)") in out, out
+    assert "| 2048 MiB | 1027 | uvm staged, no claim | 50.0 | 48.0 | 100% | 87% | n/a |" in out, out
 
 
 def test_range_arrays_hold_each_pointer_and_size_as_uvm_range_does():

@@ -8,7 +8,7 @@ in the same process, side by side:
 
   uvm auto / migrate / staged   uvm.offload(model, strategy=...) and uvm.onload(model)
   uvm pool                      uvm.offload(pool) and uvm.onload(pool): the pool's segments, no tensors
-  uvm staged, no claim          uvm staged with nothing allocated between offload and onload: the
+  uvm staged (no claim)          uvm staged with nothing allocated between offload and onload: the
                                 onload into pages nobody else took (its spread is reported too)
   per-tensor prefetch           one cudaMemPrefetchAsync per parameter (Megatron's seed module)
   module.to()                   model.to('cpu') / model.to('cuda') on a plain copy (pointers change)
@@ -52,9 +52,9 @@ from uvm import _lib
 
 LAYERS = 64
 MANAGED_SHARE = 0.25  # never more managed memory than this share of the card
-METHODS = ["uvm auto", "uvm migrate", "uvm staged", "uvm staged, no claim", "uvm pool", "per-tensor prefetch",
+METHODS = ["uvm auto", "uvm migrate", "uvm staged", "uvm staged (no claim)", "uvm pool", "per-tensor prefetch",
            "module.to()", "pinned memcpy"]
-NO_CLAIM = "uvm staged, no claim"
+NO_CLAIM = "uvm staged (no claim)"
 SMALL_TENSOR_BYTES = 512 << 10
 
 

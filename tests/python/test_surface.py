@@ -159,7 +159,7 @@ def row(shape, method, off, on):
 rows = [row("transformer", "uvm auto", 50.0, 44.0), row("transformer", "uvm pool", 25.0, 22.0),
         row("transformer", "pinned memcpy", 50.0, 55.0), row("small", "uvm auto", 40.0, 27.5),
         row("small", "uvm pool", 30.0, 20.0), row("small", "pinned memcpy", 50.0, 55.0),
-        dict(row("transformer", "uvm staged, no claim", 50.0, 48.0), bytes=int(48e9), onload_s=[1.0, 0.96, 1.2],
+        dict(row("transformer", "uvm staged (no claim)", 50.0, 48.0), bytes=int(48e9), onload_s=[1.0, 0.96, 1.2],
              reclaimed=None)]
 old = dict(rows[0]); del old["shape"]  # results written before shapes existed read as transformer
 print(b.markdown(rows))
@@ -175,7 +175,7 @@ print(b.markdown([old]).splitlines()[-1])
     # 40.0, 48.0 and 50.0 GB/s: a spread of 10 GB/s, 21 % of the 48.0 median
     assert ("2048 MiB transformer, onload with no claim: 40.0–50.0 GB/s, median 48.0 (goal >= 48), "
             "spread 21% of the median (goal <= 10%)") in out, out
-    assert "| 2048 MiB | 1027 | uvm staged, no claim | 50.0 | 48.0 | 100% | 87% | n/a |" in out, out
+    assert "| 2048 MiB | 1027 | uvm staged (no claim) | 50.0 | 48.0 | 100% | 87% | n/a |" in out, out
 
 
 def test_range_arrays_hold_each_pointer_and_size_as_uvm_range_does():

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The multi-GPU checks (issue 5), for a machine with 2 or more GPUs; on fewer it says so and exits 77.
 #   bash tests/multi_gpu/run.sh BUILD_DIR [OUT]
-# 1. C: device 1's memory is allocated, hinted, offloaded and onloaded without a context on device 0.
+# 1. C: device 1's memory (managed, and releasable copied back by uvm's kernel) is allocated,
+#    hinted, offloaded and onloaded without a context on device 0.
 # 2. One process, one pool per device: allocations land on the pool's device, the current device is
 #    kept, offload/onload of each device's tensors.
 # 3. torchrun, 2 ranks: one shared compile cache (one build), a model per rank offloaded and onloaded,
@@ -26,7 +27,8 @@ check() {
   echo "== $name"
   if "$@"; then passed=$((passed + 1)); echo "PASS $name"; else failed=$((failed + 1)); echo "FAIL $name"; fi
 }
-check "no context on device 0 (C)" "$build/tests/gpu/gpu_tests" "[multi_gpu]"
+# UVM_ONLOAD_COPY=sm: the releasable case must copy with uvm's kernel on device 1, never fall back.
+check "no context on device 0 (C)" env UVM_ONLOAD_COPY=sm "$build/tests/gpu/gpu_tests" "[multi_gpu]"
 check "one pool per device (python)" python3 tests/multi_gpu/pools_one_process.py
 cache=$(mktemp -d)
 check "torchrun: shared cache, offload, NCCL all_reduce, bench row" \

@@ -1,5 +1,7 @@
 """The seed's public surface: same names, shapes and semantics; import without torch."""
 import inspect
+import json
+import os
 from pathlib import Path
 import sys
 
@@ -123,6 +125,27 @@ def test_the_command_line_helps_and_says_what_is_missing():
     assert bench_help.returncode == 0 and "Offload/onload benchmark" in bench_help.stdout, bench_help.stderr
     no_torch = python(NO_TORCH + "import sys, uvm.__main__ as m; sys.exit(m.main(['bench']))", check=False)
     assert no_torch.returncode == 2 and "needs torch" in no_torch.stderr and "Traceback" not in no_torch.stderr
+
+
+def test_bench_all_runs_both_benchmarks_in_processes_of_their_own_and_keeps_the_first_failure():
+    code = """import json, os, sys, uvm.__main__ as m
+calls = []
+def call(argv, env):
+    calls.append((argv[1:], env["PYTHONPATH"].split(os.pathsep)[0]))
+    return [0, 3][len(calls) - 1]
+m.subprocess.call = call
+status = m.main(['bench', 'all', '--quick', '--out', '/tmp/x'])
+print(json.dumps({"status": status, "calls": calls, "full": m.bench_all_commands('o', False)}))
+"""
+    result = json.loads(python(code).stdout.splitlines()[-1])
+    assert result["status"] == 3  # the RL bench failed, the offload bench did not
+    (offload, shim_a), (rl, shim_b) = result["calls"]
+    assert offload == ["-m", "uvm", "bench", "--sizes-mib", "4096", "--cycles", "2", "--out", "/tmp/x/offload"]
+    assert rl == ["-m", "uvm", "bench", "rl", "--cycles", "2", "--out", "/tmp/x/rl"]
+    assert shim_a == shim_b == str(SHIM)  # the children import this uvm
+    assert result["full"] == [["--out", os.path.join("o", "offload")], ["rl", "--out", os.path.join("o", "rl")]]
+    helped = python("import sys, uvm.__main__ as m; sys.exit(m.main(['bench', 'all', '--help']))", check=False)
+    assert helped.returncode == 0 and "--quick" in helped.stdout and "Every row of both benchmarks" in helped.stdout
 
 
 @needs_torch

@@ -74,9 +74,9 @@ uvm_status start_workers(const Call& call, const std::vector<StagedWork>& work, 
 //   moves nothing and costs no bandwidth.
 //
 // A chunk of releasable memory (device memory, mapped before the onload) is only copied, by the
-// copy engine or, with UVM_ONLOAD_COPY=sm, by the SMs (sm_copy.hpp: after a bulk free the engine
-// runs at half speed). Managed memory keeps the engine: the prefetches around its copies are
-// measured with engine copies only.
+// copy engine or by the SMs, as UVM_ONLOAD_COPY (default auto) chose (sm_copy.hpp: after a bulk
+// free the engine runs at half speed). Managed memory keeps the engine: the prefetches around its
+// copies are measured with engine copies only.
 // `lane` names the worker in move reports and traces.
 uvm_status copy_chunk(const Call& call, int device, const OnloadChunk& chunk, bool managed, OnloadCopy how,
                       cudaStream_t worker, int lane) {
@@ -173,8 +173,10 @@ void finish_copy_back(int device, const std::vector<StagedWork>& work, const Eve
 // loses nothing: the next onload copies them again.
 uvm_status copy_back(const Call& call, int device, const std::vector<StagedWork>& work, cudaStream_t stream) {
   const OnloadPipeline pipeline = onload_pipeline();
+  size_t staged_bytes = 0;
+  for (const StagedWork& w : work) staged_bytes += w.range.end - w.range.begin;
   OnloadCopy how = OnloadCopy::engine;
-  if (uvm_status s = onload_copy_for(call, device, &how)) return s;
+  if (uvm_status s = onload_copy_for(call, device, staged_bytes, &how)) return s;
   Workers workers;
   workers.count = pipeline.streams;
   if (uvm_status s = worker_streams(call, workers.count, workers.streams)) return s;

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
+#include <utility>
 
 #include "../alloc/driver_api.hpp"
 #include "pinned.hpp"
@@ -147,19 +149,21 @@ uvm_status load_kernel(const Call& call, int device, LoadedKernel* out) {
 }  // namespace
 
 bool onload_copy_from(const char* env_value, OnloadCopy* out) {
-  if (std::strcmp(env_value ? env_value : "", "engine") == 0) {
-    *out = OnloadCopy::engine;
-    return true;
-  }
-  if (env_value == nullptr || *env_value == '\0' || std::strcmp(env_value, "sm") == 0) {
-    *out = OnloadCopy::sm;
-    return true;
-  }
-  if (std::strcmp(env_value, "mixed") == 0) {
-    *out = OnloadCopy::mixed;
-    return true;
+  const std::string value = env_value ? env_value : "";
+  const std::pair<const char*, OnloadCopy> names[] = {{"", OnloadCopy::automatic},   {"auto", OnloadCopy::automatic},
+                                                      {"engine", OnloadCopy::engine}, {"sm", OnloadCopy::sm},
+                                                      {"mixed", OnloadCopy::mixed}};
+  for (const auto& name : names) {
+    if (value == name.first) {
+      *out = name.second;
+      return true;
+    }
   }
   return false;
+}
+
+OnloadCopy auto_copy(size_t free_bytes, size_t staged_bytes) {
+  return free_bytes / kAutoKernelFreeFactor > staged_bytes ? OnloadCopy::sm : OnloadCopy::engine;
 }
 
 OnloadCopy copy_for_worker(OnloadCopy setting, int worker) {
@@ -167,13 +171,19 @@ OnloadCopy copy_for_worker(OnloadCopy setting, int worker) {
   return worker % 2 == 1 ? OnloadCopy::sm : OnloadCopy::engine;
 }
 
-uvm_status onload_copy_for(const Call& call, int device, OnloadCopy* out) {
+uvm_status onload_copy_for(const Call& call, int device, size_t staged_bytes, OnloadCopy* out) {
   static const char* value = std::getenv("UVM_ONLOAD_COPY");
   if (!onload_copy_from(value, out)) {
-    return fail(call, UVM_ERROR_INVALID_ARGUMENT, "UVM_ONLOAD_COPY='%s' is none of engine, sm, mixed", value);
+    return fail(call, UVM_ERROR_INVALID_ARGUMENT, "UVM_ONLOAD_COPY='%s' is none of auto, engine, sm, mixed", value);
   }
-  const bool asked = value != nullptr && *value != '\0';
-  if (*out != OnloadCopy::engine && !asked && kernel_refusal(device) != nullptr) *out = OnloadCopy::engine;
+  if (*out != OnloadCopy::automatic) return UVM_OK;
+  if (kernel_refusal(device) != nullptr) {
+    *out = OnloadCopy::engine;
+    return UVM_OK;
+  }
+  size_t free_bytes = 0, total_bytes = 0;  // a failed query leaves 0 free: the engine
+  clear_cuda_error(cudaMemGetInfo(&free_bytes, &total_bytes));
+  *out = auto_copy(free_bytes, staged_bytes);
   return UVM_OK;
 }
 

@@ -16,24 +16,32 @@
 
 namespace uvm {
 
-// How an onload copies staged bytes back into releasable memory. env UVM_ONLOAD_COPY=sm (the
-// default: the kernel), engine (cudaMemcpyAsync), or mixed (the kernel on every other worker stream,
-// the engine on the rest). Managed memory is always copied by the engine. The RL benchmark on an
-// H100 (bench/results-rl-h100-sm-copy.json): after the training step's 70 GB free the wake copies at
-// 43.7–44.5 GB/s with sm, 24.3–27.2 with engine, 37.1 mixed; on a full GPU with no such free,
-// 41.2–42.4 against 44.6–45.7 — the steady cycle 0.23 s against 0.28–0.31 s, and 0.18 against
-// 0.17–0.20 s.
-enum class OnloadCopy { engine, sm, mixed };
+// How an onload copies staged bytes back into releasable memory. env UVM_ONLOAD_COPY=auto (the
+// default), sm (the kernel), engine (cudaMemcpyAsync), or mixed (the kernel on every other worker
+// stream, the engine on the rest). Managed memory is always copied by the engine.
+// auto takes the kernel when the device has more than kAutoKernelFreeFactor times the onload's
+// staged bytes free, else the engine. The RL benchmark on an H100 (bench/results-rl-h100-sm-vs-
+// auto-*.json): right after the training step's 70 GB free, 83.7 GB were free for a 4.16 GB wake:
+// the engine ran at half speed and the kernel at 45 GB/s; on a full GPU, 5.5 GB were free: the
+// kernel idled while a map waited for the driver, where the engine's queue ran on. auto picked
+// the kernel in the first and the engine in the second: 86 % of pinned memcpy in both, against
+// 81/79 % with the kernel alone and 50/85 % with the engine alone.
+enum class OnloadCopy { engine, sm, mixed, automatic };
+constexpr size_t kAutoKernelFreeFactor = 4;
 
-// How an onload on `device` copies, as env UVM_ONLOAD_COPY asks (read once). Any other value than
-// engine, sm or mixed fails the onload, naming it: a misspelt setting must not pass silently for the
-// default. With the variable unset, a device the kernel cannot serve (older than sm_70, no module
-// calls in the driver, no host-pointer access to registered memory) gets the engine; asked for
+// How an onload on `device` copies `staged_bytes` back, as env UVM_ONLOAD_COPY asks (read once),
+// auto resolved to engine or sm. Any other value than auto, engine, sm or mixed fails the onload,
+// naming it: a misspelt setting must not pass silently for the default. auto takes the engine on a
+// device the kernel cannot serve (older than sm_70, no module calls in the driver, no host-pointer
+// access to registered memory) or when cudaMemGetInfo fails (its error cleared); asked for
 // explicitly there, the kernel fails the onload, saying why.
-uvm_status onload_copy_for(const Call& call, int device, OnloadCopy* out);
-// Parses a value of UVM_ONLOAD_COPY (null or empty: sm); false for an unknown one.
+uvm_status onload_copy_for(const Call& call, int device, size_t staged_bytes, OnloadCopy* out);
+// Parses a value of UVM_ONLOAD_COPY (null, empty or "auto": automatic); false for an unknown one.
 bool onload_copy_from(const char* env_value, OnloadCopy* out);
-// How the chunks of worker `worker` (0-based) are copied under `setting`: engine or sm.
+// What auto chooses with `free_bytes` free on the device for `staged_bytes` to copy back.
+OnloadCopy auto_copy(size_t free_bytes, size_t staged_bytes);
+// How the chunks of worker `worker` (0-based) are copied under `setting` (resolved: not automatic):
+// engine or sm.
 OnloadCopy copy_for_worker(OnloadCopy setting, int worker);
 
 // Whether the kernel can copy these bytes: both ends 16-byte aligned and whole 16-byte words.

@@ -78,8 +78,14 @@ MUTANTS = [
  ("offload/sm_copy.cpp", "bytes % kWordBytes == 0 &&\n         aligned(dst) && aligned(host)", "bytes % kWordBytes == 0",
   "offload_tests", "[sm_copy]"),
  # With UVM_ONLOAD_COPY unset, a device too old for the kernel gets it anyway (the onload fails).
- ("offload/sm_copy.cpp", "  if (*out != OnloadCopy::engine && !asked && kernel_refusal(device) != nullptr) *out = OnloadCopy::engine;\n", "",
+ ("offload/sm_copy.cpp", "  if (kernel_refusal(device) != nullptr) {\n    *out = OnloadCopy::engine;", "  if (false) {\n    *out = OnloadCopy::engine;",
   "offload_tests", "[sm_copy_default]"),
+ # auto takes the kernel whatever the device has free (the kernel idles through the driver's stall
+ # on a full GPU), or the engine whatever (half speed after a bulk free).
+ ("offload/sm_copy.cpp", "  return free_bytes / kAutoKernelFreeFactor > staged_bytes ? OnloadCopy::sm : OnloadCopy::engine;",
+  "  return OnloadCopy::sm;", "offload_tests", "[sm_copy_auto]"),
+ ("offload/sm_copy.cpp", "  return free_bytes / kAutoKernelFreeFactor > staged_bytes ? OnloadCopy::sm : OnloadCopy::engine;",
+  "  return OnloadCopy::engine;", "offload_tests", "[sm_copy_auto]"),
  # Events are queried or destroyed with no context current: the runtime makes device 0's.
  ("hints/trace.cpp", "  if (log.device >= 0) (void)scope.enter(Call::of(\"uvm_last_move\"), log.device, ContextScope::When::only_if_none_current);\n",
   "", "offload_tests", "[context]"),
@@ -91,7 +97,8 @@ MUTANTS = [
   "threads offloading*"),
 ]
 TAG_ENV = {"[steps]": {"UVM_PINNED": ""}, "[sm_copy]": {"UVM_ONLOAD_COPY": "sm"},
-           "[sm_copy_default]": {"UVM_ONLOAD_COPY": "", "FAKE_CUDA_SCENARIO": "pre_volta"}}
+           "[sm_copy_default]": {"UVM_ONLOAD_COPY": "", "FAKE_CUDA_SCENARIO": "pre_volta"},
+           "[sm_copy_auto]": {"UVM_ONLOAD_COPY": ""}}
 os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 env = {**os.environ, "UVM_LIMIT_BYTES": "", "UVM_LIMIT_FRACTION": "", "UVM_DEFAULT_ADVICE": "", "UVM_PINNED": "hostalloc"}
 survived = 0

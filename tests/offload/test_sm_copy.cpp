@@ -1,9 +1,10 @@
 // offload/sm_copy.cpp against the fake driver, whose copy kernel copies as the GPU would (from pinned
 // host memory into mapped device memory) and is logged as an sm_copy op. The [sm_copy] cases run
 // with UVM_ONLOAD_COPY=sm (tests/meson.build: offload-sm-copy), [sm_copy_mixed] with mixed and 1 MiB
-// chunks, [sm_copy_env] with a misspelt value, [sm_copy_default] unset and [sm_copy_refused] sm, both
-// on devices too old for the kernel.
+// chunks, [sm_copy_env] with a misspelt value, [sm_copy_auto] unset (auto), [sm_copy_default] unset
+// and [sm_copy_refused] sm, both on devices too old for the kernel.
 #include <string>
+#include <utility>
 
 #include "../../offload/sm_copy.hpp"
 #include "fixture.hpp"
@@ -14,21 +15,33 @@ constexpr size_t kMiB = size_t{1} << 20;
 bool mentions(const char* text, const char* part) { return std::string(text).find(part) != std::string::npos; }
 }  // namespace
 
-TEST_CASE("UVM_ONLOAD_COPY reads sm (the default), engine or mixed, and nothing else", "[offload]") {
-  uvm::OnloadCopy how = uvm::OnloadCopy::engine;
-  CHECK(uvm::onload_copy_from(nullptr, &how));
-  CHECK(how == uvm::OnloadCopy::sm);
-  how = uvm::OnloadCopy::engine;
-  CHECK(uvm::onload_copy_from("", &how));
-  CHECK(how == uvm::OnloadCopy::sm);
-  CHECK(uvm::onload_copy_from("sm", &how));
-  CHECK(how == uvm::OnloadCopy::sm);
-  CHECK(uvm::onload_copy_from("engine", &how));
-  CHECK(how == uvm::OnloadCopy::engine);
-  CHECK(uvm::onload_copy_from("mixed", &how));
-  CHECK(how == uvm::OnloadCopy::mixed);
-  CHECK_FALSE(uvm::onload_copy_from("SM", &how));
-  CHECK_FALSE(uvm::onload_copy_from("kernel", &how));
+TEST_CASE("UVM_ONLOAD_COPY reads auto (the default), engine, sm or mixed, and nothing else", "[offload]") {
+  using uvm::OnloadCopy;
+  const std::pair<const char*, OnloadCopy> accepted[] = {{nullptr, OnloadCopy::automatic}, {"", OnloadCopy::automatic},
+                                                         {"auto", OnloadCopy::automatic}, {"sm", OnloadCopy::sm},
+                                                         {"engine", OnloadCopy::engine}, {"mixed", OnloadCopy::mixed}};
+  for (const auto& value : accepted) {
+    INFO((value.first ? value.first : "(unset)"));
+    OnloadCopy how = value.second == OnloadCopy::engine ? OnloadCopy::sm : OnloadCopy::engine;
+    CHECK(uvm::onload_copy_from(value.first, &how));
+    CHECK(how == value.second);
+  }
+  OnloadCopy how = OnloadCopy::engine;
+  for (const char* wrong : {"SM", "kernel", "automatic", "auto "}) {
+    INFO(wrong);
+    CHECK_FALSE(uvm::onload_copy_from(wrong, &how));
+  }
+}
+
+TEST_CASE("auto takes the kernel only when the device has more than 4 times the staged bytes free", "[offload]") {
+  using uvm::OnloadCopy;
+  const size_t staged = size_t{4158652416};  // the RL benchmark's weights
+  CHECK(uvm::auto_copy(size_t{83722698752}, staged) == OnloadCopy::sm);      // after its 70 GB free (H100)
+  CHECK(uvm::auto_copy(size_t{5484249088}, staged) == OnloadCopy::engine);   // on its full GPU (H100)
+  CHECK(uvm::auto_copy(4 * staged + 4, staged) == OnloadCopy::sm);
+  CHECK(uvm::auto_copy(4 * staged, staged) == OnloadCopy::engine);
+  CHECK(uvm::auto_copy(0, staged) == OnloadCopy::engine);
+  CHECK(uvm::auto_copy(size_t{1} << 20, 0) == OnloadCopy::sm);
 }
 
 TEST_CASE("mixed copies by kernel on every other worker stream and by engine on the rest", "[offload]") {
@@ -168,7 +181,53 @@ TEST_CASE("a misspelt UVM_ONLOAD_COPY fails the onload naming it, and the bytes 
   const uvm_range whole = a.whole();
   REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
   CHECK(uvm_onload_ranges(&whole, 1, stream) == UVM_ERROR_INVALID_ARGUMENT);
-  CHECK(mentions(uvm_last_error(), "UVM_ONLOAD_COPY='fast' is none of engine, sm, mixed"));
+  CHECK(mentions(uvm_last_error(), "UVM_ONLOAD_COPY='fast' is none of auto, engine, sm, mixed"));
   CHECK(residency().staged_bytes == a.size);
   CHECK(cudaPeekAtLastError() == cudaSuccess);
+}
+
+TEST_CASE("auto copies by kernel while the device has room, by engine when it is nearly full, and by engine "
+          "when cudaMemGetInfo fails; no byte lost",
+          "[scenario][sm_copy_auto][cuda13]") {
+  FakeMachine machine;  // device 0 has 1 GiB
+  Releasable a(32 * kMiB, 0, 29), b(2 * kMiB, 0, 31);
+  cudaStream_t stream = fake::make_stream();
+  const uvm_range moved[] = {a.whole(), b.part(4096, 4096 + kMiB)};  // b's first and last bytes stay
+  const auto cycle = [&](const char* why) {
+    INFO(why << ": " << uvm_last_error());
+    REQUIRE(uvm_offload_ranges(moved, 2, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+    fake::reset_ops();
+    REQUIRE(uvm_onload_ranges(moved, 2, stream) == UVM_OK);
+    CHECK(a.intact());
+    CHECK(b.intact());
+    CHECK(residency().staged_bytes == 0);
+    CHECK(cudaPeekAtLastError() == cudaSuccess);
+    return std::make_pair(FakeMachine::bytes_of(fake::OpKind::sm_copy),
+                          FakeMachine::bytes_of(fake::OpKind::copy_to_device));
+  };
+  // Room: 1022 MiB free (b is mapped, a released) for 33 MiB staged.
+  auto copied = cycle("room");
+  CHECK(copied.first == a.size + kMiB);
+  CHECK(copied.second == 0);
+  // Nearly full: 900 MiB allocated by someone else (the fake counts any allocation as used) and b's
+  // 2 MiB leave 122 MiB, under 4 × 33 MiB.
+  void* filler = nullptr;
+  REQUIRE(cudaMallocManaged(&filler, 900 * kMiB, cudaMemAttachGlobal) == cudaSuccess);
+  copied = cycle("nearly full");
+  CHECK(copied.first == 0);
+  CHECK(copied.second == a.size + kMiB);
+  REQUIRE(cudaFree(filler) == cudaSuccess);
+  // Room again, but cudaMemGetInfo fails: the engine, and no error left behind.
+  REQUIRE(uvm_offload_ranges(moved, 2, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  fake::reset_ops();
+  fake::fail_next("cudaMemGetInfo", cudaErrorUnknown);
+  uvm_clear_last_error();
+  REQUIRE(uvm_onload_ranges(moved, 2, stream) == UVM_OK);
+  CHECK(FakeMachine::ops_named(fake::OpKind::sm_copy).empty());
+  CHECK(FakeMachine::bytes_of(fake::OpKind::copy_to_device) == a.size + kMiB);
+  CHECK(std::string(uvm_last_error()).empty());
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  CHECK(a.intact());
+  CHECK(b.intact());
+  REQUIRE(uvm_release_staging() == UVM_OK);
 }

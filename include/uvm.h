@@ -321,9 +321,10 @@ UVM_API uvm_status uvm_offload_ranges(const uvm_range* ranges, size_t count, uvm
 /* Brings `ranges` back to the device of the allocation holding them, asynchronously on `stream`:
  * staged bytes are copied back from pinned memory (populating and copying in pieces over uvm's own
  * streams, joined to `stream` before and after), the rest is prefetched. Merged like offload.
- * Into releasable memory the copies are made by a uvm kernel reading the pinned memory (after a bulk
- * free the copy engine runs at half speed; the kernel does not); env UVM_ONLOAD_COPY=engine uses
- * cudaMemcpyAsync instead, mixed both. An unknown value fails the call (UVM_ERROR_INVALID_ARGUMENT). */
+ * Into releasable memory env UVM_ONLOAD_COPY=auto (the default) copies with a uvm kernel reading the
+ * pinned memory when the device has more than 4 times the staged bytes free (after a bulk free the
+ * copy engine runs at half speed; the kernel does not), else with cudaMemcpyAsync; sm and engine
+ * fix the choice, mixed uses both. An unknown value fails the call (UVM_ERROR_INVALID_ARGUMENT). */
 UVM_API uvm_status uvm_onload_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream);
 
 /* Pinned host memory uvm holds for staged offload, and how much of it holds offloaded data. Either

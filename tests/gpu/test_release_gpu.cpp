@@ -76,8 +76,9 @@ TEST_CASE("offloading a releasable allocation frees it for cudaMemGetInfo and cu
 
 TEST_CASE("after a claim of the freed memory, onload copies every byte back, word-aligned or not",
           "[gpu][release]") {
-  // Under UVM_ONLOAD_COPY=sm (meson test gpu-sm-copy) a's copies go through uvm's SM kernel and
-  // b's piece, which starts off a 16-byte boundary, through the copy engine; b's other bytes stay.
+  // With the SM kernel (UVM_ONLOAD_COPY=auto, the default, takes it here: meson test gpu) a's
+  // copies go through it and b's piece, which starts off a 16-byte boundary, through the copy
+  // engine; b's other bytes stay.
   Releasable a(64 * MiB + 4096), b(8 * MiB);
   const auto expect_a = a.fill(21), expect_b = b.fill(22);
   cudaStream_t stream;

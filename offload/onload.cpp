@@ -173,10 +173,10 @@ void finish_copy_back(int device, const std::vector<StagedWork>& work, const Eve
 // loses nothing: the next onload copies them again.
 uvm_status copy_back(const Call& call, int device, const std::vector<StagedWork>& work, cudaStream_t stream) {
   const OnloadPipeline pipeline = onload_pipeline();
-  size_t staged_bytes = 0;
-  for (const StagedWork& w : work) staged_bytes += w.range.end - w.range.begin;
+  size_t releasable_bytes = 0;  // the only bytes the choice of copy applies to
+  for (const StagedWork& w : work) releasable_bytes += w.range.releasable ? w.range.end - w.range.begin : 0;
   OnloadCopy how = OnloadCopy::engine;
-  if (uvm_status s = onload_copy_for(call, device, staged_bytes, &how)) return s;
+  if (uvm_status s = onload_copy_for(call, device, releasable_bytes, &how)) return s;
   Workers workers;
   workers.count = pipeline.streams;
   if (uvm_status s = worker_streams(call, workers.count, workers.streams)) return s;

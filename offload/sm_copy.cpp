@@ -176,7 +176,7 @@ uvm_status onload_copy_for(const Call& call, int device, size_t staged_bytes, On
     return fail(call, UVM_ERROR_INVALID_ARGUMENT, "UVM_ONLOAD_COPY='%s' is none of auto, engine, sm, mixed", value);
   }
   if (*out != OnloadCopy::automatic) return UVM_OK;
-  if (kernel_refusal(device) != nullptr) {
+  if (staged_bytes == 0 || kernel_refusal(device) != nullptr) {
     *out = OnloadCopy::engine;
     return UVM_OK;
   }

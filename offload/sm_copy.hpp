@@ -29,8 +29,9 @@ namespace uvm {
 enum class OnloadCopy { engine, sm, mixed, automatic };
 constexpr size_t kAutoKernelFreeFactor = 4;
 
-// How an onload on `device` copies `staged_bytes` back, as env UVM_ONLOAD_COPY asks (read once),
-// auto resolved to engine or sm. Any other value than auto, engine, sm or mixed fails the onload,
+// How an onload on `device` copies `staged_bytes` of releasable memory back, as env
+// UVM_ONLOAD_COPY asks (read once), auto resolved to engine or sm. With no such bytes (an onload of
+// managed memory only) auto asks the device nothing. Any other value than auto, engine, sm or mixed fails the onload,
 // naming it: a misspelt setting must not pass silently for the default. auto takes the engine on a
 // device the kernel cannot serve (older than sm_70, no module calls in the driver, no host-pointer
 // access to registered memory) or when cudaMemGetInfo fails (its error cleared); asked for

@@ -229,5 +229,17 @@ TEST_CASE("auto copies by kernel while the device has room, by engine when it is
   CHECK(cudaPeekAtLastError() == cudaSuccess);
   CHECK(a.intact());
   CHECK(b.intact());
+  // Managed memory alone: auto has nothing to choose for, so it asks the device nothing (the
+  // injected failure is still armed afterwards).
+  void* managed = uvm_malloc(kMiB, 0, nullptr);
+  REQUIRE(managed != nullptr);
+  const uvm_range managed_range{managed, kMiB};
+  REQUIRE(uvm_offload_ranges(&managed_range, 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  fake::fail_next("cudaMemGetInfo", cudaErrorUnknown);
+  REQUIRE(uvm_onload_ranges(&managed_range, 1, stream) == UVM_OK);
+  size_t free_bytes = 0, total_bytes = 0;
+  CHECK(cudaMemGetInfo(&free_bytes, &total_bytes) == cudaErrorUnknown);
+  CHECK(cudaGetLastError() == cudaErrorUnknown);  // the test's own call left it; cleared here
+  uvm_free(managed, kMiB, 0, nullptr);
   REQUIRE(uvm_release_staging() == UVM_OK);
 }

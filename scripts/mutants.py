@@ -78,7 +78,7 @@ MUTANTS = [
  ("offload/sm_copy.cpp", "bytes % kWordBytes == 0 &&\n         aligned(dst) && aligned(host)", "bytes % kWordBytes == 0",
   "offload_tests", "[sm_copy]"),
  # With UVM_ONLOAD_COPY unset, a device too old for the kernel gets it anyway (the onload fails).
- ("offload/sm_copy.cpp", "  if (kernel_refusal(device) != nullptr) {\n    *out = OnloadCopy::engine;", "  if (false) {\n    *out = OnloadCopy::engine;",
+ ("offload/sm_copy.cpp", "  if (staged_bytes == 0 || kernel_refusal(device) != nullptr) {", "  if (staged_bytes == 0) {",
   "offload_tests", "[sm_copy_default]"),
  # auto takes the kernel whatever the device has free (the kernel idles through the driver's stall
  # on a full GPU), or the engine whatever (half speed after a bulk free).
@@ -86,6 +86,9 @@ MUTANTS = [
   "  return OnloadCopy::sm;", "offload_tests", "[sm_copy_auto]"),
  ("offload/sm_copy.cpp", "  return free_bytes / kAutoKernelFreeFactor > staged_bytes ? OnloadCopy::sm : OnloadCopy::engine;",
   "  return OnloadCopy::engine;", "offload_tests", "[sm_copy_auto]"),
+ # auto queries the device on every onload, managed memory alone included.
+ ("offload/sm_copy.cpp", "  if (staged_bytes == 0 || kernel_refusal(device) != nullptr) {",
+  "  if (kernel_refusal(device) != nullptr) {", "offload_tests", "[sm_copy_auto]"),
  # Events are queried or destroyed with no context current: the runtime makes device 0's.
  ("hints/trace.cpp", "  if (log.device >= 0) (void)scope.enter(Call::of(\"uvm_last_move\"), log.device, ContextScope::When::only_if_none_current);\n",
   "", "offload_tests", "[context]"),

@@ -2,12 +2,14 @@
 // default advice (managed only), registry and stats.
 #include <cuda_runtime_api.h>
 
+#include <optional>
+
 #include "cuda_compat.hpp"
 #include "default_advice.hpp"
 #include "devices.hpp"
 #include "limits.hpp"
-#include "registry.hpp"
 #include "moves.hpp"
+#include "registry.hpp"
 #include "slabs.hpp"
 #include "stats.hpp"
 #include "vmm.hpp"
@@ -75,19 +77,21 @@ uvm_status allocate(const Call& call, size_t size, int device, Backing backing, 
   ContextScope scope;
   uvm_status status = scope.enter(call, device, ContextScope::When::always);
   void* ptr = nullptr;
-  uintptr_t slab = 0;
+  Allocation record;
+  record.size = size;
+  record.device = device;
+  record.tag = thread_tag();
+  record.backing = backing;
   if (status == UVM_OK) {
-    status = backing == Backing::managed ? allocate_managed(call, size, device, caps, mode, &ptr, &slab)
-                                         : vmm_allocate(call, size, device, &ptr);
+    status = backing == Backing::managed ? allocate_managed(call, size, device, caps, mode, &ptr, &record.slab)
+                                         : vmm_allocate(call, size, device, &ptr, &record.mapping);
   }
   if (status != UVM_OK) {
     cancel_reservation(device, size);
     return status;
   }
-  // Nothing uvm knew about these addresses can describe the new memory.
-  const auto begin = reinterpret_cast<uintptr_t>(ptr);
-  forget_moved_state(begin, begin + size);
-  registry().insert(ptr, size, device, thread_tag(), backing, slab);
+  // A fresh record: nothing uvm knew about these addresses before can describe the new memory.
+  registry().insert(reinterpret_cast<uintptr_t>(ptr), std::move(record));
   commit_reservation(device, size);
   *out = ptr;
   return UVM_OK;
@@ -109,20 +113,28 @@ uvm_status free_slot(const Call& call, uintptr_t slab, void* ptr, bool reusable)
   return UVM_OK;
 }
 
-// Takes the allocation out of the registry and forgets its staged copy in one step under the moves
-// lock, so that no offload can stage it after this; an offload issued before is waited for by
-// cudaFree, which synchronizes with the work still running.
-bool forget_allocation(void* ptr, AllocationView* found, size_t* host_bytes, size_t* discarded_bytes) {
+// Takes the allocation's record out of the registry under the moves lock, so that no move can
+// stage or map it after this; a move issued before is waited for by cudaFree (or the device
+// synchronization below), which waits for the work still running. Its staged copies go back to
+// staging with the record.
+std::optional<Allocation> forget_allocation(void* ptr) {
   const auto moves = lock_moves();
-  if (!registry().erase(ptr, found, host_bytes, discarded_bytes)) return false;
-  forget_moved_state(found->base, found->base + found->size);
-  return true;
+  return registry().erase(reinterpret_cast<uintptr_t>(ptr));
+}
+
+// Waits for the device, as cudaFree would, before memory is unmapped or handed out again.
+// `exiting`: the runtime is being torn down at process exit (nothing runs any more).
+uvm_status synchronize_before(const Call& call, const char* why, bool* exiting) {
+  const cudaError_t e = cudaDeviceSynchronize();
+  *exiting = exiting_error(e);
+  if (e != cudaSuccess && !*exiting) return fail_cuda(call, e, "cudaDeviceSynchronize before %s", why);
+  clear_cuda_error(e);
+  return UVM_OK;
 }
 
 uvm_status release(const Call& call, void* ptr, size_t size, int device) {
-  AllocationView found;
-  size_t host_bytes = 0, discarded_bytes = 0;
-  if (!forget_allocation(ptr, &found, &host_bytes, &discarded_bytes)) {
+  std::optional<Allocation> found = forget_allocation(ptr);
+  if (!found) {
     AllocationView inside;
     if (registry().find(ptr, &inside)) {
       return fail(call, UVM_ERROR_INVALID_ARGUMENT,
@@ -132,35 +144,32 @@ uvm_status release(const Call& call, void* ptr, size_t size, int device) {
     return fail(call, UVM_ERROR_NOT_MANAGED,
                 "pointer was not allocated by uvm_malloc (or was already freed); not freed");
   }
-  record_free(found.device, found.size, host_bytes);
+  const size_t moved_off = found->host.total() + found->discarded.total();
+  record_free(found->device, found->size, found->host.total());
   uvm_status status = UVM_OK;
   {
     ContextScope scope;
-    status = scope.enter(call, found.device, ContextScope::When::always);
-    if (found.backing == Backing::releasable) {
-      // Like cudaFree, wait for the work that may still use the memory before unmapping it.
-      const cudaError_t e = cudaDeviceSynchronize();
-      if (e != cudaSuccess && !exiting_error(e)) status = fail_cuda(call, e, "cudaDeviceSynchronize before unmapping");
-      else clear_cuda_error(e);
-      if (status == UVM_OK && !exiting_error(e)) status = vmm_free(call, found.base);
-    } else if (found.slab != 0) {
-      // Like cudaFree, wait for the work that may still use the slot before it is handed out again.
-      const cudaError_t e = cudaDeviceSynchronize();
-      if (e != cudaSuccess && !exiting_error(e)) status = fail_cuda(call, e, "cudaDeviceSynchronize before reusing the slot");
-      else clear_cuda_error(e);
-      // Staged or discarded bytes (host_bytes counts staged ones, and migrated ones, to be safe) may
-      // leave pages the driver counts as discarded: such a slot is not handed out again.
-      if (status == UVM_OK) status = free_slot(call, found.slab, ptr, host_bytes + discarded_bytes == 0);
+    status = scope.enter(call, found->device, ContextScope::When::always);
+    bool exiting = false;
+    if (found->backing == Backing::releasable) {
+      // At process exit the driver takes the mapping with it: nothing is left to unmap.
+      if (status == UVM_OK) status = synchronize_before(call, "unmapping", &exiting);
+      if (status == UVM_OK && !exiting) status = vmm_free(call, reinterpret_cast<uintptr_t>(ptr), &found->mapping);
+    } else if (found->slab != 0) {
+      if (status == UVM_OK) status = synchronize_before(call, "reusing the slot", &exiting);
+      // Staged or discarded bytes (host counts staged ones, and migrated ones, to be safe) may leave
+      // pages the driver counts as discarded: such a slot is not handed out again.
+      if (status == UVM_OK) status = free_slot(call, found->slab, ptr, moved_off == 0);
     } else {
       const cudaError_t e = cudaFree(ptr);
       if (e != cudaSuccess && !exiting_error(e)) status = fail_cuda(call, e, "cudaFree");
       else clear_cuda_error(e);
     }
   }
-  if (status == UVM_OK && (size != found.size || device != found.device)) {
+  if (status == UVM_OK && (size != found->size || device != found->device)) {
     return fail(call, UVM_ERROR_INVALID_ARGUMENT,
-                "allocation was made with size=%zu device=%d; freed anyway", found.size,
-                found.device);
+                "allocation was made with size=%zu device=%d; freed anyway", found->size,
+                found->device);
   }
   return status;
 }

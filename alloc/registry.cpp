@@ -2,79 +2,219 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+
 #include "devices.hpp"
 #include "errors.hpp"
 
 namespace uvm {
 
-void Registry::insert(const void* base, size_t size, int device, TagId tag, Backing backing, uintptr_t slab) {
+void Registry::insert(uintptr_t base, Allocation allocation) {
   std::lock_guard<std::mutex> lock(mutex_);
-  entries_[reinterpret_cast<uintptr_t>(base)] = Entry{size, device, tag, backing, slab, false, {}, {}};
+  allocations_[base] = std::move(allocation);
 }
 
-bool Registry::erase(const void* base, AllocationView* removed, size_t* host_bytes, size_t* discarded_bytes) {
+std::optional<Allocation> Registry::erase(uintptr_t base) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = entries_.find(reinterpret_cast<uintptr_t>(base));
-  if (it == entries_.end()) return false;
-  *removed = view_of(it->first, it->second);
-  *host_bytes = it->second.host_spans.total();
-  *discarded_bytes = it->second.discarded_spans.total();
-  entries_.erase(it);
-  return true;
+  auto it = allocations_.find(base);
+  if (it == allocations_.end()) return std::nullopt;
+  std::optional<Allocation> removed(std::move(it->second));
+  allocations_.erase(it);
+  return removed;
+}
+
+Allocation* Registry::holding(uintptr_t address) {
+  auto it = allocations_.upper_bound(address);
+  if (it == allocations_.begin()) return nullptr;
+  --it;
+  return address - it->first < it->second.size ? &it->second : nullptr;
 }
 
 bool Registry::find(const void* ptr, AllocationView* found) const {
   const auto address = reinterpret_cast<uintptr_t>(ptr);
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = entries_.upper_bound(address);
-  if (it == entries_.begin()) return false;
+  auto it = allocations_.upper_bound(address);
+  if (it == allocations_.begin()) return false;
   --it;
   if (address - it->first >= it->second.size) return false;
   *found = view_of(it->first, it->second);
   return true;
 }
 
-long long Registry::record_move(uintptr_t base, size_t begin, size_t end, Move move) {
+long long Registry::record_move(uintptr_t base, uintptr_t begin, uintptr_t end, Move move) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = entries_.find(base);
-  if (it == entries_.end()) return 0;  // freed meanwhile: nothing left to account
-  Entry& entry = it->second;
-  const size_t host_before = entry.host_spans.total();
-  const bool on_host = move == Move::to_host || move == Move::staged;
-  if (on_host) entry.host_spans.add(begin, end);
-  else entry.host_spans.remove(begin, end);
-  if (move == Move::discarded) entry.discarded_spans.add(begin, end);
-  else entry.discarded_spans.remove(begin, end);
-  return static_cast<long long>(entry.host_spans.total()) - static_cast<long long>(host_before);
+  auto it = allocations_.find(base);
+  if (it == allocations_.end()) return 0;  // freed meanwhile: nothing left to account
+  Allocation& allocation = it->second;
+  const size_t from = begin - base, to = end - base;
+  const size_t host_before = allocation.host.total();
+  if (move == Move::to_host || move == Move::staged) allocation.host.add(from, to);
+  else allocation.host.remove(from, to);
+  if (move == Move::discarded) allocation.discarded.add(from, to);
+  else allocation.discarded.remove(from, to);
+  return static_cast<long long>(allocation.host.total()) - static_cast<long long>(host_before);
 }
 
 bool Registry::all_off_device(uintptr_t base) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = entries_.find(base);
-  if (it == entries_.end()) return false;
-  const Entry& entry = it->second;
-  return entry.host_spans.total() + entry.discarded_spans.total() == entry.size;
+  auto it = allocations_.find(base);
+  if (it == allocations_.end()) return false;
+  const Allocation& allocation = it->second;
+  return allocation.host.total() + allocation.discarded.total() == allocation.size;
 }
 
-void Registry::set_released(uintptr_t base, bool released) {
+size_t Registry::unstage_locked(Allocation& allocation, uintptr_t begin, uintptr_t end,
+                                std::vector<StagedPiece>* dropped) {
+  auto& staged = allocation.staged;
+  auto it = staged.upper_bound(begin);
+  if (it != staged.begin() && std::prev(it)->second.span.end > begin) --it;
+  size_t bytes = 0;
+  while (it != staged.end() && it->first < end) {
+    StagedPiece piece = std::move(it->second);
+    it = staged.erase(it);
+    const uintptr_t from = std::max(begin, piece.span.begin), to = std::min(end, piece.span.end);
+    bytes += to - from;
+    // Whatever lies outside [begin, end) stays staged, holding the same lease.
+    if (piece.span.begin < from) {
+      staged.emplace(piece.span.begin, StagedPiece{Span{piece.span.begin, from}, piece.host, piece.lease, piece.written});
+    }
+    if (to < piece.span.end) {
+      it = staged.emplace(to, StagedPiece{Span{to, piece.span.end}, piece.host + (to - piece.span.begin), piece.lease,
+                                          piece.written}).first;
+      ++it;
+    }
+    dropped->push_back(std::move(piece));
+  }
+  return bytes;
+}
+
+void Registry::stage(std::vector<StagedPiece> pieces) {
+  std::vector<StagedPiece> dropped;  // let go after the lock (see unstage_locked)
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = entries_.find(base);
-  if (it != entries_.end()) it->second.released = released;
+  for (StagedPiece& piece : pieces) {
+    Allocation* allocation = holding(piece.span.begin);
+    if (allocation == nullptr) {
+      dropped.push_back(std::move(piece));  // freed meanwhile
+      continue;
+    }
+    unstage_locked(*allocation, piece.span.begin, piece.span.end, &dropped);  // a racing offload of the same bytes
+    const uintptr_t begin = piece.span.begin;
+    allocation->staged.emplace(begin, std::move(piece));
+  }
 }
 
-AllocationView Registry::view_of(uintptr_t base, const Entry& entry) {
-  return AllocationView{base, entry.size, entry.device, entry.backing, entry.slab};
+std::vector<StagedPiece> Registry::staged(uintptr_t begin, uintptr_t end) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<StagedPiece> pieces;
+  auto record = allocations_.upper_bound(begin);
+  if (record != allocations_.begin()) --record;
+  for (; record != allocations_.end() && record->first < end; ++record) {
+    const auto& staged = record->second.staged;
+    auto it = staged.upper_bound(begin);
+    if (it != staged.begin() && std::prev(it)->second.span.end > begin) --it;
+    for (; it != staged.end() && it->first < end; ++it) {
+      const StagedPiece& piece = it->second;
+      const uintptr_t from = std::max(begin, piece.span.begin), to = std::min(end, piece.span.end);
+      if (from >= to) continue;
+      pieces.push_back(StagedPiece{Span{from, to}, piece.host + (from - piece.span.begin), piece.lease, piece.written});
+    }
+  }
+  return pieces;
 }
 
-bool Registry::selected(const Entry& entry, int device, bool any_tag, TagId tag) {
-  return (device == UVM_ANY_DEVICE || entry.device == device) && (any_tag || entry.tag == tag);
+size_t Registry::unstage(uintptr_t begin, uintptr_t end) {
+  std::vector<StagedPiece> dropped;  // let go after the lock (see unstage_locked)
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t bytes = 0;
+  auto record = allocations_.upper_bound(begin);
+  if (record != allocations_.begin()) --record;
+  for (; record != allocations_.end() && record->first < end; ++record) {
+    bytes += unstage_locked(record->second, begin, end, &dropped);
+  }
+  return bytes;
+}
+
+size_t Registry::staged_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t total = 0;
+  for (const auto& [base, allocation] : allocations_) {
+    for (const auto& [begin, piece] : allocation.staged) total += piece.span.size();
+  }
+  return total;
+}
+
+std::vector<EventRef> Registry::last_moves(const std::vector<uintptr_t>& bases) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<EventRef> events;
+  for (uintptr_t base : bases) {
+    auto it = allocations_.find(base);
+    if (it == allocations_.end() || !it->second.last_move) continue;
+    if (std::find(events.begin(), events.end(), it->second.last_move) == events.end()) {
+      events.push_back(it->second.last_move);  // one event often ends the moves of many allocations
+    }
+  }
+  return events;
+}
+
+void Registry::set_last_move(const std::vector<uintptr_t>& bases, const EventRef& done) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (uintptr_t base : bases) {
+    auto it = allocations_.find(base);
+    if (it != allocations_.end()) it->second.last_move = done;
+  }
+}
+
+bool Registry::block_state(uintptr_t begin, uintptr_t end, BlockState* out) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = allocations_.upper_bound(begin);
+  if (it == allocations_.begin()) return false;
+  --it;
+  const Allocation& allocation = it->second;
+  if (begin - it->first >= allocation.size) return false;
+  out->allocation = view_of(it->first, allocation);
+  const size_t from = begin - it->first, to = std::min<size_t>(end - it->first, allocation.size);
+  const auto overlaps = [&](const SpanSet& set) {
+    for (const auto& [b, e] : set.spans()) {
+      if (b < to && e > from) return true;
+    }
+    return false;
+  };
+  out->moved = overlaps(allocation.host) || overlaps(allocation.discarded);
+  auto piece = allocation.staged.upper_bound(begin);
+  if (piece != allocation.staged.begin() && std::prev(piece)->second.span.end > begin) --piece;
+  out->staged = piece != allocation.staged.end() && piece->first < end;
+  out->released = allocation.released();
+  out->last_move = allocation.last_move;
+  return true;
+}
+
+bool Registry::mapping(uintptr_t base, Mapping* out) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = allocations_.find(base);
+  if (it == allocations_.end() || it->second.backing != Backing::releasable) return false;
+  *out = it->second.mapping;
+  return true;
+}
+
+void Registry::set_mapping(uintptr_t base, const Mapping& mapping) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = allocations_.find(base);
+  if (it != allocations_.end()) it->second.mapping = mapping;
+}
+
+AllocationView Registry::view_of(uintptr_t base, const Allocation& allocation) {
+  return AllocationView{base, allocation.size, allocation.device, allocation.backing, allocation.slab};
+}
+
+bool Registry::selected(const Allocation& allocation, int device, bool any_tag, TagId tag) {
+  return (device == UVM_ANY_DEVICE || allocation.device == device) && (any_tag || allocation.tag == tag);
 }
 
 std::vector<AllocationView> Registry::select(int device, bool any_tag, TagId tag) const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<AllocationView> found;
-  for (const auto& [base, entry] : entries_) {
-    if (selected(entry, device, any_tag, tag)) found.push_back(view_of(base, entry));
+  for (const auto& [base, allocation] : allocations_) {
+    if (selected(allocation, device, any_tag, tag)) found.push_back(view_of(base, allocation));
   }
   return found;
 }
@@ -82,13 +222,14 @@ std::vector<AllocationView> Registry::select(int device, bool any_tag, TagId tag
 uvm_residency Registry::residency(int device, bool any_tag, TagId tag) const {
   std::lock_guard<std::mutex> lock(mutex_);
   uvm_residency total{};
-  for (const auto& [base, entry] : entries_) {
-    if (!selected(entry, device, any_tag, tag)) continue;
+  for (const auto& [base, allocation] : allocations_) {
+    if (!selected(allocation, device, any_tag, tag)) continue;
     total.allocations += 1;
-    total.live_bytes += entry.size;
-    total.host_bytes += entry.host_spans.total();
-    total.discarded_bytes += entry.discarded_spans.total();
-    if (entry.released) total.released_bytes += entry.size;
+    total.live_bytes += allocation.size;
+    total.host_bytes += allocation.host.total();
+    total.discarded_bytes += allocation.discarded.total();
+    for (const auto& [begin, piece] : allocation.staged) total.staged_bytes += piece.span.size();
+    if (allocation.released()) total.released_bytes += allocation.size;
   }
   total.device_bytes = total.live_bytes - total.host_bytes - total.discarded_bytes;
   return total;
@@ -97,16 +238,11 @@ uvm_residency Registry::residency(int device, bool any_tag, TagId tag) const {
 size_t Registry::reclaimable_managed_bytes(int device) const {
   std::lock_guard<std::mutex> lock(mutex_);
   size_t total = 0;
-  for (const auto& [base, entry] : entries_) {
-    if (entry.device != device || entry.backing != Backing::managed) continue;
-    total += entry.host_spans.total() + entry.discarded_spans.total();
+  for (const auto& [base, allocation] : allocations_) {
+    if (allocation.device != device || allocation.backing != Backing::managed) continue;
+    total += allocation.host.total() + allocation.discarded.total();
   }
   return total;
-}
-
-size_t Registry::size() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return entries_.size();
 }
 
 Registry& registry() {

@@ -1,17 +1,23 @@
-// The registry of live uvm allocations: base → size, device, tag, and where uvm last moved each
-// byte (to the host or discarded). Which host bytes hold a staged copy is the staging store's to
-// say (offload/staging.hpp), the one record of it.
+// The registry: one record per live uvm allocation, holding everything uvm knows about it — its
+// size, device, tag and backing, the slab it came from, the physical memory of a releasable one,
+// where uvm last moved each of its bytes, the staged host copies of those bytes, and the event its
+// last move ends with. Freeing an allocation erases its record, and with it all of that: a host
+// copy or an ordering event never outlives the memory it describes.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
+#include "events.hpp"
 #include "span_set.hpp"
 #include "tags.hpp"
 #include "uvm.h"
+#include "vmm.hpp"
 
 namespace uvm {
 
@@ -20,60 +26,117 @@ namespace uvm {
 // all of its bytes are off the device (alloc/vmm.hpp).
 enum class Backing : uint8_t { managed, releasable };
 
+// to_host: migrated to the CPU. staged: copied to pinned staging and discarded on the device
+// (host-resident, like to_host). discarded: no copy kept. to_device: back where it was allocated.
+enum class Move { to_device, to_host, staged, discarded };
+
+// A staged copy of some of an allocation's bytes: `span`'s bytes are at `host` once `written` has
+// completed (null: complete). `lease` holds the pinned host bytes the staging store lent for them
+// (offload/staging.hpp); when the last piece holding a lease is dropped, its bytes go back.
+struct StagedPiece {
+  Span span;
+  char* host = nullptr;
+  std::shared_ptr<char> lease;
+  EventRef written;
+};
+
+// Everything uvm knows about one live allocation.
+struct Allocation {
+  size_t size = 0;
+  int device = 0;
+  TagId tag = kUntagged;
+  Backing backing = Backing::managed;
+  uintptr_t slab = 0;       // the slab holding it (alloc/slabs.hpp), 0 if it is a driver allocation of its own
+  Mapping mapping;          // releasable only: its physical memory; released while not mapped
+  SpanSet host;             // offsets whose last move by uvm was to the host (staged ones included)
+  SpanSet discarded;        // offsets discarded with no copy kept
+  std::map<uintptr_t, StagedPiece> staged;  // by address; disjoint, inside `host`
+  EventRef last_move;       // where its last move ends on the GPU (null: nothing pending)
+  bool released() const { return backing == Backing::releasable && !mapping.mapped; }
+};
+
+// What a caller outside the registry needs of an allocation: a copy of its identity.
 struct AllocationView {
   uintptr_t base = 0;
   size_t size = 0;
   int device = 0;
   Backing backing = Backing::managed;
-  uintptr_t slab = 0;  // the slab holding it (alloc/slabs.hpp), 0 if it is a driver allocation of its own
+  uintptr_t slab = 0;
   // The driver allocation holding it: where one prefetch or copy may reach.
   uintptr_t memory() const { return slab != 0 ? slab : base; }
 };
 
-// to_host: migrated to the CPU. staged: copied to pinned staging and discarded on the device
-// (host-resident, like to_host). discarded: no copy kept. to_device: back where it was allocated.
-enum class Move { to_device, to_host, staged, discarded };
+// What uvm keeps about the bytes of a block a runtime hands out or takes back (blocks.cpp).
+struct BlockState {
+  AllocationView allocation;  // the allocation holding the block
+  bool staged = false;        // some of its bytes have a staged copy
+  bool moved = false;         // some of its bytes are off the device (to the host, staged or discarded)
+  bool released = false;      // the allocation's physical memory is given back
+  EventRef last_move;         // the allocation's last move (null: nothing pending)
+};
 
 class Registry {
  public:
-  void insert(const void* base, size_t size, int device, TagId tag, Backing backing, uintptr_t slab = 0);
-  // Removes the allocation that starts at `base`; fills `removed`, the bytes it had on the host
-  // (staged included) and those it had discarded.
-  bool erase(const void* base, AllocationView* removed, size_t* host_bytes, size_t* discarded_bytes);
+  // Allocations: inserted by uvm_malloc, erased by uvm_free (the record is handed back, so that
+  // its memory can be freed with what it says; its staged pieces go back to staging with it).
+  void insert(uintptr_t base, Allocation allocation);
+  std::optional<Allocation> erase(uintptr_t base);
   // The allocation holding byte `ptr`, if any.
   bool find(const void* ptr, AllocationView* found) const;
-  // Records that [begin, end) of the allocation at `base` moved; returns the signed change in its
-  // host-resident bytes.
-  long long record_move(uintptr_t base, size_t begin, size_t end, Move move);
+  // Allocations of `device` (UVM_ANY_DEVICE: all) with `tag`; any_tag ignores the tag.
+  std::vector<AllocationView> select(int device, bool any_tag, TagId tag) const;
+
+  // Where bytes are. Records that [begin, end) of the allocation at `base` moved (nothing if it
+  // was freed meanwhile); returns the signed change in its host-resident bytes. Staged copies are
+  // not touched: unstage() drops them.
+  long long record_move(uintptr_t base, uintptr_t begin, uintptr_t end, Move move);
   // True if uvm moved every byte of the allocation at `base` off its device (offloaded, staged or
   // discarded): its device copy holds nothing anyone asked to keep.
   bool all_off_device(uintptr_t base) const;
-  // Marks whether the physical memory of the releasable allocation at `base` was given back.
-  void set_released(uintptr_t base, bool released);
-  // Allocations of `device` (UVM_ANY_DEVICE: all) with `tag`; any_tag ignores the tag.
-  std::vector<AllocationView> select(int device, bool any_tag, TagId tag) const;
+
+  // Staged copies. `pieces` (each inside one live allocation) now hold their bytes; a piece of
+  // bytes already staged replaces it. Pieces of an allocation freed meanwhile are dropped.
+  void stage(std::vector<StagedPiece> pieces);
+  // The staged pieces overlapping [begin, end), clipped to it, by address.
+  std::vector<StagedPiece> staged(uintptr_t begin, uintptr_t end) const;
+  // Drops the staged copies of [begin, end) (in any allocation); what lies outside stays staged.
+  // Returns the bytes dropped.
+  size_t unstage(uintptr_t begin, uintptr_t end);
+  // Every staged byte of every allocation.
+  size_t staged_bytes() const;
+
+  // The last move of each allocation: the distinct events the allocations at `bases` wait for,
+  // and the event that now ends the last move of each (null: nothing to wait for).
+  std::vector<EventRef> last_moves(const std::vector<uintptr_t>& bases) const;
+  void set_last_move(const std::vector<uintptr_t>& bases, const EventRef& done);
+
+  // The state of [begin, end) in the allocation holding `begin`; false if none holds it.
+  bool block_state(uintptr_t begin, uintptr_t end, BlockState* out) const;
+
+  // The physical memory of the releasable allocation at `base`, read and written under the moves
+  // lock (alloc/vmm.hpp). false if no releasable allocation starts there.
+  bool mapping(uintptr_t base, Mapping* out) const;
+  void set_mapping(uintptr_t base, const Mapping& mapping);
+
+  // Totals over the allocations of `device` (UVM_ANY_DEVICE: all) with `tag` (any_tag: any).
+  uvm_residency residency(int device, bool any_tag, TagId tag) const;
   // Bytes of managed allocations on `device` that uvm moved off it (to the host, staged or
   // discarded): the driver reclaims them when someone allocates.
   size_t reclaimable_managed_bytes(int device) const;
-  // Residency totals over the same selection, but for staged_bytes (the staging store has them).
-  uvm_residency residency(int device, bool any_tag, TagId tag) const;
-  size_t size() const;
 
  private:
-  struct Entry {
-    size_t size;
-    int device;
-    TagId tag;
-    Backing backing;
-    uintptr_t slab;
-    bool released;            // releasable only: its physical memory is given back
-    SpanSet host_spans;       // includes the staged ones
-    SpanSet discarded_spans;
-  };
-  static bool selected(const Entry& entry, int device, bool any_tag, TagId tag);
-  static AllocationView view_of(uintptr_t base, const Entry& entry);
+  static bool selected(const Allocation& allocation, int device, bool any_tag, TagId tag);
+  static AllocationView view_of(uintptr_t base, const Allocation& allocation);
+  // The record holding byte `address`, or null. Under mutex_.
+  Allocation* holding(uintptr_t address);
+  // Moves the staged pieces of `allocation` inside [begin, end) into `dropped`, keeping what lies
+  // outside; returns the bytes moved. Under mutex_; the caller lets the pieces go after unlocking
+  // (the end of a lease takes the staging store's lock).
+  static size_t unstage_locked(Allocation& allocation, uintptr_t begin, uintptr_t end,
+                               std::vector<StagedPiece>* dropped);
+
   mutable std::mutex mutex_;
-  std::map<uintptr_t, Entry> entries_;
+  std::map<uintptr_t, Allocation> allocations_;
 };
 
 // The process-wide registry (never destroyed: frees may arrive from static destructors at exit).

@@ -81,6 +81,12 @@ void record_prefetch_calls(int device, uint64_t calls) {
   a.stats.prefetch_calls += calls;
 }
 
+void record_host_change(int device, long long host_delta) {
+  Account& a = account(device);
+  std::lock_guard<std::mutex> lock(a.mutex);
+  add_host_bytes(a.stats, host_delta);
+}
+
 uvm_stats snapshot(int device) {
   Account& a = account(device);
   std::lock_guard<std::mutex> lock(a.mutex);

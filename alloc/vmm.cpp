@@ -1,8 +1,5 @@
 #include "vmm.hpp"
 
-#include <map>
-#include <mutex>
-
 #include "driver_api.hpp"
 
 namespace uvm {
@@ -34,23 +31,6 @@ const VmmApi& vmm_api() {
   return *api;
 }
 
-struct Mapping {
-  size_t reserved = 0;  // bytes of address space and of physical memory while mapped
-  int device = 0;
-  CUmemGenericAllocationHandle handle = 0;
-  bool mapped = false;
-};
-
-// Leaked on purpose, like the registry: frees may arrive from static destructors at exit.
-std::mutex& mappings_mutex() {
-  static auto* mutex = new std::mutex();
-  return *mutex;
-}
-std::map<uintptr_t, Mapping>& mappings() {
-  static auto* table = new std::map<uintptr_t, Mapping>();
-  return *table;
-}
-
 CUmemAllocationProp device_memory(int device) {
   CUmemAllocationProp prop{};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -59,14 +39,14 @@ CUmemAllocationProp device_memory(int device) {
   return prop;
 }
 
-// Creates physical memory for `m` and maps it at `base`, read-write for its device; on failure
-// nothing stays created or mapped.
-uvm_status map_physical(const Call& call, uintptr_t base, Mapping* m) {
+// Creates physical memory on `device` for `m` and maps it at `base`, read-write for that device; on
+// failure nothing stays created or mapped.
+uvm_status map_physical(const Call& call, uintptr_t base, int device, Mapping* m) {
   const VmmApi& api = vmm_api();
-  const CUmemAllocationProp prop = device_memory(m->device);
+  const CUmemAllocationProp prop = device_memory(device);
   CUmemGenericAllocationHandle handle = 0;
   if (CUresult r = api.create(&handle, m->reserved, &prop, 0)) {
-    return fail_driver(call, r, "cuMemCreate(%zu bytes on device %d)", m->reserved, m->device);
+    return fail_driver(call, r, "cuMemCreate(%zu bytes on device %d)", m->reserved, device);
   }
   if (CUresult r = api.map(base, m->reserved, 0, handle, 0)) {
     api.release(handle);
@@ -79,7 +59,7 @@ uvm_status map_physical(const Call& call, uintptr_t base, Mapping* m) {
     api.unmap(base, m->reserved);
     api.release(handle);
     return fail_driver(call, r, "cuMemSetAccess(%p, %zu bytes, device %d)", reinterpret_cast<void*>(base),
-                       m->reserved, m->device);
+                       m->reserved, device);
   }
   m->handle = handle;
   m->mapped = true;
@@ -99,18 +79,9 @@ uvm_status unmap_physical(const Call& call, uintptr_t base, Mapping* m) {
   return UVM_OK;
 }
 
-uvm_status find_mapping(const Call& call, uintptr_t base, Mapping** out) {
-  auto it = mappings().find(base);
-  if (it == mappings().end()) {
-    return fail(call, UVM_ERROR_INTERNAL, "no releasable allocation starts at %p", reinterpret_cast<void*>(base));
-  }
-  *out = &it->second;
-  return UVM_OK;
-}
-
 }  // namespace
 
-uvm_status vmm_allocate(const Call& call, size_t size, int device, void** out) {
+uvm_status vmm_allocate(const Call& call, size_t size, int device, void** out, Mapping* mapping) {
   const VmmApi& api = vmm_api();
   if (!api.available) {
     return fail(call, UVM_ERROR_UNSUPPORTED,
@@ -123,59 +94,41 @@ uvm_status vmm_allocate(const Call& call, size_t size, int device, void** out) {
     return fail_driver(call, r, "cuMemGetAllocationGranularity(device %d)", device);
   }
   Mapping m;
-  m.device = device;
   m.reserved = (size + granularity - 1) / granularity * granularity;
   CUdeviceptr base = 0;
   if (CUresult r = api.address_reserve(&base, m.reserved, granularity, 0, 0)) {
     return fail_driver(call, r, "cuMemAddressReserve(%zu bytes)", m.reserved);
   }
-  if (uvm_status s = map_physical(call, base, &m)) {
+  if (uvm_status s = map_physical(call, base, device, &m)) {
     api.address_free(base, m.reserved);
     return s;
   }
-  {
-    std::lock_guard<std::mutex> lock(mappings_mutex());
-    mappings()[base] = m;
-  }
+  *mapping = m;
   *out = reinterpret_cast<void*>(base);
   return UVM_OK;
 }
 
-uvm_status vmm_release_physical(const Call& call, uintptr_t base) {
-  std::lock_guard<std::mutex> lock(mappings_mutex());
-  Mapping* m = nullptr;
-  if (uvm_status s = find_mapping(call, base, &m)) return s;
-  return m->mapped ? unmap_physical(call, base, m) : UVM_OK;
+uvm_status vmm_unmap(const Call& call, uintptr_t base, Mapping* mapping) {
+  return mapping->mapped ? unmap_physical(call, base, mapping) : UVM_OK;
 }
 
-uvm_status vmm_restore_physical(const Call& call, uintptr_t base) {
-  std::lock_guard<std::mutex> lock(mappings_mutex());
-  Mapping* m = nullptr;
-  if (uvm_status s = find_mapping(call, base, &m)) return s;
-  return m->mapped ? UVM_OK : map_physical(call, base, m);
+uvm_status vmm_map(const Call& call, uintptr_t base, int device, Mapping* mapping) {
+  return mapping->mapped ? UVM_OK : map_physical(call, base, device, mapping);
 }
 
-bool vmm_mapped(uintptr_t base) {
-  std::lock_guard<std::mutex> lock(mappings_mutex());
-  auto it = mappings().find(base);
-  return it != mappings().end() && it->second.mapped;
-}
-
-uvm_status vmm_free(const Call& call, uintptr_t base) {
-  std::lock_guard<std::mutex> lock(mappings_mutex());
-  Mapping* m = nullptr;
-  if (uvm_status s = find_mapping(call, base, &m)) return s;
-  if (m->mapped) {
-    if (uvm_status s = unmap_physical(call, base, m)) return s;
-  } else if (m->handle != 0) {  // unmapped but its release failed before: try again
-    if (CUresult r = vmm_api().release(m->handle)) {
+uvm_status vmm_free(const Call& call, uintptr_t base, Mapping* mapping) {
+  if (mapping->mapped) {
+    if (uvm_status s = unmap_physical(call, base, mapping)) return s;
+  } else if (mapping->handle != 0) {  // unmapped but its release failed before: try again
+    if (CUresult r = vmm_api().release(mapping->handle)) {
       return fail_driver(call, r, "cuMemRelease(physical memory of %p)", reinterpret_cast<void*>(base));
     }
+    mapping->handle = 0;
   }
-  if (CUresult r = vmm_api().address_free(base, m->reserved)) {
-    return fail_driver(call, r, "cuMemAddressFree(%p, %zu bytes)", reinterpret_cast<void*>(base), m->reserved);
+  if (CUresult r = vmm_api().address_free(base, mapping->reserved)) {
+    return fail_driver(call, r, "cuMemAddressFree(%p, %zu bytes)", reinterpret_cast<void*>(base), mapping->reserved);
   }
-  mappings().erase(base);
+  mapping->reserved = 0;
   return UVM_OK;
 }
 

@@ -16,21 +16,27 @@
 
 namespace uvm {
 
+// The physical side of one releasable allocation, kept in its record (registry.hpp). Changed only
+// under the moves lock (moves.hpp), which every caller of the functions below holds, or by the
+// thread that owns the allocation alone (allocating or freeing it).
+struct Mapping {
+  size_t reserved = 0;                // bytes of address space, and of physical memory while mapped
+  unsigned long long handle = 0;      // CUmemGenericAllocationHandle of the physical memory
+  bool mapped = false;
+};
+
 // Reserves round_up(size, granularity) bytes of address space, creates physical memory on
 // `device` and maps it read-write for that device. The caller has made `device`'s context current.
-uvm_status vmm_allocate(const Call& call, size_t size, int device, void** out);
+uvm_status vmm_allocate(const Call& call, size_t size, int device, void** out, Mapping* mapping);
 
-// Unmaps and releases the physical memory of the allocation at `base` (a no-op if already
-// released). The caller has made sure no work touching it is still running.
-uvm_status vmm_release_physical(const Call& call, uintptr_t base);
+// Unmaps and releases the physical memory mapped at `base` (a no-op if it is not mapped). The
+// caller has made sure no work touching it is still running.
+uvm_status vmm_unmap(const Call& call, uintptr_t base, Mapping* mapping);
 
-// Maps new physical memory (contents undefined) at the allocation's addresses (a no-op if mapped).
-uvm_status vmm_restore_physical(const Call& call, uintptr_t base);
-
-// True if the allocation at `base` has its physical memory mapped.
-bool vmm_mapped(uintptr_t base);
+// Maps new physical memory (contents undefined) on `device` at `base` (a no-op if mapped).
+uvm_status vmm_map(const Call& call, uintptr_t base, int device, Mapping* mapping);
 
 // Releases everything of the allocation at `base`: physical memory and address range.
-uvm_status vmm_free(const Call& call, uintptr_t base);
+uvm_status vmm_free(const Call& call, uintptr_t base, Mapping* mapping);
 
 }  // namespace uvm

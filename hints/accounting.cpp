@@ -6,8 +6,7 @@ namespace uvm {
 
 void account_move(const HintRange& range, Move move, uint64_t prefetch_calls) {
   if (range.allocation == 0) return;  // stats cover uvm allocations only
-  const long long host_delta = registry().record_move(range.allocation, range.begin - range.allocation,
-                                                      range.end - range.allocation, move);
+  const long long host_delta = registry().record_move(range.allocation, range.begin, range.end, move);
   record_move(range.owner_device, range.end - range.begin, move != Move::to_device, host_delta, prefetch_calls);
 }
 

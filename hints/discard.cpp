@@ -83,10 +83,9 @@ uvm_status discard(const Call& call, Resolve&& resolve, cudaStream_t stream) {
   if (uvm_status s = wait_for_moves(call, ranges, stream)) return s;
   if (uvm_status s = discard_batch(call, ranges, stream)) return s;
   for (const HintRange& range : ranges) {
-    forget_moved_state(range.begin, range.end);  // a staged copy of these bytes is no longer wanted
     if (range.allocation == 0) continue;
-    const long long host_delta = registry().record_move(
-        range.allocation, range.begin - range.allocation, range.end - range.allocation, Move::discarded);
+    registry().unstage(range.begin, range.end);  // a staged copy of these bytes is no longer wanted
+    const long long host_delta = registry().record_move(range.allocation, range.begin, range.end, Move::discarded);
     record_discard(range.owner_device, range.end - range.begin, host_delta);
   }
   if (uvm_status s = record_moves(call, ranges, stream)) return s;

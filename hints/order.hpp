@@ -2,12 +2,12 @@
 // with an event that the next move of the same allocation waits for, whatever stream either runs
 // on: a copy back still running on uvm's worker streams must not meet a discard or a prefetch to
 // the CPU issued on another stream (the driver leaves such bytes undefined, or drops them as
-// discarded). The last move of each allocation is kept here, by its base.
+// discarded). The event lives in the allocation's record (alloc/registry.hpp) and dies with it.
 #pragma once
 
 #include <vector>
 
-#include "events.hpp"
+#include "../alloc/events.hpp"
 #include "hint_range.hpp"
 
 namespace uvm {
@@ -21,9 +21,5 @@ uvm_status record_moves(const Call& call, const std::vector<HintRange>& ranges, 
 
 // The same, with an event the caller already recorded (null: the moves have completed).
 void record_moves(const std::vector<HintRange>& ranges, const EventRef& done);
-
-// Forgets the last move of every allocation whose base lies in [begin, end) (it was freed, or its
-// address is new memory).
-void forget_last_moves(uintptr_t begin, uintptr_t end);
 
 }  // namespace uvm

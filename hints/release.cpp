@@ -28,7 +28,8 @@ uvm_status release_emptied(const Call& call, const std::vector<HintRange>& range
                            const CopiesDone& done) {
   bool stream_done = false;
   for (uintptr_t base : releasable_allocations(ranges)) {
-    if (!vmm_mapped(base) || !registry().all_off_device(base)) continue;
+    Mapping mapping;
+    if (!registry().mapping(base, &mapping) || !mapping.mapped || !registry().all_off_device(base)) continue;
     // Its own copies, when they are known (the later ones keep running meanwhile), else the stream.
     auto copies = done.find(base);
     HostPhase waiting(Phase::wait);
@@ -43,19 +44,23 @@ uvm_status release_emptied(const Call& call, const std::vector<HintRange>& range
     }
     waiting.finish(0);
     HostPhase releasing(Phase::release);
-    if (uvm_status s = vmm_release_physical(call, base)) return s;
+    const uvm_status status = vmm_unmap(call, base, &mapping);
+    registry().set_mapping(base, mapping);  // what the driver did, even half of it
+    if (status != UVM_OK) return status;
     releasing.finish(allocation_size(base));
-    registry().set_released(base, true);
   }
   return UVM_OK;
 }
 
 uvm_status restore_one(const Call& call, uintptr_t base) {
-  if (vmm_mapped(base)) return UVM_OK;
-  HostPhase mapping(Phase::map);
-  if (uvm_status s = vmm_restore_physical(call, base)) return s;
-  mapping.finish(allocation_size(base));
-  registry().set_released(base, false);
+  Mapping mapping;
+  AllocationView found;
+  if (!registry().mapping(base, &mapping) || mapping.mapped) return UVM_OK;
+  if (!registry().find(reinterpret_cast<const void*>(base), &found)) return UVM_OK;
+  HostPhase mapping_phase(Phase::map);
+  if (uvm_status s = vmm_map(call, base, found.device, &mapping)) return s;
+  registry().set_mapping(base, mapping);
+  mapping_phase.finish(found.size);
   return UVM_OK;
 }
 

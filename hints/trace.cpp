@@ -45,23 +45,6 @@ uint64_t nvtx_start(const char*) { return 0; }
 void nvtx_end(uint64_t) {}
 #endif
 
-// While alive, this thread may make the calls a capture in the global mode forbids (event queries,
-// measured to invalidate a capture on another stream on an H100): timing touches only uvm's own
-// events, never a capturing stream, so the relaxed mode is safe, and the caller's capture survives.
-class RelaxedCapture {
- public:
-  RelaxedCapture() { changed_ = clear_cuda_error(cudaThreadExchangeStreamCaptureMode(&mode_)) == cudaSuccess; }
-  ~RelaxedCapture() {
-    if (changed_) clear_cuda_error(cudaThreadExchangeStreamCaptureMode(&mode_));
-  }
-  RelaxedCapture(const RelaxedCapture&) = delete;
-  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
-
- private:
-  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
-  bool changed_ = false;
-};
-
 // A timing event recorded on `stream` now, or null.
 EventRef try_mark(cudaStream_t stream) {
   const RelaxedCapture relaxed;

@@ -15,7 +15,7 @@
 #include <memory>
 #include <vector>
 
-#include "events.hpp"
+#include "../alloc/events.hpp"
 
 namespace uvm {
 

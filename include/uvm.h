@@ -1,16 +1,17 @@
 /* uvm.h — CUDA unified-memory (managed memory) allocator with a plain C ABI.
  *
  * The whole library on one page, in the order of its folders:
- *   status and errors · allocation and tags (alloc/) · registry queries · limits · stats ·
+ *   status and errors · allocation and tags (alloc/) · blocks · registry queries · limits · stats ·
  *   capabilities · hints (hints/): prefetch, ranges, advise, discard · offload and onload ·
  *   residency queries · move reports and tracing.
  *
  * Conventions
  * - Every entry is thread-safe and never lets a C++ exception escape. Calls that move memory
- *   (prefetch, offload, onload, discard, and uvm_free forgetting an allocation) take turns on the
- *   host, and a move of an allocation waits on its stream for the previous move of that
- *   allocation, whatever stream that ran on: two threads moving the same bytes serialize. Pinning
- *   and unpinning staging memory hold no lock the moves need.
+ *   (prefetch, offload, onload, discard, uvm_free forgetting an allocation, and the block calls
+ *   changing what is kept of one) take turns on the host, and a move of an allocation waits on its
+ *   stream for the previous move of that allocation, whatever stream that ran on: two threads
+ *   moving the same bytes serialize. Pinning and unpinning staging memory hold no lock the moves
+ *   need.
  * - No call changes a byte it was not given: ranges merge only when they overlap or touch, never
  *   across a gap, however small (any byte in a gap may belong to a live tensor).
  * - Functions returning `uvm_status` return UVM_OK (0) on success. On failure they record a message
@@ -157,6 +158,29 @@ UVM_API uvm_status uvm_set_thread_tag(const char* tag);
 
 /* This thread's tag, "" when untagged. Valid for the life of the process. */
 UVM_API const char* uvm_get_thread_tag(void);
+
+/* ------------------------------------------------------------------------------------------------
+ * Blocks — for runtimes that cut their own blocks out of uvm allocations and reuse them without
+ * uvm_free. PyTorch's caching allocator does: it hands a freed tensor's block to the next tensor
+ * inside a live segment. The Python shim reports PyTorch's blocks itself; call these from any other
+ * runtime that sub-allocates, or staged bytes may outlive the block they were staged for.
+ * ---------------------------------------------------------------------------------------------- */
+
+/* The runtime handed out [ptr, ptr + size) as a new block. What uvm kept for the bytes' earlier
+ * owner is dropped: a staged host copy of them is never copied back, and they count as on the
+ * device (the new owner writes them). A move of their allocation still running is waited for, and
+ * a releasable allocation whose physical memory was given back is mapped again before this
+ * returns, so that the new owner's kernels find memory, never a fault (on failure, e.g.
+ * UVM_ERROR_OUT_OF_MEMORY, the block has none: do not hand it out). UVM_OK and nothing done for
+ * memory uvm did not allocate, or size 0; UVM_ERROR_INVALID_ARGUMENT for a block that runs past
+ * the end of its allocation. */
+UVM_API uvm_status uvm_block_allocated(const void* ptr, size_t size);
+
+/* The runtime took [ptr, ptr + size) back. A staged host copy of its bytes is dropped, never to be
+ * copied anywhere, and its pinned memory is reused once nothing else in its staging block is
+ * staged; those bytes then count as discarded. No CUDA call: UVM_OK for memory uvm did not
+ * allocate, or size 0; UVM_ERROR_INVALID_ARGUMENT for a block that runs past its allocation. */
+UVM_API uvm_status uvm_block_freed(const void* ptr, size_t size);
 
 /* ------------------------------------------------------------------------------------------------
  * Registry queries

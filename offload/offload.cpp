@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "../alloc/moves.hpp"
+#include "../alloc/registry.hpp"
 #include "../hints/accounting.hpp"
 #include "../hints/discard_batch.hpp"
 #include "../hints/order.hpp"
@@ -31,7 +32,7 @@ OffloadPieces pieces_to_move(const std::vector<HintRange>& merged, bool staging_
   for (const HintRange& range : merged) {
     const bool stage = range.releasable || (staging_wanted && range.allocation != 0);
     std::vector<Span> staged_already;
-    for (const StagedPiece& piece : staging().overlapping(range.begin, range.end)) staged_already.push_back(piece.span);
+    for (const StagedPiece& piece : registry().staged(range.begin, range.end)) staged_already.push_back(piece.span);
     for (const Span& span : subtract(Span{range.begin, range.end}, staged_already)) {
       (stage ? pieces.staged : pieces.migrated).push_back(clipped(range, span));
     }
@@ -83,10 +84,11 @@ uvm_status check_strategy_fits(const Call& call, int requested, uvm_strategy str
   return UVM_OK;
 }
 
-// Host bytes reserved in staging for the staged pieces, and the reads of them to wait for.
+// Host bytes reserved in staging for the staged pieces (a lease each: dropped unstaged, they go
+// back), and the copies still using them to wait for.
 struct Reservation {
   std::vector<Span> spans;
-  std::vector<char*> hosts;
+  std::vector<std::shared_ptr<char>> leases;
   std::vector<EventRef> reused;
 };
 
@@ -98,10 +100,10 @@ uvm_status offload_staged(const Call& call, const std::vector<HintRange>& pieces
                           cudaStream_t stream, CopiesDone* done) {
   const std::vector<Span>& spans = reserved.spans;
   // On a failure, copies already issued may still be writing into the reserved host bytes: wait for
-  // them before the bytes can be handed out again. The data stays where it was, on the device.
+  // them before the bytes can go back (with the reservation, once the caller drops it). The data
+  // stays where it was, on the device.
   auto give_up = [&](uvm_status status) {
     clear_cuda_error(cudaStreamSynchronize(stream));
-    staging().cancel(spans, reserved.hosts);
     return status;
   };
   for (const EventRef& read : reserved.reused) {
@@ -113,14 +115,14 @@ uvm_status offload_staged(const Call& call, const std::vector<HintRange>& pieces
   size_t copied_bytes = 0;
   std::vector<CopyPiece> placed;  // each piece where it lies in staging
   for (size_t i = 0; i < pieces.size(); ++i) {
-    placed.push_back(CopyPiece{spans[i], pieces[i].allocation, reserved.hosts[i], pieces[i].memory});
+    placed.push_back(CopyPiece{spans[i], pieces[i].allocation, reserved.leases[i].get(), pieces[i].memory});
   }
   const auto one_registration = [](const char* host, size_t bytes) { return staging().one_registration(host, bytes); };
   for (size_t first = 0; first < pieces.size();) {
     const size_t end = copy_run_end(placed, first, one_registration);
     const size_t bytes = spans[end - 1].end - spans[first].begin;
     const void* ptr = reinterpret_cast<const void*>(spans[first].begin);
-    if (cudaError_t e = cudaMemcpyAsync(reserved.hosts[first], ptr, bytes, cudaMemcpyDefault, stream)) {
+    if (cudaError_t e = cudaMemcpyAsync(reserved.leases[first].get(), ptr, bytes, cudaMemcpyDefault, stream)) {
       return give_up(fail_cuda(call, e, "cudaMemcpyAsync(%p → pinned staging, %zu bytes)", ptr, bytes));
     }
     copied_bytes += bytes;
@@ -138,7 +140,14 @@ uvm_status offload_staged(const Call& call, const std::vector<HintRange>& pieces
   // there is of these bytes, so it is kept even if waiting for it fails.
   EventRef written;
   const uvm_status marked = mark_or_wait(call, stream, &written);
-  staging().commit(spans, reserved.hosts, written);
+  std::vector<StagedPiece> staged;
+  std::vector<const char*> hosts;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    staged.push_back(StagedPiece{spans[i], reserved.leases[i].get(), reserved.leases[i], written});
+    hosts.push_back(reserved.leases[i].get());
+  }
+  staging().note_use(hosts, written);  // dropped before its copy ends, a piece's bytes still wait for it
+  registry().stage(std::move(staged));
   for (const HintRange& piece : pieces) account_move(piece, Move::staged, 0);
   record_moves(pieces, written);
   return marked;
@@ -151,10 +160,7 @@ uvm_status issue_offload(const Call& call, const MoveTarget& target, const Offlo
   std::vector<HintRange> all = pieces.staged;
   all.insert(all.end(), pieces.migrated.begin(), pieces.migrated.end());
   for (const HintRange& piece : all) record_move_bytes(piece.end - piece.begin);
-  if (uvm_status s = wait_for_moves(call, all, stream)) {
-    staging().cancel(reserved.spans, reserved.hosts);
-    return s;
-  }
+  if (uvm_status s = wait_for_moves(call, all, stream)) return s;  // the reservation goes back with its leases
   CopiesDone done;
   if (!pieces.staged.empty()) {
     if (uvm_status s = offload_staged(call, pieces.staged, reserved, stream, &done)) return s;
@@ -203,7 +209,7 @@ uvm_status offload_in_rounds(const Call& call, const uvm_range* ranges, size_t c
       OffloadPieces pieces = pieces_to_move(target.merged, staging_wanted);
       const std::vector<Span> wanted_now = spans_of(pieces.staged);
       Reservation reserved;
-      if (!wanted_now.empty()) staging().reserve_prefix(wanted_now, &reserved.spans, &reserved.hosts, &reserved.reused);
+      if (!wanted_now.empty()) staging().reserve_prefix(wanted_now, &reserved.spans, &reserved.leases, &reserved.reused);
       const bool all_placed = placed_bytes(reserved.spans) == placed_bytes(wanted_now);
       pieces.staged = pieces_placed(pieces.staged, reserved.spans);
       *staged = *staged || !pieces.staged.empty();

@@ -6,6 +6,7 @@
 
 #include "../alloc/cuda_compat.hpp"
 #include "../alloc/moves.hpp"
+#include "../alloc/registry.hpp"
 #include "../alloc/stats.hpp"
 #include "../hints/accounting.hpp"
 #include "../hints/order.hpp"
@@ -155,12 +156,15 @@ uvm_status join_workers(const Call& call, const Workers& workers, cudaStream_t s
   return mark_or_wait(call, stream, read);
 }
 
-// Once every copy is issued and joined: the pieces leave staging (their host bytes free once
-// `read` completes) and are accounted as back on the device.
+// Once every copy is issued and joined: the pieces are no longer staged (their host bytes go back
+// once `read` completes) and are accounted as back on the device.
 void finish_copy_back(int device, const std::vector<StagedWork>& work, const EventRef& read, uint64_t prefetches) {
+  std::vector<const char*> hosts;
+  for (const StagedWork& w : work) hosts.push_back(w.piece.host);
+  staging().note_use(hosts, read);
   std::vector<HintRange> ranges;
   for (const StagedWork& w : work) {
-    staging().release(w.piece.span.begin, w.piece.span.end, read);
+    registry().unstage(w.piece.span.begin, w.piece.span.end);
     account_move(w.range, Move::to_device, 0);
     ranges.push_back(w.range);
   }
@@ -197,7 +201,7 @@ uvm_status copy_back(const Call& call, int device, const std::vector<StagedWork>
 void split_staged(const std::vector<HintRange>& merged, std::vector<StagedWork>* staged,
                   std::vector<HintRange>* migrated) {
   for (const HintRange& range : merged) {
-    const auto pieces = staging().overlapping(range.begin, range.end);
+    const auto pieces = registry().staged(range.begin, range.end);
     std::vector<Span> staged_spans;
     for (const StagedPiece& piece : pieces) {
       staged->push_back(StagedWork{clipped(range, piece.span), piece});

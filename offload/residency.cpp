@@ -1,9 +1,8 @@
 // uvm_get_residency: where uvm last put the bytes of a set of allocations. uvm_mem_get_info: the
 // driver's free memory and what uvm knows is reclaimable. uvm_get_staged_copy: the host copy of
 // staged bytes.
-#include "../alloc/moves.hpp"
+#include "../alloc/registry.hpp"
 #include "../hints/hint_range.hpp"
-#include "staging.hpp"
 
 namespace uvm {
 namespace {
@@ -18,11 +17,7 @@ uvm_status residency(const Call& call, int device, const char* tag, uvm_residenc
     *out = uvm_residency{};  // a tag never set: nothing carries it
     return UVM_OK;
   }
-  const auto moves = lock_moves();  // the registry and the staging store as one state
   *out = registry().residency(device, tag == nullptr, id);
-  for (const AllocationView& allocation : registry().select(device, tag == nullptr, id)) {
-    out->staged_bytes += staging().staged_bytes_in(allocation.base, allocation.base + allocation.size);
-  }
   return UVM_OK;
 }
 
@@ -46,7 +41,7 @@ uvm_status staged_copy(const Call& call, const void* ptr, size_t size, const voi
   if (uvm_status s = resolve_range(call, ptr, size, &range)) return s;
   // One piece, or pieces that follow each other on the device and in host memory alike (a first
   // offload cuts a tensor where the steps of its pinning end).
-  const auto pieces = staging().overlapping(range.begin, range.end);
+  const auto pieces = registry().staged(range.begin, range.end);
   if (pieces.empty() || pieces.front().span.begin != range.begin || pieces.back().span.end != range.end) return UVM_OK;
   for (size_t i = 1; i < pieces.size(); ++i) {
     const bool follows = pieces[i].span.begin == pieces[i - 1].span.end &&

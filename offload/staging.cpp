@@ -4,7 +4,7 @@
 #include <thread>
 
 #include "../alloc/devices.hpp"
-#include "../alloc/moves.hpp"
+#include "../alloc/registry.hpp"
 #include "../hints/trace.hpp"
 #include "pinned.hpp"
 
@@ -83,28 +83,19 @@ uvm_status Staging::ensure_capacity(const Call& call, const std::vector<Span>& s
   return UVM_OK;
 }
 
-bool Staging::reserve(const std::vector<Span>& spans, std::vector<char*>* hosts, std::vector<EventRef>* wait_for) {
-  {
+std::shared_ptr<char> Staging::lend(const std::shared_ptr<Block>& block, char* host, size_t bytes) {
+  block->live += bytes;
+  return std::shared_ptr<char>(host, [this, block, bytes](char*) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (unplaced_bytes(spans) != 0) return false;
-  }
-  std::vector<Span> placed;
-  reserve_prefix(spans, &placed, hosts, wait_for);
-  const bool whole = placed.size() == spans.size() &&
-                     std::equal(placed.begin(), placed.end(), spans.begin(), [](const Span& a, const Span& b) {
-                       return a.begin == b.begin && a.end == b.end;
-                     });
-  if (whole) return true;
-  cancel(placed, *hosts);  // cut, or the room went meanwhile
-  hosts->clear();
-  return false;
+    block->live -= bytes;
+  });
 }
 
-void Staging::reserve_prefix(const std::vector<Span>& spans, std::vector<Span>* placed, std::vector<char*>* hosts,
-                             std::vector<EventRef>* wait_for) {
-  std::lock_guard<std::mutex> lock(mutex_);
+void Staging::reserve_prefix(const std::vector<Span>& spans, std::vector<Span>* placed,
+                             std::vector<std::shared_ptr<char>>* leases, std::vector<EventRef>* wait_for) {
   placed->clear();
-  hosts->clear();
+  leases->clear();  // before the lock: a lease dropped here takes it
+  std::lock_guard<std::mutex> lock(mutex_);
   for (auto& block : blocks_) {
     if (block->live == 0) block->used = 0;  // rewind: its readers are waited for below
   }
@@ -115,9 +106,8 @@ void Staging::reserve_prefix(const std::vector<Span>& spans, std::vector<Span>* 
   auto place = [&](size_t b, const Span& span) {
     Block& block = *blocks_[b];
     placed->push_back(span);
-    hosts->push_back(block.memory.host + block.used);
+    leases->push_back(lend(blocks_[b], block.memory.host + block.used, span.size()));
     block.used += aligned(span.size());
-    block.live += span.size();
     if (std::find(touched.begin(), touched.end(), blocks_[b]) == touched.end()) touched.push_back(blocks_[b]);
   };
   // First fit by the whole span, as unplaced_bytes counts: a block pinned in steps takes a span
@@ -173,64 +163,17 @@ bool Staging::wait_for_pinning() {
   return true;
 }
 
-void Staging::cancel(const std::vector<Span>& spans, const std::vector<char*>& hosts) {
+void Staging::note_use(const std::vector<const char*>& hosts, const EventRef& use) {
+  if (!use) return;  // complete already
   std::lock_guard<std::mutex> lock(mutex_);
-  for (size_t i = 0; i < spans.size(); ++i) {
-    if (auto block = block_holding(hosts[i])) block->live -= spans[i].size();
+  std::vector<Block*> noted;
+  for (const char* host : hosts) {
+    const auto block = block_holding(host);
+    if (!block || std::find(noted.begin(), noted.end(), block.get()) != noted.end()) continue;
+    noted.push_back(block.get());
+    prune(&block->reads);
+    block->reads.push_back(use);
   }
-}
-
-void Staging::commit(const std::vector<Span>& spans, const std::vector<char*>& hosts, EventRef written) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  for (size_t i = 0; i < spans.size(); ++i) {
-    release_locked(spans[i].begin, spans[i].end, nullptr);  // a racing offload of the same bytes
-    entries_[spans[i].begin] = Entry{spans[i].end, hosts[i], block_holding(hosts[i]), written};
-  }
-}
-
-std::vector<StagedPiece> Staging::overlapping(uintptr_t begin, uintptr_t end) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  std::vector<StagedPiece> pieces;
-  auto it = entries_.upper_bound(begin);
-  if (it != entries_.begin() && std::prev(it)->second.end > begin) --it;
-  for (; it != entries_.end() && it->first < end; ++it) {
-    const uintptr_t from = std::max(begin, it->first);
-    const uintptr_t to = std::min(end, it->second.end);
-    pieces.push_back(StagedPiece{Span{from, to}, it->second.host + (from - it->first), it->second.written});
-  }
-  return pieces;
-}
-
-void Staging::release(uintptr_t begin, uintptr_t end, const EventRef& read) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  release_locked(begin, end, read);
-}
-
-void Staging::release_locked(uintptr_t begin, uintptr_t end, const EventRef& read) {
-  auto it = entries_.upper_bound(begin);
-  if (it != entries_.begin() && std::prev(it)->second.end > begin) --it;
-  while (it != entries_.end() && it->first < end) {
-    const uintptr_t entry_begin = it->first;
-    const Entry entry = it->second;
-    it = entries_.erase(it);
-    const uintptr_t from = std::max(begin, entry_begin);
-    const uintptr_t to = std::min(end, entry.end);
-    give_back(*entry.block, to - from, read);
-    // A copy into staging may still be running (offload, then discard or free at once): the bytes
-    // are not reusable before it ends either.
-    if (entry.written) entry.block->reads.push_back(entry.written);
-    // Whatever lies outside [begin, end) stays staged.
-    if (entry_begin < from) entries_[entry_begin] = Entry{from, entry.host, entry.block, entry.written};
-    if (to < entry.end) {
-      it = entries_.emplace(to, Entry{entry.end, entry.host + (to - entry_begin), entry.block, entry.written}).first;
-      ++it;
-    }
-  }
-}
-
-void Staging::give_back(Block& block, size_t bytes, const EventRef& read) {
-  block.live -= bytes;
-  if (read) block.reads.push_back(read);
 }
 
 std::shared_ptr<Staging::Block> Staging::block_holding(const char* host) const {
@@ -361,17 +304,9 @@ size_t Staging::capacity_bytes() const {
   return total;
 }
 
-size_t Staging::staged_bytes() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  size_t total = 0;
-  for (const auto& [begin, entry] : entries_) total += entry.end - begin;
-  return total;
-}
-
 uvm_staging_info Staging::info() const {
   uvm_staging_info info{};
-  std::lock_guard<std::mutex> lock(mutex_);  // one snapshot: staged bytes and blocks together
-  for (const auto& [begin, entry] : entries_) info.staged_bytes += entry.end - begin;
+  std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& block : blocks_) {
     const PinnedMemory& memory = block->memory;
     info.capacity_bytes += memory.bytes;
@@ -391,12 +326,6 @@ uvm_staging_info Staging::info() const {
   }
   info.configured_kind = static_cast<int>(configured_pinned_kind());
   return info;
-}
-
-size_t Staging::staged_bytes_in(uintptr_t begin, uintptr_t end) const {
-  size_t total = 0;
-  for (const StagedPiece& piece : overlapping(begin, end)) total += piece.span.size();
-  return total;
 }
 
 bool Staging::one_registration(const char* host, size_t bytes) const {
@@ -421,7 +350,7 @@ uvm_status uvm_get_staging(size_t* capacity_bytes, size_t* staged_bytes) {
   const uvm::Call call = uvm::Call::of("uvm_get_staging");
   return uvm::guarded(call, [&] {
     if (capacity_bytes) *capacity_bytes = uvm::staging().capacity_bytes();
-    if (staged_bytes) *staged_bytes = uvm::staging().staged_bytes();
+    if (staged_bytes) *staged_bytes = uvm::registry().staged_bytes();
     return UVM_OK;
   });
 }
@@ -431,6 +360,7 @@ uvm_status uvm_get_staging_info(uvm_staging_info* info) {
   return uvm::guarded(call, [&] {
     if (info == nullptr) return uvm::fail(call, UVM_ERROR_INVALID_ARGUMENT, "info is NULL");
     *info = uvm::staging().info();
+    info->staged_bytes = uvm::registry().staged_bytes();
     return UVM_OK;
   });
 }

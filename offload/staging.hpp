@@ -1,58 +1,46 @@
-// uvm's pinned host staging memory for staged offload: blocks of pinned memory handed out by bump
-// allocation, and the one record of what is staged where (the map from device byte ranges to the
-// host bytes that hold their data). Residency, offload, onload, discard and free all read it here.
+// uvm's pinned host staging memory for staged offload: blocks of pinned memory whose bytes are lent
+// by bump allocation. What is staged where is not kept here but in each allocation's record
+// (alloc/registry.hpp): a staged piece holds a lease on the host bytes it lives in, and the bytes
+// go back to their block when the last piece holding the lease is dropped (onloaded, discarded,
+// freed, or its block handed to a new owner).
 //
 // Pinned memory is slow to allocate (0.25 s for 4 GiB on an H100 the way pinned.hpp does it, 2.1 s
 // with cudaHostAlloc), so blocks are kept and reused across offload/onload cycles, and an
-// offload's new block is pinned in steps that its copies use as each is done. A block's bump pointer rewinds once nothing in it is staged; the
-// next writer then waits, on its stream, for every copy that was still reading the block.
+// offload's new block is pinned in steps that its copies use as each is done. A block's bump
+// pointer rewinds once no lease on it is held; the next writer then waits, on its stream, for every
+// copy that may still use the block (copies into it that were still running when their pieces were
+// dropped, and copies out of it).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <condition_variable>
 #include <cstddef>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <vector>
 
 #include "../alloc/errors.hpp"
+#include "../alloc/events.hpp"
 #include "../alloc/span_set.hpp"
-#include "../hints/events.hpp"
 #include "pinned.hpp"
 
 namespace uvm {
 
-// A staged piece of managed memory: its bytes are at `host` once `written` has completed.
-struct StagedPiece {
-  Span span;
-  char* host = nullptr;
-  EventRef written;
-};
-
 class Staging {
  public:
-  // Host bytes for each span (same order) in the free tails of the existing blocks, and in
-  // `wait_for` the reads the writer must wait for. False, reserving nothing, if they are too small:
-  // the caller then lets go of its locks and grows the store (ensure_capacity) first.
-  bool reserve(const std::vector<Span>& spans, std::vector<char*>* hosts, std::vector<EventRef>* wait_for);
-  // Like reserve, for the longest leading run of `spans` that fits in memory already pinned (a
-  // block being pinned in steps offers its steps done), in `placed` with its host bytes in `hosts`:
-  // in a block pinned in steps a span is cut where a step ends, since one copy may not cross two
-  // registrations (cudaErrorInvalidValue on an H100), so `placed` may hold a span's first parts.
-  void reserve_prefix(const std::vector<Span>& spans, std::vector<Span>* placed, std::vector<char*>* hosts,
-                      std::vector<EventRef>* wait_for);
-  // Gives back a reservation that was never committed.
-  void cancel(const std::vector<Span>& spans, const std::vector<char*>& hosts);
-  // The spans now hold data, complete when `written` completes (null: already complete).
-  void commit(const std::vector<Span>& spans, const std::vector<char*>& hosts, EventRef written);
-  // The staged pieces overlapping [begin, end), clipped to it, by address.
-  std::vector<StagedPiece> overlapping(uintptr_t begin, uintptr_t end) const;
-  // Forgets what is staged in [begin, end); its host bytes are free once `read` (may be null)
-  // completes.
-  void release(uintptr_t begin, uintptr_t end, const EventRef& read);
-  // Allocates, without holding any lock, the pinned block a reserve() of `spans` would have to add,
+  // Host bytes for the longest leading run of `spans` that fits in memory already pinned (a block
+  // being pinned in steps offers its steps done), in `placed`, each with a lease on its host bytes
+  // in `leases` (the bytes are at leases[i].get()), and in `wait_for` the copies the writer must
+  // wait for before it writes them. In a block pinned in steps a span is cut where a step ends,
+  // since one copy may not cross two registrations (cudaErrorInvalidValue on an H100), so `placed`
+  // may hold a span's first parts. Dropping a lease that was never staged gives its bytes back.
+  void reserve_prefix(const std::vector<Span>& spans, std::vector<Span>* placed,
+                      std::vector<std::shared_ptr<char>>* leases, std::vector<EventRef>* wait_for);
+  // The bytes at `hosts` are used by GPU work that ends with `use` (a copy into them or out of
+  // them): the blocks holding them are not handed out again before it completes.
+  void note_use(const std::vector<const char*>& hosts, const EventRef& use);
+  // Allocates, without holding any lock, the pinned block a reservation of `spans` would have to add,
   // so that pinning memory (seconds for many GiB) blocks no other uvm call.
   // Growers take turns (growth_mutex_), so that an offload waiting for a reservation in progress
   // uses its block instead of allocating one of its own.
@@ -90,11 +78,8 @@ class Staging {
     Staging& store_;
   };
   size_t capacity_bytes() const;
-  size_t staged_bytes() const;
-  // The held memory by kind (uvm_get_staging_info).
+  // The held memory by kind (uvm_get_staging_info), but for staged_bytes (the registry has them).
   uvm_staging_info info() const;
-  // The staged bytes inside [begin, end).
-  size_t staged_bytes_in(uintptr_t begin, uintptr_t end) const;
   // Whether [host, host + bytes) lies in one block and, for a block pinned in steps, one step: one
   // copy may then reach all of it (a copy across two host registrations fails on an H100).
   bool one_registration(const char* host, size_t bytes) const;
@@ -103,15 +88,9 @@ class Staging {
   struct Block {
     PinnedMemory memory;  // how it was pinned, and how far a pinning in steps has come
     size_t used = 0;  // bump pointer
-    size_t live = 0;  // bytes reserved or staged
+    size_t live = 0;  // bytes lent and not given back
     int device = 0;   // current when it was allocated; freed in that device's context
-    std::vector<EventRef> reads;  // copies out of this block that may still run
-  };
-  struct Entry {
-    uintptr_t end;
-    char* host;
-    std::shared_ptr<Block> block;
-    EventRef written;
+    std::vector<EventRef> reads;  // copies into or out of this block that may still run
   };
   std::shared_ptr<Block> block_holding(const char* host) const;
   // The bytes of `spans` no block can take (first fit); `pinning_done` counts blocks being pinned
@@ -119,8 +98,8 @@ class Staging {
   size_t unplaced_bytes(const std::vector<Span>& spans, bool pinning_done = false) const;
   static uvm_status new_block(const Call& call, size_t bytes, bool in_steps, std::shared_ptr<Block>* out);
   static uvm_status free_block(const Call& call, const Block& block);
-  void release_locked(uintptr_t begin, uintptr_t end, const EventRef& read);
-  static void give_back(Block& block, size_t bytes, const EventRef& read);
+  // A lease on [host, host + bytes) of `block`: the bytes count as lent until it is dropped.
+  std::shared_ptr<char> lend(const std::shared_ptr<Block>& block, char* host, size_t bytes);
   uvm_status free_unused_now(const Call& call);
   // Where a block pinned in steps could be cut: its bytes past the step that holds its bump
   // pointer, 0 for none (still pinning, a step failed, or nothing to cut). Under mutex_.
@@ -135,7 +114,6 @@ class Staging {
   mutable std::mutex mutex_;
   std::mutex growth_mutex_;  // held across pinning by ensure_capacity only; never with mutex_ waiting on it
   std::vector<std::shared_ptr<Block>> blocks_;
-  std::map<uintptr_t, Entry> entries_;  // by begin; disjoint
   int room_claims_ = 0;                  // RoomClaims alive
   bool step_pinning_failed_ = false;     // then growth pins at once
   bool freeing_in_background_ = false;   // a free_unused_in_background thread runs

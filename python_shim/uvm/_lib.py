@@ -94,6 +94,8 @@ SIGNATURES = {
     "uvm_get_default_advice": (_int, []),
     "uvm_set_thread_tag": (_int, [ctypes.c_char_p]),
     "uvm_get_thread_tag": (ctypes.c_char_p, []),
+    "uvm_block_allocated": (_int, [_ptr, _size]),
+    "uvm_block_freed": (_int, [_ptr, _size]),
     "uvm_is_managed": (_int, [_ptr]),
     "uvm_allocation_info": (_int, [_ptr, ctypes.POINTER(_ptr), ctypes.POINTER(_size), ctypes.POINTER(_int)]),
     "uvm_allocation_ranges": (_int, [_int, ctypes.c_char_p, ctypes.POINTER(Range), _size, ctypes.POINTER(_size)]),

@@ -81,6 +81,12 @@ void release_held();
 // Forgets the op log only.
 void reset_ops();
 
+// From now on, events recorded stay not reached (cudaEventQuery: cudaErrorNotReady) until
+// cudaEventSynchronize waits for them, as if the GPU were still running the work before them;
+// false: recorded events complete at once again. reset() sets it back to false.
+void set_events_pending(bool pending_from_now);
+bool event_pending(cudaEvent_t event);
+
 // Marks a stream as being captured in the global mode (cudaStreamIsCapturing reports Active).
 // While any is, event queries and waits from a thread whose capture mode is not relaxed
 // (cudaThreadExchangeStreamCaptureMode) fail and invalidate the capture, as on the driver.

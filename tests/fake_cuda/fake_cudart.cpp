@@ -59,6 +59,10 @@ struct World {
   std::map<void*, size_t> pinned;  // mmap'ed, so a 256 MiB block costs only the pages touched
   std::map<void*, size_t> registered;  // the caller's memory, pinned by cudaHostRegister
   std::set<cudaEvent_t> live_events;
+  // Events recorded while events_pending is set are not reached yet: cudaEventQuery says
+  // cudaErrorNotReady until cudaEventSynchronize waits for one (the work before it "runs" then).
+  bool events_pending = false;
+  std::set<cudaEvent_t> pending_events;
   // Events with timing (cudaEventCreate) and where each was recorded on a virtual clock, in
   // microseconds, that every logged op advances (see advance()).
   std::set<cudaEvent_t> timing_events;
@@ -506,8 +510,20 @@ void reset() {
   w.injected.clear();
   w.capturing.clear();
   w.capture_invalidated = false;
+  w.events_pending = false;
+  w.pending_events.clear();
   for (bool& created : w.context_created) created = false;
   pending = cudaSuccess;
+}
+
+void set_events_pending(bool pending_from_now) {
+  std::lock_guard<std::mutex> lock(world().mutex);
+  world().events_pending = pending_from_now;
+}
+
+bool event_pending(cudaEvent_t event) {
+  std::lock_guard<std::mutex> lock(world().mutex);
+  return world().pending_events.count(event) != 0;
 }
 
 void fail_next(const std::string& call_name, cudaError_t error) {
@@ -990,6 +1006,8 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (!w.live_events.count(event)) return set_error(cudaErrorInvalidResourceHandle);
   log(w, timing ? fake::OpKind::timing_mark : fake::OpKind::event_record, event, 0, -2, stream);
   w.recorded_at[event] = w.clock_us;
+  if (w.events_pending) w.pending_events.insert(event);
+  else w.pending_events.erase(event);
   return cudaSuccess;
 }
 
@@ -1021,7 +1039,8 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   std::lock_guard<std::mutex> lock(w.mutex);
   ensure_context(w);
   if (unsafe_during_capture(w)) return set_error(cudaErrorStreamCaptureUnsupported);
-  return w.live_events.count(event) ? cudaSuccess : set_error(cudaErrorInvalidResourceHandle);
+  if (!w.live_events.count(event)) return set_error(cudaErrorInvalidResourceHandle);
+  return w.pending_events.count(event) ? cudaErrorNotReady : cudaSuccess;  // NotReady is no error
 }
 
 cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
@@ -1036,6 +1055,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     cudaError_t error;
     if (injected(w, "cudaEventSynchronize", &error)) return error;
     log(w, fake::OpKind::event_sync, event, 0, -2, nullptr);
+    w.pending_events.erase(event);
   }
   return cudaEventQuery(event);
 }

@@ -1,5 +1,5 @@
-// The staging store (offload/staging.cpp): the one record of what is staged where, and pinned
-// memory that is allocated and freed with no lock held that other calls need.
+// The staging store (offload/staging.cpp): pinned memory lent by leases, allocated and freed with
+// no lock held that other calls need.
 #include <chrono>
 #include <cstring>
 #include <future>
@@ -28,58 +28,75 @@ bool finishes_in_time(Body body, Unblock unblock, int seconds = 2) {
 }
 }  // namespace
 
-TEST_CASE("the store reserves only what fits, clips and splits what is staged, frees only empty blocks", "[staging]") {
+TEST_CASE("the store lends only pinned room, gives bytes back with the last lease, frees only empty blocks", "[staging]") {
   FakeMachine machine;
   uvm::Staging store;
-  const std::vector<uvm::Span> spans = {span_at(0x10000000, 100 * kMiB), span_at(0x40000000, 200 * kMiB)};
-  std::vector<char*> hosts;
+  const std::vector<uvm::Span> spans = {span_at(0x10000000, 100 * kMiB), span_at(0x40000000, 100 * kMiB)};
+  std::vector<uvm::Span> placed;
+  std::vector<std::shared_ptr<char>> leases;
   std::vector<uvm::EventRef> reads;
-  CHECK_FALSE(store.reserve(spans, &hosts, &reads));  // no room yet: nothing reserved, nothing allocated
+  store.reserve_prefix(spans, &placed, &leases, &reads);
+  CHECK(placed.empty());  // no room yet: nothing lent, nothing allocated
   CHECK(store.capacity_bytes() == 0);
   REQUIRE(store.ensure_capacity(kCall, spans) == UVM_OK);
-  CHECK(store.capacity_bytes() >= 300 * kMiB);
-  REQUIRE(store.reserve(spans, &hosts, &reads));
-  REQUIRE(hosts.size() == 2);
-  CHECK((hosts[1] >= hosts[0] + 100 * kMiB || hosts[0] >= hosts[1] + 200 * kMiB));  // disjoint
-  store.commit(spans, hosts, nullptr);
-  CHECK(store.staged_bytes() == 300 * kMiB);
-  CHECK(store.staged_bytes_in(spans[0].begin, spans[0].end) == 100 * kMiB);
-  CHECK(store.staged_bytes_in(spans[0].begin + kMiB, spans[0].begin + 3 * kMiB) == 2 * kMiB);
+  CHECK(store.capacity_bytes() == 256 * kMiB);  // the smallest block
+  store.reserve_prefix(spans, &placed, &leases, &reads);
+  REQUIRE(placed.size() == 2);
+  REQUIRE(leases.size() == 2);
+  char* first = leases[0].get();
+  char* second = leases[1].get();
+  CHECK((second >= first + 100 * kMiB || first >= second + 100 * kMiB));  // disjoint
 
-  // Forgetting the middle of a staged span leaves the two ends, each with its own host bytes.
-  store.release(spans[0].begin + 4096, spans[0].begin + 8192, nullptr);
-  const auto pieces = store.overlapping(spans[0].begin, spans[0].end);
-  REQUIRE(pieces.size() == 2);
-  CHECK(pieces[0].span.begin == spans[0].begin);
-  CHECK(pieces[0].span.end == spans[0].begin + 4096);
-  CHECK(pieces[0].host == hosts[0]);
-  CHECK(pieces[1].span.begin == spans[0].begin + 8192);
-  CHECK(pieces[1].host == hosts[0] + 8192);
-  CHECK(store.staged_bytes_in(spans[0].begin, spans[0].end) == 100 * kMiB - 4096);
-
-  // A block that holds staged bytes is kept; once it holds none it goes.
+  // A block with a lease out is kept, and does not rewind: the next reservation gets other bytes.
   const size_t capacity = store.capacity_bytes();
   REQUIRE(store.free_unused(kCall) == UVM_OK);
   CHECK(store.capacity_bytes() == capacity);
-  store.release(spans[0].begin, spans[1].end, nullptr);
-  CHECK(store.staged_bytes() == 0);
+  std::shared_ptr<char> kept = leases[0];  // a piece still staged in the first lease
+  leases.clear();
+  std::vector<uvm::Span> again;
+  std::vector<std::shared_ptr<char>> later;
+  store.reserve_prefix({span_at(0x70000000, kMiB)}, &again, &later, &reads);
+  REQUIRE(later.size() == 1);
+  CHECK(later[0].get() != first);
+  later.clear();
+
+  // Once the last lease is dropped the block holds nothing: it rewinds, and free_unused frees it.
+  kept.reset();
+  store.reserve_prefix({span_at(0x70000000, kMiB)}, &again, &later, &reads);
+  REQUIRE(later.size() == 1);
+  CHECK(later[0].get() == std::min(first, second));
+  later.clear();
   REQUIRE(store.free_unused(kCall) == UVM_OK);
   CHECK(store.capacity_bytes() == 0);
 }
 
-TEST_CASE("a cancelled reservation leaves its room to the next", "[staging]") {
+TEST_CASE("a rewound block makes its next writer wait for every use noted on it", "[staging]") {
   FakeMachine machine;
   uvm::Staging store;
   const std::vector<uvm::Span> spans = {span_at(0x10000000, 200 * kMiB)};
   REQUIRE(store.ensure_capacity(kCall, spans) == UVM_OK);
-  std::vector<char*> first, second;
+  std::vector<uvm::Span> placed;
+  std::vector<std::shared_ptr<char>> first, second;
   std::vector<uvm::EventRef> reads;
-  REQUIRE(store.reserve(spans, &first, &reads));
-  CHECK_FALSE(store.reserve(spans, &second, &reads));  // 256 MiB hold one 200 MiB span, not two
-  store.cancel(spans, first);
-  REQUIRE(store.reserve(spans, &second, &reads));
-  CHECK(second[0] == first[0]);  // the block rewound: the same bytes again
-  store.cancel(spans, second);
+  store.reserve_prefix(spans, &placed, &first, &reads);
+  REQUIRE(first.size() == 1);
+  CHECK(reads.empty());
+  store.reserve_prefix(spans, &placed, &second, &reads);
+  CHECK(second.empty());  // 256 MiB hold one 200 MiB span, not two
+  fake::set_events_pending(true);  // the copy is still running
+  const uvm::EventRef copy = uvm::try_record(fake::make_stream());
+  fake::set_events_pending(false);
+  REQUIRE(copy);
+  store.note_use({first[0].get()}, copy);  // a copy into the bytes, still running when they go back
+  char* bytes = first[0].get();
+  first.clear();
+  store.reserve_prefix(spans, &placed, &second, &reads);
+  REQUIRE(second.size() == 1);
+  CHECK(second[0].get() == bytes);  // the block rewound: the same bytes again...
+  REQUIRE(reads.size() == 1);
+  CHECK(reads[0] == copy);  // ...once the copy that used them is done
+  second.clear();
+  REQUIRE(cudaEventSynchronize(copy->handle) == cudaSuccess);
   REQUIRE(store.free_unused(kCall) == UVM_OK);
 }
 

@@ -1,6 +1,6 @@
 #include "events.hpp"
 
-#include "../alloc/devices.hpp"
+#include "devices.hpp"
 
 namespace uvm {
 namespace {

@@ -6,7 +6,7 @@
 
 #include <memory>
 
-#include "../alloc/errors.hpp"
+#include "errors.hpp"
 
 namespace uvm {
 
@@ -38,5 +38,22 @@ uvm_status record_event(const Call& call, cudaStream_t stream, EventRef* out);
 // the stream instead and gives null ("already complete"), recording no error; fails only if that
 // wait fails.
 uvm_status mark_or_wait(const Call& call, cudaStream_t stream, EventRef* out);
+
+// While alive, this thread may make the calls a capture in the global mode forbids (event queries
+// and waits, measured to invalidate a capture on another stream on an H100). For calls that touch
+// only uvm's own events and memory, never a capturing stream: the caller's capture survives.
+class RelaxedCapture {
+ public:
+  RelaxedCapture() { changed_ = clear_cuda_error(cudaThreadExchangeStreamCaptureMode(&mode_)) == cudaSuccess; }
+  ~RelaxedCapture() {
+    if (changed_) clear_cuda_error(cudaThreadExchangeStreamCaptureMode(&mode_));
+  }
+  RelaxedCapture(const RelaxedCapture&) = delete;
+  RelaxedCapture& operator=(const RelaxedCapture&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+  bool changed_ = false;
+};
 
 }  // namespace uvm

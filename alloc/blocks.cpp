@@ -1,0 +1,107 @@
+// uvm_block_allocated and uvm_block_freed: the lifetimes of blocks a runtime cuts out of uvm
+// allocations and reuses without uvm_free (PyTorch's caching allocator hands a freed tensor's block
+// to the next tensor inside a live segment). Staged bytes belong to a block's lifetime, not to an
+// address: a new block never receives what was staged for the block before it.
+#include "devices.hpp"
+#include "events.hpp"
+#include "moves.hpp"
+#include "registry.hpp"
+#include "stats.hpp"
+#include "vmm.hpp"
+
+namespace uvm {
+namespace {
+
+uvm_status check_block(const Call& call, const void* ptr, size_t size, const BlockState& state) {
+  const auto begin = reinterpret_cast<uintptr_t>(ptr);
+  const AllocationView& allocation = state.allocation;
+  if (size > allocation.base + allocation.size - begin) {
+    return fail(call, UVM_ERROR_INVALID_ARGUMENT,
+                "the block ends %zu bytes past the end of its uvm allocation (%p, %zu bytes)",
+                static_cast<size_t>(begin + size - allocation.base - allocation.size),
+                reinterpret_cast<void*>(allocation.base), allocation.size);
+  }
+  return UVM_OK;
+}
+
+// Waits on the host for the allocation's last move, so that no copy or discard of the block's
+// earlier owner lands on what its new owner writes (the runtime gives no stream to order on). A
+// capture on this thread's stream stays valid: the wait touches only uvm's event.
+uvm_status wait_for_last_move(const Call& call, const BlockState& state) {
+  if (!state.last_move) return UVM_OK;
+  const RelaxedCapture relaxed;
+  if (cudaError_t e = cudaEventSynchronize(state.last_move->handle)) {
+    return fail_cuda(call, e, "cudaEventSynchronize (the last move of the allocation at %p)",
+                     reinterpret_cast<void*>(state.allocation.base));
+  }
+  return UVM_OK;
+}
+
+// Maps physical memory again under a released allocation, in its device's context.
+uvm_status map_released(const Call& call, const AllocationView& allocation) {
+  Mapping mapping;
+  if (!registry().mapping(allocation.base, &mapping) || mapping.mapped) return UVM_OK;
+  ContextScope scope;
+  if (uvm_status s = scope.enter(call, allocation.device, ContextScope::When::always)) return s;
+  const RelaxedCapture relaxed;
+  const uvm_status status = vmm_map(call, allocation.base, allocation.device, &mapping);
+  registry().set_mapping(allocation.base, mapping);
+  return status;
+}
+
+uvm_status block_allocated(const Call& call, const void* ptr, size_t size) {
+  const auto begin = reinterpret_cast<uintptr_t>(ptr), end = begin + size;
+  BlockState state;
+  if (!registry().block_state(begin, end, &state)) return UVM_OK;  // not uvm's memory
+  if (uvm_status s = check_block(call, ptr, size, state)) return s;
+  if (!state.staged && !state.moved && !state.released && !state.last_move) return UVM_OK;
+  const auto moves = lock_moves();
+  if (!registry().block_state(begin, end, &state)) return UVM_OK;  // freed meanwhile
+  if (uvm_status s = wait_for_last_move(call, state)) return s;
+  const AllocationView& allocation = state.allocation;
+  registry().set_last_move({allocation.base}, nullptr);  // complete: the next block need not wait
+  registry().unstage(begin, end);
+  const long long host_delta = registry().record_move(allocation.base, begin, end, Move::to_device);
+  record_host_change(allocation.device, host_delta);
+  return state.released ? map_released(call, allocation) : UVM_OK;
+}
+
+uvm_status block_freed(const Call& call, const void* ptr, size_t size) {
+  const auto begin = reinterpret_cast<uintptr_t>(ptr), end = begin + size;
+  BlockState state;
+  if (!registry().block_state(begin, end, &state)) return UVM_OK;  // not uvm's memory
+  if (uvm_status s = check_block(call, ptr, size, state)) return s;
+  if (!state.staged) return UVM_OK;
+  const auto moves = lock_moves();
+  // The staged bytes had no other copy: they are discarded, as far as anyone can tell.
+  long long host_delta = 0;
+  for (const StagedPiece& piece : registry().staged(begin, end)) {
+    host_delta += registry().record_move(state.allocation.base, piece.span.begin, piece.span.end, Move::discarded);
+  }
+  registry().unstage(begin, end);
+  record_host_change(state.allocation.device, host_delta);
+  return UVM_OK;
+}
+
+}  // namespace
+}  // namespace uvm
+
+extern "C" {
+
+uvm_status uvm_block_allocated(const void* ptr, size_t size) {
+  const uvm::Call call = uvm::Call::of("uvm_block_allocated").with_ptr(ptr).with_size(size);
+  return uvm::guarded(call, [&] {
+    if (ptr == nullptr || size == 0) return UVM_OK;
+    return uvm::block_allocated(call, ptr, size);
+  });
+}
+
+uvm_status uvm_block_freed(const void* ptr, size_t size) {
+  const uvm::Call call = uvm::Call::of("uvm_block_freed").with_ptr(ptr).with_size(size);
+  return uvm::guarded(call, [&] {
+    if (ptr == nullptr || size == 0) return UVM_OK;
+    return uvm::block_freed(call, ptr, size);
+  });
+}
+
+}  // extern "C"

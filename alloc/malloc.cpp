@@ -144,7 +144,7 @@ uvm_status release(const Call& call, void* ptr, size_t size, int device) {
     return fail(call, UVM_ERROR_NOT_MANAGED,
                 "pointer was not allocated by uvm_malloc (or was already freed); not freed");
   }
-  const size_t moved_off = found->host.total() + found->discarded.total();
+  const size_t moved_off = found->host.total() + found->discarded.total() + found->marked.total();
   record_free(found->device, found->size, found->host.total());
   uvm_status status = UVM_OK;
   {
@@ -157,8 +157,8 @@ uvm_status release(const Call& call, void* ptr, size_t size, int device) {
       if (status == UVM_OK && !exiting) status = vmm_free(call, reinterpret_cast<uintptr_t>(ptr), &found->mapping);
     } else if (found->slab != 0) {
       if (status == UVM_OK) status = synchronize_before(call, "reusing the slot", &exiting);
-      // Staged or discarded bytes (host counts staged ones, and migrated ones, to be safe) may leave
-      // pages the driver counts as discarded: such a slot is not handed out again.
+      // Staged, discarded or discard-marked bytes (host counts staged ones, and migrated ones, to be
+      // safe) may leave pages the driver counts as discarded: such a slot is not handed out again.
       if (status == UVM_OK) status = free_slot(call, found->slab, ptr, moved_off == 0);
     } else {
       const cudaError_t e = cudaFree(ptr);

@@ -63,6 +63,30 @@ bool Registry::all_off_device(uintptr_t base) const {
   return allocation.host.total() + allocation.discarded.total() == allocation.size;
 }
 
+void Registry::mark_discarded(uintptr_t base, uintptr_t begin, uintptr_t end) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = allocations_.find(base);
+  if (it != allocations_.end()) it->second.marked.add(begin - base, end - base);
+}
+
+std::vector<Span> Registry::marked(uintptr_t base, uintptr_t begin, uintptr_t end) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<Span> found;
+  auto it = allocations_.find(base);
+  if (it == allocations_.end()) return found;
+  for (const auto& [from, to] : it->second.marked.spans()) {
+    const uintptr_t b = std::max(begin, base + from), e = std::min(end, base + to);
+    if (b < e) found.push_back(Span{b, e});
+  }
+  return found;
+}
+
+void Registry::unmark(uintptr_t base, uintptr_t begin, uintptr_t end) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = allocations_.find(base);
+  if (it != allocations_.end()) it->second.marked.remove(begin - base, end - base);
+}
+
 size_t Registry::unstage_locked(Allocation& allocation, uintptr_t begin, uintptr_t end,
                                 std::vector<StagedPiece>* dropped) {
   auto& staged = allocation.staged;

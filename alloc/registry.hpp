@@ -50,6 +50,10 @@ struct Allocation {
   Mapping mapping;          // releasable only: its physical memory; released while not mapped
   SpanSet host;             // offsets whose last move by uvm was to the host (staged ones included)
   SpanSet discarded;        // offsets discarded with no copy kept
+  // Managed offsets discarded on the device that no prefetch to the device has followed since: the
+  // driver still counts them as discarded once written again (measured for copies into them,
+  // bench/transfer_probe.cu hazard), and a prefetch to the CPU would drop what was written.
+  SpanSet marked;
   std::map<uintptr_t, StagedPiece> staged;  // by address; disjoint, inside `host`
   EventRef last_move;       // where its last move ends on the GPU (null: nothing pending)
   bool released() const { return backing == Backing::releasable && !mapping.mapped; }
@@ -93,6 +97,11 @@ class Registry {
   // True if uvm moved every byte of the allocation at `base` off its device (offloaded, staged or
   // discarded): its device copy holds nothing anyone asked to keep.
   bool all_off_device(uintptr_t base) const;
+  // Discard marks (Allocation::marked): set by a discard, read before a prefetch to the CPU, and
+  // cleared by the prefetch to the device that follows a write.
+  void mark_discarded(uintptr_t base, uintptr_t begin, uintptr_t end);
+  std::vector<Span> marked(uintptr_t base, uintptr_t begin, uintptr_t end) const;
+  void unmark(uintptr_t base, uintptr_t begin, uintptr_t end);
 
   // Staged copies. `pieces` (each inside one live allocation) now hold their bytes; a piece of
   // bytes already staged replaces it. Pieces of an allocation freed meanwhile are dropped.

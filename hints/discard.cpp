@@ -51,6 +51,9 @@ uvm_status discard_batch(const Call& call, const std::vector<HintRange>& ranges,
     return fail_cuda(call, e, "cudaMemDiscardBatchAsync(%zu ranges)", pointers.size());
   }
   discarding.finish(bytes);
+  for (const HintRange& range : ranges) {
+    if (!range.releasable && range.allocation != 0) registry().mark_discarded(range.allocation, range.begin, range.end);
+  }
   return UVM_OK;
 #else
   (void)stream;

@@ -4,6 +4,7 @@
 
 #include "../alloc/cuda_compat.hpp"
 #include "../alloc/moves.hpp"
+#include "../alloc/stats.hpp"
 #include "accounting.hpp"
 #include "order.hpp"
 #include "ranges.hpp"
@@ -11,11 +12,34 @@
 
 namespace uvm {
 
+namespace {
+
+// Before a prefetch of `range` to the CPU: its discard-marked bytes (registry.hpp) go to their device
+// first, which undoes the discard for what was written since; else the driver would drop them.
+uvm_status undo_discard_marks(const Call& call, const HintRange& range, cudaStream_t stream) {
+  if (range.allocation == 0 || range.releasable) return UVM_OK;
+  for (const Span& span : registry().marked(range.allocation, range.begin, range.end)) {
+    const void* ptr = reinterpret_cast<const void*>(span.begin);
+    if (cudaError_t e = prefetch_to(ptr, span.size(), range.owner_device, stream)) {
+      return fail_cuda(call, e, "cudaMemPrefetchAsync(%p, %zu bytes) undoing a discard before the move to the CPU",
+                       ptr, span.size());
+    }
+    record_prefetch_calls(range.owner_device, 1);
+    registry().unmark(range.allocation, span.begin, span.end);
+  }
+  return UVM_OK;
+}
+
+}  // namespace
+
 uvm_status prefetch_each(const Call& call, const std::vector<HintRange>& ranges, int location,
                          cudaStream_t stream) {
   StreamPhase migrating(Phase::migrate, stream);
   size_t bytes = 0;
   for (const HintRange& range : ranges) {
+    if (location == UVM_LOCATION_CPU) {
+      if (uvm_status s = undo_discard_marks(call, range, stream)) return s;
+    }
     const void* ptr = reinterpret_cast<const void*>(range.begin);
     const size_t size = range.end - range.begin;
     if (cudaError_t e = prefetch_to(ptr, size, location, stream)) {

@@ -24,12 +24,20 @@ struct OffloadPieces {
   std::vector<HintRange> migrated;
 };
 
+// Whether `range` lies in a releasable allocation whose physical memory was given back: all its
+// bytes are staged or discarded already, and none is mapped to copy from.
+bool released(const HintRange& range) {
+  Mapping mapping;
+  return range.releasable && registry().mapping(range.allocation, &mapping) && !mapping.mapped;
+}
+
 // Only uvm's own allocations are staged, since a host copy must die with its memory and uvm cannot
 // see a cudaFree of memory it did not allocate. Releasable memory is not managed, so it is always
 // staged.
 OffloadPieces pieces_to_move(const std::vector<HintRange>& merged, bool staging_wanted) {
   OffloadPieces pieces;
   for (const HintRange& range : merged) {
+    if (released(range)) continue;
     const bool stage = range.releasable || (staging_wanted && range.allocation != 0);
     std::vector<Span> staged_already;
     for (const StagedPiece& piece : registry().staged(range.begin, range.end)) staged_already.push_back(piece.span);

@@ -165,6 +165,8 @@ void finish_copy_back(int device, const std::vector<StagedWork>& work, const Eve
   std::vector<HintRange> ranges;
   for (const StagedWork& w : work) {
     registry().unstage(w.piece.span.begin, w.piece.span.end);
+    // Managed pieces were prefetched to the device after their copy: their discard is undone.
+    if (!w.range.releasable) registry().unmark(w.range.allocation, w.piece.span.begin, w.piece.span.end);
     account_move(w.range, Move::to_device, 0);
     ranges.push_back(w.range);
   }

@@ -97,12 +97,28 @@ MUTANTS = [
   "", "offload_tests", "[context]"),
  ("alloc/events.cpp", "  if (device >= 0) (void)scope.enter(Call::of(\"cudaEventDestroy\"), device, ContextScope::When::only_if_none_current);\n",
   "", "offload_tests", "[context]"),
+ # Blocks (alloc/blocks.cpp): a new block keeps the staged bytes of the one before; a freed block's
+ # staged copy stays; a block in a released allocation is not mapped; a move still running over the
+ # allocation is not waited for.
+ ("alloc/blocks.cpp", "  registry().unstage(begin, end);\n  const long long host_delta = registry().record_move(allocation.base, begin, end, Move::to_device);",
+  "  const long long host_delta = registry().record_move(allocation.base, begin, end, Move::to_device);", "alloc_tests", "[blocks]"),
+ ("alloc/blocks.cpp", "  if (!state.staged) return UVM_OK;\n  const auto moves = lock_moves();", "  return UVM_OK;\n  const auto moves = lock_moves();",
+  "alloc_tests", "[blocks]"),
+ ("alloc/blocks.cpp", "  return state.released ? map_released(call, allocation) : UVM_OK;", "  return UVM_OK;", "alloc_tests", "[blocks]"),
+ ("alloc/blocks.cpp", "  if (uvm_status s = wait_for_last_move(call, state)) return s;\n", "", "alloc_tests", "[blocks]"),
+ # The stateful model catches them too (a block reusing staged bytes; a freed one's copy kept).
+ ("alloc/blocks.cpp", "  registry().unstage(begin, end);\n  const long long host_delta = registry().record_move(allocation.base, begin, end, Move::to_device);",
+  "  const long long host_delta = registry().record_move(allocation.base, begin, end, Move::to_device);", "offload_tests", "[model]"),
+ # An offload of a released allocation copies from its unmapped addresses (found by the model).
+ ("offload/offload.cpp", "    if (released(range)) continue;\n", "", "hints_tests", "[release]"),
+ # A prefetch to the CPU drops bytes written after a discard (found by the model).
+ ("hints/prefetch.cpp", "      if (uvm_status s = undo_discard_marks(call, range, stream)) return s;\n", "", "offload_tests", "[safety]"),
  # Onload no longer takes its turn with the other moves: two threads map and release under each other.
  ("offload/onload.cpp", "  const auto moves = lock_moves();\n  if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;  // freed",
   "  if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;  // freed", "hints_tests",
   "threads offloading*"),
 ]
-TAG_ENV = {"[steps]": {"UVM_PINNED": ""}, "[sm_copy]": {"UVM_ONLOAD_COPY": "sm"},
+TAG_ENV = {"[steps]": {"UVM_PINNED": ""}, "[model]": {"UVM_MODEL_SEQUENCES": "300", "UVM_MODEL_THREADED_SEQUENCES": "10"}, "[sm_copy]": {"UVM_ONLOAD_COPY": "sm"},
            "[sm_copy_default]": {"UVM_ONLOAD_COPY": "", "FAKE_CUDA_SCENARIO": "pre_volta"},
            "[sm_copy_auto]": {"UVM_ONLOAD_COPY": ""}}
 os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))

@@ -7,6 +7,7 @@ import sys
 
 CATCH_ALL_PASSED = re.compile(r"All tests passed \(\d+ assertions? in (\d+) test cases?\)")
 CATCH_TOTALS = re.compile(r"^test cases:\s*(\d+)(.*)$", re.MULTILINE)
+MODEL_SEQUENCES = re.compile(r"^model: (\d+) sequences", re.MULTILINE)
 PYTEST_TOTALS = re.compile(r"^=*\s*((?:\d+ (?:passed|failed|skipped|errors?|xfailed|xpassed|deselected)"
                            r"(?:, )?)+) in [\d.]+s", re.MULTILINE)
 
@@ -29,7 +30,7 @@ def counts(stdout):
 
 
 def main(path):
-    passed = failed = skipped = 0
+    passed = failed = skipped = model_sequences = 0
     with open(path) as log:
         results = [json.loads(line) for line in log if line.strip()]
     for result in results:
@@ -45,9 +46,14 @@ def main(path):
         if status != "OK" and f == 0:
             f = 1  # a crash or timeout after its cases passed still fails the program
         passed, failed, skipped = passed + p, failed + f, skipped + s
-        print(f"{name}: {status} ({p} passed, {f} failed)")
+        sequences = sum(int(n) for n in MODEL_SEQUENCES.findall(stdout))
+        extra = f", {sequences} random sequences of the stateful model" if sequences else ""
+        print(f"{name}: {status} ({p} passed, {f} failed{extra})")
+        model_sequences += sequences
         if status != "OK":
             print("  " + "\n  ".join(stdout.strip().splitlines()[-40:]))
+    if model_sequences:
+        print(f"stateful model: {model_sequences} random sequences, every tensor's bytes kept")
     print(f"{passed} passed, {failed} failed, {skipped} skipped")
     return 1 if failed or passed == 0 else 0
 

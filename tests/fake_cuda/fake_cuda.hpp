@@ -81,6 +81,11 @@ void release_held();
 // Forgets the op log only.
 void reset_ops();
 
+// The GPU wrote [ptr, ptr + size) of managed memory (a kernel, or a copy from elsewhere): discarded
+// bytes hold data again, but the driver still counts them as discarded, as after a copy into them
+// (measured for copies; assumed for kernels) until a prefetch to the device.
+void device_wrote(const void* ptr, size_t size);
+
 // From now on, events recorded stay not reached (cudaEventQuery: cudaErrorNotReady) until
 // cudaEventSynchronize waits for them, as if the GPU were still running the work before them;
 // false: recorded events complete at once again. reset() sets it back to false.

@@ -36,9 +36,14 @@ constexpr int kDeviceCount = 3;
 // not undoing it: on the device it did not, for the first chunk on each stream.
 enum class Discard : uint8_t { none, discarded, rewritten };
 
+// The discard state of an allocation's bytes as runs: offset of a run's first byte -> its state,
+// each run reaching to the next key (the last to the allocation's end). Empty: all none. Runs, not
+// a byte each, so that a 64 MiB slab costs a few entries, not 64 MiB.
+using DiscardRuns = std::map<size_t, Discard>;
+
 struct Allocation {
   size_t size;
-  std::vector<Discard> discard;  // per byte; empty while nothing was discarded
+  DiscardRuns discard;
 };
 
 struct LocationRecord {
@@ -210,19 +215,36 @@ CUresult fake_primary_ctx_retain(CUcontext* ctx, CUdevice device) {
   return CUDA_SUCCESS;
 }
 
-// Applies `change` to the discard state of every byte of [ptr, ptr + size), which lies inside one
-// allocation (checked by the caller); `change` gets the state and the byte's address. The state is
-// only kept for allocations a discard touched (`start`): on the others every change is a no-op.
+// Applies `change` to the discard state of [ptr, ptr + size), which lies inside one allocation
+// (checked by the caller): `change(state, first_byte, bytes)` for each run of one state in it,
+// which may set the state and write the bytes. Only allocations a discard touched (`start`) have
+// a state: on the others every change is a no-op.
 template <typename Change>
 void update_discard(World& w, const void* ptr, size_t size, Change change, bool start = false) {
   const auto begin = reinterpret_cast<uintptr_t>(ptr);
   auto it = std::prev(w.allocations.upper_bound(begin));
-  std::vector<Discard>& state = it->second.discard;
-  if (state.empty()) {
+  DiscardRuns& runs = it->second.discard;
+  if (runs.empty()) {
     if (!start) return;
-    state.assign(it->second.size, Discard::none);
+    runs[0] = Discard::none;
   }
-  for (size_t i = 0; i < size; ++i) change(state[begin - it->first + i], reinterpret_cast<char*>(begin + i));
+  const size_t from = begin - it->first, to = from + size;
+  // Runs start exactly at `from` and `to`: split the runs holding them.
+  for (const size_t cut : {from, to}) {
+    if (cut >= it->second.size) continue;
+    auto holder = std::prev(runs.upper_bound(cut));
+    if (holder->first != cut) runs[cut] = holder->second;
+  }
+  for (auto run = runs.find(from); run != runs.end() && run->first < to; ++run) {
+    const size_t end = std::next(run) == runs.end() ? it->second.size : std::next(run)->first;
+    change(run->second, reinterpret_cast<char*>(it->first + run->first), std::min(end, to) - run->first);
+  }
+  // Merge runs of one state, so the map stays small.
+  for (auto run = runs.begin(); run != runs.end();) {
+    auto next = std::next(run);
+    if (next != runs.end() && next->second == run->second) runs.erase(next);
+    else run = next;
+  }
 }
 
 // The virtual clock: a microsecond an op, plus the bytes a copy or prefetch moves at
@@ -272,9 +294,9 @@ cudaError_t prefetch_to(const void* ptr, size_t size, int where, unsigned int fl
   const auto begin = reinterpret_cast<uintptr_t>(ptr);
   w.prefetched.push_back({begin, begin + size, where});
   log(w, fake::OpKind::prefetch, ptr, size, where, stream);
-  update_discard(w, ptr, size, [where](Discard& state, char* byte) {
+  update_discard(w, ptr, size, [where](Discard& state, char* bytes, size_t count) {
     if (where == cudaCpuDeviceId && state != Discard::none) {
-      *byte = 0;
+      std::memset(bytes, 0, count);
       state = Discard::none;
     } else if (where != cudaCpuDeviceId && state == Discard::rewritten) {
       state = Discard::none;
@@ -514,6 +536,15 @@ void reset() {
   w.pending_events.clear();
   for (bool& created : w.context_created) created = false;
   pending = cudaSuccess;
+}
+
+void device_wrote(const void* ptr, size_t size) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  if (!inside_one_allocation(w, ptr, size) || inside_mapped_reservation(w, ptr, size)) return;
+  update_discard(w, ptr, size, [](Discard& state, char*, size_t) {
+    if (state == Discard::discarded) state = Discard::rewritten;
+  });
 }
 
 void set_events_pending(bool pending_from_now) {
@@ -805,7 +836,7 @@ cudaError_t cudaMemDiscardBatchAsync(void** ptrs, size_t* sizes, size_t count, u
   for (size_t i = 0; i < count; ++i) {
     log(w, fake::OpKind::discard, ptrs[i], sizes[i], -2, stream);
     std::memset(ptrs[i], 0xDD, sizes[i]);  // the contents become indeterminate
-    update_discard(w, ptrs[i], sizes[i], [](Discard& state, char*) { state = Discard::discarded; }, true);
+    update_discard(w, ptrs[i], sizes[i], [](Discard& state, char*, size_t) { state = Discard::discarded; }, true);
   }
   return cudaSuccess;
 }
@@ -965,7 +996,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpy
   }
   std::memmove(dst, src, count);
   if (to_device && !inside_mapped_reservation(w, dst, count)) {  // device memory has no discard state
-    update_discard(w, dst, count, [](Discard& state, char*) {
+    update_discard(w, dst, count, [](Discard& state, char*, size_t) {
       if (state == Discard::discarded) state = Discard::rewritten;
     });
   }

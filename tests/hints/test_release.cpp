@@ -350,3 +350,24 @@ TEST_CASE("threads offloading, onloading and freeing releasable memory at once l
   CHECK(kept.intact());
   CHECK(fake::mapped_reservations() == 2);
 }
+
+TEST_CASE("an offload of a releasable allocation paused without a copy moves nothing and reads no unmapped byte",
+          "[release]") {
+  // Found by the model (test_model.cpp, seed 0): memory_saver's pause without a CPU backup discards
+  // and gives the memory back; an offload after it copied from the unmapped addresses (on a GPU, a
+  // read of unmapped memory; here cudaErrorInvalidValue).
+  FakeMachine machine;
+  Releasable a;
+  const uvm_range whole = a.whole(), part = a.part(4096, 8192);
+  REQUIRE(uvm_discard_ranges(&whole, 1, nullptr) == UVM_OK);
+  CHECK(fake::mapped_reservations() == 0);
+  fake::reset_ops();
+  CHECK(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_AUTO, nullptr) == UVM_OK);
+  CHECK(uvm_offload_ranges(&part, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
+  CHECK(FakeMachine::ops_named(fake::OpKind::copy_to_host).empty());
+  CHECK(residency().staged_bytes == 0);
+  REQUIRE(uvm_onload_ranges(&whole, 1, nullptr) == UVM_OK);  // resume: mapped again, contents undefined
+  CHECK(fake::mapped_reservations() == 1);
+  a.fill();
+  CHECK(a.intact());
+}

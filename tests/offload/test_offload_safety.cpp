@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstring>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -466,4 +467,39 @@ TEST_CASE("an offload in rounds, cut at pinning steps, keeps kept neighbours and
   CHECK(layout.first_wrong(layout.kept, 1) == -1);
   CHECK(layout.first_wrong(layout.moved, 0) == -1);
   check_no_staging_left();
+}
+
+TEST_CASE("bytes written again after a discard survive an offload or prefetch that migrates them",
+          "[offload][safety][cuda13]") {
+  // The driver counts discarded pages written again (by a copy, measured with
+  // bench/transfer_probe.cu hazard; a kernel is assumed alike) as discarded until a prefetch to the
+  // device follows the write, and a prefetch to the CPU drops them. Found by the model
+  // (test_model.cpp, seed 52): a block handed out over staged pages, written, then migrated.
+  constexpr size_t kSize = size_t{1} << 20;
+  for (const char* how : {"discard", "staged offload and a new block", "prefetch to the CPU"}) {
+    CAPTURE(how);
+    FakeMachine machine;
+    auto* p = static_cast<unsigned char*>(uvm_malloc(kSize, 0, nullptr));
+    REQUIRE(p != nullptr);
+    const uvm_range r{p, kSize};
+    if (std::string(how) == "staged offload and a new block") {
+      REQUIRE(uvm_offload_ranges(&r, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
+      REQUIRE(uvm_block_freed(p, kSize) == UVM_OK);
+      REQUIRE(uvm_block_allocated(p, kSize) == UVM_OK);
+    } else {
+      REQUIRE(uvm_discard_ranges(&r, 1, nullptr) == UVM_OK);
+    }
+    std::memset(p, 0x3C, kSize);  // the program writes its new data
+    fake::device_wrote(p, kSize);
+    if (std::string(how) == "prefetch to the CPU") {
+      REQUIRE(uvm_prefetch(p, kSize, UVM_LOCATION_CPU, nullptr) == UVM_OK);
+    } else {
+      REQUIRE(uvm_offload_ranges(&r, 1, UVM_STRATEGY_MIGRATE, nullptr) == UVM_OK);
+    }
+    REQUIRE(uvm_onload_ranges(&r, 1, nullptr) == UVM_OK);
+    size_t wrong = 0;
+    for (size_t i = 0; i < kSize; ++i) wrong += p[i] != 0x3C;
+    CHECK(wrong == 0);
+    uvm_free(p, kSize, 0, nullptr);
+  }
 }

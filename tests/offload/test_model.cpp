@@ -1,0 +1,525 @@
+// A stateful, randomized model of every sequence: a caching allocator that cuts blocks out of uvm
+// allocations and reuses freed ones without uvm_free (as PyTorch's does, reporting its blocks with
+// uvm_block_allocated / uvm_block_freed as the Python shim does for PyTorch), driven through random
+// sequences of allocate, free, write, offload / onload / discard by tensor, by a set of tensors (a
+// module), by tag, by pool and by device, pause and resume (memory_saver's moves), release_staging,
+// set_limit and empty_cache, on managed (slab and driver allocations) and releasable pools — against
+// a shadow of what every live tensor must hold. After every step each tensor the model says is on
+// the device must hold exactly its bytes.
+//
+// UVM_MODEL_SEQUENCES (default 2000) sets how many sequences run; UVM_MODEL_SEED=N replays one.
+// A failure prints its seed and the steps that led to it.
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fixture.hpp"
+
+namespace {
+
+constexpr size_t kBlockAlign = 512;       // PyTorch rounds every block to this
+constexpr size_t kSmallSegment = 2 << 20;  // PyTorch's small-pool segment: a slab slot when managed
+constexpr size_t kMiB = size_t{1} << 20;
+constexpr int kSteps = 40;  // a sequence's steps
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+unsigned char pattern(uint32_t seed, size_t i) { return static_cast<unsigned char>(seed * 131 + i * 7 + (i >> 9) + 13); }
+
+// What the model expects a tensor's bytes to be: on the device; offloaded (back on onload); on the
+// device but indeterminate (discarded: writable again); or offloaded while indeterminate (back
+// indeterminate). Offloaded bytes are not to be touched before they are onloaded (uvm.h).
+enum class Held { device, away, garbage, away_garbage };
+
+struct Block {
+  size_t offset, size;
+  bool used;
+};
+
+struct Segment {
+  unsigned char* base;
+  size_t size;
+  std::vector<Block> blocks;  // by offset, covering the segment
+};
+
+struct Pool {
+  std::string tag;
+  bool releasable;
+  std::vector<Segment> segments;
+};
+
+struct Tensor {
+  size_t pool;
+  unsigned char* ptr;
+  size_t size;   // the bytes it uses
+  size_t block;  // its block's size, as the runtime reports it
+  std::vector<unsigned char> shadow;  // what it must hold while `held` is device
+  Held held;
+};
+
+class Model {
+ public:
+  // `alone`: no other model runs beside this one, so it may move everything on the device.
+  Model(uint64_t seed, const std::string& name, bool alone) : rng_(seed), seed_(seed), alone_(alone) {
+    pools_.push_back(Pool{name + "-managed", false, {}});
+    pools_.push_back(Pool{name + "-releasable", true, {}});
+    pools_.push_back(Pool{name + "-kv", false, {}});
+    stream_ = fake::make_stream();
+  }
+
+  // Runs `steps` random steps; returns "" or what went wrong, with the steps that led there.
+  std::string run(int steps) {
+    for (int i = 0; i < steps && failure_.empty(); ++i) {
+      step();
+      if (failure_.empty()) check("after " + last_step_);
+    }
+    teardown();  // also after a failure: the next sequence starts from nothing
+    if (failure_.empty()) return "";
+    std::ostringstream out;
+    out << "seed " << seed_ << ": " << failure_ << "\n  steps:";
+    for (const std::string& s : log_) out << "\n    " << s;
+    return out.str();
+  }
+
+ private:
+  size_t pick(size_t n) { return std::uniform_int_distribution<size_t>(0, n - 1)(rng_); }
+  bool chance(int percent) { return static_cast<int>(pick(100)) < percent; }
+
+  void note(const std::string& what) {
+    last_step_ = what;
+    log_.push_back(what);
+  }
+  void fail(const std::string& what) {
+    if (failure_.empty()) failure_ = what + (uvm_last_error()[0] ? std::string(" (last error: ") + uvm_last_error() + ")" : "");
+  }
+  void expect_ok(uvm_status status, const char* call) {
+    if (status != UVM_OK) fail(std::string(call) + " returned " + uvm_status_string(status));
+  }
+
+  // --- the caching allocator ---
+
+  Tensor* allocate(size_t pool_index, size_t size) {
+    Pool& pool = pools_[pool_index];
+    const size_t block = round_up(size, kBlockAlign);
+    Segment* best_segment = nullptr;
+    size_t best = 0;
+    for (Segment& segment : pool.segments) {  // best fit, lowest address on ties
+      for (size_t b = 0; b < segment.blocks.size(); ++b) {
+        const Block& candidate = segment.blocks[b];
+        if (candidate.used || candidate.size < block) continue;
+        if (best_segment == nullptr || candidate.size < best_segment->blocks[best].size) {
+          best_segment = &segment;
+          best = b;
+        }
+      }
+    }
+    if (best_segment == nullptr) {
+      const size_t segment_size = block <= kMiB ? kSmallSegment : round_up(block, kSmallSegment);
+      uvm_set_thread_tag(pool.tag.c_str());
+      void* base = pool.releasable ? uvm_malloc_releasable(segment_size, 0, nullptr) : uvm_malloc(segment_size, 0, nullptr);
+      uvm_set_thread_tag(nullptr);
+      if (base == nullptr) {
+        if (uvm_last_status() != UVM_ERROR_LIMIT_EXCEEDED) fail("a new segment failed");
+        return nullptr;
+      }
+      pool.segments.push_back(Segment{static_cast<unsigned char*>(base), segment_size, {{0, segment_size, false}}});
+      best_segment = &pool.segments.back();
+      best = 0;
+    }
+    Block& found = best_segment->blocks[best];
+    if (found.size - block >= kBlockAlign) {  // split, as the caching allocator does
+      best_segment->blocks.insert(best_segment->blocks.begin() + static_cast<long>(best) + 1,
+                                  Block{found.offset + block, found.size - block, false});
+    }
+    Block& taken = best_segment->blocks[best];
+    taken.size = block;
+    taken.used = true;
+    unsigned char* ptr = best_segment->base + taken.offset;
+    expect_ok(uvm_block_allocated(ptr, block), "uvm_block_allocated");
+    tensors_.push_back(Tensor{pool_index, ptr, size, block, {}, Held::device});
+    return &tensors_.back();
+  }
+
+  void free_tensor(size_t index) {
+    const Tensor tensor = tensors_[index];
+    tensors_.erase(tensors_.begin() + static_cast<long>(index));
+    expect_ok(uvm_block_freed(tensor.ptr, tensor.block), "uvm_block_freed");
+    for (Segment& segment : pools_[tensor.pool].segments) {
+      if (tensor.ptr < segment.base || tensor.ptr >= segment.base + segment.size) continue;
+      auto& blocks = segment.blocks;
+      for (size_t b = 0; b < blocks.size(); ++b) {
+        if (segment.base + blocks[b].offset != tensor.ptr) continue;
+        blocks[b].used = false;
+        if (b + 1 < blocks.size() && !blocks[b + 1].used) {  // merge with free neighbours
+          blocks[b].size += blocks[b + 1].size;
+          blocks.erase(blocks.begin() + static_cast<long>(b) + 1);
+        }
+        if (b > 0 && !blocks[b - 1].used) {
+          blocks[b - 1].size += blocks[b].size;
+          blocks.erase(blocks.begin() + static_cast<long>(b));
+        }
+        return;
+      }
+    }
+    fail("the model lost a block");
+  }
+
+  // Frees every segment with no block in use (torch.cuda.empty_cache).
+  void empty_cache() {
+    for (Pool& pool : pools_) {
+      for (size_t s = 0; s < pool.segments.size();) {
+        Segment& segment = pool.segments[s];
+        if (segment.blocks.size() == 1 && !segment.blocks[0].used) {
+          uvm_clear_last_error();  // uvm_free returns nothing: its error, if any, is the last one
+          uvm_free(segment.base, segment.size, 0, nullptr);
+          if (uvm_last_status() != UVM_OK) fail("uvm_free of an empty segment");
+          pool.segments.erase(pool.segments.begin() + static_cast<long>(s));
+        } else {
+          ++s;
+        }
+      }
+    }
+  }
+
+  // --- what the program does with its tensors ---
+
+  void write(Tensor& tensor) {
+    const auto seed = static_cast<uint32_t>(rng_());
+    tensor.shadow.resize(tensor.size);
+    for (size_t i = 0; i < tensor.size; ++i) tensor.shadow[i] = pattern(seed, i);
+    std::memcpy(tensor.ptr, tensor.shadow.data(), tensor.size);
+    fake::device_wrote(tensor.ptr, tensor.size);  // a kernel's or a copy's write, as far as the driver knows
+    tensor.held = Held::device;
+  }
+
+  void check(const std::string& when) {
+    for (const Tensor& tensor : tensors_) {
+      if (tensor.held != Held::device || std::memcmp(tensor.ptr, tensor.shadow.data(), tensor.size) == 0) continue;
+      size_t i = 0;
+      while (tensor.ptr[i] == tensor.shadow[i]) ++i;
+      std::ostringstream out;
+      out << when << ": the tensor of " << tensor.size << " bytes at " << static_cast<const void*>(tensor.ptr)
+          << " (pool " << pools_[tensor.pool].tag << ") lost byte " << i << ": " << static_cast<int>(tensor.ptr[i])
+          << " instead of " << static_cast<int>(tensor.shadow[i]);
+      fail(out.str());
+      return;
+    }
+  }
+
+  // --- moves ---
+
+  enum class Kind { offload, onload, discard };
+
+  // Applies what a successful move does to the tensors it covered.
+  static void moved(Tensor& tensor, Kind kind) {
+    if (kind == Kind::discard) {
+      tensor.held = Held::garbage;
+    } else if (kind == Kind::offload) {
+      if (tensor.held == Held::device) tensor.held = Held::away;
+      if (tensor.held == Held::garbage) tensor.held = Held::away_garbage;
+    } else {
+      if (tensor.held == Held::away) tensor.held = Held::device;
+      if (tensor.held == Held::away_garbage) tensor.held = Held::garbage;
+    }
+  }
+
+  uvm_status issue(Kind kind, const std::vector<uvm_range>& ranges, uvm_strategy strategy) {
+    if (ranges.empty()) return UVM_OK;
+    switch (kind) {
+      case Kind::offload: return uvm_offload_ranges(ranges.data(), ranges.size(), strategy, stream_);
+      case Kind::onload: return uvm_onload_ranges(ranges.data(), ranges.size(), stream_);
+      case Kind::discard: return uvm_discard_ranges(ranges.data(), ranges.size(), stream_);
+    }
+    return UVM_ERROR_INTERNAL;
+  }
+
+  static const char* name(Kind kind) {
+    return kind == Kind::offload ? "offload" : kind == Kind::onload ? "onload" : "discard";
+  }
+  static const char* name(uvm_strategy strategy) {
+    return strategy == UVM_STRATEGY_AUTO ? "auto" : strategy == UVM_STRATEGY_STAGED ? "staged" : "migrate";
+  }
+
+  // A move of the tensors at `chosen` (indices), as uvm.offload(tensors or a module) does: each
+  // tensor's whole block.
+  void move_tensors(Kind kind, const std::vector<size_t>& chosen, uvm_strategy strategy) {
+    std::vector<uvm_range> ranges;
+    bool any_releasable = false;
+    for (size_t i : chosen) {
+      ranges.push_back(uvm_range{tensors_[i].ptr, tensors_[i].block});
+      any_releasable = any_releasable || pools_[tensors_[i].pool].releasable;
+    }
+    const uvm_status status = issue(kind, ranges, strategy);
+    if (kind == Kind::offload && strategy == UVM_STRATEGY_MIGRATE && any_releasable) {
+      if (status != UVM_ERROR_INVALID_ARGUMENT) fail("a migrate of releasable memory was not refused");
+      uvm_clear_last_error();
+      return;  // refused before anything moved
+    }
+    expect_ok(status, name(kind));
+    for (size_t i : chosen) moved(tensors_[i], kind);
+  }
+
+  // A move of whole pools (by tag or pool: every segment, free blocks included).
+  void move_pools(Kind kind, const std::vector<size_t>& pools, uvm_strategy strategy, bool by_tag) {
+    std::vector<uvm_range> ranges;
+    bool any_releasable = false;
+    for (size_t p : pools) {
+      if (by_tag) {
+        size_t count = 0;
+        expect_ok(uvm_allocation_ranges(0, pools_[p].tag.c_str(), nullptr, 0, &count), "uvm_allocation_ranges");
+        std::vector<uvm_range> found(count);
+        expect_ok(uvm_allocation_ranges(0, pools_[p].tag.c_str(), found.data(), count, &count), "uvm_allocation_ranges");
+        if (count != pools_[p].segments.size()) fail("the tag lists another number of allocations than the pool has");
+        ranges.insert(ranges.end(), found.begin(), found.end());
+      } else {
+        for (const Segment& segment : pools_[p].segments) ranges.push_back(uvm_range{segment.base, segment.size});
+      }
+      any_releasable = any_releasable || (pools_[p].releasable && !pools_[p].segments.empty());
+    }
+    const uvm_status status = issue(kind, ranges, strategy);
+    if (kind == Kind::offload && strategy == UVM_STRATEGY_MIGRATE && any_releasable) {
+      if (status != UVM_ERROR_INVALID_ARGUMENT) fail("a migrate of a releasable pool was not refused");
+      uvm_clear_last_error();
+      return;
+    }
+    expect_ok(status, name(kind));
+    for (Tensor& tensor : tensors_) {
+      for (size_t p : pools) {
+        if (tensor.pool == p) moved(tensor, kind);
+      }
+    }
+  }
+
+  uvm_strategy any_strategy() {
+    const uvm_strategy strategies[] = {UVM_STRATEGY_AUTO, UVM_STRATEGY_STAGED, UVM_STRATEGY_MIGRATE};
+    return strategies[pick(3)];
+  }
+
+  std::vector<size_t> some_tensors() {
+    std::vector<size_t> chosen;
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      if (chance(40)) chosen.push_back(i);
+    }
+    return chosen;
+  }
+
+  size_t tensor_size() {
+    switch (pick(4)) {
+      case 0: return 1 + pick(2000);                               // odd small sizes
+      case 1: return kBlockAlign * (1 + pick(64));                 // multiples of 512, packed end to end
+      case 2: return 1 + pick(kMiB);                               // the small pool's largest
+      default: return kMiB + 1 + pick(kMiB + kMiB / 2);           // large blocks, segments of their own
+    }
+  }
+
+  void step() {
+    std::ostringstream what;
+    switch (pick(20)) {
+      case 0: case 1: case 2: case 3: {
+        const size_t pool = pick(pools_.size());
+        const size_t size = tensor_size();
+        what << "allocate " << size << " bytes in " << pools_[pool].tag;
+        note(what.str());
+        if (Tensor* tensor = allocate(pool, size)) write(*tensor);
+        break;
+      }
+      case 4: case 5: {
+        if (tensors_.empty()) return step();
+        const size_t i = pick(tensors_.size());
+        what << "free the tensor at " << static_cast<const void*>(tensors_[i].ptr);
+        note(what.str());
+        free_tensor(i);
+        break;
+      }
+      case 6: {
+        std::vector<size_t> writable;
+        for (size_t i = 0; i < tensors_.size(); ++i) {
+          if (tensors_[i].held == Held::device || tensors_[i].held == Held::garbage) writable.push_back(i);
+        }
+        if (writable.empty()) return step();
+        const size_t i = writable[pick(writable.size())];
+        what << "write the tensor at " << static_cast<const void*>(tensors_[i].ptr);
+        note(what.str());
+        // Discarded releasable memory may have been given back: a program brings it back (resume)
+        // before it touches it, as it must (a kernel would fault; the fake's memory does too).
+        if (tensors_[i].held == Held::garbage && pools_[tensors_[i].pool].releasable) {
+          const uvm_range range{tensors_[i].ptr, tensors_[i].block};
+          expect_ok(uvm_onload_ranges(&range, 1, stream_), "onload before writing");
+        }
+        if (failure_.empty()) write(tensors_[i]);
+        break;
+      }
+      case 7: case 8: case 9: case 10: {
+        const Kind kind = pick(5) == 0 ? Kind::discard : pick(2) ? Kind::offload : Kind::onload;
+        const uvm_strategy strategy = any_strategy();
+        const std::vector<size_t> chosen = some_tensors();
+        what << name(kind) << " (" << name(strategy) << ") " << chosen.size() << " tensors:";
+        for (size_t i : chosen) what << " " << static_cast<const void*>(tensors_[i].ptr);
+        note(what.str());
+        move_tensors(kind, chosen, strategy);
+        break;
+      }
+      case 11: case 12: case 13: {
+        const Kind kind = pick(5) == 0 ? Kind::discard : pick(2) ? Kind::offload : Kind::onload;
+        const uvm_strategy strategy = any_strategy();
+        const size_t pool = pick(pools_.size());
+        const bool by_tag = pick(2) == 0;
+        what << name(kind) << " (" << name(strategy) << ") the " << (by_tag ? "tag " : "pool ") << pools_[pool].tag;
+        note(what.str());
+        move_pools(kind, {pool}, strategy, by_tag);
+        break;
+      }
+      case 14: {
+        const Kind kind = pick(2) ? Kind::offload : Kind::onload;
+        std::vector<size_t> all;
+        for (size_t p = 0; p < pools_.size(); ++p) all.push_back(p);
+        if (!alone_) {  // another thread's model owns the rest of the device: its own pools only
+          what << name(kind) << " every pool of this thread (auto)";
+          note(what.str());
+          move_pools(kind, all, UVM_STRATEGY_AUTO, false);
+          break;
+        }
+        // uvm.offload(device): every allocation uvm lists on it, in one call.
+        what << name(kind) << " everything on the device (auto)";
+        note(what.str());
+        size_t count = 0;
+        expect_ok(uvm_list_allocations(0, nullptr, nullptr, 0, &count), "uvm_list_allocations");
+        std::vector<uvm_allocation> listed(count);
+        expect_ok(uvm_list_allocations(0, nullptr, listed.data(), count, &count), "uvm_list_allocations");
+        size_t segments = 0;
+        for (const Pool& pool : pools_) segments += pool.segments.size();
+        if (count != segments) fail("the device lists another number of allocations than the pools hold");
+        std::vector<uvm_range> ranges;
+        for (const uvm_allocation& a : listed) ranges.push_back(uvm_range{a.ptr, a.size});
+        expect_ok(issue(kind, ranges, UVM_STRATEGY_AUTO), name(kind));
+        for (Tensor& tensor : tensors_) moved(tensor, kind);
+        break;
+      }
+      case 15: {
+        // memory_saver: pause (with a CPU backup: offload; without: discard), later resume (onload).
+        const size_t pool = pick(pools_.size());
+        const bool backup = pick(2) == 0;
+        const bool pause = pick(2) == 0;
+        what << (pause ? (backup ? "pause with backup " : "pause without backup ") : "resume ") << pools_[pool].tag;
+        note(what.str());
+        move_pools(pause ? (backup ? Kind::offload : Kind::discard) : Kind::onload, {pool}, UVM_STRATEGY_AUTO, true);
+        break;
+      }
+      case 16: {
+        note("release_staging");
+        expect_ok(uvm_release_staging(), "uvm_release_staging");
+        break;
+      }
+      case 17: {
+        uvm_stats stats{};
+        expect_ok(uvm_get_stats(0, &stats), "uvm_get_stats");
+        const size_t limit = pick(2) ? 0 : stats.live_bytes + pick(4) * kSmallSegment;
+        what << "set_limit " << limit;
+        note(what.str());
+        expect_ok(uvm_set_limit(0, limit), "uvm_set_limit");
+        break;
+      }
+      case 18: {
+        note("empty_cache");
+        empty_cache();
+        break;
+      }
+      default: {
+        note("books");
+        uvm_residency r{};
+        expect_ok(uvm_get_residency(UVM_ANY_DEVICE, nullptr, &r), "uvm_get_residency");
+        size_t staged = 0;
+        expect_ok(uvm_get_staging(nullptr, &staged), "uvm_get_staging");
+        (void)staged;  // another model's thread may stage meanwhile; each sum is checked at teardown
+        if (r.device_bytes + r.host_bytes + r.discarded_bytes != r.live_bytes) fail("residency does not add up");
+        if (r.staged_bytes > r.host_bytes) fail("more bytes staged than on the host");
+        break;
+      }
+    }
+  }
+
+  // Frees everything, as a process that drops its pools: nothing may stay staged or pinned.
+  void teardown() {
+    note("teardown");
+    while (!tensors_.empty()) free_tensor(tensors_.size() - 1);
+    empty_cache();
+    expect_ok(uvm_set_limit(0, 0), "uvm_set_limit");
+    for (const Pool& pool : pools_) {
+      uvm_residency r{};
+      expect_ok(uvm_get_residency(UVM_ANY_DEVICE, pool.tag.c_str(), &r), "uvm_get_residency");
+      if (r.allocations != 0 || r.staged_bytes != 0) fail("a freed pool left allocations or staged bytes");
+    }
+  }
+
+  std::mt19937_64 rng_;
+  uint64_t seed_;
+  bool alone_;
+  std::vector<Pool> pools_;
+  std::vector<Tensor> tensors_;
+  cudaStream_t stream_;
+  std::vector<std::string> log_;
+  std::string last_step_;
+  std::string failure_;
+};
+
+long env_number(const char* name, long fallback) {
+  const char* text = std::getenv(name);
+  return text && *text ? std::strtol(text, nullptr, 10) : fallback;
+}
+
+// After a sequence (all of its models torn down) no byte may stay staged; every `every` sequences
+// (and after the last) release_staging must also leave no pinned memory. Not after each: pinning
+// the staging memory again costs more than a sequence.
+std::string check_nothing_held(long sequence, long sequences, long every = 25) {
+  size_t staged = 1, capacity = 1;
+  if (uvm_get_staging(nullptr, &staged) != UVM_OK || staged != 0) return "bytes left staged after the teardown";
+  if ((sequence + 1) % every != 0 && sequence + 1 != sequences) return "";
+  if (uvm_release_staging() != UVM_OK) return std::string("release_staging failed: ") + uvm_last_error();
+  if (uvm_get_staging(&capacity, nullptr) != UVM_OK || capacity != 0) return "pinned memory left after release_staging";
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("random sequences of allocation, reuse and moves keep every tensor's bytes", "[model][cuda13]") {
+  const long replay = env_number("UVM_MODEL_SEED", -1);
+  const long sequences = replay >= 0 ? 1 : env_number("UVM_MODEL_SEQUENCES", 2000);
+  FakeMachine machine;
+  for (long n = 0; n < sequences; ++n) {
+    const uint64_t seed = replay >= 0 ? static_cast<uint64_t>(replay) : static_cast<uint64_t>(n);
+    Model model(seed, "model", true);
+    std::string failure = model.run(kSteps);
+    if (failure.empty()) failure = check_nothing_held(n, sequences);
+    INFO(failure);
+    REQUIRE(failure.empty());
+  }
+  std::printf("model: %ld sequences of %d steps kept every tensor's bytes\n", sequences, kSteps);
+}
+
+TEST_CASE("two threads running random sequences on pools of their own keep every tensor's bytes",
+          "[model][threads][cuda13]") {
+  const long sequences = env_number("UVM_MODEL_THREADED_SEQUENCES", 100);
+  FakeMachine machine;
+  for (long n = 0; n < sequences; ++n) {
+    std::string failures[2];
+    std::thread second([&] {
+      fake::set_thread_context(0);
+      Model model(1000000 + static_cast<uint64_t>(n), "second", false);
+      failures[1] = model.run(kSteps);
+    });
+    Model model(2000000 + static_cast<uint64_t>(n), "first", false);
+    failures[0] = model.run(kSteps);
+    second.join();
+    std::string failure = failures[0].empty() ? failures[1] : failures[0];
+    if (failure.empty()) failure = check_nothing_held(n, sequences, 5);
+    INFO(failure);
+    REQUIRE(failure.empty());
+  }
+  std::printf("model: %ld sequences of %d steps on two threads kept every tensor's bytes\n", sequences, kSteps);
+}

@@ -2,6 +2,9 @@
 // allocations and reuses without uvm_free (PyTorch's caching allocator hands a freed tensor's block
 // to the next tensor inside a live segment). Staged bytes belong to a block's lifetime, not to an
 // address: a new block never receives what was staged for the block before it.
+#include <atomic>
+
+#include "blocks.hpp"
 #include "devices.hpp"
 #include "events.hpp"
 #include "moves.hpp"
@@ -11,6 +14,8 @@
 
 namespace uvm {
 namespace {
+
+std::atomic<bool> runtime_reports_blocks{false};
 
 uvm_status check_block(const Call& call, const void* ptr, size_t size, const BlockState& state) {
   const auto begin = reinterpret_cast<uintptr_t>(ptr);
@@ -49,14 +54,17 @@ uvm_status map_released(const Call& call, const AllocationView& allocation) {
   return status;
 }
 
+// Both calls take the moves lock for uvm's memory, so that a block handed out while a move of its
+// allocation is being issued on another thread comes after it: it then waits for that move (a pool
+// offloaded while a tensor is made in it either stages the tensor or does not touch it).
 uvm_status block_allocated(const Call& call, const void* ptr, size_t size) {
   const auto begin = reinterpret_cast<uintptr_t>(ptr), end = begin + size;
   BlockState state;
-  if (!registry().block_state(begin, end, &state)) return UVM_OK;  // not uvm's memory
+  if (!registry().block_state(begin, end, &state)) return UVM_OK;  // not uvm's memory: nothing to do
   if (uvm_status s = check_block(call, ptr, size, state)) return s;
-  if (!state.staged && !state.moved && !state.released && !state.last_move) return UVM_OK;
   const auto moves = lock_moves();
-  if (!registry().block_state(begin, end, &state)) return UVM_OK;  // freed meanwhile
+  if (!registry().block_state(begin, end, &state, BlockChange::allocated)) return UVM_OK;  // freed meanwhile
+  if (!state.staged && !state.moved && !state.released && !state.last_move) return UVM_OK;
   if (uvm_status s = wait_for_last_move(call, state)) return s;
   const AllocationView& allocation = state.allocation;
   registry().set_last_move({allocation.base}, nullptr);  // complete: the next block need not wait
@@ -69,10 +77,10 @@ uvm_status block_allocated(const Call& call, const void* ptr, size_t size) {
 uvm_status block_freed(const Call& call, const void* ptr, size_t size) {
   const auto begin = reinterpret_cast<uintptr_t>(ptr), end = begin + size;
   BlockState state;
-  if (!registry().block_state(begin, end, &state)) return UVM_OK;  // not uvm's memory
+  if (!registry().block_state(begin, end, &state)) return UVM_OK;  // not uvm's memory: nothing to do
   if (uvm_status s = check_block(call, ptr, size, state)) return s;
-  if (!state.staged) return UVM_OK;
   const auto moves = lock_moves();
+  if (!registry().block_state(begin, end, &state, BlockChange::freed) || !state.staged) return UVM_OK;
   // The staged bytes had no other copy: they are discarded, as far as anyone can tell.
   long long host_delta = 0;
   for (const StagedPiece& piece : registry().staged(begin, end)) {
@@ -84,9 +92,17 @@ uvm_status block_freed(const Call& call, const void* ptr, size_t size) {
 }
 
 }  // namespace
+
+bool blocks_are_reported() { return runtime_reports_blocks.load(std::memory_order_relaxed); }
+
 }  // namespace uvm
 
 extern "C" {
+
+uvm_status uvm_report_blocks(int enabled) {
+  uvm::runtime_reports_blocks = enabled != 0;
+  return UVM_OK;
+}
 
 uvm_status uvm_block_allocated(const void* ptr, size_t size) {
   const uvm::Call call = uvm::Call::of("uvm_block_allocated").with_ptr(ptr).with_size(size);

@@ -4,6 +4,7 @@
 
 #include <optional>
 
+#include "blocks.hpp"
 #include "cuda_compat.hpp"
 #include "default_advice.hpp"
 #include "devices.hpp"
@@ -82,6 +83,7 @@ uvm_status allocate(const Call& call, size_t size, int device, Backing backing, 
   record.device = device;
   record.tag = thread_tag();
   record.backing = backing;
+  record.reported_runtime = blocks_are_reported();
   if (status == UVM_OK) {
     status = backing == Backing::managed ? allocate_managed(call, size, device, caps, mode, &ptr, &record.slab)
                                          : vmm_allocate(call, size, device, &ptr, &record.mapping);

@@ -188,15 +188,20 @@ void Registry::set_last_move(const std::vector<uintptr_t>& bases, const EventRef
   }
 }
 
-bool Registry::block_state(uintptr_t begin, uintptr_t end, BlockState* out) const {
+bool Registry::block_state(uintptr_t begin, uintptr_t end, BlockState* out, BlockChange change) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = allocations_.upper_bound(begin);
   if (it == allocations_.begin()) return false;
   --it;
-  const Allocation& allocation = it->second;
+  Allocation& allocation = it->second;
   if (begin - it->first >= allocation.size) return false;
   out->allocation = view_of(it->first, allocation);
   const size_t from = begin - it->first, to = std::min<size_t>(end - it->first, allocation.size);
+  if (change != BlockChange::none && allocation.reported_runtime) {
+    allocation.blocks_reported = true;
+    if (change == BlockChange::allocated) allocation.blocks.add(from, to);
+    else allocation.blocks.remove(from, to);
+  }
   const auto overlaps = [&](const SpanSet& set) {
     for (const auto& [b, e] : set.spans()) {
       if (b < to && e > from) return true;
@@ -210,6 +215,23 @@ bool Registry::block_state(uintptr_t begin, uintptr_t end, BlockState* out) cons
   out->released = allocation.released();
   out->last_move = allocation.last_move;
   return true;
+}
+
+std::vector<Span> Registry::free_space(uintptr_t base, uintptr_t begin, uintptr_t end) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<Span> free;
+  auto it = allocations_.find(base);
+  if (it == allocations_.end() || !it->second.blocks_reported) return free;
+  uintptr_t at = begin;
+  for (const auto& [from, to] : it->second.blocks.spans()) {
+    const uintptr_t b = base + from, e = base + to;
+    if (e <= at) continue;
+    if (b >= end) break;
+    if (b > at) free.push_back(Span{at, b});
+    at = std::max(at, e);
+  }
+  if (at < end) free.push_back(Span{at, end});
+  return free;
 }
 
 bool Registry::mapping(uintptr_t base, Mapping* out) const {

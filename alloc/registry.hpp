@@ -54,6 +54,13 @@ struct Allocation {
   // driver still counts them as discarded once written again (measured for copies into them,
   // bench/transfer_probe.cu hazard), and a prefetch to the CPU would drop what was written.
   SpanSet marked;
+  // Made after uvm_report_blocks: a runtime that cuts it into blocks reports every one of them.
+  bool reported_runtime = false;
+  // Offsets a runtime handed out as blocks (uvm_block_allocated) and has not taken back, once it
+  // reported any of a reported_runtime allocation: the rest is free space, which an offload drops
+  // instead of copying.
+  bool blocks_reported = false;
+  SpanSet blocks;
   std::map<uintptr_t, StagedPiece> staged;  // by address; disjoint, inside `host`
   EventRef last_move;       // where its last move ends on the GPU (null: nothing pending)
   bool released() const { return backing == Backing::releasable && !mapping.mapped; }
@@ -69,6 +76,9 @@ struct AllocationView {
   // The driver allocation holding it: where one prefetch or copy may reach.
   uintptr_t memory() const { return slab != 0 ? slab : base; }
 };
+
+// A block a runtime hands out or takes back (blocks.cpp), as the registry records it.
+enum class BlockChange : uint8_t { none, allocated, freed };
 
 // What uvm keeps about the bytes of a block a runtime hands out or takes back (blocks.cpp).
 struct BlockState {
@@ -119,8 +129,12 @@ class Registry {
   std::vector<EventRef> last_moves(const std::vector<uintptr_t>& bases) const;
   void set_last_move(const std::vector<uintptr_t>& bases, const EventRef& done);
 
-  // The state of [begin, end) in the allocation holding `begin`; false if none holds it.
-  bool block_state(uintptr_t begin, uintptr_t end, BlockState* out) const;
+  // The state of [begin, end) in the allocation holding `begin` (false if none holds it), after
+  // recording `change` to its blocks.
+  bool block_state(uintptr_t begin, uintptr_t end, BlockState* out, BlockChange change = BlockChange::none);
+  // The free space in [begin, end) of the allocation at `base`: bytes outside every block its
+  // runtime handed out, once it reported blocks at all (none before: all of it may hold data).
+  std::vector<Span> free_space(uintptr_t base, uintptr_t begin, uintptr_t end) const;
 
   // The physical memory of the releasable allocation at `base`, read and written under the moves
   // lock (alloc/vmm.hpp). false if no releasable allocation starts there.

@@ -12,4 +12,8 @@ namespace uvm {
 // owner's stats, `prefetch_calls` driver prefetches having done it.
 void account_move(const HintRange& range, Move move, uint64_t prefetch_calls);
 
+// Records that [range.begin, range.end) was discarded (for uvm allocations only): no copy kept of
+// it, staged or not, in the registry and the owner's stats.
+void account_discard(const HintRange& range);
+
 }  // namespace uvm

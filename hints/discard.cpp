@@ -6,6 +6,7 @@
 
 #include "../alloc/moves.hpp"
 #include "../alloc/stats.hpp"
+#include "accounting.hpp"
 #include "discard_batch.hpp"
 #include "order.hpp"
 #include "ranges.hpp"
@@ -85,12 +86,7 @@ uvm_status discard(const Call& call, Resolve&& resolve, cudaStream_t stream) {
   }
   if (uvm_status s = wait_for_moves(call, ranges, stream)) return s;
   if (uvm_status s = discard_batch(call, ranges, stream)) return s;
-  for (const HintRange& range : ranges) {
-    if (range.allocation == 0) continue;
-    registry().unstage(range.begin, range.end);  // a staged copy of these bytes is no longer wanted
-    const long long host_delta = registry().record_move(range.allocation, range.begin, range.end, Move::discarded);
-    record_discard(range.owner_device, range.end - range.begin, host_delta);
-  }
+  for (const HintRange& range : ranges) account_discard(range);
   if (uvm_status s = record_moves(call, ranges, stream)) return s;
   return release_emptied(call, ranges, stream);
 }

@@ -166,6 +166,14 @@ UVM_API const char* uvm_get_thread_tag(void);
  * runtime that sub-allocates, or staged bytes may outlive the block they were staged for.
  * ---------------------------------------------------------------------------------------------- */
 
+/* With `enabled` 1, declares that from now on the runtime reports every block it cuts out of a uvm
+ * allocation (call it once, before it allocates; 0 stops it for allocations made later). In an
+ * allocation made while it is on that has had a block reported, bytes outside the live blocks are
+ * free space: an offload drops them (discarded, no copy) instead of staging them, and an onload
+ * leaves them alone. Allocations made while it is off, and ones no block is ever reported for (a
+ * plain buffer), keep every byte. */
+UVM_API uvm_status uvm_report_blocks(int enabled);
+
 /* The runtime handed out [ptr, ptr + size) as a new block. What uvm kept for the bytes' earlier
  * owner is dropped: a staged host copy of them is never copied back, and they count as on the
  * device (the new owner writes them). A move of their allocation still running is waited for, and

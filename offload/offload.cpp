@@ -18,10 +18,12 @@
 namespace uvm {
 namespace {
 
-// What an offload still has to move (bytes already staged are off the device), split by how.
+// What an offload still has to move (bytes already staged are off the device), split by how, and
+// the free space it drops instead (bytes outside every block the allocation's runtime handed out).
 struct OffloadPieces {
   std::vector<HintRange> staged;
   std::vector<HintRange> migrated;
+  std::vector<HintRange> free;
 };
 
 // Whether `range` lies in a releasable allocation whose physical memory was given back: all its
@@ -33,19 +35,36 @@ bool released(const HintRange& range) {
 
 // Only uvm's own allocations are staged, since a host copy must die with its memory and uvm cannot
 // see a cudaFree of memory it did not allocate. Releasable memory is not managed, so it is always
-// staged.
-OffloadPieces pieces_to_move(const std::vector<HintRange>& merged, bool staging_wanted) {
+// staged. Free space holds nothing to keep: it is discarded where the device can (releasable memory
+// needs no driver call), so that a pool's offload copies its tensors only and leaves no pinned copy
+// of free blocks behind.
+OffloadPieces pieces_to_move(const std::vector<HintRange>& merged, bool staging_wanted, bool discard_supported) {
   OffloadPieces pieces;
   for (const HintRange& range : merged) {
     if (released(range)) continue;
     const bool stage = range.releasable || (staging_wanted && range.allocation != 0);
-    std::vector<Span> staged_already;
-    for (const StagedPiece& piece : registry().staged(range.begin, range.end)) staged_already.push_back(piece.span);
-    for (const Span& span : subtract(Span{range.begin, range.end}, staged_already)) {
+    std::vector<Span> skipped;
+    if (range.allocation != 0 && (range.releasable || discard_supported)) {
+      for (const Span& span : registry().free_space(range.allocation, range.begin, range.end)) {
+        pieces.free.push_back(clipped(range, span));
+        skipped.push_back(span);
+      }
+    }
+    for (const StagedPiece& piece : registry().staged(range.begin, range.end)) skipped.push_back(piece.span);
+    std::sort(skipped.begin(), skipped.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+    for (const Span& span : subtract(Span{range.begin, range.end}, skipped)) {
       (stage ? pieces.staged : pieces.migrated).push_back(clipped(range, span));
     }
   }
   return pieces;
+}
+
+// Drops the free space of an offload: discarded on the device (managed memory), no copy kept.
+uvm_status drop_free_space(const Call& call, const std::vector<HintRange>& free, cudaStream_t stream) {
+  if (free.empty()) return UVM_OK;
+  if (uvm_status s = discard_batch(call, free, stream)) return s;
+  for (const HintRange& piece : free) account_discard(piece);
+  return record_moves(call, free, stream);
 }
 
 size_t placed_bytes(const std::vector<Span>& spans) {
@@ -167,6 +186,7 @@ uvm_status issue_offload(const Call& call, const MoveTarget& target, const Offlo
                          const Reservation& reserved, cudaStream_t stream) {
   std::vector<HintRange> all = pieces.staged;
   all.insert(all.end(), pieces.migrated.begin(), pieces.migrated.end());
+  all.insert(all.end(), pieces.free.begin(), pieces.free.end());
   for (const HintRange& piece : all) record_move_bytes(piece.end - piece.begin);
   if (uvm_status s = wait_for_moves(call, all, stream)) return s;  // the reservation goes back with its leases
   CopiesDone done;
@@ -177,6 +197,7 @@ uvm_status issue_offload(const Call& call, const MoveTarget& target, const Offlo
     if (uvm_status s = prefetch_each(call, pieces.migrated, UVM_LOCATION_CPU, stream)) return s;
     if (uvm_status s = record_moves(call, pieces.migrated, stream)) return s;
   }
+  if (uvm_status s = drop_free_space(call, pieces.free, stream)) return s;
   return release_emptied(call, target.merged, stream, done);
 }
 
@@ -200,7 +221,8 @@ uvm_status offload_in_rounds(const Call& call, const uvm_range* ranges, size_t c
     // Pinned memory is allocated with no lock held, so that it holds up no uvm_free or move on
     // another thread; a first offload's block is pinned in steps on a thread of its own, and each
     // round below copies into the steps done while the rest is pinned.
-    const std::vector<Span> wanted = spans_of(pieces_to_move(target.merged, staging_wanted).staged);
+    const bool discard_supported = target.caps.discard_supported;
+    const std::vector<Span> wanted = spans_of(pieces_to_move(target.merged, staging_wanted, discard_supported).staged);
     if (!wanted.empty()) {
       if (uvm_status s = staging().ensure_capacity(call, wanted, true)) return s;
     }
@@ -214,7 +236,7 @@ uvm_status offload_in_rounds(const Call& call, const uvm_range* ranges, size_t c
                     target.device);
       }
       if (uvm_status s = check_strategy_fits(call, requested, strategy, target)) return s;
-      OffloadPieces pieces = pieces_to_move(target.merged, staging_wanted);
+      OffloadPieces pieces = pieces_to_move(target.merged, staging_wanted, discard_supported);
       const std::vector<Span> wanted_now = spans_of(pieces.staged);
       Reservation reserved;
       if (!wanted_now.empty()) staging().reserve_prefix(wanted_now, &reserved.spans, &reserved.leases, &reserved.reused);
@@ -225,6 +247,7 @@ uvm_status offload_in_rounds(const Call& call, const uvm_range* ranges, size_t c
       if (!reserved.spans.empty()) {
         // The steps pinned so far hold these: copy them now; the next round takes the rest.
         pieces.migrated.clear();
+        pieces.free.clear();
         if (uvm_status s = issue_offload(call, target, pieces, reserved, stream)) return s;
         continue;
       }

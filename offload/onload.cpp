@@ -199,7 +199,8 @@ uvm_status copy_back(const Call& call, int device, const std::vector<StagedWork>
   return UVM_OK;
 }
 
-// Splits the merged ranges into what is staged (copied back) and what is not (prefetched).
+// Splits the merged ranges into what is staged (copied back) and what is not (prefetched), leaving
+// out free space.
 void split_staged(const std::vector<HintRange>& merged, std::vector<StagedWork>* staged,
                   std::vector<HintRange>* migrated) {
   for (const HintRange& range : merged) {
@@ -208,6 +209,11 @@ void split_staged(const std::vector<HintRange>& merged, std::vector<StagedWork>*
     for (const StagedPiece& piece : pieces) {
       staged->push_back(StagedWork{clipped(range, piece.span), piece});
       staged_spans.push_back(piece.span);
+    }
+    // Free space holds nothing to bring back (offload dropped it): it is neither copied nor prefetched.
+    if (range.allocation != 0) {
+      for (const Span& span : registry().free_space(range.allocation, range.begin, range.end)) staged_spans.push_back(span);
+      std::sort(staged_spans.begin(), staged_spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
     }
     for (const Span& span : subtract(Span{range.begin, range.end}, staged_spans)) {
       migrated->push_back(clipped(range, span));

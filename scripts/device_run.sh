@@ -14,6 +14,7 @@
 #   PINNED_PROBE="4 8 [first]"  runs bench/pinned_probe.cpp with those arguments
 #   GATHER_PROBE="4096 [--before DIR]"  runs bench/gather_probe.py (the shim's per-tensor costs)
 #   JIT_BENCH=1                  runs the JIT build benchmark
+#   LIFETIME_BENCH=1             runs bench/lifetime_bench.py (what learning of a block's death costs)
 #   PEERS=1                      runs torch_memory_saver's examples on uvm.memory_saver
 #                                (tests/peers/run_tms_examples.sh) and the Megatron-Core harness
 #   RL_BENCH=1                   runs the sleep/wake cycle benchmark (python -m uvm bench rl);
@@ -35,6 +36,12 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 nvcc --version | tail -n 2
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null || echo "torch: not importable"
 meson --version
+
+# Python packages the device lacks travel as wheels in .whl/ (hypothesis, for test_model_gpu.py).
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 
 if [ ! -f /usr/include/catch2/catch.hpp ] && ls .deps/catch2_*.deb >/dev/null 2>&1; then
   rm -rf /tmp/c2 && dpkg -x .deps/catch2_*.deb /tmp/c2
@@ -105,6 +112,11 @@ fi
 if [ "${JIT_BENCH:-0}" = 1 ]; then
   echo "== JIT build bench"
   PYTHONPATH=python_shim python3 bench/jit_bench.py
+fi
+
+if [ "${LIFETIME_BENCH:-0}" = 1 ]; then
+  echo "== block lifetime bench"
+  PYTHONPATH=python_shim python3 bench/lifetime_bench.py --json "$OUT/lifetime.json" | tee "$OUT/lifetime.txt" || status=1
 fi
 
 if [ -n "${PINNED_PROBE:-}" ]; then

@@ -1,4 +1,5 @@
-"""Compiling libuvm.so from the C++ sources, once per (sources, compiler, flags, CUDA) key.
+"""Compiling libuvm.so from the C++ sources, once per (sources, compiler, flags, CUDA) key, and
+the hook that reports PyTorch's blocks to it (_torch_blocks.cpp), once per torch.
 
 - The compiler runs in child processes with a real timeout that works from any thread; on timeout
   the whole process group is killed.
@@ -219,6 +220,12 @@ class Watchdog:
         self._process.wait()
 
 
+def _produced(cxx: str, target: Path) -> Path:
+    if not target.is_file():
+        raise BuildError(f"{cxx} exited 0 but wrote no {target.name}")
+    return target
+
+
 def compile_library(root: Path, cxx: str, home: Path, out_dir: Path, timeout: float,
                     watchdog: Watchdog | None = None) -> Path:
     """Compiles every source in parallel, then links libuvm.so in `out_dir`."""
@@ -227,9 +234,7 @@ def compile_library(root: Path, cxx: str, home: Path, out_dir: Path, timeout: fl
     listed = SourceList(root)
 
     def produced(target: Path) -> Path:
-        if not target.is_file():
-            raise BuildError(f"{cxx} exited 0 but wrote no {target.name}")
-        return target
+        return _produced(cxx, target)
 
     def compile_one(source: Path) -> Path:
         target = out_dir / (source.parent.name + "_" + source.stem + ".o")
@@ -316,15 +321,48 @@ def build(timeout: float | None = None) -> Path:
         if not Path(prebuilt).is_file():
             raise BuildError(f"UVM_LIBRARY={prebuilt!r} does not exist")
         return Path(prebuilt)
+    root, home, cxx = source_root(), cuda_home(), compiler()
+    return _cached_build("libuvm.so", build_key(root, cxx, home), timeout,
+                         lambda scratch, left, watchdog: compile_library(root, cxx, home, scratch, left, watchdog))
+
+
+TORCH_BLOCKS_SOURCE = Path(__file__).resolve().with_name("_torch_blocks.cpp")
+
+
+def build_torch_blocks(torch_dir: Path, cxx11_abi: bool, timeout: float | None = None) -> Path:
+    """Path to the hook that reports PyTorch's blocks to uvm (_torch_blocks.cpp), built against the
+    torch installed at `torch_dir` (its include/ and lib/; `cxx11_abi`: torch's
+    _GLIBCXX_USE_CXX11_ABI), from the cache or compiled now (about 2 s: torch's headers)."""
+    home, cxx = cuda_home(), compiler()
+    digest = hashlib.sha256()
+    for part in (TORCH_BLOCKS_SOURCE.read_bytes(), str(torch_dir).encode(), str(int(cxx11_abi)).encode(),
+                 (torch_dir / "version.py").read_bytes() if (torch_dir / "version.py").is_file() else b"",
+                 (torch_dir / "include" / "c10" / "cuda" / "CUDACachingAllocator.h").read_bytes(),
+                 _compiler_identity(cxx).encode(), cuda_version(home).encode()):
+        digest.update(part)
+    library = "libuvm_torch_blocks.so"
+
+    def compile_hook(scratch: Path, left: float, watchdog: Watchdog) -> Path:
+        target = scratch / library
+        run([cxx, "-std=c++17", "-O2", "-fPIC", "-shared", f"-D_GLIBCXX_USE_CXX11_ABI={int(cxx11_abi)}",
+             "-isystem", str(torch_dir / "include"), "-isystem", str(home / "include"), str(TORCH_BLOCKS_SOURCE),
+             "-o", str(target), "-L", str(torch_dir / "lib"), "-lc10_cuda", "-lc10",
+             f"-Wl,-rpath,{torch_dir / 'lib'}"], timeout=left, watchdog=watchdog)
+        return _produced(cxx, target)
+
+    return _cached_build(library, "torch-" + digest.hexdigest()[:24], timeout, compile_hook)
+
+
+def _cached_build(name: str, key: str, timeout: float | None, compile) -> Path:
+    """The library `name` built under `key`: from the cache, or made by `compile(scratch folder,
+    seconds left, watchdog)` under the cache's lock, checksummed and renamed into place."""
     timeout = compile_timeout() if timeout is None else timeout
     deadline = time.monotonic() + timeout
-    root, home, cxx = source_root(), cuda_home(), compiler()
-    key = build_key(root, cxx, home)
-    cached = configured_cache_dir() / key / "libuvm.so"
+    cached = configured_cache_dir() / key / name
     if _cached_library_is_valid(cached):
         return cached
     directory = writable_cache_dir(configured_cache_dir(), key)
-    library = directory / key / "libuvm.so"
+    library = directory / key / name
     if _cached_library_is_valid(library):
         return library
     library.parent.mkdir(mode=0o700, exist_ok=True)
@@ -337,9 +375,9 @@ def build(timeout: float | None = None) -> Path:
         with tempfile.TemporaryDirectory(dir=library.parent, prefix=".build-") as scratch:
             watchdog = Watchdog(Path(scratch))
             try:
-                built = compile_library(root, cxx, home, Path(scratch), deadline - time.monotonic(), watchdog)
+                built = compile(Path(scratch), deadline - time.monotonic(), watchdog)
             except BuildTimeout as error:
-                raise BuildTimeout(f"building libuvm.so did not finish within {timeout:g} s: {error}") from None
+                raise BuildTimeout(f"building {name} did not finish within {timeout:g} s: {error}") from None
             finally:
                 watchdog.close()
             checksum = _checksum(built)

@@ -94,6 +94,7 @@ SIGNATURES = {
     "uvm_get_default_advice": (_int, []),
     "uvm_set_thread_tag": (_int, [ctypes.c_char_p]),
     "uvm_get_thread_tag": (ctypes.c_char_p, []),
+    "uvm_report_blocks": (_int, [_int]),
     "uvm_block_allocated": (_int, [_ptr, _size]),
     "uvm_block_freed": (_int, [_ptr, _size]),
     "uvm_is_managed": (_int, [_ptr]),

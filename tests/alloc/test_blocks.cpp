@@ -32,6 +32,7 @@ size_t staged_bytes() {
 struct Segment {
   static constexpr size_t kSegment = 8 * kMiB, kBlock = 4 * kMiB;
   explicit Segment(bool releasable) : releasable(releasable) {
+    REQUIRE(uvm_report_blocks(1) == UVM_OK);  // a runtime that reports every block, as the shim's hook does
     base = static_cast<unsigned char*>(releasable ? uvm_malloc_releasable(kSegment, 0, nullptr)
                                                   : uvm_malloc(kSegment, 0, nullptr));
     REQUIRE(base != nullptr);
@@ -193,12 +194,14 @@ TEST_CASE("a block in a released allocation whose memory cannot be mapped fails 
 TEST_CASE("blocks handed out and freed on one thread while another moves their neighbours lose nothing",
           "[blocks][threads][cuda13]") {
   FakeMachine machine;
+  REQUIRE(uvm_report_blocks(1) == UVM_OK);
   constexpr size_t kBlock = 64 * 1024, kBlocks = 16;
   auto* base = static_cast<unsigned char*>(uvm_malloc(kBlock * kBlocks, 0, nullptr));
   REQUIRE(base != nullptr);
   // Blocks 0..7 are the mover's, 8..15 the allocator's.
   std::vector<uvm_range> mover;
   for (size_t i = 0; i < kBlocks / 2; ++i) {
+    REQUIRE(uvm_block_allocated(base + i * kBlock, kBlock) == UVM_OK);
     std::memset(base + i * kBlock, static_cast<int>(i + 1), kBlock);
     mover.push_back(uvm_range{base + i * kBlock, kBlock});
   }
@@ -225,4 +228,39 @@ TEST_CASE("blocks handed out and freed on one thread while another moves their n
   for (size_t i = 0; i < kBlocks / 2; ++i) CHECK(holds(base + i * kBlock, kBlock, static_cast<unsigned char>(i + 1)));
   uvm_free(base, kBlock * kBlocks, 0, nullptr);
   CHECK(staged_bytes() == 0);
+}
+
+TEST_CASE("an offload drops the free space of a reported allocation and keeps every byte of the others",
+          "[blocks][cuda13]") {
+  for (const bool releasable : {false, true}) {
+    CAPTURE(releasable);
+    FakeMachine machine;
+    // Made before the runtime said it reports its blocks: every byte counts, blocks or not.
+    auto* before = static_cast<unsigned char*>(uvm_malloc(Segment::kSegment, 0, nullptr));
+    REQUIRE(before != nullptr);
+    std::memset(before, 0x44, Segment::kSegment);
+    Segment segment(releasable);  // turns reporting on, then allocates
+    REQUIRE(uvm_block_allocated(before, 4096) == UVM_OK);
+    // A plain buffer made while reporting is on, that no block is ever reported for.
+    auto* plain = static_cast<unsigned char*>(uvm_malloc(Segment::kSegment, 0, nullptr));
+    REQUIRE(plain != nullptr);
+    std::memset(plain, 0x55, Segment::kSegment);
+    REQUIRE(uvm_block_freed(segment.old(), Segment::kBlock) == UVM_OK);  // free space now
+    fake::reset_ops();
+    const uvm_range ranges[] = {segment.whole(), {before, Segment::kSegment}, {plain, Segment::kSegment}};
+    for (const uvm_range& r : ranges) REQUIRE(uvm_offload_ranges(&r, 1, UVM_STRATEGY_AUTO, nullptr) == UVM_OK);
+    // Copied out: keep's block and both other allocations whole; not the segment's free block.
+    CHECK(FakeMachine::bytes_of(fake::OpKind::copy_to_host) == Segment::kBlock + 2 * Segment::kSegment);
+    CHECK(staged_bytes() == Segment::kBlock + 2 * Segment::kSegment);
+    uvm_residency r{};
+    REQUIRE(uvm_get_residency(0, nullptr, &r) == UVM_OK);
+    CHECK(r.discarded_bytes == Segment::kBlock);
+    if (releasable) CHECK(r.released_bytes == Segment::kSegment);  // its free space counts as off the device
+    for (const uvm_range& range : ranges) REQUIRE(uvm_onload_ranges(&range, 1, nullptr) == UVM_OK);
+    CHECK(holds(segment.keep(), Segment::kBlock, 0x11));
+    CHECK(holds(before, Segment::kSegment, 0x44));
+    CHECK(holds(plain, Segment::kSegment, 0x55));
+    uvm_free(before, Segment::kSegment, 0, nullptr);
+    uvm_free(plain, Segment::kSegment, 0, nullptr);
+  }
 }

@@ -10,6 +10,7 @@ struct FakeMachine {
     fake::reset();
     for (int device = 0; device < 3; ++device) uvm_set_limit(device, 0);
     uvm_set_default_advice(UVM_ADVICE_DEVICE);
+    uvm_report_blocks(0);
     fake::set_thread_context(0);
     uvm_clear_last_error();
   }

@@ -71,6 +71,7 @@ class Model {
     pools_.push_back(Pool{name + "-releasable", true, {}});
     pools_.push_back(Pool{name + "-kv", false, {}});
     stream_ = fake::make_stream();
+    uvm_report_blocks(1);  // this allocator reports every block, as the shim's hook does for PyTorch
   }
 
   // Runs `steps` random steps; returns "" or what went wrong, with the steps that led there.

@@ -13,7 +13,7 @@ from ._lib import UVM_LOCATION_CPU, UVM_LOCATION_NONE, _get_ctypes_lib
 from ._state import CompilationState, _compile_timeout, compile_allocator
 from .torch import (advise_managed_module_parameters_preferred_location, advise_managed_tensor_accessed_by,
                     advise_managed_tensor_preferred_location, create_releasable_mempool,
-                    create_unified_mempool, discard,
+                    create_unified_mempool, discard, release_pool,
                     discard_managed_tensor, offload, onload, prefetch_managed_module_parameters,
                     prefetch_managed_tensor, where)
 
@@ -179,7 +179,7 @@ def trace_flush() -> None:
 
 __all__ = [
     "CompilationState", "UnifiedMemoryUnsupportedError", "UnifiedMemoryCompileTimeoutError",
-    "compile_allocator", "create_unified_mempool", "create_releasable_mempool", "prefetch_managed_tensor",
+    "compile_allocator", "create_unified_mempool", "create_releasable_mempool", "release_pool", "prefetch_managed_tensor",
     "advise_managed_tensor_preferred_location", "advise_managed_tensor_accessed_by",
     "prefetch_managed_module_parameters", "advise_managed_module_parameters_preferred_location",
     "discard_managed_tensor", "where", "stats", "set_limit", "library", "UVM_LOCATION_CPU",

@@ -9,6 +9,7 @@ import contextlib
 import contextvars
 import ctypes
 import enum
+import sys
 import threading
 from pathlib import Path
 
@@ -29,6 +30,10 @@ _alloc = None  # torch.cuda.memory.CUDAPluggableAllocator over uvm_malloc
 _alloc_releasable = None  # the same over uvm_malloc_releasable (uvm.create_releasable_mempool)
 _mod = None    # the loaded library (ctypes.CDLL); the seed's name for its compiled module
 _blocks_hook = None  # the loaded _torch_blocks.cpp, attached to torch's caching allocator
+# Every pool the shim made, kept alive until uvm.release_pool: torch empties a MemPool's cache when
+# it dies and asserts (aborting the process) if any thread is allocating into a pool or capturing
+# a graph at that moment, which the garbage collector would make any moment.
+pools: list = []
 _state_lock = threading.Lock()
 
 
@@ -63,13 +68,17 @@ def compile_allocator() -> None:
         if _compilation_state is not CompilationState.UNATTEMPTED:
             return
         try:
-            refusal = _torch_refusal()
+            # With torch imported already, the hook builds beside libuvm; else torch is imported
+            # (seconds) only once libuvm is built, so that a build's timeout is the build's.
+            torch_loaded = "torch" in sys.modules
+            refusal = _torch_refusal() if torch_loaded else None
             with concurrent.futures.ThreadPoolExecutor(max_workers=1) as builder:
-                hook = None if refusal else _start_hook_build(builder)
+                hook = _start_hook_build(builder) if torch_loaded and refusal is None else None
                 _mod = _lib.load(_lib.build_library())  # first, so ctypes users get the library regardless
+                refusal = refusal if torch_loaded else _torch_refusal()
                 if refusal:
                     raise UnifiedMemoryUnsupportedError(refusal)
-                _watch_blocks(_hook_path(hook))
+                _watch_blocks(_hook_path(hook or _start_hook_build(builder)))
             import torch
             _alloc = torch.cuda.memory.CUDAPluggableAllocator(_lib._so_path, "uvm_malloc", "uvm_free")
             _alloc_releasable = torch.cuda.memory.CUDAPluggableAllocator(_lib._so_path, "uvm_malloc_releasable",

@@ -45,7 +45,22 @@ def _create_pool(device, sync_ranks: bool, releasable: bool):
         pool = torch.cuda.MemPool(_state.allocator(releasable).allocator())
     if _expandable_segments():
         _check_pool_is_uvm(pool, index)
+    _state.pools.append(pool)
     return pool
+
+
+def release_pool(pool) -> None:
+    """Lets a pool from create_unified_mempool / create_releasable_mempool go: uvm keeps every pool
+    alive until this, because torch empties a pool's cache when it dies and aborts the process if any
+    thread is allocating into a pool (torch.cuda.use_mem_pool) or capturing a CUDA graph at that
+    moment — which the garbage collector would make any moment. Call it where no thread does; the
+    pool's memory goes back once the last reference to it is dropped and its tensors are freed."""
+    for i, kept in enumerate(_state.pools):
+        if kept is pool:
+            del _state.pools[i]
+            return
+    raise ValueError("release_pool takes a pool made by uvm.create_unified_mempool or create_releasable_mempool "
+                     "that was not released yet")
 
 
 def _expandable_segments() -> bool:

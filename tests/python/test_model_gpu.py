@@ -51,6 +51,8 @@ class Model(RuleBasedStateMachine):
             torch_memory_saver.resume(SAVER_TAG)
         self.tensors.clear()
         torch.cuda.synchronize()
+        for pool in self.pools.values():
+            uvm.release_pool(pool)  # here, where no thread allocates into a pool
 
     # --- tensors ---
 

@@ -1,6 +1,6 @@
 """GPU: teardown never aborts. Pools and processes are torn down in every state — offloaded, staged,
 released, paused, mid-onload on another thread, kept alive by an exception's traceback and collected
-later — and each child process must exit 0 with no abort, leave no CUDA error pending (a kernel runs
+later, collected by the garbage collector while another pool is in use — and each child process must exit 0 with no abort, leave no CUDA error pending (a kernel runs
 after the pools go), and hold no pinned memory once release_staging ran. Needs torch with CUDA and
 GPU 0 (skipped with the reason otherwise); each child's managed memory stays under 200 MiB."""
 import sys
@@ -42,6 +42,15 @@ STATES = {
     "paused without a backup, exits": "with torch_memory_saver.region('t'):\n"
                                       "    ts = [torch.randn(1 << 20, device='cuda') for _ in range(8)]\n"
                                       "torch_memory_saver.pause('t'); print('clean')",
+    "in a reference cycle, collected inside another pool's context": (
+        "class Holder: pass\nh = Holder(); h.me = h; h.pool, h.ts = make(KIND); uvm.offload(h.ts); del h\n"
+        "other = uvm.create_unified_mempool()\n"
+        "with torch.cuda.use_mem_pool(other):\n    gc.collect()\n    x = torch.ones(4, device='cuda')\n"
+        "del x; clean()"),
+    "released, then dropped: its memory goes back": (
+        "before = uvm.stats()['live_bytes']\npool, ts = make(KIND); uvm.offload(ts); torch.cuda.synchronize()\n"
+        "del ts; uvm.release_pool(pool); del pool; gc.collect()\n"
+        "assert uvm.stats()['live_bytes'] == before, uvm.stats()['live_bytes']; clean()"),
     "kept alive by a traceback, collected later": (
         "def fail():\n    pool, ts = make(KIND); uvm.offload(ts); raise RuntimeError('a failing client')\n"
         "try:\n    fail()\nexcept RuntimeError as e:\n    kept = e\n"

@@ -219,4 +219,15 @@ uvm_status uvm_device_capabilities(int device, uvm_device_caps* caps) {
   });
 }
 
+uvm_status uvm_device_synchronize(int device) {
+  const uvm::Call call = uvm::Call::of("uvm_device_synchronize").with_device(device);
+  return uvm::guarded(call, [&] {
+    if (uvm_status s = uvm::check_device(call, device, false)) return s;
+    uvm::ContextScope scope;
+    if (uvm_status s = scope.enter(call, device, uvm::ContextScope::When::always)) return s;
+    if (cudaError_t e = cudaDeviceSynchronize()) return uvm::fail_cuda(call, e, "cudaDeviceSynchronize");
+    return UVM_OK;
+  });
+}
+
 }  // extern "C"

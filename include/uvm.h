@@ -286,6 +286,11 @@ UVM_API int uvm_device_count(void);
 /* Fills `caps` for `device` without creating a context. */
 UVM_API uvm_status uvm_device_capabilities(int device, uvm_device_caps* caps);
 
+/* Waits for all work on `device` (cudaDeviceSynchronize in its primary context; the caller's context
+ * is restored). For callers that must not wait inside their framework's own bindings: a Python
+ * thread waiting through ctypes may be ended at interpreter exit without aborting the process. */
+UVM_API uvm_status uvm_device_synchronize(int device);
+
 /* ------------------------------------------------------------------------------------------------
  * Hints — prefetch, advise, discard
  * ---------------------------------------------------------------------------------------------- */

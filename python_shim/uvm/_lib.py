@@ -107,6 +107,7 @@ SIGNATURES = {
     "uvm_reset_peak": (_int, [_int]),
     "uvm_device_count": (_int, []),
     "uvm_device_capabilities": (_int, [_int, ctypes.POINTER(DeviceCaps)]),
+    "uvm_device_synchronize": (_int, [_int]),
     "uvm_prefetch": (_int, [_ptr, _size, _int, _stream]),
     "uvm_prefetch_ranges": (_int, [ctypes.POINTER(Range), _size, _int, _stream]),
     "uvm_advise_preferred_location": (_int, [_ptr, _size, _int]),
@@ -213,6 +214,13 @@ _EXCEPTIONS = {
     UVM_ERROR_INVALID_ARGUMENT: ValueError,
     UVM_ERROR_OUT_OF_MEMORY: MemoryError,
 }
+
+
+def synchronize(device: int) -> None:
+    """Waits for all work on `device` through uvm's C library, not torch's bindings: at interpreter
+    exit Python ends a daemon thread that waits here cleanly, where one waiting inside
+    torch.cuda.synchronize aborts the process (terminate called without an active exception)."""
+    check(_get_ctypes_lib().uvm_device_synchronize(device))
 
 
 def check(status: int, about: str = "") -> None:

@@ -161,15 +161,17 @@ class TorchMemorySaver:
     def pause(self, tag: str | None = None) -> None:
         """Moves the memory of `tag` (None: every tag) off the GPU and gives it back to the driver;
         returns when it is free. Pausing a paused tag does nothing."""
-        import torch
         from . import torch as uvm_torch
         with _state.lock:
             keys = [key for key in _state.selected(tag) if key not in _state.paused]
             if not keys:
                 return
             devices = sorted(set().union(*(_state.devices[key] for key in keys)))
-            for device in devices:  # kernels on any stream may still use these tensors
-                torch.cuda.synchronize(device)
+            # Kernels on any stream may still use these tensors. Waited for through uvm, not
+            # torch.cuda.synchronize: a daemon thread pausing when the interpreter exits is ended
+            # cleanly there, where inside torch's bindings the process aborted (H100 run).
+            for device in devices:
+                _lib.synchronize(device)
             kept = [_uvm_tag(*key) for key in keys if key[1]]
             dropped = [_uvm_tag(*key) for key in keys if not key[1]]
             if dropped:  # first: nothing to copy, so its memory is free at once
@@ -177,7 +179,7 @@ class TorchMemorySaver:
             if kept:
                 uvm_torch.offload(kept)
             for device in devices:
-                torch.cuda.synchronize(device)
+                _lib.synchronize(device)
             _state.paused.update(keys)
 
     def resume(self, tag: str | None = None) -> None:
@@ -185,7 +187,6 @@ class TorchMemorySaver:
         back, all tags in one call (mapping one allocation overlaps the copies into the others);
         returns when the tensors hold their data again. Resuming a resumed tag does nothing. Raises
         MemoryError (nothing resumed) when the memory would leave less than memory_margin_bytes free."""
-        import torch
         from . import torch as uvm_torch
         with _state.lock:
             keys = [key for key in _state.selected(tag) if key in _state.paused]
@@ -196,7 +197,7 @@ class TorchMemorySaver:
                 self._check_margin(keys, device)
             uvm_torch.onload([_uvm_tag(*key) for key in keys])
             for device in devices:
-                torch.cuda.synchronize(device)
+                _lib.synchronize(device)
             _state.paused.difference_update(keys)
             if not _state.retain_cpu_backup:
                 from . import release_staging

@@ -243,3 +243,19 @@ TEST_CASE("no driver: allocation fails with a clear message", "[no_driver][scena
   CHECK(uvm_device_capabilities(0, &caps) == UVM_ERROR_NO_DEVICE);
   CHECK(cudaPeekAtLastError() == cudaSuccess);
 }
+
+TEST_CASE("uvm_device_synchronize waits in the device's own context and says why it could not", "[malloc][devices]") {
+  FakeMachine machine;
+  fake::set_thread_context(fake::kNoContext);
+  REQUIRE(uvm_device_synchronize(1) == UVM_OK);
+  const auto syncs = FakeMachine::ops_named(fake::OpKind::device_sync);
+  REQUIRE(syncs.size() == 1);
+  CHECK(syncs[0].context_device == 1);
+  CHECK(fake::current_context() == fake::kNoContext);  // the caller's (none) is restored
+  CHECK(uvm_device_synchronize(7) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Has("uvm_device_synchronize(device=7)"));
+  fake::fail_next("cudaDeviceSynchronize", cudaErrorLaunchFailure);
+  CHECK(uvm_device_synchronize(0) == UVM_ERROR_CUDA);
+  CHECK_THAT(last_error(), Has("cudaErrorLaunchFailure"));
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+}

@@ -172,7 +172,9 @@ def test_live_bytes_return_to_baseline(pool):
     with torch.cuda.use_mem_pool(second):
         tensors = [torch.empty(8 * MiB, device="cuda") for _ in range(4)]
     assert uvm.stats(0)["live_bytes"] >= baseline + 4 * 8 * MiB
-    del tensors, second
+    del tensors
+    uvm.release_pool(second)  # uvm keeps its pools until released (a pool dying mid-context aborts)
+    del second
     gc.collect()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()

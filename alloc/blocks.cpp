@@ -54,18 +54,32 @@ uvm_status map_released(const Call& call, const AllocationView& allocation) {
   return status;
 }
 
-// Both calls take the moves lock for uvm's memory, so that a block handed out while a move of its
-// allocation is being issued on another thread comes after it: it then waits for that move (a pool
-// offloaded while a tensor is made in it either stages the tensor or does not touch it).
-uvm_status block_allocated(const Call& call, const void* ptr, size_t size) {
-  const auto begin = reinterpret_cast<uintptr_t>(ptr), end = begin + size;
+// A block call on uvm's memory, from its preamble on: the block's state once `change` is recorded,
+// under the moves lock. Both calls take it, so that a block handed out while a move of its
+// allocation is being issued on another thread comes after it, and then waits for that move (a
+// pool offloaded while a tensor is made in it either stages the tensor or does not touch it).
+struct BlockCall {
+  bool ours = false;  // uvm's memory, still allocated once the lock was had
   BlockState state;
-  if (!registry().block_state(begin, end, &state)) return UVM_OK;  // not uvm's memory: nothing to do
-  if (uvm_status s = check_block(call, ptr, size, state)) return s;
-  const auto moves = lock_moves();
-  if (!registry().block_state(begin, end, &state, BlockChange::allocated)) return UVM_OK;  // freed meanwhile
-  if (!state.staged && !state.moved && !state.released && !state.last_move) return UVM_OK;
+  std::unique_lock<std::mutex> moves;
+};
+
+uvm_status begin_block_call(const Call& call, const void* ptr, size_t size, BlockChange change, BlockCall* out) {
+  const auto begin = reinterpret_cast<uintptr_t>(ptr), end = begin + size;
+  if (!registry().block_state(begin, end, &out->state)) return UVM_OK;  // not uvm's memory: nothing to do
+  if (uvm_status s = check_block(call, ptr, size, out->state)) return s;
+  out->moves = lock_moves();
+  out->ours = registry().block_state(begin, end, &out->state, change);  // false: freed meanwhile
+  return UVM_OK;
+}
+
+uvm_status block_allocated(const Call& call, const void* ptr, size_t size) {
+  BlockCall block;
+  if (uvm_status s = begin_block_call(call, ptr, size, BlockChange::allocated, &block)) return s;
+  const BlockState& state = block.state;
+  if (!block.ours || (!state.staged && !state.moved && !state.released && !state.last_move)) return UVM_OK;
   if (uvm_status s = wait_for_last_move(call, state)) return s;
+  const auto begin = reinterpret_cast<uintptr_t>(ptr), end = begin + size;
   const AllocationView& allocation = state.allocation;
   registry().set_last_move({allocation.base}, nullptr);  // complete: the next block need not wait
   registry().unstage(begin, end);
@@ -75,19 +89,17 @@ uvm_status block_allocated(const Call& call, const void* ptr, size_t size) {
 }
 
 uvm_status block_freed(const Call& call, const void* ptr, size_t size) {
-  const auto begin = reinterpret_cast<uintptr_t>(ptr), end = begin + size;
-  BlockState state;
-  if (!registry().block_state(begin, end, &state)) return UVM_OK;  // not uvm's memory: nothing to do
-  if (uvm_status s = check_block(call, ptr, size, state)) return s;
-  const auto moves = lock_moves();
-  if (!registry().block_state(begin, end, &state, BlockChange::freed) || !state.staged) return UVM_OK;
+  BlockCall block;
+  if (uvm_status s = begin_block_call(call, ptr, size, BlockChange::freed, &block)) return s;
+  if (!block.ours || !block.state.staged) return UVM_OK;
   // The staged bytes had no other copy: they are discarded, as far as anyone can tell.
+  const auto begin = reinterpret_cast<uintptr_t>(ptr), end = begin + size;
   long long host_delta = 0;
   for (const StagedPiece& piece : registry().staged(begin, end)) {
-    host_delta += registry().record_move(state.allocation.base, piece.span.begin, piece.span.end, Move::discarded);
+    host_delta += registry().record_move(block.state.allocation.base, piece.span.begin, piece.span.end, Move::discarded);
   }
   registry().unstage(begin, end);
-  record_host_change(state.allocation.device, host_delta);
+  record_host_change(block.state.allocation.device, host_delta);
   return UVM_OK;
 }
 

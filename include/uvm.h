@@ -343,8 +343,10 @@ typedef enum uvm_strategy {
  * uvm_get_residency). Pointers never change. Ranges are validated first, then sorted and merged
  * where they overlap or touch inside one allocation (never across a gap: bytes between ranges stay
  * where they are, untouched); one call never spans two allocations (the driver rejects that).
- * Bytes already offloaded are skipped. STAGED keeps the host copy in pinned memory that uvm reuses
- * across cycles (uvm_release_staging gives it back); the copy dies with its allocation. Staging it
+ * Bytes already offloaded are skipped, and so is a releasable allocation already given back. STAGED
+ * keeps the host copy in pinned memory that uvm reuses across cycles (uvm_release_staging gives it
+ * back); the copy dies with its allocation, or with its block (see Blocks). In an allocation whose
+ * blocks are reported (uvm_report_blocks), free space is discarded, not copied. Staging it
  * must add first is pinned in steps while the copies into the steps done run (uvm_reserve_staging).
  * After an offload that staged bytes, staging blocks left holding nothing (the set offloaded shrank)
  * are freed on a thread of uvm's, so that the host memory held stays near what is offloaded.

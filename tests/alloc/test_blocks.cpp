@@ -264,3 +264,28 @@ TEST_CASE("an offload drops the free space of a reported allocation and keeps ev
     uvm_free(plain, Segment::kSegment, 0, nullptr);
   }
 }
+
+TEST_CASE("a block handed out in an allocation made before reporting began drops what a whole offload staged there",
+          "[blocks][cuda13]") {
+  // A pool built on uvm before the hook was attached: its segments are staged whole (free space
+  // too), and a block handed out later in that free space must not get those bytes back.
+  for (const bool releasable : {false, true}) {
+    CAPTURE(releasable);
+    FakeMachine machine;  // reporting off
+    auto* base = static_cast<unsigned char*>(releasable ? uvm_malloc_releasable(2 * kMiB, 0, nullptr)
+                                                        : uvm_malloc(2 * kMiB, 0, nullptr));
+    REQUIRE(base != nullptr);
+    std::memset(base, 0x66, 2 * kMiB);
+    const uvm_range whole{base, 2 * kMiB};
+    REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_AUTO, nullptr) == UVM_OK);
+    CHECK(staged_bytes() == 2 * kMiB);
+    REQUIRE(uvm_report_blocks(1) == UVM_OK);  // the hook attaches now
+    REQUIRE(uvm_block_allocated(base + kMiB, 4096) == UVM_OK);
+    CHECK(staged_bytes() == 2 * kMiB - 4096);
+    std::memset(base + kMiB, 0x77, 4096);
+    REQUIRE(uvm_onload_ranges(&whole, 1, nullptr) == UVM_OK);
+    CHECK(holds(base + kMiB, 4096, 0x77));
+    CHECK(holds(base, kMiB, 0x66));
+    uvm_free(base, 2 * kMiB, 0, nullptr);
+  }
+}

@@ -51,6 +51,7 @@ struct Segment {
 struct Pool {
   std::string tag;
   bool releasable;
+  bool reported;  // its segments are made with uvm_report_blocks on: their free space is dropped
   std::vector<Segment> segments;
 };
 
@@ -67,11 +68,12 @@ class Model {
  public:
   // `alone`: no other model runs beside this one, so it may move everything on the device.
   Model(uint64_t seed, const std::string& name, bool alone) : rng_(seed), seed_(seed), alone_(alone) {
-    pools_.push_back(Pool{name + "-managed", false, {}});
-    pools_.push_back(Pool{name + "-releasable", true, {}});
-    pools_.push_back(Pool{name + "-kv", false, {}});
+    // Every block is reported, as the shim's hook does for PyTorch; the kv pool's segments are made
+    // with reporting off, as a pool made before the hook was attached: every byte of them counts.
+    pools_.push_back(Pool{name + "-managed", false, true, {}});
+    pools_.push_back(Pool{name + "-releasable", true, true, {}});
+    pools_.push_back(Pool{name + "-kv", false, false, {}});
     stream_ = fake::make_stream();
-    uvm_report_blocks(1);  // this allocator reports every block, as the shim's hook does for PyTorch
   }
 
   // Runs `steps` random steps; returns "" or what went wrong, with the steps that led there.
@@ -123,6 +125,7 @@ class Model {
     if (best_segment == nullptr) {
       const size_t segment_size = block <= kMiB ? kSmallSegment : round_up(block, kSmallSegment);
       uvm_set_thread_tag(pool.tag.c_str());
+      uvm_report_blocks(pool.reported ? 1 : 0);  // per thread models: a process-wide switch, set just before
       void* base = pool.releasable ? uvm_malloc_releasable(segment_size, 0, nullptr) : uvm_malloc(segment_size, 0, nullptr);
       uvm_set_thread_tag(nullptr);
       if (base == nullptr) {

@@ -202,13 +202,7 @@ bool Registry::block_state(uintptr_t begin, uintptr_t end, BlockState* out, Bloc
     if (change == BlockChange::allocated) allocation.blocks.add(from, to);
     else allocation.blocks.remove(from, to);
   }
-  const auto overlaps = [&](const SpanSet& set) {
-    for (const auto& [b, e] : set.spans()) {
-      if (b < to && e > from) return true;
-    }
-    return false;
-  };
-  out->moved = overlaps(allocation.host) || overlaps(allocation.discarded);
+  out->moved = allocation.host.overlaps(from, to) || allocation.discarded.overlaps(from, to);
   auto piece = allocation.staged.upper_bound(begin);
   if (piece != allocation.staged.begin() && std::prev(piece)->second.span.end > begin) --piece;
   out->staged = piece != allocation.staged.end() && piece->first < end;
@@ -222,16 +216,22 @@ std::vector<Span> Registry::free_space(uintptr_t base, uintptr_t begin, uintptr_
   std::vector<Span> free;
   auto it = allocations_.find(base);
   if (it == allocations_.end() || !it->second.blocks_reported) return free;
+  const SpanSet& blocks = it->second.blocks;
   uintptr_t at = begin;
-  for (const auto& [from, to] : it->second.blocks.spans()) {
-    const uintptr_t b = base + from, e = base + to;
-    if (e <= at) continue;
+  for (auto span = blocks.first_ending_after(begin - base); span != blocks.spans().end(); ++span) {
+    const uintptr_t b = base + span->first, e = base + span->second;
     if (b >= end) break;
     if (b > at) free.push_back(Span{at, b});
     at = std::max(at, e);
   }
   if (at < end) free.push_back(Span{at, end});
   return free;
+}
+
+bool Registry::released(uintptr_t base) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = allocations_.find(base);
+  return it != allocations_.end() && it->second.released();
 }
 
 bool Registry::mapping(uintptr_t base, Mapping* out) const {

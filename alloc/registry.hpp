@@ -136,6 +136,8 @@ class Registry {
   // runtime handed out, once it reported blocks at all (none before: all of it may hold data).
   std::vector<Span> free_space(uintptr_t base, uintptr_t begin, uintptr_t end) const;
 
+  // Whether the allocation at `base` is releasable memory given back to the driver.
+  bool released(uintptr_t base) const;
   // The physical memory of the releasable allocation at `base`, read and written under the moves
   // lock (alloc/vmm.hpp). false if no releasable allocation starts there.
   bool mapping(uintptr_t base, Mapping* out) const;

@@ -42,4 +42,14 @@ size_t SpanSet::remove(size_t begin, size_t end) {
   return removed;
 }
 
+std::vector<std::pair<size_t, size_t>>::const_iterator SpanSet::first_ending_after(size_t offset) const {
+  return std::upper_bound(spans_.begin(), spans_.end(), offset,
+                          [](size_t at, const std::pair<size_t, size_t>& span) { return at < span.second; });
+}
+
+bool SpanSet::overlaps(size_t begin, size_t end) const {
+  const auto span = first_ending_after(begin);
+  return begin < end && span != spans_.end() && span->first < end;
+}
+
 }  // namespace uvm

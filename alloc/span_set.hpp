@@ -16,6 +16,10 @@ class SpanSet {
   // Removes [begin, end); returns how many bytes were in the set.
   size_t remove(size_t begin, size_t end);
   size_t total() const { return total_; }
+  // Whether any byte of [begin, end) is in the set (a binary search: block calls ask on every block).
+  bool overlaps(size_t begin, size_t end) const;
+  // The first span that ends after `offset`: where a walk over [offset, ...) starts.
+  std::vector<std::pair<size_t, size_t>>::const_iterator first_ending_after(size_t offset) const;
   const std::vector<std::pair<size_t, size_t>>& spans() const { return spans_; }
 
  private:

@@ -26,13 +26,6 @@ struct OffloadPieces {
   std::vector<HintRange> free;
 };
 
-// Whether `range` lies in a releasable allocation whose physical memory was given back: all its
-// bytes are staged or discarded already, and none is mapped to copy from.
-bool released(const HintRange& range) {
-  Mapping mapping;
-  return range.releasable && registry().mapping(range.allocation, &mapping) && !mapping.mapped;
-}
-
 // Only uvm's own allocations are staged, since a host copy must die with its memory and uvm cannot
 // see a cudaFree of memory it did not allocate. Releasable memory is not managed, so it is always
 // staged. Free space holds nothing to keep: it is discarded where the device can (releasable memory
@@ -41,7 +34,8 @@ bool released(const HintRange& range) {
 OffloadPieces pieces_to_move(const std::vector<HintRange>& merged, bool staging_wanted, bool discard_supported) {
   OffloadPieces pieces;
   for (const HintRange& range : merged) {
-    if (released(range)) continue;
+    // A released allocation's bytes are all staged or discarded already, none mapped to copy from.
+    if (range.releasable && registry().released(range.allocation)) continue;
     const bool stage = range.releasable || (staging_wanted && range.allocation != 0);
     std::vector<Span> skipped;
     if (range.allocation != 0 && (range.releasable || discard_supported)) {

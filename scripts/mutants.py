@@ -117,7 +117,7 @@ MUTANTS = [
  ("alloc/blocks.cpp", "  registry().unstage(begin, end);\n  const long long host_delta = registry().record_move(allocation.base, begin, end, Move::to_device);",
   "  const long long host_delta = registry().record_move(allocation.base, begin, end, Move::to_device);", "offload_tests", "[model]"),
  # An offload of a released allocation copies from its unmapped addresses (found by the model).
- ("offload/offload.cpp", "    if (released(range)) continue;\n", "", "hints_tests", "[release]"),
+ ("offload/offload.cpp", "    if (range.releasable && registry().released(range.allocation)) continue;\n", "", "hints_tests", "[release]"),
  # A prefetch to the CPU drops bytes written after a discard (found by the model).
  ("hints/prefetch.cpp", "      if (uvm_status s = undo_discard_marks(call, range, stream)) return s;\n", "", "offload_tests", "[safety]"),
  # Onload no longer takes its turn with the other moves: two threads map and release under each other.

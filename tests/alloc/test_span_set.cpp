@@ -22,3 +22,18 @@ TEST_CASE("span sets add, merge and remove exactly", "[spans]") {
   CHECK(spans.add(0, 400) == 395);
   CHECK(spans.spans().size() == 1);
 }
+
+TEST_CASE("overlaps says whether any byte of a range is in the set, gaps and edges included", "[spans]") {
+  uvm::SpanSet set;
+  set.add(100, 200);
+  set.add(300, 400);
+  CHECK(set.overlaps(150, 160));
+  CHECK(set.overlaps(50, 101));
+  CHECK(set.overlaps(199, 301));
+  CHECK_FALSE(set.overlaps(200, 300));  // the gap, its edges touching both spans
+  CHECK_FALSE(set.overlaps(0, 100));
+  CHECK_FALSE(set.overlaps(400, 500));
+  CHECK_FALSE(set.overlaps(150, 150));  // empty
+  CHECK(set.first_ending_after(200)->first == 300);
+  CHECK(set.first_ending_after(400) == set.spans().end());
+}

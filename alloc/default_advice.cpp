@@ -1,9 +1,8 @@
 #include "default_advice.hpp"
 
-#include <strings.h>
-
 #include <atomic>
-#include <cstdlib>
+
+#include "options.hpp"
 
 namespace uvm {
 namespace {
@@ -13,30 +12,14 @@ std::atomic<int> chosen_mode{kNotChosen};
 
 }  // namespace
 
-bool parse_advice_mode(const char* text, uvm_advice_mode* mode) {
-  if (text == nullptr) return false;
-  if (strcasecmp(text, "device") == 0) *mode = UVM_ADVICE_DEVICE;
-  else if (strcasecmp(text, "host") == 0) *mode = UVM_ADVICE_HOST;
-  else if (strcasecmp(text, "none") == 0) *mode = UVM_ADVICE_NONE;
-  else return false;
-  return true;
-}
-
 uvm_status default_advice(const Call& call, uvm_advice_mode* mode) {
   const int chosen = chosen_mode.load(std::memory_order_acquire);
   if (chosen != kNotChosen) {
     *mode = static_cast<uvm_advice_mode>(chosen);
     return UVM_OK;
   }
-  const char* text = std::getenv("UVM_DEFAULT_ADVICE");
-  if (text == nullptr || *text == '\0') {
-    *mode = UVM_ADVICE_DEVICE;
-    return UVM_OK;
-  }
-  if (!parse_advice_mode(text, mode)) {
-    return fail(call, UVM_ERROR_INVALID_ARGUMENT,
-                "UVM_DEFAULT_ADVICE='%s' is not one of device, host, none", text);
-  }
+  if (uvm_status s = check_options(call)) return s;
+  *mode = options().default_advice;
   return UVM_OK;
 }
 

@@ -3,19 +3,17 @@
 #pragma once
 
 #include <cstddef>
-#include <string>
 
 #include "errors.hpp"
+#include "options.hpp"
 
 namespace uvm {
 
-// The cap in force for `device`: uvm_set_limit's value, else env, else total memory.
+// The cap in force for `device`: uvm_set_limit's value, else default_limit.
 uvm_status effective_limit(const Call& call, int device, size_t* limit);
 
-// Parses UVM_LIMIT_BYTES (integer, optional K/M/G/T binary suffix) or UVM_LIMIT_FRACTION (number >
-// 0, of `total_memory`); either may be null (unset). Neither set: *limit = total_memory. Returns
-// false with `why` when a value is malformed or both are set.
-bool parse_limit_env(const char* bytes_text, const char* fraction_text, size_t total_memory,
-                     size_t* limit, std::string* why);
+// The limit the options give a device of `total_memory` bytes: UVM_LIMIT_BYTES, else
+// UVM_LIMIT_FRACTION of it, else all of it.
+size_t default_limit(const Options& options, size_t total_memory);
 
 }  // namespace uvm

@@ -58,6 +58,7 @@ uvm_status allocate_managed(const Call& call, size_t size, int device, const Dev
 }
 
 uvm_status allocate(const Call& call, size_t size, int device, Backing backing, void** out) {
+  if (uvm_status s = check_options(call)) return s;
   if (uvm_status s = check_device(call, device, false)) return s;
   DeviceCaps caps;
   if (uvm_status s = device_caps(call, device, &caps)) return s;

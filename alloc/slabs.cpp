@@ -2,9 +2,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include "options.hpp"
+
 #include <bitset>
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 
@@ -29,12 +29,7 @@ Slabs& slabs() {
 
 }  // namespace
 
-bool slabs_enabled_by(const char* env_value) { return env_value == nullptr || std::strcmp(env_value, "0") != 0; }
-
-bool slab_serves(size_t size) {
-  static const bool enabled = slabs_enabled_by(std::getenv("UVM_SLABS"));
-  return enabled && size == kSlotBytes;
-}
+bool slab_serves(size_t size) { return options().slabs && size == kSlotBytes; }
 
 uvm_status take_slot(const Call& call, int device, void** slot, uintptr_t* slab) {
   Slabs& all = slabs();

@@ -7,7 +7,7 @@
 // serves requests of exactly kSlotBytes from slabs of kSlotsPerSlab slots, one cudaMallocManaged
 // each. A slot is still its own uvm allocation (freed, tagged, advised, moved and counted alone);
 // only the driver sees the slab, so that an onload populates neighbouring slots with one prefetch.
-// Env UVM_SLABS=0 gives every segment its own cudaMallocManaged again.
+// UVM_SLABS=0 gives every segment its own cudaMallocManaged again.
 #pragma once
 
 #include <cstddef>
@@ -20,9 +20,8 @@ namespace uvm {
 constexpr size_t kSlotBytes = size_t{2} << 20;  // PyTorch's small-pool segment
 constexpr size_t kSlotsPerSlab = 32;
 
-// Whether uvm_malloc serves `size` from a slab: exactly kSlotBytes, unless env UVM_SLABS=0 (read once).
+// Whether uvm_malloc serves `size` from a slab: exactly kSlotBytes, unless UVM_SLABS=0 (alloc/options.hpp).
 bool slab_serves(size_t size);
-bool slabs_enabled_by(const char* env_value);
 
 // A free slot of one of `device`'s slabs, or of a new slab (cudaMallocManaged, in the current
 // context, which must be the device's). `slab` receives its slab's base.

@@ -5,11 +5,12 @@
 #include <cuda_runtime_api.h>
 
 #include "../alloc/errors.hpp"
+#include "../alloc/options.hpp"
 
 namespace uvm {
 
 // The most worker streams an onload spreads its copies over (UVM_ONLOAD_STREAMS's upper bound).
-constexpr int kMaxWorkerStreams = 8;
+constexpr int kMaxWorkerStreams = kMaxOnloadStreams;
 
 // The legacy NULL stream or its alias.
 inline bool is_legacy_stream(cudaStream_t stream) {

@@ -12,6 +12,7 @@
 #include <set>
 #include <string>
 
+#include "../alloc/options.hpp"
 #include "trace_sinks.hpp"
 
 namespace uvm {
@@ -20,19 +21,10 @@ namespace {
 // Moves waiting for their GPU work before they are written; past this the oldest is waited for.
 constexpr size_t kMaxPending = 256;
 
-// UVM_TRACE's path, "%p" replaced by the process id (one file per process of a job).
-std::string trace_path() {
-  const char* value = std::getenv("UVM_TRACE");
-  std::string path = value != nullptr ? value : "";
-  const size_t pid_at = path.find("%p");
-  if (pid_at != std::string::npos) path.replace(pid_at, 2, std::to_string(getpid()));
-  return path;
-}
-
 // The file always holds a whole JSON array: each write goes in before the closing "\n]\n".
 class TraceFile {
  public:
-  TraceFile() : path_(trace_path()) {}
+  TraceFile() : path_(options().trace_path) {}
 
   bool wanted() const { return !path_.empty(); }
 

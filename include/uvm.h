@@ -94,6 +94,43 @@ UVM_API void uvm_clear_last_error(void);
 UVM_API const char* uvm_version(void);
 
 /* ------------------------------------------------------------------------------------------------
+ * Options — the environment variables libuvm reads, all under one policy
+ *
+ *   UVM_LIMIT_BYTES       the default limit per device in bytes (64G, 512MiB, 1048576)
+ *   UVM_LIMIT_FRACTION    the default limit as a fraction of the device's memory (not with the above)
+ *   UVM_DEFAULT_ADVICE    device | host | none: the advice new memory gets
+ *   UVM_SLABS             1 | 0: 2 MiB segments from shared slabs
+ *   UVM_PINNED            register | hostalloc | pageable: how staging memory is pinned
+ *   UVM_ONLOAD_COPY       auto | engine | sm | mixed: what copies staged bytes into releasable memory
+ *   UVM_ONLOAD_CHUNK_MIB  1–4096 (64): MiB an onload moves in one step
+ *   UVM_ONLOAD_STREAMS    1–8 (4): streams an onload copies on
+ *   UVM_TRACE             a file for every move's phases as Chrome trace events
+ *
+ * Read once, at the first call that needs one. Unset or empty means the default; names are
+ * case-insensitive. A value uvm does not understand is never passed over for the default: uvm_malloc,
+ * uvm_malloc_releasable, uvm_get_limit, uvm_get_staging_info, uvm_reserve_staging and every offload
+ * and onload then fail with UVM_ERROR_INVALID_ARGUMENT, the message naming the variable and its value.
+ * ---------------------------------------------------------------------------------------------- */
+
+/* One option, as uvm read it. The strings live as long as the process. */
+typedef struct uvm_option_info {
+  const char* name;          /* "UVM_PINNED" */
+  const char* value;         /* as set in the environment; NULL when unset or empty */
+  const char* default_value; /* what unset means */
+  const char* meaning;       /* the values it takes and what they do, one line */
+} uvm_option_info;
+
+/* How many options there are (the rows of the table above). */
+UVM_API int uvm_option_count(void);
+
+/* Fills `info` (not NULL) with option `index`, 0 <= index < uvm_option_count(). */
+UVM_API uvm_status uvm_get_option(int index, uvm_option_info* info);
+
+/* UVM_OK when every option set is understood; else UVM_ERROR_INVALID_ARGUMENT naming the first that
+ * is not (the calls above fail with the same message). */
+UVM_API uvm_status uvm_check_options(void);
+
+/* ------------------------------------------------------------------------------------------------
  * Allocation — the exact signatures torch.cuda.memory.CUDAPluggableAllocator calls
  * ---------------------------------------------------------------------------------------------- */
 
@@ -363,7 +400,7 @@ UVM_API uvm_status uvm_offload_ranges(const uvm_range* ranges, size_t count, uvm
  * Into releasable memory env UVM_ONLOAD_COPY=auto (the default) copies with a uvm kernel reading the
  * pinned memory when the device has more than 4 times the staged bytes free (after a bulk free the
  * copy engine runs at half speed; the kernel does not), else with cudaMemcpyAsync; sm and engine
- * fix the choice, mixed uses both. An unknown value fails the call (UVM_ERROR_INVALID_ARGUMENT). */
+ * fix the choice, mixed uses both ("Options"). */
 UVM_API uvm_status uvm_onload_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream);
 
 /* Pinned host memory uvm holds for staged offload, and how much of it holds offloaded data. Either

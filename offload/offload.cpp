@@ -256,6 +256,7 @@ uvm_status offload_in_rounds(const Call& call, const uvm_range* ranges, size_t c
 // left with nothing in them are freed (in the background). An offload that staged nothing (a
 // migration) leaves them for the next staged one.
 uvm_status offload(const Call& call, const uvm_range* ranges, size_t count, int requested, cudaStream_t stream) {
+  if (uvm_status s = check_options(call)) return s;
   bool staged = false;
   const uvm_status status = offload_in_rounds(call, ranges, count, requested, stream, &staged);
   if (status == UVM_OK && staged) staging().free_unused_in_background();

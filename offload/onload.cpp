@@ -178,18 +178,18 @@ void finish_copy_back(int device, const std::vector<StagedWork>& work, const Eve
 // before and after. The pieces stay staged until every copy is issued and joined, so a failure
 // loses nothing: the next onload copies them again.
 uvm_status copy_back(const Call& call, int device, const std::vector<StagedWork>& work, cudaStream_t stream) {
-  const OnloadPipeline pipeline = onload_pipeline();
+  const Options& pipeline = options();
   size_t releasable_bytes = 0;  // the only bytes the choice of copy applies to
   for (const StagedWork& w : work) releasable_bytes += w.range.releasable ? w.range.end - w.range.begin : 0;
   OnloadCopy how = OnloadCopy::engine;
   if (uvm_status s = onload_copy_for(call, device, releasable_bytes, &how)) return s;
   Workers workers;
-  workers.count = pipeline.streams;
+  workers.count = pipeline.onload_streams;
   if (uvm_status s = worker_streams(call, workers.count, workers.streams)) return s;
   if (uvm_status s = start_workers(call, work, stream, workers)) return s;
   uint64_t prefetches = 0;
   EventRef read;
-  uvm_status status = issue_chunks(call, device, work, pipeline.chunk_bytes, how, &workers, &prefetches);
+  uvm_status status = issue_chunks(call, device, work, pipeline.onload_chunk_bytes, how, &workers, &prefetches);
   if (status == UVM_OK) status = join_workers(call, workers, stream, &read);
   if (status != UVM_OK) {
     settle(workers);
@@ -222,6 +222,7 @@ void split_staged(const std::vector<HintRange>& merged, std::vector<StagedWork>*
 }
 
 uvm_status onload(const Call& call, const uvm_range* ranges, size_t count, cudaStream_t stream) {
+  if (uvm_status s = check_options(call)) return s;
   MoveTarget target;
   if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;
   if (target.merged.empty()) return UVM_OK;

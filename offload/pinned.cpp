@@ -116,17 +116,6 @@ void pin_steps(char* host, size_t bytes, int device, std::shared_ptr<StepPinning
 
 }  // namespace
 
-PinnedKind pinned_kind_from(const char* env_value) {
-  if (env_value != nullptr && std::strcmp(env_value, "hostalloc") == 0) return PinnedKind::host_alloc;
-  if (env_value != nullptr && std::strcmp(env_value, "pageable") == 0) return PinnedKind::pageable;
-  return PinnedKind::registered;
-}
-
-PinnedKind configured_pinned_kind() {
-  static const PinnedKind configured = pinned_kind_from(std::getenv("UVM_PINNED"));
-  return configured;
-}
-
 uvm_status pin_host_memory(const Call& call, size_t bytes, PinnedKind wanted, PinnedMemory* out) {
   std::string why = "UVM_PINNED=hostalloc";
   if (wanted == PinnedKind::pageable) {

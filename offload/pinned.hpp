@@ -13,19 +13,14 @@
 #include <string>
 
 #include "../alloc/errors.hpp"
+#include "../alloc/options.hpp"
 
 namespace uvm {
 
-// How staging memory is pinned. env UVM_PINNED=register (the default: mmap, huge pages, parallel
+// PinnedKind (alloc/options.hpp, UVM_PINNED): register (the default: mmap, huge pages, parallel
 // fault-in, cudaHostRegister; cudaHostAlloc if any of that fails), hostalloc (cudaHostAlloc only),
 // or pageable: mapped and faulted in the same way but never pinned, for hosts short on pinnable
 // memory; copies to and from it are staged by the driver and slower (docs/performance.md).
-// The values are uvm_pinned_kind's, which reports them.
-enum class PinnedKind {
-  registered = UVM_PINNED_REGISTERED,
-  host_alloc = UVM_PINNED_HOST_ALLOC,
-  pageable = UVM_PINNED_PAGEABLE
-};
 
 // How far pinning in steps has come: the first `pinned` bytes are registered. Written by the
 // pinning thread, read by whoever waits for room.
@@ -79,8 +74,7 @@ uvm_status unpin_steps(const Call& call, char* host, size_t bytes);
 // end: cudaHostUnregister + munmap, or cudaFreeHost).
 uvm_status unpin_host_memory(const Call& call, const PinnedMemory& memory);
 
-// The strategy env UVM_PINNED asks for, read once; a malformed value keeps the default.
-PinnedKind configured_pinned_kind();
-PinnedKind pinned_kind_from(const char* env_value);
+// The kind UVM_PINNED asks for.
+inline PinnedKind configured_pinned_kind() { return options().pinned; }
 
 }  // namespace uvm

@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "../alloc/span_set.hpp"
-#include "../hints/streams.hpp"
 #include "uvm.h"
 
 namespace uvm {
@@ -18,20 +17,6 @@ uvm_strategy choose_strategy(uvm_strategy requested, bool discard_supported);
 
 // The parts of `range` that no span of `covered` (sorted, disjoint) covers.
 std::vector<Span> subtract(const Span& range, const std::vector<Span>& covered);
-
-// Cuts `spans` into consecutive pieces of at most `chunk_bytes`.
-std::vector<Span> split_into_chunks(const std::vector<Span>& spans, size_t chunk_bytes);
-
-// How onload copies staged bytes back: pieces of chunk_bytes, each populated (prefetched) and then
-// copied on one of `streams` in turn. Env UVM_ONLOAD_CHUNK_MIB (1–4096, default 64) and
-// UVM_ONLOAD_STREAMS (1–kMaxWorkerStreams, default 4) override, read once; a malformed value keeps
-// the default.
-struct OnloadPipeline {
-  size_t chunk_bytes;
-  int streams;
-};
-OnloadPipeline onload_pipeline();
-OnloadPipeline parse_onload_pipeline(const char* chunk_mib, const char* streams);
 
 }  // namespace uvm
 

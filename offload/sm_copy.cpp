@@ -147,20 +147,6 @@ uvm_status load_kernel(const Call& call, int device, LoadedKernel* out) {
 
 }  // namespace
 
-bool onload_copy_from(const char* env_value, OnloadCopy* out) {
-  const std::string value = env_value ? env_value : "";
-  const std::pair<const char*, OnloadCopy> names[] = {{"", OnloadCopy::automatic},   {"auto", OnloadCopy::automatic},
-                                                      {"engine", OnloadCopy::engine}, {"sm", OnloadCopy::sm},
-                                                      {"mixed", OnloadCopy::mixed}};
-  for (const auto& name : names) {
-    if (value == name.first) {
-      *out = name.second;
-      return true;
-    }
-  }
-  return false;
-}
-
 OnloadCopy auto_copy(size_t free_bytes, size_t staged_bytes) {
   return free_bytes / kAutoKernelFreeFactor > staged_bytes ? OnloadCopy::sm : OnloadCopy::engine;
 }
@@ -171,10 +157,8 @@ OnloadCopy copy_for_worker(OnloadCopy setting, int worker) {
 }
 
 uvm_status onload_copy_for(const Call& call, int device, size_t staged_bytes, OnloadCopy* out) {
-  static const char* value = std::getenv("UVM_ONLOAD_COPY");
-  if (!onload_copy_from(value, out)) {
-    return fail(call, UVM_ERROR_INVALID_ARGUMENT, "UVM_ONLOAD_COPY='%s' is none of auto, engine, sm, mixed", value);
-  }
+  if (uvm_status s = check_options(call)) return s;
+  *out = options().onload_copy;
   if (*out != OnloadCopy::automatic) return UVM_OK;
   if (staged_bytes == 0 || kernel_refusal(device) != nullptr) {
     *out = OnloadCopy::engine;

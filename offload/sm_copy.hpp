@@ -13,10 +13,11 @@
 #include <cstddef>
 
 #include "../alloc/errors.hpp"
+#include "../alloc/options.hpp"
 
 namespace uvm {
 
-// How an onload copies staged bytes back into releasable memory. env UVM_ONLOAD_COPY=auto (the
+// How an onload copies staged bytes back into releasable memory (OnloadCopy): UVM_ONLOAD_COPY=auto (the
 // default), sm (the kernel), engine (cudaMemcpyAsync), or mixed (the kernel on every other worker
 // stream, the engine on the rest). Managed memory is always copied by the engine.
 // auto takes the kernel when the device has more than kAutoKernelFreeFactor times the onload's
@@ -26,19 +27,15 @@ namespace uvm {
 // kernel idled while a map waited for the driver, where the engine's queue ran on. auto picked
 // the kernel in the first and the engine in the second: 86 % of pinned memcpy in both, against
 // 81/79 % with the kernel alone and 50/85 % with the engine alone.
-enum class OnloadCopy { engine, sm, mixed, automatic };
 constexpr size_t kAutoKernelFreeFactor = 4;
 
-// How an onload on `device` copies `staged_bytes` of releasable memory back, as env
-// UVM_ONLOAD_COPY asks (read once), auto resolved to engine or sm. With no such bytes (an onload of
-// managed memory only) auto asks the device nothing. Any other value than auto, engine, sm or mixed fails the onload,
-// naming it: a misspelt setting must not pass silently for the default. auto takes the engine on a
+// How an onload on `device` copies `staged_bytes` of releasable memory back, as UVM_ONLOAD_COPY
+// asks, auto resolved to engine or sm; fails if an option is not understood. With no such bytes (an
+// onload of managed memory only) auto asks the device nothing. auto takes the engine on a
 // device the kernel cannot serve (older than sm_70, no module calls in the driver, no host-pointer
 // access to registered memory) or when cudaMemGetInfo fails (its error cleared); asked for
 // explicitly there, the kernel fails the onload, saying why.
 uvm_status onload_copy_for(const Call& call, int device, size_t staged_bytes, OnloadCopy* out);
-// Parses a value of UVM_ONLOAD_COPY (null, empty or "auto": automatic); false for an unknown one.
-bool onload_copy_from(const char* env_value, OnloadCopy* out);
 // What auto chooses with `free_bytes` free on the device for `staged_bytes` to copy back.
 OnloadCopy auto_copy(size_t free_bytes, size_t staged_bytes);
 // How the chunks of worker `worker` (0-based) are copied under `setting` (resolved: not automatic):

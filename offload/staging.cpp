@@ -359,6 +359,7 @@ uvm_status uvm_get_staging_info(uvm_staging_info* info) {
   const uvm::Call call = uvm::Call::of("uvm_get_staging_info");
   return uvm::guarded(call, [&] {
     if (info == nullptr) return uvm::fail(call, UVM_ERROR_INVALID_ARGUMENT, "info is NULL");
+    if (uvm_status s = uvm::check_options(call)) return s;
     *info = uvm::staging().info();
     info->staged_bytes = uvm::registry().staged_bytes();
     return UVM_OK;
@@ -368,6 +369,7 @@ uvm_status uvm_get_staging_info(uvm_staging_info* info) {
 uvm_status uvm_reserve_staging(size_t bytes) {
   const uvm::Call call = uvm::Call::of("uvm_reserve_staging").with_size(bytes);
   return uvm::guarded(call, [&] {
+    if (uvm_status s = uvm::check_options(call)) return s;
     if (bytes == 0) return UVM_OK;
     return uvm::staging().ensure_capacity(call, {uvm::Span{0, bytes}});
   });

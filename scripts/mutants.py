@@ -13,7 +13,10 @@ BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
 # (source, original text, mutated text, test program, Catch2 filter); the texts may be tuples
 # of several places changed together
 MUTANTS = [
- ("alloc/limits.cpp", "if (value > (std::numeric_limits<size_t>::max() >> shift)) return false;", "", "alloc_tests", "[limits]"),
+ ("alloc/options.cpp", "if (value > (std::numeric_limits<size_t>::max() >> shift)) return false;", "", "alloc_tests", "[options]"),
+ # Options: allocation does not check them (an explicit limit and advice set, as a test's fixture
+ # has them, hide the refusal from every other reader).
+ ("alloc/malloc.cpp", "  if (uvm_status s = check_options(call)) return s;\n", "", "alloc_tests", "[env_malformed]"),
  ("alloc/stats.cpp", "const size_t in_use = a.stats.live_bytes + a.reserved;", "const size_t in_use = a.stats.live_bytes;", "alloc_tests", "[limits]"),
  ("alloc/registry.cpp", "if (address - it->first >= it->second.size) return false;", "if (address - it->first > it->second.size) return false;", "alloc_tests", "[malloc]"),
  ("hints/ranges.cpp", "same_allocation ? range.begin <= last.end :", "same_allocation ? range.begin <= last.end + 512 :", "offload_tests", "[safety]"),
@@ -125,7 +128,7 @@ MUTANTS = [
   "  if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;  // freed", "hints_tests",
   "threads offloading*"),
 ]
-TAG_ENV = {"[steps]": {"UVM_PINNED": ""}, "[model]": {"UVM_MODEL_SEQUENCES": "300", "UVM_MODEL_THREADED_SEQUENCES": "10"}, "[sm_copy]": {"UVM_ONLOAD_COPY": "sm"},
+TAG_ENV = {"[steps]": {"UVM_PINNED": ""}, "[env_malformed]": {"UVM_PINNED": "pinned"}, "[model]": {"UVM_MODEL_SEQUENCES": "300", "UVM_MODEL_THREADED_SEQUENCES": "10"}, "[sm_copy]": {"UVM_ONLOAD_COPY": "sm"},
            "[sm_copy_default]": {"UVM_ONLOAD_COPY": "", "FAKE_CUDA_SCENARIO": "pre_volta"},
            "[sm_copy_auto]": {"UVM_ONLOAD_COPY": ""}}
 os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))

@@ -28,13 +28,16 @@ def doctor() -> int:
         problems.append(str(error))
     print(f"cache dir: {os.environ.get('UVM_CACHE_DIR') or '~/.cache/uvm'}; "
           f"timeout {os.environ.get('UVM_COMPILE_TIMEOUT_S') or _build.DEFAULT_TIMEOUT_S} s")
-    lib = None
+    lib, option_refused = None, None
     try:
         lib = _lib._get_ctypes_lib()
         print(f"library: {_lib._so_path}")
     except _errors.UnifiedMemoryUnsupportedError as error:
         problems.append(str(error))
     if lib is not None:
+        option_refused = _print_options(lib)
+        if option_refused:
+            problems.append(option_refused)
         count = lib.uvm_device_count()
         if count == 0:
             problems.append(lib.uvm_last_error().decode(errors="replace"))
@@ -54,7 +57,8 @@ def doctor() -> int:
             if not caps.concurrent_managed_access:
                 problems.append(f"device {device} lacks concurrentManagedAccess: prefetch and advice "
                                 "are unavailable there")
-        print(staging_line())  # host memory, shared by every device
+        if not option_refused:
+            print(staging_line())  # host memory, shared by every device
     try:
         import torch
         print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), MemPool: "
@@ -67,9 +71,23 @@ def doctor() -> int:
         problems.insert(0, f"a pool cannot be created: {_state._compilation_error}")
     for problem in problems:
         print(f"problem: {problem}")
-    ready = _state._compilation_state is _state.CompilationState.SUCCESS
+    ready = _state._compilation_state is _state.CompilationState.SUCCESS and not option_refused
     print("ok: uvm.create_unified_mempool() will work" if ready else f"not ok: {problems[0]}")
     return 0 if ready else 1
+
+
+def _print_options(lib) -> str | None:
+    """Prints uvm's table of environment variables (uvm.h, "Options") as the library read them;
+    returns the library's message if it refuses one of them."""
+    print("options (uvm.h, Options):")
+    for index in range(lib.uvm_option_count()):
+        info = _lib.OptionInfo()
+        lib.uvm_get_option(index, ctypes.byref(info))
+        shown = info.value.decode() if info.value else f"unset ({info.default_value.decode() or 'off'})"
+        print(f"  {info.name.decode():<21} {shown:<28} {info.meaning.decode()}")
+    if lib.uvm_check_options() != _lib.UVM_OK:
+        return lib.uvm_last_error().decode(errors="replace")
+    return None
 
 
 def _print_residency(lib, device: int) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import os
 import threading
 
 from . import _build
@@ -61,6 +60,11 @@ class StagingInfo(ctypes.Structure):
                 ("blocks", ctypes.c_size_t), ("configured_kind", ctypes.c_int)]
 
 
+class OptionInfo(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("value", ctypes.c_char_p), ("default_value", ctypes.c_char_p),
+                ("meaning", ctypes.c_char_p)]
+
+
 # uvm_pinned_kind, as env UVM_PINNED names it.
 PINNED_KINDS = {0: "register", 1: "hostalloc", 2: "pageable"}
 
@@ -87,6 +91,9 @@ SIGNATURES = {
     "uvm_last_error_index": (ctypes.c_int64, []),
     "uvm_clear_last_error": (None, []),
     "uvm_version": (ctypes.c_char_p, []),
+    "uvm_option_count": (_int, []),
+    "uvm_get_option": (_int, [_int, ctypes.POINTER(OptionInfo)]),
+    "uvm_check_options": (_int, []),
     "uvm_malloc": (_ptr, [_size, _int, _stream]),
     "uvm_malloc_releasable": (_ptr, [_size, _int, _stream]),
     "uvm_free": (None, [_ptr, _size, _int, _stream]),
@@ -157,8 +164,7 @@ def load(path: str) -> ctypes.CDLL:
                 function = getattr(lib, name)
                 function.restype, function.argtypes = restype, argtypes
             _ctypes_lib, _so_path = lib, path
-            if os.environ.get("UVM_TRACE"):
-                atexit.register(lib.uvm_trace_flush)  # moves whose GPU work was still running
+            atexit.register(lib.uvm_trace_flush)  # with UVM_TRACE: moves whose GPU work was still running
         return _ctypes_lib
 
 

@@ -15,15 +15,3 @@ TEST_CASE("UVM_DEFAULT_ADVICE=host places new allocations on the host", "[env][s
   uvm_free(ptr, 4096, 0, nullptr);
 }
 
-TEST_CASE("advice names are parsed case-insensitively and strictly", "[advice]") {
-  uvm_advice_mode mode = UVM_ADVICE_NONE;
-  CHECK(uvm::parse_advice_mode("device", &mode));
-  CHECK(mode == UVM_ADVICE_DEVICE);
-  CHECK(uvm::parse_advice_mode("HOST", &mode));
-  CHECK(mode == UVM_ADVICE_HOST);
-  CHECK(uvm::parse_advice_mode("None", &mode));
-  CHECK(mode == UVM_ADVICE_NONE);
-  CHECK_FALSE(uvm::parse_advice_mode("gpu", &mode));
-  CHECK_FALSE(uvm::parse_advice_mode("", &mode));
-  CHECK_FALSE(uvm::parse_advice_mode(nullptr, &mode));
-}

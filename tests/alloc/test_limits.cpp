@@ -78,56 +78,6 @@ TEST_CASE("limits: below live bytes, unlimited, and back to the default", "[limi
   CHECK(uvm_get_limit(0, nullptr) == UVM_ERROR_INVALID_ARGUMENT);
 }
 
-TEST_CASE("limit environment values are parsed strictly", "[limits]") {
-  using uvm::parse_limit_env;
-  const size_t total = 80 * (size_t{1} << 30);
-  size_t limit = 0;
-  std::string why;
-  CHECK(parse_limit_env(nullptr, nullptr, total, &limit, &why));
-  CHECK(limit == total);
-  CHECK(parse_limit_env("", "", total, &limit, &why));
-  CHECK(limit == total);
-  CHECK(parse_limit_env("1048576", nullptr, total, &limit, &why));
-  CHECK(limit == MiB);
-  CHECK(parse_limit_env("64G", nullptr, total, &limit, &why));
-  CHECK(limit == 64 * (size_t{1} << 30));
-  CHECK(parse_limit_env("512MiB", nullptr, total, &limit, &why));
-  CHECK(limit == 512 * MiB);
-  CHECK(parse_limit_env("2k", nullptr, total, &limit, &why));
-  CHECK(limit == 2048);
-  CHECK(parse_limit_env(nullptr, "0.25", total, &limit, &why));
-  CHECK(limit == total / 4);
-  CHECK(parse_limit_env(nullptr, "1.5", total, &limit, &why));  // explicit oversubscription
-  CHECK(limit == total / 2 * 3);
-  // The last two overflow 64 bits only through their suffix; wrapped, they would read 1 GiB and 1 TiB.
-  for (const char* bad : {"lots", "-5", "0", "12X", "64GB!", "99999999999999999999999", "17179869185G",
-                          "16777217T"}) {
-    CAPTURE(bad);
-    CHECK_FALSE(parse_limit_env(bad, nullptr, total, &limit, &why));
-    CHECK_THAT(why, Has("UVM_LIMIT_BYTES='"));
-  }
-  for (const char* bad : {"0", "-1", "half", "nan", "inf", "0.5x"}) {
-    CAPTURE(bad);
-    CHECK_FALSE(parse_limit_env(nullptr, bad, total, &limit, &why));
-    CHECK_THAT(why, Has("UVM_LIMIT_FRACTION='"));
-  }
-  CHECK_FALSE(parse_limit_env("1G", "0.5", total, &limit, &why));
-  CHECK_THAT(why, Has("set only one of"));
-}
-
-TEST_CASE("a malformed limit variable fails allocation, naming the variable", "[limits]") {
-  FakeMachine machine;
-  setenv("UVM_LIMIT_BYTES", "lots", 1);
-  CHECK(uvm_malloc(4096, 0, nullptr) == nullptr);
-  CHECK(uvm_last_status() == UVM_ERROR_INVALID_ARGUMENT);
-  CHECK_THAT(last_error(), Has("UVM_LIMIT_BYTES='lots'"));
-  REQUIRE(uvm_set_limit(0, 64 * MiB) == UVM_OK);  // an explicit limit overrides the environment
-  void* ptr = uvm_malloc(4096, 0, nullptr);
-  CHECK(ptr != nullptr);
-  uvm_free(ptr, 4096, 0, nullptr);
-  unsetenv("UVM_LIMIT_BYTES");
-}
-
 TEST_CASE("an allocation still in flight counts against the limit", "[limits]") {
   // Two allocations racing past the check must not both fit: the check counts reservations that
   // have not reached the driver yet.

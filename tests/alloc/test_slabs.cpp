@@ -113,12 +113,6 @@ TEST_CASE("a slab that cannot be allocated fails the allocation cleanly", "[mall
   CHECK(stats_of(0).live_allocations == 0);
 }
 
-TEST_CASE("UVM_SLABS=0 turns slabs off", "[slabs]") {
-  CHECK(uvm::slabs_enabled_by(nullptr));
-  CHECK(uvm::slabs_enabled_by("1"));
-  CHECK_FALSE(uvm::slabs_enabled_by("0"));
-}
-
 TEST_CASE("threads allocating and freeing slots never share one", "[slabs][threads]") {
   FakeMachine machine;
   std::mutex mutex;

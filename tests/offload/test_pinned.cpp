@@ -63,13 +63,6 @@ TEST_CASE("hostalloc pins with cudaHostAlloc alone", "[pinned]") {
   REQUIRE(uvm::unpin_host_memory(kCall, memory) == UVM_OK);
 }
 
-TEST_CASE("UVM_PINNED chooses how staging memory is pinned", "[pinned]") {
-  CHECK(uvm::pinned_kind_from(nullptr) == uvm::PinnedKind::registered);
-  CHECK(uvm::pinned_kind_from("register") == uvm::PinnedKind::registered);
-  CHECK(uvm::pinned_kind_from("hostalloc") == uvm::PinnedKind::host_alloc);
-  CHECK(uvm::pinned_kind_from("bogus") == uvm::PinnedKind::registered);  // malformed: the default
-}
-
 TEST_CASE("pinning in steps registers step by step on a thread of its own; copies may use each step done",
           "[pinned][steps]") {
   FakeMachine machine;
@@ -118,7 +111,6 @@ TEST_CASE("a step that cannot be registered ends the pinning, saying why; what w
 
 TEST_CASE("pageable staging memory is mapped and faulted in, never pinned, and unmapped", "[pinned]") {
   FakeMachine machine;
-  CHECK(uvm::pinned_kind_from("pageable") == uvm::PinnedKind::pageable);
   uvm::PinnedMemory memory;
   REQUIRE(uvm::pin_host_memory(kCall, kBytes, uvm::PinnedKind::pageable, &memory) == UVM_OK);
   CHECK(memory.kind == uvm::PinnedKind::pageable);

@@ -30,23 +30,6 @@ TEST_CASE("subtract leaves the parts nothing covers", "[plan]") {
   CHECK(same(uvm::subtract(span(100, 200), {span(0, 100), span(200, 300)}), {span(100, 200)}));
 }
 
-TEST_CASE("split_into_chunks cuts each span, keeping order and every byte", "[plan]") {
-  const auto chunks = uvm::split_into_chunks({span(0, 250), span(1000, 1100)}, 100);
-  CHECK(same(chunks, {span(0, 100), span(100, 200), span(200, 250), span(1000, 1100)}));
-  CHECK(uvm::split_into_chunks({}, 100).empty());
-}
-
-TEST_CASE("the onload pipeline reads its env, keeping defaults for bad values", "[plan]") {
-  const auto defaults = uvm::parse_onload_pipeline(nullptr, nullptr);
-  CHECK(defaults.chunk_bytes == (size_t{64} << 20));
-  CHECK(defaults.streams == 4);
-  const auto set = uvm::parse_onload_pipeline("16", "4");
-  CHECK(set.chunk_bytes == (size_t{16} << 20));
-  CHECK(set.streams == 4);
-  CHECK(uvm::parse_onload_pipeline("0", "9").chunk_bytes == defaults.chunk_bytes);
-  CHECK(uvm::parse_onload_pipeline("12x", "9").streams == defaults.streams);
-}
-
 namespace {
 // A piece of `allocation`, held by the driver allocation `memory` (a slab; by default its own).
 uvm::CopyPiece piece(uintptr_t begin, uintptr_t end, uintptr_t allocation = 1, uintptr_t memory = 0) {

@@ -15,24 +15,6 @@ constexpr size_t kMiB = size_t{1} << 20;
 bool mentions(const char* text, const char* part) { return std::string(text).find(part) != std::string::npos; }
 }  // namespace
 
-TEST_CASE("UVM_ONLOAD_COPY reads auto (the default), engine, sm or mixed, and nothing else", "[offload]") {
-  using uvm::OnloadCopy;
-  const std::pair<const char*, OnloadCopy> accepted[] = {{nullptr, OnloadCopy::automatic}, {"", OnloadCopy::automatic},
-                                                         {"auto", OnloadCopy::automatic}, {"sm", OnloadCopy::sm},
-                                                         {"engine", OnloadCopy::engine}, {"mixed", OnloadCopy::mixed}};
-  for (const auto& value : accepted) {
-    INFO((value.first ? value.first : "(unset)"));
-    OnloadCopy how = value.second == OnloadCopy::engine ? OnloadCopy::sm : OnloadCopy::engine;
-    CHECK(uvm::onload_copy_from(value.first, &how));
-    CHECK(how == value.second);
-  }
-  OnloadCopy how = OnloadCopy::engine;
-  for (const char* wrong : {"SM", "kernel", "automatic", "auto "}) {
-    INFO(wrong);
-    CHECK_FALSE(uvm::onload_copy_from(wrong, &how));
-  }
-}
-
 TEST_CASE("auto takes the kernel only when the device has more than 4 times the staged bytes free", "[offload]") {
   using uvm::OnloadCopy;
   const size_t staged = size_t{4158652416};  // the RL benchmark's weights
@@ -174,15 +156,11 @@ TEST_CASE("asked for on a device too old for it, the kernel fails the onload say
   CHECK(cudaPeekAtLastError() == cudaSuccess);
 }
 
-TEST_CASE("a misspelt UVM_ONLOAD_COPY fails the onload naming it, and the bytes stay staged", "[scenario][sm_copy_env][cuda13]") {
+TEST_CASE("a misspelt UVM_ONLOAD_COPY is refused before anything is allocated, naming it", "[scenario][sm_copy_env][cuda13]") {
   FakeMachine machine;
-  Releasable a(kMiB, 0, 11);
-  cudaStream_t stream = fake::make_stream();
-  const uvm_range whole = a.whole();
-  REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
-  CHECK(uvm_onload_ranges(&whole, 1, stream) == UVM_ERROR_INVALID_ARGUMENT);
-  CHECK(mentions(uvm_last_error(), "UVM_ONLOAD_COPY='fast' is none of auto, engine, sm, mixed"));
-  CHECK(residency().staged_bytes == a.size);
+  CHECK(uvm_malloc_releasable(kMiB, 0, nullptr) == nullptr);
+  CHECK(mentions(uvm_last_error(), "UVM_ONLOAD_COPY='fast' is not understood; expected auto, engine, sm or mixed"));
+  CHECK(FakeMachine::ops_named(fake::OpKind::vmm_create).empty());
   CHECK(cudaPeekAtLastError() == cudaSuccess);
 }
 

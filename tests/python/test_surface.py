@@ -1,6 +1,7 @@
 """The seed's public surface: same names, shapes and semantics; import without torch."""
 import inspect
 import json
+import re
 import os
 from pathlib import Path
 import sys
@@ -305,7 +306,7 @@ def test_device_arguments_refused_by_name(given, cpu, error):
 def test_staging_reports_its_memory_by_kind_and_the_kind_asked_for():
     """No GPU needed: nothing held yet, the kind env UVM_PINNED asks for, the C layout; doctor says it."""
     code = ("import ctypes, uvm\nprint(sorted(uvm.staging().items()))\nprint(ctypes.sizeof(uvm._lib.StagingInfo))")
-    for env, kind in ((None, "register"), ("pageable", "pageable"), ("hostalloc", "hostalloc"), ("bogus", "register")):
+    for env, kind in ((None, "register"), ("pageable", "pageable"), ("hostalloc", "hostalloc")):
         out = python(code, {} if env is None else {"UVM_PINNED": env}).stdout.split("\n")
         assert out[0] == str(sorted({"capacity_bytes": 0, "staged_bytes": 0, "registered_bytes": 0,
                                      "host_alloc_bytes": 0, "pageable_bytes": 0, "pinning_bytes": 0,
@@ -314,6 +315,20 @@ def test_staging_reports_its_memory_by_kind_and_the_kind_asked_for():
     doctor = python("import sys, uvm.__main__ as m; sys.exit(m.main(['doctor']))", {"UVM_PINNED": "pageable"},
                     check=False)
     assert "staging memory (UVM_PINNED=pageable): 0 MiB held in 0 block(s), 0 MiB in use" in doctor.stdout, doctor.stdout
+    assert re.search(r"^  UVM_PINNED +pageable +register, hostalloc or pageable", doctor.stdout, re.M), doctor.stdout
+
+
+def test_an_option_not_understood_is_refused_by_name_and_doctor_says_so():
+    """No GPU needed: one policy for every variable in uvm.h's table (uvm_get_option lists it)."""
+    refused = "UVM_PINNED='bogus' is not understood; expected register, hostalloc or pageable"
+    out = python("import uvm\ntry:\n    uvm.staging()\nexcept ValueError as e:\n    print(e)", {"UVM_PINNED": "bogus"})
+    assert out.stdout.startswith("uvm_get_staging_info(): " + refused), out.stdout
+    doctor = python("import sys, uvm.__main__ as m; sys.exit(m.main(['doctor']))", {"UVM_PINNED": "bogus"},
+                    check=False)
+    assert doctor.returncode == 1, doctor.stdout
+    assert f"problem: uvm_check_options(): {refused}" in doctor.stdout, doctor.stdout
+    assert re.search(r"^  UVM_ONLOAD_STREAMS +unset \(4\) +1-8: streams", doctor.stdout, re.M), doctor.stdout
+    assert "staging memory (UVM_PINNED" not in doctor.stdout
 
 
 def test_last_move_is_empty_before_any_move_and_flush_is_harmless(tmp_path):

@@ -83,7 +83,7 @@ uvm_status block_allocated(const Call& call, const void* ptr, size_t size) {
   const AllocationView& allocation = state.allocation;
   registry().set_last_move({allocation.base}, nullptr);  // complete: the next block need not wait
   registry().unstage(begin, end);
-  const long long host_delta = registry().record_move(allocation.base, begin, end, Move::to_device);
+  const long long host_delta = registry().record_placement(allocation.base, begin, end, Move::to_device);
   record_host_change(allocation.device, host_delta);
   return state.released ? map_released(call, allocation) : UVM_OK;
 }
@@ -96,7 +96,7 @@ uvm_status block_freed(const Call& call, const void* ptr, size_t size) {
   const auto begin = reinterpret_cast<uintptr_t>(ptr), end = begin + size;
   long long host_delta = 0;
   for (const StagedPiece& piece : registry().staged(begin, end)) {
-    host_delta += registry().record_move(block.state.allocation.base, piece.span.begin, piece.span.end, Move::discarded);
+    host_delta += registry().record_placement(block.state.allocation.base, piece.span.begin, piece.span.end, Move::discarded);
   }
   registry().unstage(begin, end);
   record_host_change(block.state.allocation.device, host_delta);

@@ -41,7 +41,7 @@ bool Registry::find(const void* ptr, AllocationView* found) const {
   return true;
 }
 
-long long Registry::record_move(uintptr_t base, uintptr_t begin, uintptr_t end, Move move) {
+long long Registry::record_placement(uintptr_t base, uintptr_t begin, uintptr_t end, Move move) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = allocations_.find(base);
   if (it == allocations_.end()) return 0;  // freed meanwhile: nothing left to account
@@ -167,7 +167,7 @@ size_t Registry::staged_bytes() const {
   return total;
 }
 
-std::vector<EventRef> Registry::last_moves(const std::vector<uintptr_t>& bases) const {
+std::vector<EventRef> Registry::last_move_events(const std::vector<uintptr_t>& bases) const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<EventRef> events;
   for (uintptr_t base : bases) {

@@ -103,7 +103,7 @@ class Registry {
   // Where bytes are. Records that [begin, end) of the allocation at `base` moved (nothing if it
   // was freed meanwhile); returns the signed change in its host-resident bytes. Staged copies are
   // not touched: unstage() drops them.
-  long long record_move(uintptr_t base, uintptr_t begin, uintptr_t end, Move move);
+  long long record_placement(uintptr_t base, uintptr_t begin, uintptr_t end, Move move);
   // True if uvm moved every byte of the allocation at `base` off its device (offloaded, staged or
   // discarded): its device copy holds nothing anyone asked to keep.
   bool all_off_device(uintptr_t base) const;
@@ -126,7 +126,7 @@ class Registry {
 
   // The last move of each allocation: the distinct events the allocations at `bases` wait for,
   // and the event that now ends the last move of each (null: nothing to wait for).
-  std::vector<EventRef> last_moves(const std::vector<uintptr_t>& bases) const;
+  std::vector<EventRef> last_move_events(const std::vector<uintptr_t>& bases) const;
   void set_last_move(const std::vector<uintptr_t>& bases, const EventRef& done);
 
   // The state of [begin, end) in the allocation holding `begin` (false if none holds it), after

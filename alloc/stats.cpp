@@ -60,7 +60,7 @@ void record_free(int device, size_t size, size_t host_bytes) {
   add_host_bytes(a.stats, -static_cast<long long>(host_bytes));
 }
 
-void record_move(int device, size_t bytes, bool to_host, long long host_delta, uint64_t calls) {
+void count_move(int device, size_t bytes, bool to_host, long long host_delta, uint64_t calls) {
   Account& a = account(device);
   std::lock_guard<std::mutex> lock(a.mutex);
   (to_host ? a.stats.bytes_to_host : a.stats.bytes_to_device) += bytes;

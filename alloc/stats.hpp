@@ -17,7 +17,7 @@ void cancel_reservation(int device, size_t size);
 void commit_reservation(int device, size_t size);
 
 void record_free(int device, size_t size, size_t host_bytes);
-void record_move(int device, size_t bytes, bool to_host, long long host_delta, uint64_t calls);
+void count_move(int device, size_t bytes, bool to_host, long long host_delta, uint64_t calls);
 void record_discard(int device, size_t bytes, long long host_delta);
 void record_prefetch_calls(int device, uint64_t calls);
 // Host-resident bytes changed without a move: a block handed out or taken back (blocks.cpp).

@@ -1,6 +1,6 @@
 // uvm_advise_preferred_location and uvm_advise_accessed_by: cudaMemAdvise with validation.
 #include "../alloc/cuda_compat.hpp"
-#include "hint_range.hpp"
+#include "moves/hint_range.hpp"
 
 namespace uvm {
 namespace {

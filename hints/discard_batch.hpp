@@ -3,12 +3,9 @@
 
 #include <vector>
 
-#include "hint_range.hpp"
+#include "moves/hint_range.hpp"
 
 namespace uvm {
-
-// UVM_ERROR_UNSUPPORTED unless every range's device can discard (CUDA 13 runtime and driver).
-uvm_status check_discard_support(const Call& call, const std::vector<HintRange>& ranges);
 
 // One cudaMemDiscardBatchAsync over the managed ones of `ranges` on `stream` (the legacy stream
 // through uvm's ordering stream, since the driver rejects it). Releasable ranges are skipped: they

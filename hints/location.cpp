@@ -1,5 +1,5 @@
 // uvm_query_location: where the driver prefers and last prefetched a range.
-#include "hint_range.hpp"
+#include "moves/hint_range.hpp"
 
 namespace uvm {
 namespace {

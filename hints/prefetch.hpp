@@ -3,7 +3,7 @@
 
 #include <vector>
 
-#include "hint_range.hpp"
+#include "moves/hint_range.hpp"
 
 namespace uvm {
 

@@ -108,8 +108,9 @@ UVM_API const char* uvm_version(void);
  *
  * Read once, at the first call that needs one. Unset or empty means the default; names are
  * case-insensitive. A value uvm does not understand is never passed over for the default: uvm_malloc,
- * uvm_malloc_releasable, uvm_get_limit, uvm_get_staging_info, uvm_reserve_staging and every offload
- * and onload then fail with UVM_ERROR_INVALID_ARGUMENT, the message naming the variable and its value.
+ * uvm_malloc_releasable, uvm_get_limit, uvm_get_stats, uvm_get_staging_info, uvm_reserve_staging and
+ * every prefetch, discard, offload and onload then fail with UVM_ERROR_INVALID_ARGUMENT, the message
+ * naming the variable and its value.
  * ---------------------------------------------------------------------------------------------- */
 
 /* One option, as uvm read it. The strings live as long as the process. */

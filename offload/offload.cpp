@@ -5,13 +5,13 @@
 
 #include "../alloc/moves.hpp"
 #include "../alloc/registry.hpp"
-#include "../hints/accounting.hpp"
+#include "../hints/moves/accounting.hpp"
+#include "../hints/moves/begin.hpp"
 #include "../hints/discard_batch.hpp"
-#include "../hints/order.hpp"
+#include "../hints/moves/order.hpp"
 #include "../hints/prefetch.hpp"
-#include "../hints/release.hpp"
-#include "../hints/trace.hpp"
-#include "move_target.hpp"
+#include "../hints/moves/release.hpp"
+#include "../hints/moves/trace.hpp"
 #include "plan.hpp"
 #include "staging.hpp"
 
@@ -58,7 +58,7 @@ uvm_status drop_free_space(const Call& call, const std::vector<HintRange>& free,
   if (free.empty()) return UVM_OK;
   if (uvm_status s = discard_batch(call, free, stream)) return s;
   for (const HintRange& piece : free) account_discard(piece);
-  return record_moves(call, free, stream);
+  return set_last_moves(call, free, stream);
 }
 
 size_t placed_bytes(const std::vector<Span>& spans) {
@@ -80,8 +80,8 @@ std::vector<HintRange> pieces_placed(const std::vector<HintRange>& pieces, const
 
 // Whether the strategy the caller asked for (`requested`; `strategy` is what it resolves to) can
 // move these ranges, before anything is reserved or issued.
-uvm_status check_strategy_fits(const Call& call, int requested, uvm_strategy strategy, const MoveTarget& target) {
-  for (const HintRange& range : target.merged) {
+uvm_status check_strategy_fits(const Call& call, int requested, uvm_strategy strategy, const MoveScope& move) {
+  for (const HintRange& range : move.ranges) {
     if (requested == UVM_STRATEGY_MIGRATE && range.releasable) {
       // MIGRATE moves managed pages; releasable memory is device memory, which only staging moves.
       return fail(call, UVM_ERROR_INVALID_ARGUMENT,
@@ -89,7 +89,7 @@ uvm_status check_strategy_fits(const Call& call, int requested, uvm_strategy str
                   "cannot migrate; offload it with UVM_STRATEGY_AUTO or UVM_STRATEGY_STAGED",
                   reinterpret_cast<void*>(range.begin));
     }
-    if (strategy == UVM_STRATEGY_STAGED && !target.caps.discard_supported && !range.releasable) {
+    if (strategy == UVM_STRATEGY_STAGED && !move.caps.discard_supported && !range.releasable) {
       return fail(call, UVM_ERROR_UNSUPPORTED,
                   "staged offload discards the device pages, which needs a CUDA 13 runtime and driver; "
                   "use UVM_STRATEGY_AUTO or UVM_STRATEGY_MIGRATE");
@@ -104,14 +104,6 @@ uvm_status check_strategy_fits(const Call& call, int requested, uvm_strategy str
   }
   return UVM_OK;
 }
-
-// Host bytes reserved in staging for the staged pieces (a lease each: dropped unstaged, they go
-// back), and the copies still using them to wait for.
-struct Reservation {
-  std::vector<Span> spans;
-  std::vector<std::shared_ptr<char>> leases;
-  std::vector<EventRef> reused;
-};
 
 // Copies every piece into its reserved staging bytes, then discards it on the device, all in
 // `stream` order: 50–52 GB/s on an H100, against 10–16 GB/s for a prefetch to the CPU. Marks in
@@ -170,29 +162,28 @@ uvm_status offload_staged(const Call& call, const std::vector<HintRange>& pieces
   staging().note_use(hosts, written);  // dropped before its copy ends, a piece's bytes still wait for it
   registry().stage(std::move(staged));
   for (const HintRange& piece : pieces) account_move(piece, Move::staged, 0);
-  record_moves(pieces, written);
+  set_last_moves(pieces, written);
   return marked;
 }
 
 // Issues the moves under the moves lock, staging reserved: stages, migrates, then gives back the
 // physical memory of releasable allocations left empty.
-uvm_status issue_offload(const Call& call, const MoveTarget& target, const OffloadPieces& pieces,
-                         const Reservation& reserved, cudaStream_t stream) {
-  std::vector<HintRange> all = pieces.staged;
-  all.insert(all.end(), pieces.migrated.begin(), pieces.migrated.end());
-  all.insert(all.end(), pieces.free.begin(), pieces.free.end());
-  for (const HintRange& piece : all) record_move_bytes(piece.end - piece.begin);
-  if (uvm_status s = wait_for_moves(call, all, stream)) return s;  // the reservation goes back with its leases
+uvm_status issue_offload(const Call& call, const MoveScope& move, const OffloadPieces& pieces,
+                         const Reservation& reserved) {
+  const cudaStream_t stream = move.stream;
+  for (const auto* part : {&pieces.staged, &pieces.migrated, &pieces.free}) {
+    for (const HintRange& piece : *part) trace_move_bytes(piece.end - piece.begin);
+  }
   CopiesDone done;
   if (!pieces.staged.empty()) {
     if (uvm_status s = offload_staged(call, pieces.staged, reserved, stream, &done)) return s;
   }
   if (!pieces.migrated.empty()) {
     if (uvm_status s = prefetch_each(call, pieces.migrated, UVM_LOCATION_CPU, stream)) return s;
-    if (uvm_status s = record_moves(call, pieces.migrated, stream)) return s;
+    if (uvm_status s = set_last_moves(call, pieces.migrated, stream)) return s;
   }
   if (uvm_status s = drop_free_space(call, pieces.free, stream)) return s;
-  return release_emptied(call, target.merged, stream, done);
+  return release_emptied(call, move.ranges, stream, done);
 }
 
 uvm_status offload_in_rounds(const Call& call, const uvm_range* ranges, size_t count, int requested,
@@ -200,54 +191,48 @@ uvm_status offload_in_rounds(const Call& call, const uvm_range* ranges, size_t c
   if (requested != UVM_STRATEGY_AUTO && requested != UVM_STRATEGY_MIGRATE && requested != UVM_STRATEGY_STAGED) {
     return fail(call, UVM_ERROR_INVALID_ARGUMENT, "strategy %d is not a uvm_strategy", requested);
   }
-  MoveTarget target;
-  if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;
-  if (target.merged.empty()) return UVM_OK;
-  ContextScope scope;
-  if (uvm_status s = enter_device(call, target.device, stream, &scope)) return s;
-  const int device = target.device;
-  record_move_device(device);
-  const uvm_strategy strategy = choose_strategy(static_cast<uvm_strategy>(requested), target.caps.discard_supported);
-  const bool staging_wanted = strategy == UVM_STRATEGY_STAGED;
+  // The room made for this offload stays until it is reserved: a release_staging loop on another
+  // thread would take it every time before the offload's next round.
+  const Staging::RoomClaim claim(staging());
+  int device = -1;
   for (;;) {
-    const Staging::RoomClaim claim(staging());  // the room made here stays until it is reserved
-    if (uvm_status s = check_strategy_fits(call, requested, strategy, target)) return s;
-    // Pinned memory is allocated with no lock held, so that it holds up no uvm_free or move on
-    // another thread; a first offload's block is pinned in steps on a thread of its own, and each
-    // round below copies into the steps done while the rest is pinned.
-    const bool discard_supported = target.caps.discard_supported;
-    const std::vector<Span> wanted = spans_of(pieces_to_move(target.merged, staging_wanted, discard_supported).staged);
-    if (!wanted.empty()) {
+    MoveScope move;
+    if (uvm_status s = begin_move(call, MoveKind::offload, MoveArgs::of(ranges, count), stream, &move)) return s;
+    if (move.ranges.empty()) return UVM_OK;
+    if (device >= 0 && move.device != device) {  // a round after the first, the lock let go between
+      return fail(call, UVM_ERROR_INVALID_ARGUMENT, "the ranges were freed and reallocated on device %d meanwhile",
+                  move.device);
+    }
+    device = move.device;
+    const bool discard_supported = move.caps.discard_supported;
+    const uvm_strategy strategy = choose_strategy(static_cast<uvm_strategy>(requested), discard_supported);
+    if (uvm_status s = check_strategy_fits(call, requested, strategy, move)) return s;
+    OffloadPieces pieces = pieces_to_move(move.ranges, strategy == UVM_STRATEGY_STAGED, discard_supported);
+    const std::vector<Span> wanted = spans_of(pieces.staged);
+    if (!staging().has_room(wanted)) {
+      // Pinned memory is allocated with no lock held, so that it holds up no uvm_free or move on
+      // another thread; a first offload's block is pinned in steps on a thread of its own, and each
+      // round copies into the steps done while the rest is pinned. Then the offload begins again:
+      // an allocation may have been freed, or its bytes moved, meanwhile.
+      move.unlock();
       if (uvm_status s = staging().ensure_capacity(call, wanted, true)) return s;
+      continue;
     }
-    {
-      const auto moves = lock_moves();
-      // Once more under the lock: an allocation may have been freed, or its bytes moved, meanwhile.
-      if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;
-      if (target.merged.empty()) return UVM_OK;
-      if (target.device != device) {
-        return fail(call, UVM_ERROR_INVALID_ARGUMENT, "the ranges were freed and reallocated on device %d meanwhile",
-                    target.device);
-      }
-      if (uvm_status s = check_strategy_fits(call, requested, strategy, target)) return s;
-      OffloadPieces pieces = pieces_to_move(target.merged, staging_wanted, discard_supported);
-      const std::vector<Span> wanted_now = spans_of(pieces.staged);
-      Reservation reserved;
-      if (!wanted_now.empty()) staging().reserve_prefix(wanted_now, &reserved.spans, &reserved.leases, &reserved.reused);
-      const bool all_placed = placed_bytes(reserved.spans) == placed_bytes(wanted_now);
-      pieces.staged = pieces_placed(pieces.staged, reserved.spans);
-      *staged = *staged || !pieces.staged.empty();
-      if (all_placed) return issue_offload(call, target, pieces, reserved, stream);
-      if (!reserved.spans.empty()) {
-        // The steps pinned so far hold these: copy them now; the next round takes the rest.
-        pieces.migrated.clear();
-        pieces.free.clear();
-        if (uvm_status s = issue_offload(call, target, pieces, reserved, stream)) return s;
-        continue;
-      }
+    Reservation reserved = staging().reserve_prefix(wanted);
+    const bool all_placed = placed_bytes(reserved.spans) == placed_bytes(wanted);
+    pieces.staged = pieces_placed(pieces.staged, reserved.spans);
+    *staged = *staged || !pieces.staged.empty();
+    if (all_placed) return issue_offload(call, move, pieces, reserved);
+    if (!reserved.spans.empty()) {
+      // The steps pinned so far hold these: copy them now; the next round takes the rest.
+      pieces.migrated.clear();
+      pieces.free.clear();
+      if (uvm_status s = issue_offload(call, move, pieces, reserved)) return s;
+      continue;
     }
-    // Nothing fits yet: wait for the pinning in progress; if there is none, another offload took
-    // the room made for this one: grow again, with the lock let go.
+    // Nothing fits yet: wait, with the lock let go, for the pinning in progress; if there is none,
+    // another offload took the room: the next round grows again.
+    move.unlock();
     staging().wait_for_pinning();
   }
 }
@@ -256,7 +241,6 @@ uvm_status offload_in_rounds(const Call& call, const uvm_range* ranges, size_t c
 // left with nothing in them are freed (in the background). An offload that staged nothing (a
 // migration) leaves them for the next staged one.
 uvm_status offload(const Call& call, const uvm_range* ranges, size_t count, int requested, cudaStream_t stream) {
-  if (uvm_status s = check_options(call)) return s;
   bool staged = false;
   const uvm_status status = offload_in_rounds(call, ranges, count, requested, stream, &staged);
   if (status == UVM_OK && staged) staging().free_unused_in_background();

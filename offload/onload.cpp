@@ -8,13 +8,13 @@
 #include "../alloc/moves.hpp"
 #include "../alloc/registry.hpp"
 #include "../alloc/stats.hpp"
-#include "../hints/accounting.hpp"
-#include "../hints/order.hpp"
+#include "../hints/moves/accounting.hpp"
+#include "../hints/moves/begin.hpp"
+#include "../hints/moves/order.hpp"
 #include "../hints/prefetch.hpp"
-#include "../hints/release.hpp"
-#include "../hints/streams.hpp"
-#include "../hints/trace.hpp"
-#include "move_target.hpp"
+#include "../hints/moves/release.hpp"
+#include "../hints/moves/streams.hpp"
+#include "../hints/moves/trace.hpp"
 #include "plan.hpp"
 #include "sm_copy.hpp"
 #include "staging.hpp"
@@ -171,7 +171,7 @@ void finish_copy_back(int device, const std::vector<StagedWork>& work, const Eve
     ranges.push_back(w.range);
   }
   record_prefetch_calls(device, prefetches);
-  record_moves(ranges, read);
+  set_last_moves(ranges, read);
 }
 
 // Copies staged pieces (sorted by address) back over uvm's worker streams, joined to `stream`
@@ -222,35 +222,26 @@ void split_staged(const std::vector<HintRange>& merged, std::vector<StagedWork>*
 }
 
 uvm_status onload(const Call& call, const uvm_range* ranges, size_t count, cudaStream_t stream) {
-  if (uvm_status s = check_options(call)) return s;
-  MoveTarget target;
-  if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;
-  if (target.merged.empty()) return UVM_OK;
-  ContextScope scope;
-  if (uvm_status s = enter_device(call, target.device, stream, &scope)) return s;
-  record_move_device(target.device);
-  const auto moves = lock_moves();
-  if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;  // freed meanwhile?
-  if (target.merged.empty()) return UVM_OK;
-  if (uvm_status s = wait_for_moves(call, target.merged, stream)) return s;
+  MoveScope move;
+  if (uvm_status s = begin_move(call, MoveKind::onload, MoveArgs::of(ranges, count), stream, &move)) return s;
+  if (move.ranges.empty()) return UVM_OK;
   std::vector<StagedWork> staged;
   std::vector<HintRange> migrated;
-  split_staged(target.merged, &staged, &migrated);
-  for (const HintRange& range : target.merged) record_move_bytes(range.end - range.begin);
+  split_staged(move.ranges, &staged, &migrated);
   if (!staged.empty()) {
-    if (uvm_status s = copy_back(call, target.device, staged, stream)) return s;
+    if (uvm_status s = copy_back(call, move.device, staged, stream)) return s;
   }
   // Every released allocation is mapped again (those with staged bytes already are), so that bytes
   // that were not staged (discarded, or never moved) are device memory again: nothing to prefetch.
-  if (uvm_status s = restore_released(call, target.merged)) return s;
+  if (uvm_status s = restore_released(call, move.ranges)) return s;
   std::vector<HintRange> to_prefetch;
   for (const HintRange& range : migrated) {
     if (range.releasable) account_move(range, Move::to_device, 0);
     else to_prefetch.push_back(range);
   }
   if (to_prefetch.empty()) return UVM_OK;
-  if (uvm_status s = prefetch_each(call, to_prefetch, target.device, stream)) return s;
-  return record_moves(call, to_prefetch, stream);
+  if (uvm_status s = prefetch_each(call, to_prefetch, move.device, stream)) return s;
+  return set_last_moves(call, to_prefetch, stream);
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 // driver's free memory and what uvm knows is reclaimable. uvm_get_staged_copy: the host copy of
 // staged bytes.
 #include "../alloc/registry.hpp"
-#include "../hints/hint_range.hpp"
+#include "../hints/moves/hint_range.hpp"
 
 namespace uvm {
 namespace {

@@ -5,7 +5,7 @@
 
 #include "../alloc/devices.hpp"
 #include "../alloc/registry.hpp"
-#include "../hints/trace.hpp"
+#include "../hints/moves/trace.hpp"
 #include "pinned.hpp"
 
 namespace uvm {
@@ -91,10 +91,14 @@ std::shared_ptr<char> Staging::lend(const std::shared_ptr<Block>& block, char* h
   });
 }
 
-void Staging::reserve_prefix(const std::vector<Span>& spans, std::vector<Span>* placed,
-                             std::vector<std::shared_ptr<char>>* leases, std::vector<EventRef>* wait_for) {
-  placed->clear();
-  leases->clear();  // before the lock: a lease dropped here takes it
+bool Staging::has_room(const std::vector<Span>& spans) const {
+  if (spans.empty()) return true;
+  std::lock_guard<std::mutex> lock(mutex_);
+  return unplaced_bytes(spans, true) == 0;
+}
+
+Reservation Staging::reserve_prefix(const std::vector<Span>& spans) {
+  Reservation reserved;
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto& block : blocks_) {
     if (block->live == 0) block->used = 0;  // rewind: its readers are waited for below
@@ -105,8 +109,8 @@ void Staging::reserve_prefix(const std::vector<Span>& spans, std::vector<Span>* 
   std::vector<std::shared_ptr<Block>> touched;
   auto place = [&](size_t b, const Span& span) {
     Block& block = *blocks_[b];
-    placed->push_back(span);
-    leases->push_back(lend(blocks_[b], block.memory.host + block.used, span.size()));
+    reserved.spans.push_back(span);
+    reserved.leases.push_back(lend(blocks_[b], block.memory.host + block.used, span.size()));
     block.used += aligned(span.size());
     if (std::find(touched.begin(), touched.end(), blocks_[b]) == touched.end()) touched.push_back(blocks_[b]);
   };
@@ -137,8 +141,9 @@ void Staging::reserve_prefix(const std::vector<Span>& spans, std::vector<Span>* 
   }
   for (auto& block : touched) {
     prune(&block->reads);
-    wait_for->insert(wait_for->end(), block->reads.begin(), block->reads.end());
+    reserved.reused.insert(reserved.reused.end(), block->reads.begin(), block->reads.end());
   }
+  return reserved;
 }
 
 bool Staging::wait_for_pinning() {

@@ -27,16 +27,24 @@
 
 namespace uvm {
 
+// Host bytes reserved for an offload's staged pieces.
+struct Reservation {
+  std::vector<Span> spans;                    // the pieces placed, in order
+  std::vector<std::shared_ptr<char>> leases;  // a lease on each one's host bytes, at leases[i].get()
+  std::vector<EventRef> reused;               // copies still using those bytes: the writer waits for them
+};
+
 class Staging {
  public:
   // Host bytes for the longest leading run of `spans` that fits in memory already pinned (a block
-  // being pinned in steps offers its steps done), in `placed`, each with a lease on its host bytes
-  // in `leases` (the bytes are at leases[i].get()), and in `wait_for` the copies the writer must
-  // wait for before it writes them. In a block pinned in steps a span is cut where a step ends,
-  // since one copy may not cross two registrations (cudaErrorInvalidValue on an H100), so `placed`
-  // may hold a span's first parts. Dropping a lease that was never staged gives its bytes back.
-  void reserve_prefix(const std::vector<Span>& spans, std::vector<Span>* placed,
-                      std::vector<std::shared_ptr<char>>* leases, std::vector<EventRef>* wait_for);
+  // being pinned in steps offers its steps done). In a block pinned in steps a span is cut where a
+  // step ends, since one copy may not cross two registrations (cudaErrorInvalidValue on an H100),
+  // so the reservation may hold a span's first parts. Dropping a lease that was never staged gives
+  // its bytes back.
+  Reservation reserve_prefix(const std::vector<Span>& spans);
+  // Whether every span fits in the blocks held, counting a block being pinned at its full size:
+  // else ensure_capacity would add a block.
+  bool has_room(const std::vector<Span>& spans) const;
   // The bytes at `hosts` are used by GPU work that ends with `use` (a copy into them or out of
   // them): the blocks holding them are not handed out again before it completes.
   void note_use(const std::vector<const char*>& hosts, const EventRef& use);

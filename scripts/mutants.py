@@ -19,7 +19,7 @@ MUTANTS = [
  ("alloc/malloc.cpp", "  if (uvm_status s = check_options(call)) return s;\n", "", "alloc_tests", "[env_malformed]"),
  ("alloc/stats.cpp", "const size_t in_use = a.stats.live_bytes + a.reserved;", "const size_t in_use = a.stats.live_bytes;", "alloc_tests", "[limits]"),
  ("alloc/registry.cpp", "if (address - it->first >= it->second.size) return false;", "if (address - it->first > it->second.size) return false;", "alloc_tests", "[malloc]"),
- ("hints/ranges.cpp", "same_allocation ? range.begin <= last.end :", "same_allocation ? range.begin <= last.end + 512 :", "offload_tests", "[safety]"),
+ ("hints/moves/ranges.cpp", "same_allocation ? range.begin <= last.end :", "same_allocation ? range.begin <= last.end + 512 :", "offload_tests", "[safety]"),
  # A failed offload keeps the staging it reserved (its leases): nothing is left pinned for nothing.
  ("offload/offload.cpp", "    clear_cuda_error(cudaStreamSynchronize(stream));\n    return status;",
   "    clear_cuda_error(cudaStreamSynchronize(stream));\n    static auto* kept = new std::vector<std::shared_ptr<char>>();\n"
@@ -30,12 +30,12 @@ MUTANTS = [
  # before its copies back; mapped all at once before them; released before its copies end.
  ("alloc/registry.cpp", "return allocation.host.total() + allocation.discarded.total() == allocation.size;",
   "return allocation.host.total() + allocation.discarded.total() > 0;", "hints_tests", "[release]"),
- ("offload/offload.cpp", "  return release_emptied(call, target.merged, stream, done);", "  return UVM_OK;", "hints_tests", "[release]"),
+ ("offload/offload.cpp", "  return release_emptied(call, move.ranges, stream, done);", "  return UVM_OK;", "hints_tests", "[release]"),
  ("offload/onload.cpp", "    if (!managed) {\n      if (uvm_status s = restore_one(call, allocation)) return s;\n    }\n", "", "hints_tests", "[release]"),
- ("offload/onload.cpp", "  if (uvm_status s = wait_for_moves(call, target.merged, stream)) return s;\n  std::vector<StagedWork> staged;",
-  "  if (uvm_status s = wait_for_moves(call, target.merged, stream)) return s;\n  if (uvm_status s = restore_released(call, target.merged)) return s;\n  std::vector<StagedWork> staged;",
+ ("offload/onload.cpp", "  if (move.ranges.empty()) return UVM_OK;\n  std::vector<StagedWork> staged;",
+  "  if (move.ranges.empty()) return UVM_OK;\n  if (uvm_status s = restore_released(call, move.ranges)) return s;\n  std::vector<StagedWork> staged;",
   "hints_tests", "[release]"),
- ("hints/release.cpp", "    if (!own && !stream_done) {", "    if (false) {", "hints_tests", "[release]"),
+ ("hints/moves/release.cpp", "    if (!own && !stream_done) {", "    if (false) {", "hints_tests", "[release]"),
  ("offload/staging.cpp", "  std::lock_guard<std::mutex> growing(growth_mutex_);\n", "", "offload_tests", "reservations at once*"),
  # An offload that finds its room taken gives up instead of growing again; release_staging frees
  # pinned memory under the moves lock, which uvm_free needs.
@@ -46,10 +46,10 @@ MUTANTS = [
    "  return uvm::guarded(call, [&] { const auto moves = uvm::lock_moves(); return uvm::staging().free_unused(call); });"),
   "offload_tests", "freeing pinned staging*"),
  # An offload lets release_staging take the room it made before it reserves it (a livelock on an H100).
- ("offload/offload.cpp", "    const Staging::RoomClaim claim(staging());  // the room made here stays until it is reserved\n", "",
+ ("offload/offload.cpp", "  const Staging::RoomClaim claim(staging());\n", "",
   "offload_tests", "release_staging does not take*"),
  # A move no longer waits for the last move of its allocation on another stream.
- ("hints/order.cpp", "  for (const EventRef& move : registry().last_moves(allocations_of(ranges))) {", "  for (const EventRef& move : std::vector<EventRef>{}) {",
+ ("hints/moves/order.cpp", "  for (const EventRef& move : registry().last_move_events(allocations_of(ranges))) {", "  for (const EventRef& move : std::vector<EventRef>{}) {",
   "hints_tests", "[order]"),
  # A first offload pins all its staging memory before copying (UVM_PINNED unset: the registered
  # way); or copies across the end of a step (two registrations: cudaErrorInvalidValue on an H100).
@@ -60,8 +60,8 @@ MUTANTS = [
  # A round of an offload in steps stages a whole piece where staging placed only its first part.
  ("offload/offload.cpp", "    cut.push_back(clipped(pieces[p], span));", "    cut.push_back(pieces[p]);", "offload_tests", "[steps]"),
  # Timing reads events in the global capture mode: a capture on another stream is invalidated.
- ("hints/trace.cpp", "  const RelaxedCapture relaxed;\n  out->clear();", "  out->clear();", "hints_tests", "[trace_capture]"),
- ("hints/trace.cpp", "  Epoch of(int device) {\n    const RelaxedCapture relaxed;", "  Epoch of(int device) {", "hints_tests", "[trace_capture]"),
+ ("hints/moves/trace.cpp", "  const RelaxedCapture relaxed;\n  out->clear();", "  out->clear();", "hints_tests", "[trace_capture]"),
+ ("hints/moves/trace.cpp", "  Epoch of(int device) {\n    const RelaxedCapture relaxed;", "  Epoch of(int device) {", "hints_tests", "[trace_capture]"),
  # A slot freed while staged is handed out again (a copy into its discarded pages could be lost later).
  ("alloc/slabs.cpp", "  if (!reusable) found.retired.set(index);\n", "", "offload_tests", "[slabs]"),
  # Onload populates slot by slot again: one prefetch range per segment of a slab.
@@ -98,15 +98,15 @@ MUTANTS = [
  ("offload/sm_copy.cpp", "  if (staged_bytes == 0 || kernel_refusal(device) != nullptr) {",
   "  if (kernel_refusal(device) != nullptr) {", "offload_tests", "[sm_copy_auto]"),
  # Events are queried or destroyed with no context current: the runtime makes device 0's.
- ("hints/trace.cpp", "  if (log.device >= 0) (void)scope.enter(Call::of(\"uvm_last_move\"), log.device, ContextScope::When::only_if_none_current);\n",
+ ("hints/moves/trace.cpp", "  if (log.device >= 0) (void)scope.enter(Call::of(\"uvm_last_move\"), log.device, ContextScope::When::only_if_none_current);\n",
   "", "offload_tests", "[context]"),
  ("alloc/events.cpp", "  if (device >= 0) (void)scope.enter(Call::of(\"cudaEventDestroy\"), device, ContextScope::When::only_if_none_current);\n",
   "", "offload_tests", "[context]"),
  # Blocks (alloc/blocks.cpp): a new block keeps the staged bytes of the one before; a freed block's
  # staged copy stays; a block in a released allocation is not mapped; a move still running over the
  # allocation is not waited for.
- ("alloc/blocks.cpp", "  registry().unstage(begin, end);\n  const long long host_delta = registry().record_move(allocation.base, begin, end, Move::to_device);",
-  "  const long long host_delta = registry().record_move(allocation.base, begin, end, Move::to_device);", "alloc_tests", "[blocks]"),
+ ("alloc/blocks.cpp", "  registry().unstage(begin, end);\n  const long long host_delta = registry().record_placement(allocation.base, begin, end, Move::to_device);",
+  "  const long long host_delta = registry().record_placement(allocation.base, begin, end, Move::to_device);", "alloc_tests", "[blocks]"),
  ("alloc/blocks.cpp", "  if (!block.ours || !block.state.staged) return UVM_OK;",
   "  return UVM_OK;", "alloc_tests", "[blocks]"),
  # Free space: copied like data; or counted where the runtime never said it reports every block.
@@ -117,16 +117,16 @@ MUTANTS = [
  ("alloc/blocks.cpp", "  return state.released ? map_released(call, allocation) : UVM_OK;", "  return UVM_OK;", "alloc_tests", "[blocks]"),
  ("alloc/blocks.cpp", "  if (uvm_status s = wait_for_last_move(call, state)) return s;\n", "", "alloc_tests", "[blocks]"),
  # The stateful model catches them too (a block reusing staged bytes; a freed one's copy kept).
- ("alloc/blocks.cpp", "  registry().unstage(begin, end);\n  const long long host_delta = registry().record_move(allocation.base, begin, end, Move::to_device);",
-  "  const long long host_delta = registry().record_move(allocation.base, begin, end, Move::to_device);", "offload_tests", "[model]"),
+ ("alloc/blocks.cpp", "  registry().unstage(begin, end);\n  const long long host_delta = registry().record_placement(allocation.base, begin, end, Move::to_device);",
+  "  const long long host_delta = registry().record_placement(allocation.base, begin, end, Move::to_device);", "offload_tests", "[model]"),
  # An offload of a released allocation copies from its unmapped addresses (found by the model).
  ("offload/offload.cpp", "    if (range.releasable && registry().released(range.allocation)) continue;\n", "", "hints_tests", "[release]"),
  # A prefetch to the CPU drops bytes written after a discard (found by the model).
  ("hints/prefetch.cpp", "      if (uvm_status s = undo_discard_marks(call, range, stream)) return s;\n", "", "offload_tests", "[safety]"),
  # Onload no longer takes its turn with the other moves: two threads map and release under each other.
- ("offload/onload.cpp", "  const auto moves = lock_moves();\n  if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;  // freed",
-  "  if (uvm_status s = resolve_target(call, ranges, count, &target)) return s;  // freed", "hints_tests",
-  "threads offloading*"),
+ ("hints/moves/begin.cpp", "  move->lock_ = lock_moves();\n", "", "hints_tests", "threads offloading*"),
+ # A move no longer waits for the last move of its bytes (begin_move, hints/moves/begin.cpp).
+ ("hints/moves/begin.cpp", "  return wait_for_last_moves(call, move->ranges, stream);", "  return UVM_OK;", "hints_tests", "[order]"),
 ]
 TAG_ENV = {"[steps]": {"UVM_PINNED": ""}, "[env_malformed]": {"UVM_PINNED": "pinned"}, "[model]": {"UVM_MODEL_SEQUENCES": "300", "UVM_MODEL_THREADED_SEQUENCES": "10"}, "[sm_copy]": {"UVM_ONLOAD_COPY": "sm"},
            "[sm_copy_default]": {"UVM_ONLOAD_COPY": "", "FAKE_CUDA_SCENARIO": "pre_volta"},

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "../../hints/hint_range.hpp"
+#include "../../hints/moves/hint_range.hpp"
 #include "fixture.hpp"
 
 namespace {

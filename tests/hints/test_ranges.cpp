@@ -2,7 +2,7 @@
 #include <algorithm>
 #include <random>
 
-#include "../../hints/ranges.hpp"
+#include "../../hints/moves/ranges.hpp"
 #include "fixture.hpp"
 
 namespace {

@@ -26,6 +26,15 @@ bool finishes_in_time(Body body, Unblock unblock, int seconds = 2) {
   done.wait();
   return in_time;
 }
+// The reservation's parts in the caller's vectors (leases replaced, waits added to `reads`).
+void reserve_into(uvm::Staging& store, const std::vector<uvm::Span>& spans, std::vector<uvm::Span>* placed,
+                  std::vector<std::shared_ptr<char>>* leases, std::vector<uvm::EventRef>* reads) {
+  leases->clear();  // a lease dropped here gives its bytes back before the reservation
+  uvm::Reservation reserved = store.reserve_prefix(spans);
+  *placed = reserved.spans;
+  *leases = reserved.leases;
+  reads->insert(reads->end(), reserved.reused.begin(), reserved.reused.end());
+}
 }  // namespace
 
 TEST_CASE("the store lends only pinned room, gives bytes back with the last lease, frees only empty blocks", "[staging]") {
@@ -35,12 +44,12 @@ TEST_CASE("the store lends only pinned room, gives bytes back with the last leas
   std::vector<uvm::Span> placed;
   std::vector<std::shared_ptr<char>> leases;
   std::vector<uvm::EventRef> reads;
-  store.reserve_prefix(spans, &placed, &leases, &reads);
+  reserve_into(store, spans, &placed, &leases, &reads);
   CHECK(placed.empty());  // no room yet: nothing lent, nothing allocated
   CHECK(store.capacity_bytes() == 0);
   REQUIRE(store.ensure_capacity(kCall, spans) == UVM_OK);
   CHECK(store.capacity_bytes() == 256 * kMiB);  // the smallest block
-  store.reserve_prefix(spans, &placed, &leases, &reads);
+  reserve_into(store, spans, &placed, &leases, &reads);
   REQUIRE(placed.size() == 2);
   REQUIRE(leases.size() == 2);
   char* first = leases[0].get();
@@ -55,14 +64,14 @@ TEST_CASE("the store lends only pinned room, gives bytes back with the last leas
   leases.clear();
   std::vector<uvm::Span> again;
   std::vector<std::shared_ptr<char>> later;
-  store.reserve_prefix({span_at(0x70000000, kMiB)}, &again, &later, &reads);
+  reserve_into(store, {span_at(0x70000000, kMiB)}, &again, &later, &reads);
   REQUIRE(later.size() == 1);
   CHECK(later[0].get() != first);
   later.clear();
 
   // Once the last lease is dropped the block holds nothing: it rewinds, and free_unused frees it.
   kept.reset();
-  store.reserve_prefix({span_at(0x70000000, kMiB)}, &again, &later, &reads);
+  reserve_into(store, {span_at(0x70000000, kMiB)}, &again, &later, &reads);
   REQUIRE(later.size() == 1);
   CHECK(later[0].get() == std::min(first, second));
   later.clear();
@@ -78,10 +87,10 @@ TEST_CASE("a rewound block makes its next writer wait for every use noted on it"
   std::vector<uvm::Span> placed;
   std::vector<std::shared_ptr<char>> first, second;
   std::vector<uvm::EventRef> reads;
-  store.reserve_prefix(spans, &placed, &first, &reads);
+  reserve_into(store, spans, &placed, &first, &reads);
   REQUIRE(first.size() == 1);
   CHECK(reads.empty());
-  store.reserve_prefix(spans, &placed, &second, &reads);
+  reserve_into(store, spans, &placed, &second, &reads);
   CHECK(second.empty());  // 256 MiB hold one 200 MiB span, not two
   fake::set_events_pending(true);  // the copy is still running
   const uvm::EventRef copy = uvm::try_record(fake::make_stream());
@@ -90,7 +99,7 @@ TEST_CASE("a rewound block makes its next writer wait for every use noted on it"
   store.note_use({first[0].get()}, copy);  // a copy into the bytes, still running when they go back
   char* bytes = first[0].get();
   first.clear();
-  store.reserve_prefix(spans, &placed, &second, &reads);
+  reserve_into(store, spans, &placed, &second, &reads);
   REQUIRE(second.size() == 1);
   CHECK(second[0].get() == bytes);  // the block rewound: the same bytes again...
   REQUIRE(reads.size() == 1);
@@ -171,9 +180,13 @@ TEST_CASE("release_staging does not take the room an offload made before the off
   std::memset(a, 0x33, kMiB);
   const uvm_range range{a, kMiB};
   fake::reset_ops();
-  auto moves = uvm::lock_moves();
+  // The offload pins its block with the moves lock let go; the test takes the lock meanwhile, so
+  // that the offload, its block pinned, waits for the lock before it reserves the room.
+  fake::hold_next("cudaHostAlloc");
   std::thread offload([&] { CHECK(uvm_offload_ranges(&range, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK); });
-  // The offload pins its block before it waits for the moves lock.
+  REQUIRE(fake::wait_until_held(5000));
+  auto moves = uvm::lock_moves();
+  fake::release_held();
   for (int i = 0; i < 500 && fake::pinned_blocks() == blocks_before; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }

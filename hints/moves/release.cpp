@@ -2,8 +2,8 @@
 
 #include <set>
 
-#include "../alloc/registry.hpp"
-#include "../alloc/vmm.hpp"
+#include "../../alloc/registry.hpp"
+#include "../../alloc/vmm.hpp"
 #include "trace.hpp"
 
 namespace uvm {

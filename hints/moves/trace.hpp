@@ -15,7 +15,7 @@
 #include <memory>
 #include <vector>
 
-#include "../alloc/events.hpp"
+#include "../../alloc/events.hpp"
 
 namespace uvm {
 
@@ -87,10 +87,10 @@ class MoveRecord {
 
 // The device the recorded move runs on, once its context is current: starts the epoch that places
 // its stream marks on the host clock. A move that never names one is not published.
-void record_move_device(int device);
+void trace_move_device(int device);
 
 // Adds to the bytes the recorded move moves.
-void record_move_bytes(size_t bytes);
+void trace_move_bytes(size_t bytes);
 
 // A phase timed on the host, from construction until finish() (or destruction, after a failure).
 class HostPhase {

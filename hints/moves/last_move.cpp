@@ -18,7 +18,7 @@ struct KeptMove {
   uint64_t sequence = 0;
 };
 
-class LastMoves {
+class KeptReports {
  public:
   void keep(const std::shared_ptr<const MoveLog>& log, const TimedMove* timed) {
     KeptMove kept;
@@ -52,8 +52,8 @@ class LastMoves {
   uint64_t sequence_ = 0;
 };
 
-LastMoves& last_moves() {
-  static LastMoves* const instance = new LastMoves();  // never destroyed: its events outlive exit
+KeptReports& kept_reports() {
+  static KeptReports* const instance = new KeptReports();  // never destroyed: its events outlive exit
   return *instance;
 }
 
@@ -107,7 +107,7 @@ uvm_status last_move(const Call& call, int device, uvm_move_report* report) {
   }
   *report = uvm_move_report{};
   KeptMove kept;
-  if (!last_moves().find(thread_number(), device, &kept)) return UVM_OK;
+  if (!kept_reports().find(thread_number(), device, &kept)) return UVM_OK;
   if (kept.pending) time_move(*kept.pending, true, &kept.timed);  // waits for the move's GPU work
   fill_report(kept.timed, report);
   return UVM_OK;
@@ -116,7 +116,7 @@ uvm_status last_move(const Call& call, int device, uvm_move_report* report) {
 }  // namespace
 
 void keep_last_move(const std::shared_ptr<const MoveLog>& log, const TimedMove* timed) {
-  last_moves().keep(log, timed);
+  kept_reports().keep(log, timed);
 }
 
 }  // namespace uvm

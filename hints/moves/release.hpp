@@ -5,7 +5,7 @@
 #include <map>
 #include <vector>
 
-#include "../alloc/events.hpp"
+#include "../../alloc/events.hpp"
 #include "hint_range.hpp"
 
 namespace uvm {

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "../alloc/devices.hpp"
-#include "../alloc/registry.hpp"
+#include "../../alloc/devices.hpp"
+#include "../../alloc/registry.hpp"
 
 namespace uvm {
 

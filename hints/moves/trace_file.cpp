@@ -12,7 +12,7 @@
 #include <set>
 #include <string>
 
-#include "../alloc/options.hpp"
+#include "../../alloc/options.hpp"
 #include "trace_sinks.hpp"
 
 namespace uvm {

@@ -10,7 +10,7 @@
 #define UVM_HAVE_NVTX 1
 #endif
 
-#include "../alloc/devices.hpp"
+#include "../../alloc/devices.hpp"
 #include "trace_sinks.hpp"
 
 namespace uvm {
@@ -165,7 +165,7 @@ MoveRecord::~MoveRecord() {
   }
 }
 
-void record_move_device(int device) {
+void trace_move_device(int device) {
   if (current_log == nullptr || current_log->device >= 0) return;
   current_log->device = device;
   const Epoch epoch = epochs().of(device);
@@ -173,7 +173,7 @@ void record_move_device(int device) {
   current_log->epoch_host = epoch.host;
 }
 
-void record_move_bytes(size_t bytes) {
+void trace_move_bytes(size_t bytes) {
   if (current_log != nullptr) current_log->bytes += bytes;
 }
 

@@ -4,8 +4,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include "../alloc/errors.hpp"
-#include "../alloc/options.hpp"
+#include "../../alloc/errors.hpp"
+#include "../../alloc/options.hpp"
 
 namespace uvm {
 

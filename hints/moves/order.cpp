@@ -17,8 +17,8 @@ std::vector<uintptr_t> allocations_of(const std::vector<HintRange>& ranges) {
 
 }  // namespace
 
-uvm_status wait_for_moves(const Call& call, const std::vector<HintRange>& ranges, cudaStream_t stream) {
-  for (const EventRef& move : registry().last_moves(allocations_of(ranges))) {
+uvm_status wait_for_last_moves(const Call& call, const std::vector<HintRange>& ranges, cudaStream_t stream) {
+  for (const EventRef& move : registry().last_move_events(allocations_of(ranges))) {
     if (cudaError_t e = cudaStreamWaitEvent(stream, move->handle, 0)) {
       return fail_cuda(call, e, "cudaStreamWaitEvent (the previous move of these bytes)");
     }
@@ -26,14 +26,14 @@ uvm_status wait_for_moves(const Call& call, const std::vector<HintRange>& ranges
   return UVM_OK;
 }
 
-void record_moves(const std::vector<HintRange>& ranges, const EventRef& done) {
+void set_last_moves(const std::vector<HintRange>& ranges, const EventRef& done) {
   registry().set_last_move(allocations_of(ranges), done);
 }
 
-uvm_status record_moves(const Call& call, const std::vector<HintRange>& ranges, cudaStream_t stream) {
+uvm_status set_last_moves(const Call& call, const std::vector<HintRange>& ranges, cudaStream_t stream) {
   EventRef done;
   const uvm_status status = mark_or_wait(call, stream, &done);
-  record_moves(ranges, done);  // when even the wait failed, nothing better is known to wait for
+  set_last_moves(ranges, done);  // when even the wait failed, nothing better is known to wait for
   return status;
 }
 

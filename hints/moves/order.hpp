@@ -7,19 +7,19 @@
 
 #include <vector>
 
-#include "../alloc/events.hpp"
+#include "../../alloc/events.hpp"
 #include "hint_range.hpp"
 
 namespace uvm {
 
 // Makes `stream` wait for the last move of every uvm allocation that `ranges` touch.
-uvm_status wait_for_moves(const Call& call, const std::vector<HintRange>& ranges, cudaStream_t stream);
+uvm_status wait_for_last_moves(const Call& call, const std::vector<HintRange>& ranges, cudaStream_t stream);
 
 // Records that the moves just issued on `stream` for `ranges` end where the stream is now. If no
 // event can be recorded, waits for the stream instead.
-uvm_status record_moves(const Call& call, const std::vector<HintRange>& ranges, cudaStream_t stream);
+uvm_status set_last_moves(const Call& call, const std::vector<HintRange>& ranges, cudaStream_t stream);
 
 // The same, with an event the caller already recorded (null: the moves have completed).
-void record_moves(const std::vector<HintRange>& ranges, const EventRef& done);
+void set_last_moves(const std::vector<HintRange>& ranges, const EventRef& done);
 
 }  // namespace uvm

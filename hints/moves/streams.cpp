@@ -2,7 +2,7 @@
 
 #include <atomic>
 
-#include "../alloc/devices.hpp"
+#include "../../alloc/devices.hpp"
 
 namespace uvm {
 namespace {

@@ -154,8 +154,8 @@ UVM_API void* uvm_malloc(size_t size, int device, cudaStream_t stream);
  * with torch_memory_saver. What it gives instead: once offload or discard has moved *every* byte of
  * an allocation off the device, uvm waits for the call's stream and gives the physical memory back
  * to the driver, so cudaMemGetInfo counts it free at once and the next allocation gets it without
- * waiting for the driver to reclaim pages (managed pages come back only when someone allocates,
- * 76–93 ms for 3.5 GiB on an H200, against 4 ms here). Onload maps new physical memory at the same
+ * waiting for the driver to reclaim pages (managed pages come back only when someone allocates;
+ * docs/faq.md has the figures). Onload maps new physical memory at the same
  * addresses and copies the staged bytes back; bytes that were discarded come back undefined. The
  * physical memory is rounded up to the driver's granularity (2 MiB). Same limit, tags, stats and
  * registry as uvm_malloc; uvm_free frees both (it first waits for the device, like cudaFree).
@@ -405,7 +405,8 @@ UVM_API uvm_status uvm_offload_ranges(const uvm_range* ranges, size_t count, uvm
 UVM_API uvm_status uvm_onload_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream);
 
 /* Pinned host memory uvm holds for staged offload, and how much of it holds offloaded data. Either
- * out-pointer may be NULL. */
+ * out-pointer may be NULL. Superseded by uvm_get_staging_info, which says more; kept, as every entry
+ * of this header is within a major version (docs/changelog.md). */
 UVM_API uvm_status uvm_get_staging(size_t* capacity_bytes, size_t* staged_bytes);
 
 /* How uvm gets its staging memory (env UVM_PINNED; see uvm_reserve_staging). */
@@ -433,15 +434,15 @@ UVM_API uvm_status uvm_get_staging_info(uvm_staging_info* info);
 /* Allocates pinned staging memory ahead of need, so that a later staged offload of up to `bytes` in
  * one call pays no pinning on its critical path: call it at model load. (Without it, an offload
  * that needs more staging pins a new block in 256 MiB steps on a thread of its own and copies into
- * each step as soon as it is pinned: 12–25 GB/s for a first 4 GiB, against 46–47 steady.)
+ * each step as soon as it is pinned, at a fraction of the steady speed: docs/performance.md.)
  * Allocates only if no staging block has `bytes` free; 0 does nothing. Holds no lock the moves need
  * (an offload on another thread that needs memory meanwhile waits for this block and uses it).
  * Staging memory is mapped, backed by transparent huge pages where the host allows, faulted in by
- * several threads and registered (cudaHostRegisterPortable: 8.5× faster than cudaHostAlloc for
- * 4 GiB on an H100); cudaHostAllocPortable if that fails, or with env UVM_PINNED=hostalloc. It is
+ * several threads and registered (cudaHostRegisterPortable, several times faster than
+ * cudaHostAlloc); cudaHostAllocPortable if that fails, or with env UVM_PINNED=hostalloc. It is
  * pinned for every device; uvm_release_staging gives it back. Env UVM_PINNED=pageable, for hosts
  * short on pinnable memory, maps and faults it in but never pins it: the driver then stages every
- * copy, 4–7× slower (offload 10.7–11.9, onload 6.1–6.7 GB/s for 4 GiB on an H100). */
+ * copy, several times slower (docs/performance.md). */
 UVM_API uvm_status uvm_reserve_staging(size_t bytes);
 
 /* Frees the pinned staging memory that holds no offloaded data: empty blocks, and the 256 MiB steps

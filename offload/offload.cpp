@@ -37,18 +37,14 @@ OffloadPieces pieces_to_move(const std::vector<HintRange>& merged, bool staging_
     // A released allocation's bytes are all staged or discarded already, none mapped to copy from.
     if (range.releasable && registry().released(range.allocation)) continue;
     const bool stage = range.releasable || (staging_wanted && range.allocation != 0);
-    std::vector<Span> skipped;
+    std::vector<Span> staged, free;
+    for (const StagedPiece& piece : registry().staged(range.begin, range.end)) staged.push_back(piece.span);
     if (range.allocation != 0 && (range.releasable || discard_supported)) {
-      for (const Span& span : registry().free_space(range.allocation, range.begin, range.end)) {
-        pieces.free.push_back(clipped(range, span));
-        skipped.push_back(span);
-      }
+      free = registry().free_space(range.allocation, range.begin, range.end);
     }
-    for (const StagedPiece& piece : registry().staged(range.begin, range.end)) skipped.push_back(piece.span);
-    std::sort(skipped.begin(), skipped.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
-    for (const Span& span : subtract(Span{range.begin, range.end}, skipped)) {
-      (stage ? pieces.staged : pieces.migrated).push_back(clipped(range, span));
-    }
+    const RangeSplit split = split_range(Span{range.begin, range.end}, std::move(staged), std::move(free));
+    for (const Span& span : split.free) pieces.free.push_back(clipped(range, span));
+    for (const Span& span : split.rest) (stage ? pieces.staged : pieces.migrated).push_back(clipped(range, span));
   }
   return pieces;
 }
@@ -131,21 +127,18 @@ uvm_status offload_staged(const Call& call, const std::vector<HintRange>& pieces
     placed.push_back(CopyPiece{spans[i], pieces[i].allocation, reserved.leases[i].get(), pieces[i].memory});
   }
   const auto one_registration = [](const char* host, size_t bytes) { return staging().one_registration(host, bytes); };
-  for (size_t first = 0; first < pieces.size();) {
-    const size_t end = copy_run_end(placed, first, one_registration);
-    const size_t bytes = spans[end - 1].end - spans[first].begin;
-    const void* ptr = reinterpret_cast<const void*>(spans[first].begin);
-    if (cudaError_t e = cudaMemcpyAsync(reserved.leases[first].get(), ptr, bytes, cudaMemcpyDefault, stream)) {
-      return give_up(fail_cuda(call, e, "cudaMemcpyAsync(%p → pinned staging, %zu bytes)", ptr, bytes));
+  for (const CopyRun& run : copy_runs(placed, one_registration)) {
+    const void* ptr = reinterpret_cast<const void*>(spans[run.first].begin);
+    if (cudaError_t e = cudaMemcpyAsync(reserved.leases[run.first].get(), ptr, run.bytes, cudaMemcpyDefault, stream)) {
+      return give_up(fail_cuda(call, e, "cudaMemcpyAsync(%p → pinned staging, %zu bytes)", ptr, run.bytes));
     }
-    copied_bytes += bytes;
+    copied_bytes += run.bytes;
     // A releasable allocation never shares a driver allocation, so its last piece ends a copy.
-    const size_t last = end - 1;
-    const bool last_of_allocation = end == pieces.size() || pieces[end].allocation != pieces[last].allocation;
+    const size_t last = run.end - 1;
+    const bool last_of_allocation = run.end == pieces.size() || pieces[run.end].allocation != pieces[last].allocation;
     if (pieces[last].releasable && last_of_allocation) {
       if (EventRef copied = try_record(stream)) (*done)[pieces[last].allocation] = copied;
     }
-    first = end;
   }
   copies.finish(copied_bytes);
   if (uvm_status s = discard_batch(call, pieces, stream)) return give_up(s);

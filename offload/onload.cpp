@@ -93,17 +93,15 @@ uvm_status copy_chunk(const Call& call, int device, const OnloadChunk& chunk, bo
   size_t copied = 0;
   const std::vector<CopyPiece>& pieces = chunk.copies;
   const auto one_registration = [](const char* host, size_t bytes) { return staging().one_registration(host, bytes); };
-  for (size_t first = 0; first < pieces.size();) {
-    const size_t end = copy_run_end(pieces, first, one_registration);
-    const size_t bytes = pieces[end - 1].span.end - pieces[first].span.begin;
-    void* ptr = reinterpret_cast<void*>(pieces[first].span.begin);
-    if (!managed && how == OnloadCopy::sm && sm_copyable(ptr, pieces[first].host, bytes)) {
-      if (uvm_status s = sm_copy(call, device, ptr, pieces[first].host, bytes, worker)) return s;
-    } else if (cudaError_t e = cudaMemcpyAsync(ptr, pieces[first].host, bytes, cudaMemcpyDefault, worker)) {
-      return fail_cuda(call, e, "cudaMemcpyAsync(pinned staging → %p, %zu bytes)", ptr, bytes);
+  for (const CopyRun& run : copy_runs(pieces, one_registration)) {
+    void* ptr = reinterpret_cast<void*>(pieces[run.first].span.begin);
+    const char* host = pieces[run.first].host;
+    if (!managed && how == OnloadCopy::sm && sm_copyable(ptr, host, run.bytes)) {
+      if (uvm_status s = sm_copy(call, device, ptr, host, run.bytes, worker)) return s;
+    } else if (cudaError_t e = cudaMemcpyAsync(ptr, host, run.bytes, cudaMemcpyDefault, worker)) {
+      return fail_cuda(call, e, "cudaMemcpyAsync(pinned staging → %p, %zu bytes)", ptr, run.bytes);
     }
-    copied += bytes;
-    first = end;
+    copied += run.bytes;
   }
   if (!managed) {
     phase.finish(copied);
@@ -204,20 +202,15 @@ uvm_status copy_back(const Call& call, int device, const std::vector<StagedWork>
 void split_staged(const std::vector<HintRange>& merged, std::vector<StagedWork>* staged,
                   std::vector<HintRange>* migrated) {
   for (const HintRange& range : merged) {
-    const auto pieces = registry().staged(range.begin, range.end);
-    std::vector<Span> staged_spans;
-    for (const StagedPiece& piece : pieces) {
+    std::vector<Span> staged_spans, free;
+    for (const StagedPiece& piece : registry().staged(range.begin, range.end)) {
       staged->push_back(StagedWork{clipped(range, piece.span), piece});
       staged_spans.push_back(piece.span);
     }
     // Free space holds nothing to bring back (offload dropped it): it is neither copied nor prefetched.
-    if (range.allocation != 0) {
-      for (const Span& span : registry().free_space(range.allocation, range.begin, range.end)) staged_spans.push_back(span);
-      std::sort(staged_spans.begin(), staged_spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
-    }
-    for (const Span& span : subtract(Span{range.begin, range.end}, staged_spans)) {
-      migrated->push_back(clipped(range, span));
-    }
+    if (range.allocation != 0) free = registry().free_space(range.allocation, range.begin, range.end);
+    const RangeSplit split = split_range(Span{range.begin, range.end}, std::move(staged_spans), std::move(free));
+    for (const Span& span : split.rest) migrated->push_back(clipped(range, span));
   }
 }
 

@@ -22,6 +22,16 @@ std::vector<Span> subtract(const Span& range, const std::vector<Span>& covered) 
   return parts;
 }
 
+RangeSplit split_range(const Span& range, std::vector<Span> staged, std::vector<Span> free) {
+  const auto by_address = [](const Span& a, const Span& b) { return a.begin < b.begin; };
+  std::vector<Span> held = staged;
+  held.insert(held.end(), free.begin(), free.end());
+  std::sort(held.begin(), held.end(), by_address);
+  std::sort(staged.begin(), staged.end(), by_address);
+  std::sort(free.begin(), free.end(), by_address);
+  return RangeSplit{std::move(staged), std::move(free), subtract(range, held)};
+}
+
 std::vector<OnloadChunk> plan_onload(const std::vector<CopyPiece>& pieces, size_t chunk_bytes) {
   std::vector<OnloadChunk> chunks;
   for (size_t i = 0; i < pieces.size(); ++i) {
@@ -43,20 +53,25 @@ std::vector<OnloadChunk> plan_onload(const std::vector<CopyPiece>& pieces, size_
   return chunks;
 }
 
-size_t copy_run_end(const std::vector<CopyPiece>& pieces, size_t first,
-                    const std::function<bool(const char* host, size_t bytes)>& one_registration) {
-  size_t end = first + 1;
-  size_t bytes = pieces[first].span.size();
-  while (end < pieces.size()) {
-    const CopyPiece& before = pieces[end - 1];
-    const CopyPiece& next = pieces[end];
-    const bool follows = next.memory == before.memory && next.memory != 0 && next.span.begin == before.span.end &&
-                         next.host == before.host + before.span.size();
-    if (!follows || !one_registration(pieces[first].host, bytes + next.span.size())) break;
-    bytes += next.span.size();
-    ++end;
+std::vector<CopyRun> copy_runs(const std::vector<CopyPiece>& pieces,
+                               const std::function<bool(const char* host, size_t bytes)>& one_registration) {
+  std::vector<CopyRun> runs;
+  for (size_t first = 0; first < pieces.size();) {
+    size_t end = first + 1;
+    size_t bytes = pieces[first].span.size();
+    while (end < pieces.size()) {
+      const CopyPiece& before = pieces[end - 1];
+      const CopyPiece& next = pieces[end];
+      const bool follows = next.memory == before.memory && next.memory != 0 && next.span.begin == before.span.end &&
+                           next.host == before.host + before.span.size();
+      if (!follows || !one_registration(pieces[first].host, bytes + next.span.size())) break;
+      bytes += next.span.size();
+      ++end;
+    }
+    runs.push_back(CopyRun{first, end, bytes});
+    first = end;
   }
-  return end;
+  return runs;
 }
 
 }  // namespace uvm

@@ -18,6 +18,18 @@ uvm_strategy choose_strategy(uvm_strategy requested, bool discard_supported);
 // The parts of `range` that no span of `covered` (sorted, disjoint) covers.
 std::vector<Span> subtract(const Span& range, const std::vector<Span>& covered);
 
+// The one rule both moves split a range by: its staged pieces (bytes with a host copy), its free
+// space (bytes outside every block a reporting runtime handed out, which hold nothing to keep), and
+// the rest. Offload leaves the staged pieces (off the device already), drops the free space, and
+// stages or migrates the rest; onload copies the staged pieces back, leaves the free space, and
+// prefetches the rest. `staged` and `free` lie inside `range`, disjoint, in any order.
+struct RangeSplit {
+  std::vector<Span> staged;
+  std::vector<Span> free;
+  std::vector<Span> rest;  // in address order
+};
+RangeSplit split_range(const Span& range, std::vector<Span> staged, std::vector<Span> free);
+
 }  // namespace uvm
 
 namespace uvm {
@@ -49,12 +61,19 @@ struct OnloadChunk {
 // or not, and the 4 GiB model's onload fell from 40 to 34 GB/s.
 std::vector<OnloadChunk> plan_onload(const std::vector<CopyPiece>& pieces, size_t chunk_bytes);
 
-// Where the copy that starts at pieces[first] ends (one past its last piece): the pieces after it
-// join while each starts where the one before ends, both on the device (in one driver allocation)
-// and in staging, and `one_registration(host, bytes)` says one copy may reach that many staging
-// bytes (a copy across two host registrations fails on an H100). The 2 MiB segments of a slab then
-// take 32 copies, not 1,024.
-size_t copy_run_end(const std::vector<CopyPiece>& pieces, size_t first,
-                    const std::function<bool(const char* host, size_t bytes)>& one_registration);
+// One copy between the device and staging, for both directions: pieces[first, end), `bytes` long.
+struct CopyRun {
+  size_t first;
+  size_t end;
+  size_t bytes;
+};
+
+// The copies that move `pieces` (sorted by address): a copy takes the pieces after its first while
+// each starts where the one before ends, both on the device (in one driver allocation) and in
+// staging, and `one_registration(host, bytes)` says one copy may reach that many staging bytes (a
+// copy across two host registrations fails on an H100). The 2 MiB segments of a slab then take 32
+// copies, not 1,024.
+std::vector<CopyRun> copy_runs(const std::vector<CopyPiece>& pieces,
+                               const std::function<bool(const char* host, size_t bytes)>& one_registration);
 
 }  // namespace uvm

@@ -94,12 +94,30 @@ TEST_CASE("one copy takes the pieces that follow each other on the device and in
   const std::vector<uvm::CopyPiece> pieces = {piece(0, 100, 1, 9), piece(100, 200, 2, 9), piece(200, 300, 3, 10),
                                               piece(300, 400, 4, 10), piece(500, 600, 5, 10), piece(600, 700, 6, 10)};
   const auto anywhere = [](const char*, size_t) { return true; };
-  CHECK(uvm::copy_run_end(pieces, 0, anywhere) == 2);  // two slots of slab 9; slab 10 is another allocation
-  CHECK(uvm::copy_run_end(pieces, 2, anywhere) == 4);  // then a gap on the device
-  CHECK(uvm::copy_run_end(pieces, 4, anywhere) == 6);
+  const auto ends = [](const std::vector<uvm::CopyRun>& runs) {
+    std::vector<size_t> found;
+    for (const auto& run : runs) found.push_back(run.end);
+    return found;
+  };
+  // Two slots of slab 9 (slab 10 is another allocation), then a gap on the device.
+  const auto runs = uvm::copy_runs(pieces, anywhere);
+  CHECK(ends(runs) == std::vector<size_t>{2, 4, 6});
+  REQUIRE(runs.size() == 3);
+  CHECK(runs[1].first == 2);
+  CHECK(runs[1].bytes == 200);
   auto moved = pieces;
   moved[1].host += 8;  // apart in staging
-  CHECK(uvm::copy_run_end(moved, 0, anywhere) == 1);
+  CHECK(ends(uvm::copy_runs(moved, anywhere)) == std::vector<size_t>{1, 2, 4, 6});
   const auto at_most_150 = [](const char*, size_t bytes) { return bytes <= 150; };  // a registration ends
-  CHECK(uvm::copy_run_end(pieces, 0, at_most_150) == 1);
+  CHECK(ends(uvm::copy_runs(pieces, at_most_150)) == std::vector<size_t>{1, 2, 3, 4, 5, 6});
+  CHECK(uvm::copy_runs({}, anywhere).empty());
+}
+
+TEST_CASE("a range splits into its staged pieces, its free space and the rest, every byte once", "[plan]") {
+  const auto split = uvm::split_range(span(0, 1000), {span(600, 700), span(100, 200)}, {span(900, 1000), span(300, 350)});
+  CHECK(same(split.staged, {span(100, 200), span(600, 700)}));
+  CHECK(same(split.free, {span(300, 350), span(900, 1000)}));
+  CHECK(same(split.rest, {span(0, 100), span(200, 300), span(350, 600), span(700, 900)}));
+  CHECK(same(uvm::split_range(span(0, 10), {}, {}).rest, {span(0, 10)}));
+  CHECK(uvm::split_range(span(0, 10), {span(0, 4)}, {span(4, 10)}).rest.empty());
 }

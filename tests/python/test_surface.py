@@ -285,6 +285,77 @@ def test_every_source_is_listed_once_in_the_one_list_meson_and_the_jit_read():
     assert "fs.read('sources.txt')" in (root / "meson.build").read_text()
 
 
+def _header() -> str:
+    """uvm.h without its comments."""
+    text = (SHIM.parent / "include" / "uvm.h").read_text()
+    return re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+
+
+def _ctype(c_type: str, pointer_level: int = 0):
+    """The ctypes type uvm.h's C type reads as, for a mirror: structs by their mirror class."""
+    import ctypes
+    from uvm import _lib
+    mirrors = {"uvm_range": _lib.Range, "uvm_allocation": _lib.Allocation, "uvm_stats": _lib.Stats,
+               "uvm_device_caps": _lib.DeviceCaps, "uvm_residency": _lib.Residency,
+               "uvm_staging_info": _lib.StagingInfo, "uvm_move_phase": _lib.MovePhase,
+               "uvm_move_report": _lib.MoveReport, "uvm_option_info": _lib.OptionInfo}
+    scalars = {"size_t": ctypes.c_size_t, "int": ctypes.c_int, "int64_t": ctypes.c_int64,
+               "uint64_t": ctypes.c_uint64, "uint32_t": ctypes.c_uint32, "double": ctypes.c_double,
+               "cudaStream_t": ctypes.c_void_p}
+    enums = set(re.findall(r"typedef enum (\w+)", _header()))
+    base = c_type.replace("const", "").strip()
+    if base == "char" and pointer_level == 1:
+        return ctypes.c_char_p
+    if base == "void":
+        return None if pointer_level == 0 else (ctypes.c_void_p if pointer_level == 1 else ctypes.POINTER(ctypes.c_void_p))
+    found = ctypes.c_int if base in enums else scalars.get(base) or mirrors[base]
+    for _ in range(pointer_level):
+        found = ctypes.POINTER(found)
+    return found
+
+
+def _split_declaration(text: str) -> tuple[str, int, str]:
+    """'const uvm_range* ranges' -> ('const uvm_range', 1, 'ranges')."""
+    text = " ".join(text.split())
+    name = re.search(r"(\w+)(\[\w+\])?$", text)
+    c_type = text[:name.start()]
+    return c_type.replace("*", "").strip(), c_type.count("*"), name.group(0)
+
+
+def test_ctypes_mirrors_match_uvm_h_field_by_field():
+    """Every struct, enum value, sentinel and entry _lib.py mirrors reads as uvm.h declares it: a
+    field out of step would make ctypes read or write the wrong bytes."""
+    from uvm import _lib
+    header = _header()
+    for name, body in re.findall(r"typedef struct (\w+) \{(.*?)\} \1;", header, flags=re.S):
+        mirror = _ctype(name)
+        declared = []
+        for line in filter(None, (part.strip() for part in body.split(";"))):
+            c_type, pointers, field = _split_declaration(line)
+            array = re.match(r"(\w+)\[(\w+)\]", field)
+            if array:
+                length = int(re.search(rf"#define {array.group(2)} (\d+)", header).group(1))
+                declared.append((array.group(1), _ctype(c_type, pointers) * length))
+            else:
+                declared.append((field, _ctype(c_type, pointers)))
+        assert [tuple(field) for field in mirror._fields_] == declared, name
+    for enum_name, body in re.findall(r"typedef enum (\w+) \{(.*?)\} \1;", header, flags=re.S):
+        values = dict(re.findall(r"(UVM_\w+) = (\d+)", body))
+        if enum_name == "uvm_status":
+            assert {n: int(v) for n, v in values.items()} == {n: getattr(_lib, n) for n in values}
+        if enum_name == "uvm_strategy":
+            assert {n.removeprefix("UVM_STRATEGY_").lower(): int(v) for n, v in values.items()} == _lib.STRATEGIES
+        if enum_name == "uvm_pinned_kind":
+            assert sorted(int(v) for v in values.values()) == sorted(_lib.PINNED_KINDS)
+    for sentinel in ("UVM_LOCATION_CPU", "UVM_LOCATION_NONE", "UVM_ANY_DEVICE", "UVM_MOVE_PHASES"):
+        assert int(re.search(rf"#define {sentinel} \(?(-?\d+)\)?", header).group(1)) == getattr(_lib, sentinel)
+    for restype, name, arguments in re.findall(r"UVM_API ([\w\s*]+?)\s*\b(uvm_\w+)\(([^)]*)\);", header):
+        c_type, pointers = restype.replace("*", "").strip(), restype.count("*")
+        arguments = [] if arguments.strip() == "void" else [_split_declaration(a) for a in arguments.split(",")]
+        expected = (_ctype(c_type, pointers), [_ctype(t, p) for t, p, _ in arguments])
+        assert _lib.SIGNATURES[name] == (expected[0], expected[1]), name
+
+
 @pytest.mark.parametrize("given, cpu, expected", [
     (3, False, 3), (None, False, 0), ("cuda:2", False, 2), ("cpu", True, -1), (-1, True, -1),
 ])

@@ -1,14 +1,12 @@
 """python -m uvm doctor — what uvm sees here, and whether a pool can be created (exit 0) or why not.
 python -m uvm bench [args] — the offload/onload benchmark (bench/offload_bench.py; --help).
 python -m uvm bench rl [args] — the sleep/wake cycle benchmark (bench/rl_bench.py; --help).
-python -m uvm bench all [--quick] [--out DIR] — both, one after the other."""
+python -m uvm bench all [--quick] [--out DIR] — both, one after the other (bench/bench_all.py)."""
 from __future__ import annotations
 
-import argparse
 import ctypes
 import os
 import pathlib
-import subprocess
 import sys
 
 from . import _build, _errors, _lib, _state
@@ -122,47 +120,15 @@ USAGE = """usage: python -m uvm doctor          what uvm sees here; exit 0 if a 
        python -m uvm bench all [--quick] [--out DIR]  both: every row of the two tables in one run"""
 
 
-def bench_all_commands(out: str, quick: bool) -> list[list[str]]:
-    """The two benchmarks `bench all` runs, as arguments to `python -m uvm bench`: the offload bench
-    (steady, first-offload, small-tensor, pool and no-claim rows) into OUT/offload, then the RL
-    cycle bench (full-GPU and big-free cycles, first cycles, torch_memory_saver where installed)
-    into OUT/rl. --quick: the 4 GiB model only, and 2 measured cycles each."""
-    offload = ["--sizes-mib", "4096", "--cycles", "2"] if quick else []
-    rl = ["rl", "--cycles", "2"] if quick else ["rl"]
-    return [offload + ["--out", os.path.join(out, "offload")], rl + ["--out", os.path.join(out, "rl")]]
-
-
-def bench_all(argv: list[str]) -> int:
-    """Runs both benchmarks, each in a process of its own (the RL bench fills the GPU, which must
-    hold nothing of the offload bench's). Exit status: the first failure's, else 0."""
-    parser = argparse.ArgumentParser(prog="python -m uvm bench all",
-                                     description="Every row of both benchmarks in one run: " +
-                                     bench_all_commands.__doc__.split(": ", 1)[1])
-    parser.add_argument("--quick", action="store_true", help="the 4 GiB model only, 2 measured cycles each")
-    parser.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
-    args = parser.parse_args(argv)
-    env = dict(os.environ)  # the children import this same uvm
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pathlib.Path(__file__).resolve().parents[1]),
-                                                       env.get("PYTHONPATH")]))
-    status = 0
-    for command in bench_all_commands(args.out, args.quick):
-        print(f"== python -m uvm bench {' '.join(command)}", flush=True)
-        code = subprocess.call([sys.executable, "-m", "uvm", "bench", *command], env=env)
-        status = status or code
-    return status
-
-
 def bench(argv: list[str]) -> int:
-    """Runs bench/offload_bench.py (or, for `bench rl`, bench/rl_bench.py) from the source tree, or
-    the copy installed with the package. --help works without torch (it prints the script's own
-    description)."""
+    """Runs bench/offload_bench.py (or, for `bench rl`, bench/rl_bench.py; for `bench all`,
+    bench/bench_all.py) from the source tree, or the copy installed with the package. --help works
+    without torch (it prints the script's own description)."""
     import ast
     import runpy
-    if argv[:1] == ["all"]:
-        return bench_all(argv[1:])
     name = "offload_bench.py"
-    if argv[:1] == ["rl"]:
-        name, argv = "rl_bench.py", argv[1:]
+    if argv[:1] in (["rl"], ["all"]):
+        name, argv = {"rl": "rl_bench.py", "all": "bench_all.py"}[argv[0]], argv[1:]
     here = pathlib.Path(__file__).resolve().parent
     found = [s for s in (here.parents[1] / "bench" / name, here / "_csrc" / "bench" / name) if s.is_file()]
     if not found:
@@ -170,7 +136,8 @@ def bench(argv: list[str]) -> int:
         return 2
     script = found[0]
     try:
-        import torch  # noqa: F401
+        if name != "bench_all.py":  # its children import torch, each in a process of its own
+            import torch  # noqa: F401
     except ImportError:
         if {"-h", "--help"} & set(argv):
             print(ast.get_docstring(ast.parse(script.read_text())))

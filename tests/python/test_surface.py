@@ -129,14 +129,16 @@ def test_the_command_line_helps_and_says_what_is_missing():
 
 
 def test_bench_all_runs_both_benchmarks_in_processes_of_their_own_and_keeps_the_first_failure():
-    code = """import json, os, sys, uvm.__main__ as m
+    code = f"""import json, os, sys
+sys.path.insert(0, {str(SHIM.parent / 'bench')!r})
+import bench_all as m
 calls = []
 def call(argv, env):
     calls.append((argv[1:], env["PYTHONPATH"].split(os.pathsep)[0]))
     return [0, 3][len(calls) - 1]
 m.subprocess.call = call
-status = m.main(['bench', 'all', '--quick', '--out', '/tmp/x'])
-print(json.dumps({"status": status, "calls": calls, "full": m.bench_all_commands('o', False)}))
+status = m.main(['--quick', '--out', '/tmp/x'])
+print(json.dumps({{"status": status, "calls": calls, "full": m.commands('o', False)}}))
 """
     result = json.loads(python(code).stdout.splitlines()[-1])
     assert result["status"] == 3  # the RL bench failed, the offload bench did not
@@ -145,7 +147,8 @@ print(json.dumps({"status": status, "calls": calls, "full": m.bench_all_commands
     assert rl == ["-m", "uvm", "bench", "rl", "--cycles", "2", "--out", "/tmp/x/rl"]
     assert shim_a == shim_b == str(SHIM)  # the children import this uvm
     assert result["full"] == [["--out", os.path.join("o", "offload")], ["rl", "--out", os.path.join("o", "rl")]]
-    helped = python("import sys, uvm.__main__ as m; sys.exit(m.main(['bench', 'all', '--help']))", check=False)
+    helped = python(NO_TORCH + "import sys, uvm.__main__ as m; sys.exit(m.main(['bench', 'all', '--help']))",
+                    check=False)
     assert helped.returncode == 0 and "--quick" in helped.stdout and "Every row of both benchmarks" in helped.stdout
 
 

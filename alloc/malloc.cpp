@@ -83,6 +83,7 @@ uvm_status allocate(const Call& call, size_t size, int device, Backing backing, 
   record.size = size;
   record.device = device;
   record.tag = thread_tag();
+  record.backup = thread_backup();
   record.backing = backing;
   record.reported_runtime = blocks_are_reported();
   if (status == UVM_OK) {

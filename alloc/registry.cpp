@@ -188,6 +188,14 @@ void Registry::set_last_move(const std::vector<uintptr_t>& bases, const EventRef
   }
 }
 
+void Registry::set_paused(const std::vector<uintptr_t>& bases, bool paused) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (uintptr_t base : bases) {
+    auto it = allocations_.find(base);
+    if (it != allocations_.end()) it->second.paused = paused;
+  }
+}
+
 bool Registry::block_state(uintptr_t begin, uintptr_t end, BlockState* out, BlockChange change) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = allocations_.upper_bound(begin);
@@ -249,7 +257,8 @@ void Registry::set_mapping(uintptr_t base, const Mapping& mapping) {
 }
 
 AllocationView Registry::view_of(uintptr_t base, const Allocation& allocation) {
-  return AllocationView{base, allocation.size, allocation.device, allocation.backing, allocation.slab};
+  return AllocationView{base,           allocation.size,   allocation.device,
+                        allocation.backing, allocation.slab, allocation.backup, allocation.paused};
 }
 
 bool Registry::selected(const Allocation& allocation, int device, bool any_tag, TagId tag) {

@@ -45,6 +45,8 @@ struct Allocation {
   size_t size = 0;
   int device = 0;
   TagId tag = kUntagged;
+  uvm_backup backup = UVM_BACKUP_NONE;  // what uvm_pause keeps of it
+  bool paused = false;                  // by uvm_pause, until uvm_resume
   Backing backing = Backing::managed;
   uintptr_t slab = 0;       // the slab holding it (alloc/slabs.hpp), 0 if it is a driver allocation of its own
   Mapping mapping;          // releasable only: its physical memory; released while not mapped
@@ -73,6 +75,8 @@ struct AllocationView {
   int device = 0;
   Backing backing = Backing::managed;
   uintptr_t slab = 0;
+  uvm_backup backup = UVM_BACKUP_NONE;
+  bool paused = false;
   // The driver allocation holding it: where one prefetch or copy may reach.
   uintptr_t memory() const { return slab != 0 ? slab : base; }
 };
@@ -135,6 +139,9 @@ class Registry {
   // The free space in [begin, end) of the allocation at `base`: bytes outside every block its
   // runtime handed out, once it reported blocks at all (none before: all of it may hold data).
   std::vector<Span> free_space(uintptr_t base, uintptr_t begin, uintptr_t end) const;
+
+  // Marks the allocations at `bases` paused or not (those freed meanwhile are skipped).
+  void set_paused(const std::vector<uintptr_t>& bases, bool paused);
 
   // Whether the allocation at `base` is releasable memory given back to the driver.
   bool released(uintptr_t base) const;

@@ -22,6 +22,7 @@ TagTable& table() {
 }
 
 thread_local TagId current_thread_tag = kUntagged;
+thread_local uvm_backup current_thread_backup = UVM_BACKUP_NONE;
 
 bool lookup(const TagTable& t, const char* name, size_t count, TagId* id) {
   for (size_t i = 1; i < count; ++i) {
@@ -69,6 +70,8 @@ bool find_tag(const char* name, TagId* id) {
 
 TagId thread_tag() { return current_thread_tag; }
 
+uvm_backup thread_backup() { return current_thread_backup; }
+
 }  // namespace uvm
 
 extern "C" {
@@ -84,6 +87,18 @@ uvm_status uvm_set_thread_tag(const char* tag) {
 }
 
 const char* uvm_get_thread_tag(void) { return uvm::table().names[uvm::current_thread_tag].data(); }
+
+uvm_status uvm_set_thread_backup(uvm_backup backup) {
+  const uvm::Call call = uvm::Call::of("uvm_set_thread_backup");
+  const int raw = uvm::raw_enum(backup);
+  if (raw != UVM_BACKUP_NONE && raw != UVM_BACKUP_HOST) {
+    return uvm::fail(call, UVM_ERROR_INVALID_ARGUMENT, "backup %d is not UVM_BACKUP_NONE or UVM_BACKUP_HOST", raw);
+  }
+  uvm::current_thread_backup = static_cast<uvm_backup>(raw);
+  return UVM_OK;
+}
+
+uvm_backup uvm_get_thread_backup(void) { return uvm::current_thread_backup; }
 
 size_t uvm_tag_count(void) { return uvm::table().count.load(std::memory_order_acquire) - 1; }
 

@@ -23,4 +23,7 @@ bool find_tag(const char* name, TagId* id);
 // The tag uvm_malloc stores for allocations made on this thread.
 TagId thread_tag();
 
+// The backup uvm_malloc stores for allocations made on this thread (uvm_set_thread_backup).
+uvm_backup thread_backup();
+
 }  // namespace uvm

@@ -197,6 +197,19 @@ UVM_API uvm_status uvm_set_thread_tag(const char* tag);
 /* This thread's tag, "" when untagged. Valid for the life of the process. */
 UVM_API const char* uvm_get_thread_tag(void);
 
+/* What uvm_pause keeps of an allocation: recorded with it when it is made, from the setting of the
+ * thread that makes it (as the tag is). */
+typedef enum uvm_backup {
+  UVM_BACKUP_NONE = 0, /* nothing: paused, its bytes are dropped and come back undefined (the default) */
+  UVM_BACKUP_HOST = 1  /* a copy in uvm's pinned staging memory, copied back on resume */
+} uvm_backup;
+
+/* Sets the backup uvm_malloc records with every allocation this thread makes from now on. */
+UVM_API uvm_status uvm_set_thread_backup(uvm_backup backup);
+
+/* This thread's backup setting. */
+UVM_API uvm_backup uvm_get_thread_backup(void);
+
 /* ------------------------------------------------------------------------------------------------
  * Blocks — for runtimes that cut their own blocks out of uvm allocations and reuse them without
  * uvm_free. PyTorch's caching allocator does: it hands a freed tensor's block to the next tensor
@@ -452,6 +465,31 @@ UVM_API uvm_status uvm_reserve_staging(size_t bytes);
  * lose the room it made). Takes no lock the moves need. Returns once a free of empty blocks that
  * an offload started in the background has ended too. */
 UVM_API uvm_status uvm_release_staging(void);
+
+/* ------------------------------------------------------------------------------------------------
+ * Pause and resume — whole tags off the GPU and back, torch_memory_saver's model
+ * ---------------------------------------------------------------------------------------------- */
+
+/* Pauses the live allocations of `device` (UVM_ANY_DEVICE: every device) with `tag` (NULL: any tag;
+ * "": untagged) that are not paused: for each device, waits for all its work (kernels may still
+ * use them), drops those with UVM_BACKUP_NONE (as uvm_discard_ranges) and stages those with
+ * UVM_BACKUP_HOST (as uvm_offload_ranges, UVM_STRATEGY_AUTO), on the device's legacy stream in its
+ * own context, waits again, and marks them paused. Releasable memory is given back to the driver.
+ * Returns when their memory is free. Pausing what is paused does nothing; an allocation made while
+ * its tag is paused is not paused. If a device's moves fail, the call fails naming what failed:
+ * devices done before stay paused, and on that device what was dropped is paused while what was to
+ * be kept stays on the device (an offload that fails keeps its bytes there). Pause and resume take
+ * turns with each other. */
+UVM_API uvm_status uvm_pause(int device, const char* tag);
+
+/* Brings back what uvm_pause paused in the selection: for each device, in its own context, one
+ * onload of all of them (releasable memory mapped again, kept bytes copied back), a wait for it,
+ * and the paused mark cleared. Returns when their bytes are back. A failure leaves that device's
+ * allocations paused, to resume again. */
+UVM_API uvm_status uvm_resume(int device, const char* tag);
+
+/* How many live allocations of the selection are paused. */
+UVM_API uvm_status uvm_paused_count(int device, const char* tag, size_t* count);
 
 /* ------------------------------------------------------------------------------------------------
  * Residency queries

@@ -127,6 +127,10 @@ MUTANTS = [
  ("hints/moves/begin.cpp", "  move->lock_ = lock_moves();\n", "", "hints_tests", "threads offloading*"),
  # A move no longer waits for the last move of its bytes (begin_move, hints/moves/begin.cpp).
  ("hints/moves/begin.cpp", "  return wait_for_last_moves(call, move->ranges, stream);", "  return UVM_OK;", "hints_tests", "[order]"),
+ # Pause (offload/pause.cpp): the backup no longer decides what is kept; what is paused is moved again.
+ ("offload/pause.cpp", "(a.backup == UVM_BACKUP_HOST ? kept : dropped)", "(a.backup == UVM_BACKUP_HOST ? dropped : kept)",
+  "offload_tests", "[pause]"),
+ ("offload/pause.cpp", "    if (a.paused) continue;\n", "", "offload_tests", "[pause]"),
 ]
 TAG_ENV = {"[steps]": {"UVM_PINNED": ""}, "[env_malformed]": {"UVM_PINNED": "pinned"}, "[model]": {"UVM_MODEL_SEQUENCES": "300", "UVM_MODEL_THREADED_SEQUENCES": "10"}, "[sm_copy]": {"UVM_ONLOAD_COPY": "sm"},
            "[sm_copy_default]": {"UVM_ONLOAD_COPY": "", "FAKE_CUDA_SCENARIO": "pre_volta"},

@@ -25,14 +25,21 @@ import threading
 from . import _lib
 
 _DEFAULT_TAG = "default"
-_BACKUP_SUFFIX = " (cpu backup)"
-_MAX_TAG_LENGTH = 63 - len(_BACKUP_SUFFIX)  # UVM_TAG_MAX_LENGTH, with room for the suffix
+_MAX_TAG_LENGTH = 63  # UVM_TAG_MAX_LENGTH
 BACKINGS = ("releasable", "managed")
+UVM_BACKUP_NONE, UVM_BACKUP_HOST = 0, 1  # uvm_backup
 
 
-def _uvm_tag(tag: str, enable_cpu_backup: bool) -> str:
-    """The uvm tag of a region's allocations: pause finds them by it, and whether to keep them."""
-    return tag + _BACKUP_SUFFIX if enable_cpu_backup else tag
+@contextlib.contextmanager
+def _backup(keep: bool):
+    """Allocations this thread makes inside carry a host backup (kept by uvm_pause) or none."""
+    lib = _lib._get_ctypes_lib()
+    previous = lib.uvm_get_thread_backup()
+    _lib.check(lib.uvm_set_thread_backup(UVM_BACKUP_HOST if keep else UVM_BACKUP_NONE))
+    try:
+        yield
+    finally:
+        lib.uvm_set_thread_backup(previous)
 
 
 def _check_tag(tag) -> str:
@@ -56,15 +63,21 @@ def _check_backup_options(enable_cpu_backup: bool, enable_disk_backup: bool, cpu
                                   f"or 'pinned', not {cpu_backup_backend!r}")
 
 
+def _paused_count(lib, name: str) -> int:
+    count = ctypes.c_size_t()
+    _lib.check(lib.uvm_paused_count(_lib.UVM_ANY_DEVICE, name.encode(), ctypes.byref(count)))
+    return count.value
+
+
 class _State:
     """What every TorchMemorySaver of the process shares (pause acts on all regions, as the
-    original's does): the pools, which (tag, backup) pairs exist and which are paused."""
+    original's does): the pools and the tags they serve. What is paused, and what each allocation
+    keeps, uvm records with the allocation itself (uvm_pause, uvm_resume)."""
 
     def __init__(self):
         self.lock = threading.RLock()
         self.pools: dict[tuple, object] = {}  # (purpose, tag, backup, device) -> torch.cuda.MemPool
-        self.devices: dict[tuple[str, bool], set[int]] = {}  # (tag, backup) -> devices used
-        self.paused: set[tuple[str, bool]] = set()
+        self.tags: set[str] = set()
         # torch refuses to destroy a MemPool while any thread allocates to a pool (its assert
         # "captures_underway.empty()" aborts the process), so disable()'s pools wait here until no
         # region is open.
@@ -82,7 +95,7 @@ class _State:
                 create = (uvm_torch.create_releasable_mempool if self.backing == "releasable"
                           else uvm_torch.create_unified_mempool)
                 self.pools[key] = create(device)
-                self.devices.setdefault((tag, backup), set()).add(device)
+                self.tags.add(tag)
             return self.pools[key]
 
     @contextlib.contextmanager
@@ -99,9 +112,13 @@ class _State:
                 if self.open_regions == 0:
                     self.retired_pools.clear()
 
-    def selected(self, tag: str | None) -> list[tuple[str, bool]]:
+    def selected(self, tag: str | None) -> list[str]:
         with self.lock:
-            return [key for key in self.devices if tag is None or key[0] == tag]
+            return sorted(self.tags) if tag is None else [tag] if tag in self.tags else []
+
+    def devices(self) -> list[int]:
+        with self.lock:
+            return sorted({key[3] for key in self.pools})
 
 
 _state = _State()
@@ -120,7 +137,7 @@ class TorchMemorySaver:
         _check_tag(tag)
         _check_backup_options(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
         pool = _state.pool("region", tag, bool(enable_cpu_backup), torch.cuda.current_device())
-        with _state.open_region(), uvm_tag(_uvm_tag(tag, bool(enable_cpu_backup))), torch.cuda.use_mem_pool(pool):
+        with _state.open_region(), uvm_tag(tag), _backup(bool(enable_cpu_backup)), torch.cuda.use_mem_pool(pool):
             yield
 
     @contextlib.contextmanager
@@ -137,7 +154,7 @@ class TorchMemorySaver:
         if pool is not None and tuple(pool) != tuple(ours.id):
             raise ValueError("uvm's cuda_graph captures into the uvm pool of its tag so that the graph's memory "
                              "can pause; pass pool=None (graphs of one tag share that pool)")
-        with _state.open_region(), uvm_tag(_uvm_tag(tag, bool(enable_cpu_backup))):
+        with _state.open_region(), uvm_tag(tag), _backup(bool(enable_cpu_backup)):
             with torch.cuda.graph(cuda_graph, pool=ours.id, stream=stream, capture_error_mode=capture_error_mode):
                 yield
 
@@ -159,62 +176,45 @@ class TorchMemorySaver:
             del pool
 
     def pause(self, tag: str | None = None) -> None:
-        """Moves the memory of `tag` (None: every tag) off the GPU and gives it back to the driver;
-        returns when it is free. Pausing a paused tag does nothing."""
-        from . import torch as uvm_torch
+        """Moves the memory of `tag` (None: every tag of a region) off the GPU and gives it back to
+        the driver; returns when it is free. Pausing a paused tag does nothing. uvm_pause waits for
+        each device in C: a daemon thread pausing when the interpreter exits is ended cleanly
+        there, where inside torch's bindings the process aborted (H100 run)."""
+        lib = _lib._get_ctypes_lib()
         with _state.lock:
-            keys = [key for key in _state.selected(tag) if key not in _state.paused]
-            if not keys:
-                return
-            devices = sorted(set().union(*(_state.devices[key] for key in keys)))
-            # Kernels on any stream may still use these tensors. Waited for through uvm, not
-            # torch.cuda.synchronize: a daemon thread pausing when the interpreter exits is ended
-            # cleanly there, where inside torch's bindings the process aborted (H100 run).
-            for device in devices:
-                _lib.synchronize(device)
-            kept = [_uvm_tag(*key) for key in keys if key[1]]
-            dropped = [_uvm_tag(*key) for key in keys if not key[1]]
-            if dropped:  # first: nothing to copy, so its memory is free at once
-                uvm_torch.discard(dropped)
-            if kept:
-                uvm_torch.offload(kept)
-            for device in devices:
-                _lib.synchronize(device)
-            _state.paused.update(keys)
+            for name in _state.selected(tag):
+                _lib.check(lib.uvm_pause(_lib.UVM_ANY_DEVICE, name.encode()))
 
     def resume(self, tag: str | None = None) -> None:
-        """Maps memory for `tag` (None: every tag) at the same addresses and copies the CPU backups
-        back, all tags in one call (mapping one allocation overlaps the copies into the others);
-        returns when the tensors hold their data again. Resuming a resumed tag does nothing. Raises
-        MemoryError (nothing resumed) when the memory would leave less than memory_margin_bytes free."""
-        from . import torch as uvm_torch
+        """Maps memory for `tag` (None: every tag of a region) at the same addresses and copies the
+        CPU backups back (one onload per device: mapping one allocation overlaps the copies into
+        the others); returns when the tensors hold their data again. Resuming a resumed tag does
+        nothing. Raises MemoryError (nothing resumed) when the memory would leave less than
+        memory_margin_bytes free."""
+        lib = _lib._get_ctypes_lib()
         with _state.lock:
-            keys = [key for key in _state.selected(tag) if key in _state.paused]
-            if not keys:
+            names = [name for name in _state.selected(tag) if _paused_count(lib, name)]
+            if not names:
                 return
-            devices = sorted(set().union(*(_state.devices[key] for key in keys)))
-            for device in devices:
-                self._check_margin(keys, device)
-            uvm_torch.onload([_uvm_tag(*key) for key in keys])
-            for device in devices:
-                _lib.synchronize(device)
-            _state.paused.difference_update(keys)
+            for device in _state.devices():
+                self._check_margin(names, device)
+            for name in names:
+                _lib.check(lib.uvm_resume(_lib.UVM_ANY_DEVICE, name.encode()))
             if not _state.retain_cpu_backup:
                 from . import release_staging
                 release_staging()  # the original frees its backups after a resume unless told to keep them
 
     @staticmethod
-    def _check_margin(keys: list[tuple[str, bool]], device: int) -> None:
+    def _check_margin(names: list[str], device: int) -> None:
         import torch
         from . import residency
         margin = _state.memory_margin_bytes
         if not margin:
             return
-        needed = sum(residency(device, tag=_uvm_tag(*key))["released_bytes"] for key in keys)
+        needed = sum(residency(device, tag=name)["released_bytes"] for name in names)
         free = torch.cuda.mem_get_info(device)[0]
         if needed and free < needed + margin:
-            tags = sorted({key[0] for key in keys})
-            raise MemoryError(f"resume of {tags} needs {needed} bytes on cuda:{device} and memory_margin_bytes="
+            raise MemoryError(f"resume of {names} needs {needed} bytes on cuda:{device} and memory_margin_bytes="
                               f"{margin} left over, but only {free} bytes are free")
 
     def get_cpu_backup(self, x, zero_copy: bool = False):

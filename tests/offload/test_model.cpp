@@ -2,7 +2,7 @@
 // allocations and reuses freed ones without uvm_free (as PyTorch's does, reporting its blocks with
 // uvm_block_allocated / uvm_block_freed as the Python shim does for PyTorch), driven through random
 // sequences of allocate, free, write, offload / onload / discard by tensor, by a set of tensors (a
-// module), by tag, by pool and by device, pause and resume (memory_saver's moves), release_staging,
+// module), by tag, by pool and by device, uvm_pause and uvm_resume of pools made with and without a backup, release_staging,
 // set_limit and empty_cache, on managed (slab and driver allocations) and releasable pools — against
 // a shadow of what every live tensor must hold. After every step each tensor the model says is on
 // the device must hold exactly its bytes.
@@ -46,6 +46,7 @@ struct Segment {
   unsigned char* base;
   size_t size;
   std::vector<Block> blocks;  // by offset, covering the segment
+  bool paused = false;        // by uvm_pause, until uvm_resume
 };
 
 struct Pool {
@@ -53,6 +54,7 @@ struct Pool {
   bool releasable;
   bool reported;  // its segments are made with uvm_report_blocks on: their free space is dropped
   std::vector<Segment> segments;
+  uvm_backup backup = UVM_BACKUP_NONE;  // what uvm_pause keeps of its segments
 };
 
 struct Tensor {
@@ -73,6 +75,7 @@ class Model {
     pools_.push_back(Pool{name + "-managed", false, true, {}});
     pools_.push_back(Pool{name + "-releasable", true, true, {}});
     pools_.push_back(Pool{name + "-kv", false, false, {}});
+    for (Pool& pool : pools_) pool.backup = pick(2) == 0 ? UVM_BACKUP_HOST : UVM_BACKUP_NONE;
     stream_ = fake::make_stream();
   }
 
@@ -125,9 +128,11 @@ class Model {
     if (best_segment == nullptr) {
       const size_t segment_size = block <= kMiB ? kSmallSegment : round_up(block, kSmallSegment);
       uvm_set_thread_tag(pool.tag.c_str());
+      uvm_set_thread_backup(pool.backup);
       uvm_report_blocks(pool.reported ? 1 : 0);  // per thread models: a process-wide switch, set just before
       void* base = pool.releasable ? uvm_malloc_releasable(segment_size, 0, nullptr) : uvm_malloc(segment_size, 0, nullptr);
       uvm_set_thread_tag(nullptr);
+      uvm_set_thread_backup(UVM_BACKUP_NONE);
       if (base == nullptr) {
         if (uvm_last_status() != UVM_ERROR_LIMIT_EXCEEDED) fail("a new segment failed");
         return nullptr;
@@ -406,13 +411,29 @@ class Model {
         break;
       }
       case 15: {
-        // memory_saver: pause (with a CPU backup: offload; without: discard), later resume (onload).
-        const size_t pool = pick(pools_.size());
-        const bool backup = pick(2) == 0;
+        // memory_saver: uvm_pause keeps the segments made with a backup (offload) and drops the
+        // rest (discard), skipping paused ones; uvm_resume brings back what is paused (onload).
+        const size_t p = pick(pools_.size());
+        Pool& pool = pools_[p];
         const bool pause = pick(2) == 0;
-        what << (pause ? (backup ? "pause with backup " : "pause without backup ") : "resume ") << pools_[pool].tag;
+        what << (pause ? "pause " : "resume ") << pool.tag << (pool.backup == UVM_BACKUP_HOST ? " (backup)" : "");
         note(what.str());
-        move_pools(pause ? (backup ? Kind::offload : Kind::discard) : Kind::onload, {pool}, UVM_STRATEGY_AUTO, true);
+        expect_ok(pause ? uvm_pause(0, pool.tag.c_str()) : uvm_resume(0, pool.tag.c_str()), pause ? "uvm_pause" : "uvm_resume");
+        const Kind kind = !pause ? Kind::onload : pool.backup == UVM_BACKUP_HOST ? Kind::offload : Kind::discard;
+        for (Segment& segment : pool.segments) {
+          if (segment.paused == pause) continue;  // pause skips what is paused, resume what is not
+          segment.paused = pause;
+          for (Tensor& tensor : tensors_) {
+            if (tensor.pool == p && tensor.ptr >= segment.base && tensor.ptr < segment.base + segment.size) {
+              moved(tensor, kind);
+            }
+          }
+        }
+        size_t count = 0;
+        expect_ok(uvm_paused_count(0, pool.tag.c_str(), &count), "uvm_paused_count");
+        size_t expected = 0;
+        for (const Segment& segment : pool.segments) expected += segment.paused ? 1 : 0;
+        if (count != expected) fail("uvm_paused_count differs from the segments paused");
         break;
       }
       case 16: {

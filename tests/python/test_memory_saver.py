@@ -64,15 +64,24 @@ def test_backup_options_it_cannot_honour_are_refused_by_name(options, kind, word
                               options.get("cpu_backup_backend"))
 
 
-@pytest.mark.parametrize("tag, kind", [("", TypeError), (None, TypeError), (3, TypeError), ("x" * 51, ValueError)])
+@pytest.mark.parametrize("tag, kind", [("", TypeError), (None, TypeError), (3, TypeError), ("x" * 64, ValueError)])
 def test_bad_tags_are_refused(tag, kind):
     from uvm.memory_saver import _check_tag
     with pytest.raises(kind):
         _check_tag(tag)
 
 
-def test_backup_and_plain_regions_of_one_tag_get_different_uvm_tags():
-    from uvm.memory_saver import _check_tag, _uvm_tag
-    assert _uvm_tag("kv", False) == "kv"
-    assert _uvm_tag("kv", True) != "kv"
-    assert len(_uvm_tag(_check_tag("x" * 50), True).encode()) <= 63
+def test_a_region_tag_is_uvm_tag_itself_and_the_backup_a_setting_of_its_own():
+    """No GPU needed: the tag may be as long as uvm's (no suffix marks a backup any more), and
+    _backup sets the thread's backup for uvm_pause and restores it."""
+    from uvm import _lib
+    from uvm.memory_saver import UVM_BACKUP_HOST, UVM_BACKUP_NONE, _backup, _check_tag
+    assert _check_tag("x" * 63) == "x" * 63
+    lib = _lib._get_ctypes_lib()
+    assert lib.uvm_get_thread_backup() == UVM_BACKUP_NONE
+    with _backup(True):
+        assert lib.uvm_get_thread_backup() == UVM_BACKUP_HOST
+        with _backup(False):
+            assert lib.uvm_get_thread_backup() == UVM_BACKUP_NONE
+        assert lib.uvm_get_thread_backup() == UVM_BACKUP_HOST
+    assert lib.uvm_get_thread_backup() == UVM_BACKUP_NONE

@@ -1,0 +1,135 @@
+// uvm_pause and uvm_resume: whole tags off the GPU and back, each allocation kept or dropped as its
+// backup (recorded when it was made) says. What is paused lives in each allocation's record, so a
+// runtime on top (uvm.memory_saver) keeps no state of its own, and a freed allocation takes its
+// mark with it.
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "../alloc/devices.hpp"
+#include "../alloc/registry.hpp"
+
+namespace uvm {
+namespace {
+
+// Pause and resume take turns, so that a resume never meets a pause of the same tag half-way.
+std::mutex& pause_turns() {
+  static auto* turns = new std::mutex();  // never destroyed: no code runs from static destructors
+  return *turns;
+}
+
+// The live allocations of the selection, by device.
+uvm_status select(const Call& call, int device, const char* tag, std::map<int, std::vector<AllocationView>>* out) {
+  if (device != UVM_ANY_DEVICE) {
+    if (uvm_status s = check_device(call, device, false)) return s;
+  }
+  TagId id = kUntagged;
+  const bool any_tag = tag == nullptr;
+  if (!any_tag && !find_tag(tag, &id)) return UVM_OK;  // a tag never set: nothing carries it
+  for (const AllocationView& found : registry().select(device, any_tag, id)) (*out)[found.device].push_back(found);
+  return UVM_OK;
+}
+
+std::vector<uvm_range> ranges_of(const std::vector<AllocationView>& allocations) {
+  std::vector<uvm_range> ranges;
+  for (const AllocationView& a : allocations) ranges.push_back(uvm_range{reinterpret_cast<void*>(a.base), a.size});
+  return ranges;
+}
+
+std::vector<uintptr_t> bases_of(const std::vector<AllocationView>& allocations) {
+  std::vector<uintptr_t> bases;
+  for (const AllocationView& a : allocations) bases.push_back(a.base);
+  return bases;
+}
+
+// Runs one of uvm's own entries; its failure becomes `call`'s, its message kept after `call`'s name.
+uvm_status run(const Call& call, uvm_status status) {
+  if (status == UVM_OK) return UVM_OK;
+  const std::string inner = uvm_last_error();
+  return fail(call, status, "%s", inner.c_str());
+}
+
+uvm_status pause_device(const Call& call, int device, const std::vector<AllocationView>& selected) {
+  std::vector<AllocationView> dropped, kept;
+  for (const AllocationView& a : selected) {
+    if (a.paused) continue;
+    (a.backup == UVM_BACKUP_HOST ? kept : dropped).push_back(a);
+  }
+  if (dropped.empty() && kept.empty()) return UVM_OK;
+  ContextScope scope;  // the legacy stream below is this device's
+  if (uvm_status s = scope.enter(call, device, ContextScope::When::always)) return s;
+  if (uvm_status s = run(call, uvm_device_synchronize(device))) return s;  // kernels may still use them
+  if (!dropped.empty()) {  // first: nothing to copy, so its memory is free at once
+    const auto ranges = ranges_of(dropped);
+    if (uvm_status s = run(call, uvm_discard_ranges(ranges.data(), ranges.size(), nullptr))) return s;
+  }
+  if (!kept.empty()) {
+    const auto ranges = ranges_of(kept);
+    if (uvm_status s = run(call, uvm_offload_ranges(ranges.data(), ranges.size(), UVM_STRATEGY_AUTO, nullptr))) {
+      registry().set_paused(bases_of(dropped), true);  // dropped already: resume maps them again
+      return s;
+    }
+  }
+  if (uvm_status s = run(call, uvm_device_synchronize(device))) return s;
+  registry().set_paused(bases_of(dropped), true);
+  registry().set_paused(bases_of(kept), true);
+  return UVM_OK;
+}
+
+uvm_status resume_device(const Call& call, int device, const std::vector<AllocationView>& selected) {
+  std::vector<AllocationView> paused;
+  for (const AllocationView& a : selected) {
+    if (a.paused) paused.push_back(a);
+  }
+  if (paused.empty()) return UVM_OK;
+  ContextScope scope;
+  if (uvm_status s = scope.enter(call, device, ContextScope::When::always)) return s;
+  const auto ranges = ranges_of(paused);
+  if (uvm_status s = run(call, uvm_onload_ranges(ranges.data(), ranges.size(), nullptr))) return s;
+  if (uvm_status s = run(call, uvm_device_synchronize(device))) return s;
+  registry().set_paused(bases_of(paused), false);
+  return UVM_OK;
+}
+
+template <typename PerDevice>
+uvm_status for_each_device(const Call& call, int device, const char* tag, PerDevice per_device) {
+  std::lock_guard<std::mutex> turn(pause_turns());
+  std::map<int, std::vector<AllocationView>> by_device;
+  if (uvm_status s = select(call, device, tag, &by_device)) return s;
+  for (const auto& [on, allocations] : by_device) {
+    if (uvm_status s = per_device(call, on, allocations)) return s;
+  }
+  return UVM_OK;
+}
+
+}  // namespace
+}  // namespace uvm
+
+extern "C" {
+
+uvm_status uvm_pause(int device, const char* tag) {
+  const uvm::Call call = uvm::Call::of("uvm_pause").with_selection(device);
+  return uvm::guarded(call, [&] { return uvm::for_each_device(call, device, tag, uvm::pause_device); });
+}
+
+uvm_status uvm_resume(int device, const char* tag) {
+  const uvm::Call call = uvm::Call::of("uvm_resume").with_selection(device);
+  return uvm::guarded(call, [&] { return uvm::for_each_device(call, device, tag, uvm::resume_device); });
+}
+
+uvm_status uvm_paused_count(int device, const char* tag, size_t* count) {
+  const uvm::Call call = uvm::Call::of("uvm_paused_count").with_selection(device);
+  return uvm::guarded(call, [&] {
+    if (count == nullptr) return uvm::fail(call, UVM_ERROR_INVALID_ARGUMENT, "count is NULL");
+    std::map<int, std::vector<uvm::AllocationView>> by_device;
+    if (uvm_status s = uvm::select(call, device, tag, &by_device)) return s;
+    *count = 0;
+    for (const auto& [on, allocations] : by_device) {
+      for (const uvm::AllocationView& a : allocations) *count += a.paused ? 1 : 0;
+    }
+    return UVM_OK;
+  });
+}
+
+}  // extern "C"

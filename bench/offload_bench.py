@@ -209,7 +209,7 @@ def timed(action) -> float:
 
 
 def per_tensor_loop(params, location: int):
-    lib = _lib._get_ctypes_lib()
+    lib = _lib.library()
     stream = torch.cuda.current_stream().cuda_stream
     for p in params:  # the seed's way: one driver call per parameter
         _lib.check(lib.uvm_prefetch(p.data_ptr(), p.numel() * p.element_size(), location, stream))

@@ -9,7 +9,7 @@ import ctypes
 
 from . import _lib, _state
 from ._errors import UnifiedMemoryCompileTimeoutError, UnifiedMemoryUnsupportedError
-from ._lib import UVM_LOCATION_CPU, UVM_LOCATION_NONE, _get_ctypes_lib
+from ._lib import UVM_LOCATION_CPU, UVM_LOCATION_NONE, _get_ctypes_lib, library
 from ._state import CompilationState, _compile_timeout, compile_allocator
 from .torch import (advise_managed_module_parameters_preferred_location, advise_managed_tensor_accessed_by,
                     advise_managed_tensor_preferred_location, create_releasable_mempool,
@@ -30,14 +30,9 @@ def __getattr__(name):
     raise AttributeError(f"module 'uvm' has no attribute {name!r}")
 
 
-def library() -> ctypes.CDLL:
-    """libuvm.so as a ctypes.CDLL with every entry declared (builds it if needed; no torch)."""
-    return _get_ctypes_lib()
-
-
 def stats(device=None) -> dict:
     """uvm's counters for `device` (default: the current one): live, peak, limit, what moved where."""
-    lib = _get_ctypes_lib()
+    lib = library()
     result = _lib.Stats()
     _lib.check(lib.uvm_get_stats(_lib.device_ordinal(device), ctypes.byref(result)))
     return {name: getattr(result, name) for name, _ in _lib.Stats._fields_}
@@ -53,7 +48,7 @@ def set_limit(limit_bytes: int | None, device=None) -> None:
         if not 0 < limit_bytes <= _lib.UVM_LIMIT_UNLIMITED:
             raise ValueError(f"limit_bytes must be between 1 and 2**64 - 1 (or None for the default), "
                              f"got {limit_bytes}")
-    lib = _get_ctypes_lib()
+    lib = library()
     _lib.check(lib.uvm_set_limit(_lib.device_ordinal(device), limit_bytes or 0))
 
 
@@ -68,7 +63,7 @@ def tag(name: str | None):
     """
     if name is not None and not isinstance(name, str):
         raise TypeError(f"a tag is a str (or None for untagged), not {type(name).__name__}")
-    lib = _get_ctypes_lib()
+    lib = library()
     previous = lib.uvm_get_thread_tag()
     _lib.check(lib.uvm_set_thread_tag(None if name is None else name.encode()))
     try:
@@ -79,7 +74,7 @@ def tag(name: str | None):
 
 def tags() -> list[str]:
     """Every tag used in this process so far."""
-    lib = _get_ctypes_lib()
+    lib = library()
     return [lib.uvm_tag_name(i).decode() for i in range(lib.uvm_tag_count())]
 
 
@@ -88,7 +83,7 @@ def residency(device=None, tag: str | None = None) -> dict:
     for every device) with `tag` (None: any; "": untagged): device_bytes, host_bytes (of which
     staged_bytes sit in uvm's pinned memory), discarded_bytes. cudaMemGetInfo cannot tell you this:
     it counts offloaded managed memory as used although any allocation can reclaim it."""
-    lib = _get_ctypes_lib()
+    lib = library()
     result = _lib.Residency()
     index = _lib.UVM_ANY_DEVICE if device == "all" else _lib.device_ordinal(device)
     _lib.check(lib.uvm_get_residency(index, None if tag is None else tag.encode(), ctypes.byref(result)))
@@ -101,7 +96,7 @@ def mem_get_info(device=None) -> tuple[int, int]:
     discarded, which the driver reports as used until someone allocates. An upper bound once
     another allocation has claimed some of them (uvm cannot see that). Memory of releasable pools
     is returned to the driver on offload, so the driver's figure already has it."""
-    lib = _get_ctypes_lib()
+    lib = library()
     free, total, reclaimable = ctypes.c_size_t(), ctypes.c_size_t(), ctypes.c_size_t()
     _lib.check(lib.uvm_mem_get_info(_lib.device_ordinal(device), ctypes.byref(free), ctypes.byref(total),
                                     ctypes.byref(reclaimable)))
@@ -114,7 +109,7 @@ def staging() -> dict:
     ones not pinned yet), in `blocks` host allocations; `kind` is what env UVM_PINNED asks for
     ("register", "hostalloc" or "pageable")."""
     info = _lib.StagingInfo()
-    _lib.check(_get_ctypes_lib().uvm_get_staging_info(ctypes.byref(info)))
+    _lib.check(library().uvm_get_staging_info(ctypes.byref(info)))
     found = {name: getattr(info, name) for name, _ in _lib.StagingInfo._fields_ if name != "configured_kind"}
     found["kind"] = _lib.PINNED_KINDS.get(info.configured_kind, str(info.configured_kind))
     return found
@@ -126,12 +121,12 @@ def reserve_staging(nbytes: int) -> None:
     it copies: 12–25 GB/s for 4 GiB against 46–47 steady)."""
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
         raise ValueError(f"nbytes must be an int >= 0, not {nbytes!r}")
-    _lib.check(_get_ctypes_lib().uvm_reserve_staging(nbytes))
+    _lib.check(library().uvm_reserve_staging(nbytes))
 
 
 def release_staging() -> None:
     """Frees the pinned staging memory that holds no offloaded data."""
-    _lib.check(_get_ctypes_lib().uvm_release_staging())
+    _lib.check(library().uvm_release_staging())
 
 
 def last_move(device=None) -> list[dict]:
@@ -142,7 +137,7 @@ def last_move(device=None) -> list[dict]:
     ("pin", "wait", "copy", "discard", "release", "map", "populate", "migrate"; phases overlap).
     [] if there is none. With env UVM_TRACE=<file>, every move is also written there as a Chrome
     trace (chrome://tracing, ui.perfetto.dev); Nsight Systems shows them as NVTX ranges."""
-    lib = _get_ctypes_lib()
+    lib = library()
     if device is not None:
         devices = [_lib.device_ordinal(device)]
     else:
@@ -166,7 +161,7 @@ def _move_dict(report) -> dict:
         phases[phase.name.decode()] = {"bytes": phase.bytes, "operations": phase.operations, "start": phase.start,
                                        "seconds": phase.seconds, "gbps": _gbps(phase.bytes, phase.seconds)}
     return {"call": report.call.decode(), "device": report.device,
-            "status": _get_ctypes_lib().uvm_status_string(report.status).decode(), "bytes": report.bytes,
+            "status": library().uvm_status_string(report.status).decode(), "bytes": report.bytes,
             "seconds": report.seconds, "host_seconds": report.host_seconds,
             "gbps": _gbps(report.bytes, report.seconds), "phases": phases}
 
@@ -174,7 +169,7 @@ def _move_dict(report) -> dict:
 def trace_flush() -> None:
     """Writes every move recorded so far to the UVM_TRACE file, waiting for the GPU work still running
     (done at exit too). Nothing to do without UVM_TRACE."""
-    _lib.check(_get_ctypes_lib().uvm_trace_flush())
+    _lib.check(library().uvm_trace_flush())
 
 
 __all__ = [

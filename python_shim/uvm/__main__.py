@@ -28,7 +28,7 @@ def doctor() -> int:
           f"timeout {os.environ.get('UVM_COMPILE_TIMEOUT_S') or _build.DEFAULT_TIMEOUT_S} s")
     lib, option_refused = None, None
     try:
-        lib = _lib._get_ctypes_lib()
+        lib = _lib.library()
         print(f"library: {_lib._so_path}")
     except _errors.UnifiedMemoryUnsupportedError as error:
         problems.append(str(error))

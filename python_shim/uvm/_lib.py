@@ -173,12 +173,15 @@ def load(path: str) -> ctypes.CDLL:
         return _ctypes_lib
 
 
-def _get_ctypes_lib() -> ctypes.CDLL:
-    """The seed's name: builds (or finds cached) libuvm.so and returns it as a ctypes.CDLL with
-    argtypes and restype declared for every C entry. Needs no torch."""
+def library() -> ctypes.CDLL:
+    """libuvm.so as a ctypes.CDLL with argtypes and restype declared for every C entry: built (or
+    found cached) and loaded on first use. Needs no torch. uvm.library() is this."""
     if _ctypes_lib is not None:
         return _ctypes_lib
     return load(build_library())
+
+
+_get_ctypes_lib = library  # the seed's name (Megatron-Core's unified_memory), for its callers
 
 
 def device_ordinal(device, *, cpu: bool = False) -> int:
@@ -231,7 +234,7 @@ def synchronize(device: int) -> None:
     """Waits for all work on `device` through uvm's C library, not torch's bindings: at interpreter
     exit Python ends a daemon thread that waits here cleanly, where one waiting inside
     torch.cuda.synchronize aborts the process (terminate called without an active exception)."""
-    check(_get_ctypes_lib().uvm_device_synchronize(device))
+    check(library().uvm_device_synchronize(device))
 
 
 def check(status: int, about: str = "") -> None:

@@ -33,7 +33,7 @@ UVM_BACKUP_NONE, UVM_BACKUP_HOST = 0, 1  # uvm_backup
 @contextlib.contextmanager
 def _backup(keep: bool):
     """Allocations this thread makes inside carry a host backup (kept by uvm_pause) or none."""
-    lib = _lib._get_ctypes_lib()
+    lib = _lib.library()
     previous = lib.uvm_get_thread_backup()
     _lib.check(lib.uvm_set_thread_backup(UVM_BACKUP_HOST if keep else UVM_BACKUP_NONE))
     try:
@@ -180,7 +180,7 @@ class TorchMemorySaver:
         the driver; returns when it is free. Pausing a paused tag does nothing. uvm_pause waits for
         each device in C: a daemon thread pausing when the interpreter exits is ended cleanly
         there, where inside torch's bindings the process aborted (H100 run)."""
-        lib = _lib._get_ctypes_lib()
+        lib = _lib.library()
         with _state.lock:
             for name in _state.selected(tag):
                 _lib.check(lib.uvm_pause(_lib.UVM_ANY_DEVICE, name.encode()))
@@ -191,7 +191,7 @@ class TorchMemorySaver:
         the others); returns when the tensors hold their data again. Resuming a resumed tag does
         nothing. Raises MemoryError (nothing resumed) when the memory would leave less than
         memory_margin_bytes free."""
-        lib = _lib._get_ctypes_lib()
+        lib = _lib.library()
         with _state.lock:
             names = [name for name in _state.selected(tag) if _paused_count(lib, name)]
             if not names:
@@ -230,7 +230,7 @@ class TorchMemorySaver:
                              f"strides {x.stride()})")
         if x.numel() == 0:
             return torch.empty_like(x, device="cpu")
-        lib = _lib._get_ctypes_lib()
+        lib = _lib.library()
         host = ctypes.c_void_p()
         _lib.check(lib.uvm_get_staged_copy(x.data_ptr(), x.nbytes, ctypes.byref(host)))
         if not host.value:

@@ -79,8 +79,8 @@ def _check_pool_is_uvm(pool, index: int) -> None:
     try:
         with torch.cuda.device(index), torch.cuda.use_mem_pool(pool):
             probe = torch.empty(512, dtype=torch.uint8, device=f"cuda:{index}")
-        if _lib._get_ctypes_lib().uvm_allocation_info(probe.data_ptr(), None, None, None) != _lib.UVM_OK:
-            _lib._get_ctypes_lib().uvm_clear_last_error()
+        if _lib.library().uvm_allocation_info(probe.data_ptr(), None, None, None) != _lib.UVM_OK:
+            _lib.library().uvm_clear_last_error()
             reason = "tensors made in the pool are not uvm's memory"
         del probe
     except RuntimeError as error:
@@ -169,23 +169,23 @@ _NOT_UVM = "not managed memory from uvm (allocate it under torch.cuda.use_mem_po
 def prefetch_managed_tensor(tensor, *, device, stream=None) -> None:
     """cudaMemPrefetchAsync of the bytes `tensor` spans to `device` (a CUDA device or 'cpu'/-1), on
     `stream` (default: the current stream). None and empty tensors are no-ops."""
-    _tensor_call(_lib._get_ctypes_lib().uvm_prefetch, tensor, _lib.device_ordinal(device, cpu=True), stream=stream)
+    _tensor_call(_lib.library().uvm_prefetch, tensor, _lib.device_ordinal(device, cpu=True), stream=stream)
 
 
 def advise_managed_tensor_preferred_location(tensor, *, device) -> None:
     """cudaMemAdviseSetPreferredLocation on the bytes `tensor` spans (device or 'cpu'/-1)."""
-    _tensor_call(_lib._get_ctypes_lib().uvm_advise_preferred_location, tensor, _lib.device_ordinal(device, cpu=True))
+    _tensor_call(_lib.library().uvm_advise_preferred_location, tensor, _lib.device_ordinal(device, cpu=True))
 
 
 def advise_managed_tensor_accessed_by(tensor, *, device) -> None:
     """cudaMemAdviseSetAccessedBy: `device` keeps a mapping to the tensor's bytes wherever they live."""
-    _tensor_call(_lib._get_ctypes_lib().uvm_advise_accessed_by, tensor, _lib.device_ordinal(device, cpu=True))
+    _tensor_call(_lib.library().uvm_advise_accessed_by, tensor, _lib.device_ordinal(device, cpu=True))
 
 
 def discard_managed_tensor(tensor, *, stream=None) -> None:
     """cudaMemDiscardBatchAsync of the tensor's bytes: their contents become indeterminate and the
     pages can be reclaimed without a copy. CUDA 13 runtime and driver only."""
-    _tensor_call(_lib._get_ctypes_lib().uvm_discard, tensor, stream=stream)
+    _tensor_call(_lib.library().uvm_discard, tensor, stream=stream)
 
 
 def _describe(what) -> str:
@@ -296,7 +296,7 @@ def prefetch_managed_module_parameters(module, *, device, include_buffers: bool 
         return 0
     spans = list(named)
     ranges = _range_array(spans)
-    lib = _lib._get_ctypes_lib()
+    lib = _lib.library()
     _lib.note_moved(None)
     status = lib.uvm_prefetch_ranges(ranges, len(spans), _lib.device_ordinal(device, cpu=True),
                                      _stream_handle(stream, torch.cuda.current_device()))
@@ -306,7 +306,7 @@ def prefetch_managed_module_parameters(module, *, device, include_buffers: bool 
 
 def advise_managed_module_parameters_preferred_location(module, *, device, include_buffers: bool = False) -> None:
     """cudaMemAdviseSetPreferredLocation on every parameter (and buffer, if asked) of `module`."""
-    lib = _lib._get_ctypes_lib()
+    lib = _lib.library()
     location = _lib.device_ordinal(device, cpu=True)
     for span, what in _module_spans(module, include_buffers).items():
         _check_batch(lib.uvm_advise_preferred_location(*span, location), [span], [what], index=0)
@@ -317,7 +317,7 @@ def _check_batch(status: int, spans: list, whats: list, index: int | None = None
     says what `spans[i]` is)."""
     if status == _lib.UVM_OK:
         return
-    index = _lib._get_ctypes_lib().uvm_last_error_index() if index is None else index
+    index = _lib.library().uvm_last_error_index() if index is None else index
     if not 0 <= index < len(spans):
         _lib.check(status)
     ptr, size = spans[index]
@@ -330,7 +330,7 @@ def _check_batch(status: int, spans: list, whats: list, index: int | None = None
 def _allocations(device: int, tag: str | None) -> list:
     """The live uvm allocations of `device` (or UVM_ANY_DEVICE) with `tag` (None: any), each with its
     device."""
-    lib = _lib._get_ctypes_lib()
+    lib = _lib.library()
     encoded = None if tag is None else tag.encode()
     count = ctypes.c_size_t()
     _lib.check(lib.uvm_list_allocations(device, encoded, None, 0, ctypes.byref(count)))
@@ -414,19 +414,19 @@ def offload(obj, *, stream=None, strategy: str = "auto", include_buffers: bool =
     shared tensors counted once."""
     if strategy not in _lib.STRATEGIES:
         raise ValueError(f"strategy must be one of {sorted(_lib.STRATEGIES)}, not {strategy!r}")
-    return _move(_lib._get_ctypes_lib().uvm_offload_ranges, obj, stream, include_buffers, _lib.STRATEGIES[strategy])
+    return _move(_lib.library().uvm_offload_ranges, obj, stream, include_buffers, _lib.STRATEGIES[strategy])
 
 
 def onload(obj, *, stream=None, include_buffers: bool = True) -> int:
     """Brings what `offload` moved back to its GPU: staged bytes are copied back, migrated ones
     prefetched. Same `obj` forms as offload; asynchronous on `stream`. Returns the bytes asked for."""
-    return _move(_lib._get_ctypes_lib().uvm_onload_ranges, obj, stream, include_buffers)
+    return _move(_lib.library().uvm_onload_ranges, obj, stream, include_buffers)
 
 
 def discard(obj, *, stream=None, include_buffers: bool = True) -> int:
     """cudaMemDiscardBatchAsync over everything `obj` covers (e.g. a "kv_cache" tag): the contents
     become indeterminate and the pages are reclaimable without a copy. CUDA 13 only."""
-    return _move(_lib._get_ctypes_lib().uvm_discard_ranges, obj, stream, include_buffers)
+    return _move(_lib.library().uvm_discard_ranges, obj, stream, include_buffers)
 
 
 def where(tensor) -> dict:
@@ -437,5 +437,5 @@ def where(tensor) -> dict:
     if _cuda_span(tensor, "tensor") is None:
         raise ValueError("an empty tensor has no location")
     preferred, last = ctypes.c_int(), ctypes.c_int()
-    _tensor_call(_lib._get_ctypes_lib().uvm_query_location, tensor, ctypes.byref(preferred), ctypes.byref(last))
+    _tensor_call(_lib.library().uvm_query_location, tensor, ctypes.byref(preferred), ctypes.byref(last))
     return {"preferred": preferred.value, "last_prefetch": last.value}

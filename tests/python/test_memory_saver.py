@@ -77,7 +77,7 @@ def test_a_region_tag_is_uvm_tag_itself_and_the_backup_a_setting_of_its_own():
     from uvm import _lib
     from uvm.memory_saver import UVM_BACKUP_HOST, UVM_BACKUP_NONE, _backup, _check_tag
     assert _check_tag("x" * 63) == "x" * 63
-    lib = _lib._get_ctypes_lib()
+    lib = _lib.library()
     assert lib.uvm_get_thread_backup() == UVM_BACKUP_NONE
     with _backup(True):
         assert lib.uvm_get_thread_backup() == UVM_BACKUP_HOST

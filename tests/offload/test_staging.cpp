@@ -125,7 +125,7 @@ TEST_CASE("freeing pinned staging memory holds up no free on another thread", "[
   CHECK(fake::pinned_blocks() == 0);
 }
 
-TEST_CASE("an offload that finds the room made for it taken grows staging with no lock held",
+TEST_CASE("offloads that need room pin it with no lock held, one block each when one cannot hold both",
           "[staging][threads][cuda13]") {
   FakeMachine machine;
   REQUIRE(uvm_release_staging() == UVM_OK);
@@ -139,20 +139,13 @@ TEST_CASE("an offload that finds the room made for it taken grows staging with n
   const uvm_range range_a{a, size}, range_b{b, size};
   const cudaStream_t stream_a = fake::make_stream(), stream_b = fake::make_stream();
 
-  // Both offloads make their room before the moves lock, see one block that fits either, and wait
-  // for the lock; the one that gets it second finds the block taken.
+  // The first offload to find no room lets go of the moves lock and pins a block: held there, a
+  // free on another thread still goes through. The other offload finds that block too small for
+  // both and pins one of its own, after the first (growers take turns).
   const size_t blocks_before = fake::pinned_blocks();
-  auto moves = uvm::lock_moves();
+  fake::hold_next("cudaHostAlloc");
   std::thread offload_a([&] { CHECK(uvm_offload_ranges(&range_a, 1, UVM_STRATEGY_STAGED, stream_a) == UVM_OK); });
   std::thread offload_b([&] { CHECK(uvm_offload_ranges(&range_b, 1, UVM_STRATEGY_STAGED, stream_b) == UVM_OK); });
-  for (int i = 0; i < 3000 && fake::pinned_blocks() == blocks_before; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  fake::hold_next("cudaHostAlloc");
-  moves.unlock();
-  // The second offload reaches its reservation only after the first has copied 200 MiB under the
-  // lock, which takes seconds under ThreadSanitizer.
   const bool held = fake::wait_until_held(120000);
   const bool in_time = finishes_in_time([&] { uvm_free(other, kMiB, 0, nullptr); }, [] { fake::release_held(); });
   offload_a.join();

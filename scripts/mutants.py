@@ -4,6 +4,8 @@ BUILD_DIR (default build), runs the named tests, and restores the source. Prints
 SURVIVED per mutant; exits 1 if any survived.
 
     python3 scripts/mutants.py [BUILD_DIR]
+
+MUTANT_FROM=i MUTANT_TO=j runs mutants i to j-1 only (their positions in MUTANTS), to rerun a few.
 """
 import os
 import subprocess
@@ -140,7 +142,7 @@ TAG_ENV = {"[steps]": {"UVM_PINNED": ""}, "[env_malformed]": {"UVM_PINNED": "pin
 os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 env = {**os.environ, "UVM_LIMIT_BYTES": "", "UVM_LIMIT_FRACTION": "", "UVM_DEFAULT_ADVICE": "", "UVM_PINNED": "hostalloc"}
 survived = 0
-for path, old, new, binary, tag in MUTANTS:
+for path, old, new, binary, tag in MUTANTS[int(os.environ.get('MUTANT_FROM', '0')):int(os.environ.get('MUTANT_TO', '999'))]:
     src = open(path).read()
     olds, news = (old, new) if isinstance(old, tuple) else ((old,), (new,))  # a mutant may change several places
     mutated = src

@@ -150,3 +150,44 @@ TEST_CASE("uvm_reserve_staging: the first offload after it allocates no pinned m
   CUDA_REQUIRE(cudaDeviceSynchronize());
   CHECK(a.holds(expect));
 }
+
+TEST_CASE("uvm_pause keeps what has a backup, drops the rest and frees both; uvm_resume brings the kept bytes back",
+          "[gpu][release][pause]") {
+  REQUIRE(uvm_set_thread_tag("gpu-pause") == UVM_OK);
+  REQUIRE(uvm_set_thread_backup(UVM_BACKUP_HOST) == UVM_OK);
+  Releasable kept(256 * MiB + 4096);
+  gpu::Managed kept_managed(64 * MiB);
+  REQUIRE(uvm_set_thread_backup(UVM_BACKUP_NONE) == UVM_OK);
+  Releasable dropped(128 * MiB);
+  REQUIRE(uvm_set_thread_tag(nullptr) == UVM_OK);
+  Releasable neighbour(8 * MiB);  // untagged: never paused
+  const auto expect_kept = kept.fill(4), expect_neighbour = neighbour.fill(5);
+  std::vector<unsigned char> expect_managed(kept_managed.size);
+  for (size_t i = 0; i < expect_managed.size(); ++i) expect_managed[i] = static_cast<unsigned char>(i * 7 + 1);
+  CUDA_REQUIRE(cudaMemcpy(kept_managed.ptr, expect_managed.data(), kept_managed.size, cudaMemcpyDefault));
+  dropped.fill(6);
+  for (int cycle = 0; cycle < 3; ++cycle) {
+    INFO("cycle " << cycle << ": " << uvm_last_error());
+    const size_t free_before = free_now();
+    REQUIRE(uvm_pause(0, "gpu-pause") == UVM_OK);
+    CHECK(free_now() - free_before >= (kept.size + dropped.size) / 10 * 9);  // both releasable ones given back
+    size_t paused = 0;
+    REQUIRE(uvm_paused_count(UVM_ANY_DEVICE, "gpu-pause", &paused) == UVM_OK);
+    CHECK(paused == 3);
+    void* claim = nullptr;  // the freed memory is there for a plain allocation, right now
+    CUDA_REQUIRE(cudaMalloc(&claim, kept.size));
+    CUDA_REQUIRE(cudaMemset(claim, 0x5A, kept.size));
+    CUDA_REQUIRE(cudaFree(claim));
+    REQUIRE(uvm_pause(0, "gpu-pause") == UVM_OK);  // paused already: nothing to do
+    REQUIRE(uvm_resume(UVM_ANY_DEVICE, "gpu-pause") == UVM_OK);
+    CHECK(kept.holds(expect_kept));
+    std::vector<unsigned char> now(kept_managed.size);
+    CUDA_REQUIRE(cudaMemcpy(now.data(), kept_managed.ptr, kept_managed.size, cudaMemcpyDefault));
+    CHECK(now == expect_managed);
+    CHECK(neighbour.holds(expect_neighbour));
+    dropped.fill(6);  // mapped again and writable
+    REQUIRE(uvm_paused_count(0, "gpu-pause", &paused) == UVM_OK);
+    CHECK(paused == 0);
+  }
+  CHECK(cudaGetLastError() == cudaSuccess);
+}

@@ -261,24 +261,25 @@ AllocationView Registry::view_of(uintptr_t base, const Allocation& allocation) {
                         allocation.backing, allocation.slab, allocation.backup, allocation.paused};
 }
 
-bool Registry::selected(const Allocation& allocation, int device, bool any_tag, TagId tag) {
-  return (device == UVM_ANY_DEVICE || allocation.device == device) && (any_tag || allocation.tag == tag);
+bool Registry::selected(const Allocation& allocation, const Selection& selection) {
+  return !selection.none && (selection.device == UVM_ANY_DEVICE || allocation.device == selection.device) &&
+         (selection.any_tag || allocation.tag == selection.tag);
 }
 
-std::vector<AllocationView> Registry::select(int device, bool any_tag, TagId tag) const {
+std::vector<AllocationView> Registry::select(const Selection& selection) const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<AllocationView> found;
   for (const auto& [base, allocation] : allocations_) {
-    if (selected(allocation, device, any_tag, tag)) found.push_back(view_of(base, allocation));
+    if (selected(allocation, selection)) found.push_back(view_of(base, allocation));
   }
   return found;
 }
 
-uvm_residency Registry::residency(int device, bool any_tag, TagId tag) const {
+uvm_residency Registry::residency(const Selection& selection) const {
   std::lock_guard<std::mutex> lock(mutex_);
   uvm_residency total{};
   for (const auto& [base, allocation] : allocations_) {
-    if (!selected(allocation, device, any_tag, tag)) continue;
+    if (!selected(allocation, selection)) continue;
     total.allocations += 1;
     total.live_bytes += allocation.size;
     total.host_bytes += allocation.host.total();
@@ -305,6 +306,15 @@ Registry& registry() {
   return *instance;
 }
 
+uvm_status select_arguments(const Call& call, int device, const char* tag, Selection* out) {
+  if (device != UVM_ANY_DEVICE) {
+    if (uvm_status s = check_device(call, device, false)) return s;
+  }
+  *out = Selection{device, tag == nullptr, kUntagged, false};
+  out->none = !out->any_tag && !find_tag(tag, &out->tag);
+  return UVM_OK;
+}
+
 bool cuda_reports_managed(const void* ptr) {
   cudaPointerAttributes attributes{};
   if (clear_cuda_error(cudaPointerGetAttributes(&attributes, ptr)) != cudaSuccess) return false;
@@ -322,16 +332,9 @@ uvm_status list_allocations(const Call& call, int device, const char* tag, Out* 
   if (out == nullptr && capacity > 0) {
     return fail(call, UVM_ERROR_INVALID_ARGUMENT, "out is NULL but capacity is %zu", capacity);
   }
-  if (device != UVM_ANY_DEVICE) {
-    if (uvm_status s = check_device(call, device, false)) return s;
-  }
-  TagId id = kUntagged;
-  const bool any_tag = tag == nullptr;
-  if (!any_tag && !find_tag(tag, &id)) {
-    *count = 0;  // a tag never set: nothing carries it
-    return UVM_OK;
-  }
-  const auto found = registry().select(device, any_tag, id);
+  Selection selection;
+  if (uvm_status s = select_arguments(call, device, tag, &selection)) return s;
+  const auto found = registry().select(selection);
   for (size_t i = 0; i < found.size() && i < capacity; ++i) out[i] = describe(found[i]);
   *count = found.size();
   return UVM_OK;

@@ -81,6 +81,19 @@ struct AllocationView {
   uintptr_t memory() const { return slab != 0 ? slab : base; }
 };
 
+// The allocations a C call selects: those of `device` (UVM_ANY_DEVICE: all) with `tag` (any_tag:
+// any). `none`: the call named a tag never set, which nothing carries.
+struct Selection {
+  int device = UVM_ANY_DEVICE;
+  bool any_tag = true;
+  TagId tag = kUntagged;
+  bool none = false;
+};
+
+// Reads a C call's (device, tag) arguments, as uvm.h's "Registry queries" define them: the device
+// is checked unless it is UVM_ANY_DEVICE; tag NULL means any tag, "" untagged.
+uvm_status select_arguments(const Call& call, int device, const char* tag, Selection* out);
+
 // A block a runtime hands out or takes back (blocks.cpp), as the registry records it.
 enum class BlockChange : uint8_t { none, allocated, freed };
 
@@ -101,8 +114,8 @@ class Registry {
   std::optional<Allocation> erase(uintptr_t base);
   // The allocation holding byte `ptr`, if any.
   bool find(const void* ptr, AllocationView* found) const;
-  // Allocations of `device` (UVM_ANY_DEVICE: all) with `tag`; any_tag ignores the tag.
-  std::vector<AllocationView> select(int device, bool any_tag, TagId tag) const;
+  // The selected allocations, by address.
+  std::vector<AllocationView> select(const Selection& selection) const;
 
   // Where bytes are. Records that [begin, end) of the allocation at `base` moved (nothing if it
   // was freed meanwhile); returns the signed change in its host-resident bytes. Staged copies are
@@ -150,14 +163,14 @@ class Registry {
   bool mapping(uintptr_t base, Mapping* out) const;
   void set_mapping(uintptr_t base, const Mapping& mapping);
 
-  // Totals over the allocations of `device` (UVM_ANY_DEVICE: all) with `tag` (any_tag: any).
-  uvm_residency residency(int device, bool any_tag, TagId tag) const;
+  // Totals over the selected allocations.
+  uvm_residency residency(const Selection& selection) const;
   // Bytes of managed allocations on `device` that uvm moved off it (to the host, staged or
   // discarded): the driver reclaims them when someone allocates.
   size_t reclaimable_managed_bytes(int device) const;
 
  private:
-  static bool selected(const Allocation& allocation, int device, bool any_tag, TagId tag);
+  static bool selected(const Allocation& allocation, const Selection& selection);
   static AllocationView view_of(uintptr_t base, const Allocation& allocation);
   // The record holding byte `address`, or null. Under mutex_.
   Allocation* holding(uintptr_t address);

@@ -1,17 +1,15 @@
 // uvm_offload_ranges: moving memory off a GPU, by migration (prefetch to the CPU) or by staging
 // (copy out to pinned memory, then discard on the device).
-#include <algorithm>
 #include <vector>
 
-#include "../alloc/moves.hpp"
 #include "../alloc/registry.hpp"
+#include "../hints/discard_batch.hpp"
 #include "../hints/moves/accounting.hpp"
 #include "../hints/moves/begin.hpp"
-#include "../hints/discard_batch.hpp"
 #include "../hints/moves/order.hpp"
-#include "../hints/prefetch.hpp"
 #include "../hints/moves/release.hpp"
 #include "../hints/moves/trace.hpp"
+#include "../hints/prefetch.hpp"
 #include "plan.hpp"
 #include "staging.hpp"
 

@@ -5,16 +5,15 @@
 #include <vector>
 
 #include "../alloc/cuda_compat.hpp"
-#include "../alloc/moves.hpp"
 #include "../alloc/registry.hpp"
 #include "../alloc/stats.hpp"
 #include "../hints/moves/accounting.hpp"
 #include "../hints/moves/begin.hpp"
 #include "../hints/moves/order.hpp"
-#include "../hints/prefetch.hpp"
 #include "../hints/moves/release.hpp"
 #include "../hints/moves/streams.hpp"
 #include "../hints/moves/trace.hpp"
+#include "../hints/prefetch.hpp"
 #include "plan.hpp"
 #include "sm_copy.hpp"
 #include "staging.hpp"
@@ -176,18 +175,17 @@ void finish_copy_back(int device, const std::vector<StagedWork>& work, const Eve
 // before and after. The pieces stay staged until every copy is issued and joined, so a failure
 // loses nothing: the next onload copies them again.
 uvm_status copy_back(const Call& call, int device, const std::vector<StagedWork>& work, cudaStream_t stream) {
-  const Options& pipeline = options();
   size_t releasable_bytes = 0;  // the only bytes the choice of copy applies to
   for (const StagedWork& w : work) releasable_bytes += w.range.releasable ? w.range.end - w.range.begin : 0;
   OnloadCopy how = OnloadCopy::engine;
   if (uvm_status s = onload_copy_for(call, device, releasable_bytes, &how)) return s;
   Workers workers;
-  workers.count = pipeline.onload_streams;
+  workers.count = options().onload_streams;
   if (uvm_status s = worker_streams(call, workers.count, workers.streams)) return s;
   if (uvm_status s = start_workers(call, work, stream, workers)) return s;
   uint64_t prefetches = 0;
   EventRef read;
-  uvm_status status = issue_chunks(call, device, work, pipeline.onload_chunk_bytes, how, &workers, &prefetches);
+  uvm_status status = issue_chunks(call, device, work, options().onload_chunk_bytes, how, &workers, &prefetches);
   if (status == UVM_OK) status = join_workers(call, workers, stream, &read);
   if (status != UVM_OK) {
     settle(workers);

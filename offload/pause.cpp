@@ -21,13 +21,9 @@ std::mutex& pause_turns() {
 
 // The live allocations of the selection, by device.
 uvm_status select(const Call& call, int device, const char* tag, std::map<int, std::vector<AllocationView>>* out) {
-  if (device != UVM_ANY_DEVICE) {
-    if (uvm_status s = check_device(call, device, false)) return s;
-  }
-  TagId id = kUntagged;
-  const bool any_tag = tag == nullptr;
-  if (!any_tag && !find_tag(tag, &id)) return UVM_OK;  // a tag never set: nothing carries it
-  for (const AllocationView& found : registry().select(device, any_tag, id)) (*out)[found.device].push_back(found);
+  Selection selection;
+  if (uvm_status s = select_arguments(call, device, tag, &selection)) return s;
+  for (const AllocationView& found : registry().select(selection)) (*out)[found.device].push_back(found);
   return UVM_OK;
 }
 

@@ -9,15 +9,9 @@ namespace {
 
 uvm_status residency(const Call& call, int device, const char* tag, uvm_residency* out) {
   if (out == nullptr) return fail(call, UVM_ERROR_INVALID_ARGUMENT, "residency is NULL");
-  if (device != UVM_ANY_DEVICE) {
-    if (uvm_status s = check_device(call, device, false)) return s;
-  }
-  TagId id = kUntagged;
-  if (tag != nullptr && !find_tag(tag, &id)) {
-    *out = uvm_residency{};  // a tag never set: nothing carries it
-    return UVM_OK;
-  }
-  *out = registry().residency(device, tag == nullptr, id);
+  Selection selection;
+  if (uvm_status s = select_arguments(call, device, tag, &selection)) return s;
+  *out = registry().residency(selection);
   return UVM_OK;
 }
 

@@ -126,6 +126,32 @@ uvm_status fail_cuda(const Call& call, cudaError_t error, const char* what_forma
   return status;
 }
 
+uvm_status fail_errno(const Call& call, int error, const char* what_format, ...) {
+  try {
+    va_list args;
+    va_start(args, what_format);
+    std::string what = vformat(what_format, args);
+    va_end(args);
+    const char* name = strerrorname_np(error);
+    std::string message = call.describe() + ": " + what + " failed: " + std::strerror(error) + " (" +
+                          (name != nullptr ? name : std::to_string(error).c_str()) + ")";
+    record(UVM_ERROR_IO, call.range_index, std::move(message));
+  } catch (...) {
+    record(UVM_ERROR_IO, call.range_index, std::string());
+  }
+  return UVM_ERROR_IO;
+}
+
+Failure last_failure() {
+  const LastError& error = last_error();
+  return Failure{error.status, error.message};
+}
+
+uvm_status adopt(const Failure& failure) {
+  record(failure.status, -1, failure.message);
+  return failure.status;
+}
+
 }  // namespace uvm
 
 extern "C" {
@@ -142,6 +168,7 @@ const char* uvm_status_string(int status) {
     case UVM_ERROR_OUT_OF_MEMORY: return "UVM_ERROR_OUT_OF_MEMORY";
     case UVM_ERROR_NO_DEVICE: return "UVM_ERROR_NO_DEVICE";
     case UVM_ERROR_INTERNAL: return "UVM_ERROR_INTERNAL";
+    case UVM_ERROR_IO: return "UVM_ERROR_IO";
     default: return "UVM_ERROR_UNKNOWN";
   }
 }

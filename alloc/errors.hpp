@@ -61,6 +61,20 @@ uvm_status fail(const Call& call, uvm_status status, const char* reason_format, 
 uvm_status fail_cuda(const Call& call, cudaError_t error, const char* what_format, ...)
     __attribute__((format(printf, 3, 4)));
 
+// Records a failed file or host-memory operation (disk and mmap backups) as "<call>: <what> failed:
+// <strerror> (<errno name>)" with UVM_ERROR_IO, and returns UVM_ERROR_IO.
+uvm_status fail_errno(const Call& call, int error, const char* what_format, ...)
+    __attribute__((format(printf, 3, 4)));
+
+// A failure recorded on one thread (a worker of a C entry), carried to the thread that made the
+// call: taken where it happened, adopted as the caller's last error.
+struct Failure {
+  uvm_status status = UVM_OK;
+  std::string message;
+};
+Failure last_failure();
+uvm_status adopt(const Failure& failure);
+
 // Clears the thread's pending CUDA error after a call we expect may fail (a probe), so the caller's
 // next kernel launch does not report it. Returns `error` unchanged.
 cudaError_t clear_cuda_error(cudaError_t error);

@@ -126,6 +126,18 @@ bool parse_trace(const char* text, Options* into) {
   return true;
 }
 
+bool parse_disk_backup_dir(const char* text, Options* into) {
+  into->disk_backup_dir = text;  // checked where it is used (offload/disk.cpp), naming the reason
+  return true;
+}
+
+bool parse_backup_threads(const char* text, Options* into) {
+  long threads = 0;
+  if (!parse_int_in(text, 1, kMaxBackupThreads, &threads)) return false;
+  into->backup_threads = static_cast<int>(threads);
+  return true;
+}
+
 // One row of the table, as uvm_get_option hands it out, and its parser.
 struct OptionRow {
   const char* name;
@@ -166,9 +178,15 @@ const Row kRows[] = {
     {{"UVM_ONLOAD_STREAMS", "4", "1-8: streams an onload copies on"}, parse_streams},
     {{"UVM_TRACE", "", "a file: every move's phases as Chrome trace events (%p becomes the process id)"},
      parse_trace},
+    {{"UVM_DISK_BACKUP_DIR", "", "a directory on a real disk for UVM_STRATEGY_DISK's files (uvm_set_disk_backup_dir "
+      "overrides)"},
+     parse_disk_backup_dir},
+    {{"UVM_BACKUP_THREADS", "8", "1-16: threads (each with a 16 MiB pinned buffer) that move mmap and disk copies"},
+     parse_backup_threads},
 };
 constexpr size_t kRowCount = sizeof kRows / sizeof kRows[0];
 static_assert(kMaxOnloadStreams == 8, "UVM_ONLOAD_STREAMS's meaning says 1-8");
+static_assert(kMaxBackupThreads == 16, "UVM_BACKUP_THREADS's meaning says 1-16");
 
 }  // namespace
 

@@ -24,6 +24,7 @@ enum class PinnedKind {
 enum class OnloadCopy { engine, sm, mixed, automatic };
 
 constexpr int kMaxOnloadStreams = 8;
+constexpr int kMaxBackupThreads = 16;
 
 struct Options {
   size_t limit_bytes = 0;       // UVM_LIMIT_BYTES; 0: not set
@@ -35,6 +36,8 @@ struct Options {
   size_t onload_chunk_bytes = size_t{64} << 20;         // UVM_ONLOAD_CHUNK_MIB
   int onload_streams = 4;                               // UVM_ONLOAD_STREAMS (1–kMaxOnloadStreams)
   std::string trace_path;       // UVM_TRACE, "%p" replaced by the process id; empty: no trace
+  std::string disk_backup_dir;  // UVM_DISK_BACKUP_DIR; empty: none until uvm_set_disk_backup_dir
+  int backup_threads = 8;       // UVM_BACKUP_THREADS (1–kMaxBackupThreads)
   std::vector<std::string> raw;  // each row's value as found in the environment, "" when unset
   // Why the environment was refused ("UVM_PINNED='pinned' is not one of …"); empty when every
   // variable was understood. A refused variable leaves its field at the default.

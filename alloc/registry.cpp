@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <set>
 
 #include "devices.hpp"
 #include "errors.hpp"
@@ -100,11 +101,10 @@ size_t Registry::unstage_locked(Allocation& allocation, uintptr_t begin, uintptr
     bytes += to - from;
     // Whatever lies outside [begin, end) stays staged, holding the same lease.
     if (piece.span.begin < from) {
-      staged.emplace(piece.span.begin, StagedPiece{Span{piece.span.begin, from}, piece.host, piece.lease, piece.written});
+      staged.emplace(piece.span.begin, piece.part(piece.span.begin, from));
     }
     if (to < piece.span.end) {
-      it = staged.emplace(to, StagedPiece{Span{to, piece.span.end}, piece.host + (to - piece.span.begin), piece.lease,
-                                          piece.written}).first;
+      it = staged.emplace(to, piece.part(to, piece.span.end)).first;
       ++it;
     }
     dropped->push_back(std::move(piece));
@@ -140,7 +140,7 @@ std::vector<StagedPiece> Registry::staged(uintptr_t begin, uintptr_t end) const 
       const StagedPiece& piece = it->second;
       const uintptr_t from = std::max(begin, piece.span.begin), to = std::min(end, piece.span.end);
       if (from >= to) continue;
-      pieces.push_back(StagedPiece{Span{from, to}, piece.host + (from - piece.span.begin), piece.lease, piece.written});
+      pieces.push_back(piece.part(from, to));
     }
   }
   return pieces;
@@ -158,12 +158,30 @@ size_t Registry::unstage(uintptr_t begin, uintptr_t end) {
   return bytes;
 }
 
-size_t Registry::staged_bytes() const {
+size_t Registry::staged_bytes(Kept kept) const {
   std::lock_guard<std::mutex> lock(mutex_);
   size_t total = 0;
   for (const auto& [base, allocation] : allocations_) {
-    for (const auto& [begin, piece] : allocation.staged) total += piece.span.size();
+    for (const auto& [begin, piece] : allocation.staged) total += piece.kept == kept ? piece.span.size() : 0;
   }
+  return total;
+}
+
+uvm_kept_copies Registry::kept_copies(const Selection& selection) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  uvm_kept_copies total{};
+  std::set<const BackupFile*> files;
+  for (const auto& [base, allocation] : allocations_) {
+    if (!selected(allocation, selection)) continue;
+    for (const auto& [begin, piece] : allocation.staged) {
+      switch (piece.kept) {
+        case Kept::pinned: total.pinned_bytes += piece.span.size(); break;
+        case Kept::pageable: total.pageable_bytes += piece.span.size(); break;
+        case Kept::disk: total.disk_bytes += piece.span.size(); files.insert(piece.file.get()); break;
+      }
+    }
+  }
+  total.disk_files = files.size();
   return total;
 }
 
@@ -284,7 +302,9 @@ uvm_residency Registry::residency(const Selection& selection) const {
     total.live_bytes += allocation.size;
     total.host_bytes += allocation.host.total();
     total.discarded_bytes += allocation.discarded.total();
-    for (const auto& [begin, piece] : allocation.staged) total.staged_bytes += piece.span.size();
+    for (const auto& [begin, piece] : allocation.staged) {
+      total.staged_bytes += piece.kept == Kept::pinned ? piece.span.size() : 0;
+    }
     if (allocation.released()) total.released_bytes += allocation.size;
   }
   total.device_bytes = total.live_bytes - total.host_bytes - total.discarded_bytes;

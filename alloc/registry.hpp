@@ -30,14 +30,34 @@ enum class Backing : uint8_t { managed, releasable };
 // (host-resident, like to_host). discarded: no copy kept. to_device: back where it was allocated.
 enum class Move { to_device, to_host, staged, discarded };
 
-// A staged copy of some of an allocation's bytes: `span`'s bytes are at `host` once `written` has
-// completed (null: complete). `lease` holds the pinned host bytes the staging store lent for them
-// (offload/staging.hpp); when the last piece holding a lease is dropped, its bytes go back.
+class BackupFile;  // offload/disk.hpp: a file of offloaded bytes, removed with its last piece
+
+// Where a staged copy lives: in uvm's pinned staging memory (kept across cycles), in pageable host
+// memory mapped for it alone (given back once its last piece goes), or in a file on disk (removed
+// then). Only pinned copies are reused by the staging store; the others are written and read
+// through pinned bounce buffers (offload/spill.hpp).
+enum class Kept : uint8_t { pinned, pageable, disk };
+
+// A staged copy of some of an allocation's bytes: `span`'s bytes are at `host` (pinned, pageable)
+// or at `file_offset` in `file` (disk) once `written` has completed (null: complete). `lease`
+// holds the host bytes (the staging store's lease, or the pageable mapping); when the last piece
+// holding a lease or a file is dropped, its bytes go back.
 struct StagedPiece {
   Span span;
   char* host = nullptr;
   std::shared_ptr<char> lease;
   EventRef written;
+  Kept kept = Kept::pinned;
+  std::shared_ptr<BackupFile> file;
+  uint64_t file_offset = 0;
+  // The bytes [from, to) of this piece (inside its span), kept in the same place.
+  StagedPiece part(uintptr_t from, uintptr_t to) const {
+    StagedPiece piece = *this;
+    piece.span = Span{from, to};
+    if (host != nullptr) piece.host = host + (from - span.begin);
+    piece.file_offset = file_offset + (from - span.begin);
+    return piece;
+  }
 };
 
 // Everything uvm knows about one live allocation.
@@ -138,8 +158,10 @@ class Registry {
   // Drops the staged copies of [begin, end) (in any allocation); what lies outside stays staged.
   // Returns the bytes dropped.
   size_t unstage(uintptr_t begin, uintptr_t end);
-  // Every staged byte of every allocation.
-  size_t staged_bytes() const;
+  // Every byte of every allocation staged in `kept` memory.
+  size_t staged_bytes(Kept kept = Kept::pinned) const;
+  // The selected allocations' staged bytes in each kind of memory (uvm_get_kept_copies).
+  uvm_kept_copies kept_copies(const Selection& selection) const;
 
   // The last move of each allocation: the distinct events the allocations at `bases` wait for,
   // and the event that now ends the last move of each (null: nothing to wait for).

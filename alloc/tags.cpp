@@ -91,8 +91,9 @@ const char* uvm_get_thread_tag(void) { return uvm::table().names[uvm::current_th
 uvm_status uvm_set_thread_backup(uvm_backup backup) {
   const uvm::Call call = uvm::Call::of("uvm_set_thread_backup");
   const int raw = uvm::raw_enum(backup);
-  if (raw != UVM_BACKUP_NONE && raw != UVM_BACKUP_HOST) {
-    return uvm::fail(call, UVM_ERROR_INVALID_ARGUMENT, "backup %d is not UVM_BACKUP_NONE or UVM_BACKUP_HOST", raw);
+  if (raw < UVM_BACKUP_NONE || raw > UVM_BACKUP_DISK) {
+    return uvm::fail(call, UVM_ERROR_INVALID_ARGUMENT, "backup %d is not a uvm_backup (UVM_BACKUP_NONE … UVM_BACKUP_DISK)",
+                     raw);
   }
   uvm::current_thread_backup = static_cast<uvm_backup>(raw);
   return UVM_OK;

@@ -69,7 +69,9 @@ typedef enum uvm_status {
   UVM_ERROR_CUDA = 6,             /* a CUDA runtime call failed; the message names it */
   UVM_ERROR_OUT_OF_MEMORY = 7,    /* cudaMallocManaged could not allocate */
   UVM_ERROR_NO_DEVICE = 8,        /* no CUDA device or driver is available */
-  UVM_ERROR_INTERNAL = 9          /* a bug or host out-of-memory inside uvm */
+  UVM_ERROR_INTERNAL = 9,         /* a bug or host out-of-memory inside uvm */
+  UVM_ERROR_IO = 10               /* a file or host mapping of a disk or mmap copy failed; the message
+                                     names the path (or size) and the errno */
 } uvm_status;
 
 /* The status's name, e.g. "UVM_ERROR_NOT_MANAGED"; "UVM_ERROR_UNKNOWN" for other values. */
@@ -105,6 +107,8 @@ UVM_API const char* uvm_version(void);
  *   UVM_ONLOAD_CHUNK_MIB  1–4096 (64): MiB an onload moves in one step
  *   UVM_ONLOAD_STREAMS    1–8 (4): streams an onload copies on
  *   UVM_TRACE             a file for every move's phases as Chrome trace events
+ *   UVM_DISK_BACKUP_DIR   a directory on a real disk for UVM_STRATEGY_DISK's files
+ *   UVM_BACKUP_THREADS    1–16 (8): threads that move mmap and disk copies
  *
  * Read once, at the first call that needs one. Unset or empty means the default; names are
  * case-insensitive. A value uvm does not understand is never passed over for the default: uvm_malloc,
@@ -201,7 +205,11 @@ UVM_API const char* uvm_get_thread_tag(void);
  * thread that makes it (as the tag is). */
 typedef enum uvm_backup {
   UVM_BACKUP_NONE = 0, /* nothing: paused, its bytes are dropped and come back undefined (the default) */
-  UVM_BACKUP_HOST = 1  /* a copy in uvm's pinned staging memory, copied back on resume */
+  UVM_BACKUP_HOST = 1, /* a copy in uvm's pinned staging memory, copied back on resume */
+  UVM_BACKUP_MMAP = 2, /* a copy in pageable host memory mapped for it, given back once resumed
+                          (as UVM_STRATEGY_MMAP): for hosts that cannot keep pinned copies */
+  UVM_BACKUP_DISK = 3  /* a copy in a file of the disk backup directory, removed once resumed (as
+                          UVM_STRATEGY_DISK): for copies that outgrow host memory */
 } uvm_backup;
 
 /* Sets the backup uvm_malloc records with every allocation this thread makes from now on. */
@@ -385,8 +393,14 @@ UVM_API uvm_status uvm_discard_ranges(const uvm_range* ranges, size_t count, cud
 typedef enum uvm_strategy {
   UVM_STRATEGY_AUTO = 0,    /* the measured best: STAGED where discard is supported, else MIGRATE */
   UVM_STRATEGY_MIGRATE = 1, /* cudaMemPrefetchAsync to the CPU; holds no extra host memory */
-  UVM_STRATEGY_STAGED = 2   /* copy into uvm's pinned staging memory, then discard (CUDA 13); for
+  UVM_STRATEGY_STAGED = 2,  /* copy into uvm's pinned staging memory, then discard (CUDA 13); for
                                uvm's own allocations only (AUTO migrates other managed memory) */
+  UVM_STRATEGY_MMAP = 3,    /* copy into pageable host memory mapped for these bytes alone (one
+                               mapping per allocation), then discard; given back when they are
+                               onloaded, discarded or freed. uvm's allocations only */
+  UVM_STRATEGY_DISK = 4     /* copy into files of the disk backup directory (one per allocation,
+                               owner-only), then discard; removed when the bytes are onloaded,
+                               discarded or freed. uvm's allocations only */
 } uvm_strategy;
 
 /* Moves `ranges` off their GPUs, asynchronously on `stream`; once the stream reaches that point the
@@ -408,14 +422,49 @@ typedef enum uvm_strategy {
 UVM_API uvm_status uvm_offload_ranges(const uvm_range* ranges, size_t count, uvm_strategy strategy,
                                       cudaStream_t stream);
 
+/* MMAP and DISK copies go through pinned bounce buffers uvm keeps (env UVM_BACKUP_THREADS threads,
+ * each with its own 16 MiB buffer and stream; files are written with O_DIRECT where the file system
+ * takes it). Unlike STAGED they are synchronous: the call waits for `stream`, copies, and returns
+ * once the bytes are in host memory or on disk (the discard that follows is on `stream`). If a copy
+ * fails (the disk is full, the directory was removed) nothing is discarded: the bytes stay on the
+ * device, and no mapping or file is left behind; UVM_ERROR_IO names the path and the errno. */
+
 /* Brings `ranges` back to the device of the allocation holding them, asynchronously on `stream`:
  * staged bytes are copied back from pinned memory (populating and copying in pieces over uvm's own
  * streams, joined to `stream` before and after), the rest is prefetched. Merged like offload.
  * Into releasable memory env UVM_ONLOAD_COPY=auto (the default) copies with a uvm kernel reading the
  * pinned memory when the device has more than 4 times the staged bytes free (after a bulk free the
  * copy engine runs at half speed; the kernel does not), else with cudaMemcpyAsync; sm and engine
- * fix the choice, mixed uses both ("Options"). */
+ * fix the choice, mixed uses both ("Options"). Bytes kept in mmap'ed memory or on disk come back
+ * synchronously through the bounce buffers (the call waits for `stream` first); a file changed,
+ * truncated or removed while its bytes were offloaded fails with UVM_ERROR_IO naming it, and those
+ * bytes stay offloaded. */
 UVM_API uvm_status uvm_onload_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream);
+
+/* Sets the directory UVM_STRATEGY_DISK and UVM_BACKUP_DISK write their files to (default: env
+ * UVM_DISK_BACKUP_DIR; none: a disk offload fails saying so). The directory must exist, be
+ * writable, belong to this process's user and not be a tmpfs or ramfs (a copy there would hold
+ * host memory): else UVM_ERROR_INVALID_ARGUMENT names the path and the reason. Files are named
+ * uvm-<pid>-<n>.backup, created mode 0600. A process killed with files there leaves them until the
+ * next process that uses the directory: it removes the files of processes no longer alive (each
+ * holds a lock on uvm-<pid>.lock while it lives). Offloads already on disk keep their files. */
+UVM_API uvm_status uvm_set_disk_backup_dir(const char* path);
+
+/* Copies the disk backup directory into `path` (`capacity` bytes, NUL included); "" when none is
+ * set. UVM_ERROR_INVALID_ARGUMENT if it does not fit. */
+UVM_API uvm_status uvm_get_disk_backup_dir(char* path, size_t capacity);
+
+/* The offloaded copies of a set of allocations, by where they are kept. */
+typedef struct uvm_kept_copies {
+  size_t pinned_bytes;   /* in uvm's pinned staging memory (uvm_residency's staged_bytes) */
+  size_t pageable_bytes; /* in mmap'ed pageable memory (UVM_STRATEGY_MMAP, UVM_BACKUP_MMAP) */
+  size_t disk_bytes;     /* in files on disk (UVM_STRATEGY_DISK, UVM_BACKUP_DISK) */
+  size_t disk_files;     /* the files holding them */
+} uvm_kept_copies;
+
+/* Fills `kept` (not NULL) for the allocations of `device` (or UVM_ANY_DEVICE) with tag `tag` (NULL:
+ * any; "": untagged). Touches no CUDA context. */
+UVM_API uvm_status uvm_get_kept_copies(int device, const char* tag, uvm_kept_copies* kept);
 
 /* Pinned host memory uvm holds for staged offload, and how much of it holds offloaded data. Either
  * out-pointer may be NULL. Superseded by uvm_get_staging_info, which says more; kept, as every entry
@@ -458,7 +507,8 @@ UVM_API uvm_status uvm_get_staging_info(uvm_staging_info* info);
  * copy, several times slower (docs/performance.md). */
 UVM_API uvm_status uvm_reserve_staging(size_t bytes);
 
-/* Frees the pinned staging memory that holds no offloaded data: empty blocks, and the 256 MiB steps
+/* Frees the pinned staging memory that holds no offloaded data, and the bounce buffers of mmap and
+ * disk copies not in use (pinned again at the next such move): empty blocks, and the 256 MiB steps
  * of a block pinned in steps past the last one in use (waits for copies still reading it; if that
  * wait fails, the block is kept and the next call tries again). While an offload on another
  * thread is between pinning room for itself and using it, it frees nothing (an offload must not
@@ -473,7 +523,8 @@ UVM_API uvm_status uvm_release_staging(void);
 /* Pauses the live allocations of `device` (UVM_ANY_DEVICE: every device) with `tag` (NULL: any tag;
  * "": untagged) that are not paused: for each device, waits for all its work (kernels may still
  * use them), drops those with UVM_BACKUP_NONE (as uvm_discard_ranges) and stages those with
- * UVM_BACKUP_HOST (as uvm_offload_ranges, UVM_STRATEGY_AUTO), on the device's legacy stream in its
+ * UVM_BACKUP_HOST (as uvm_offload_ranges, UVM_STRATEGY_AUTO), UVM_BACKUP_MMAP (UVM_STRATEGY_MMAP)
+ * and UVM_BACKUP_DISK (UVM_STRATEGY_DISK), on the device's legacy stream in its
  * own context, waits again, and marks them paused. Releasable memory is given back to the driver.
  * Returns when their memory is free. Pausing what is paused does nothing; an allocation made while
  * its tag is paused is not paused. If a device's moves fail, the call fails naming what failed:
@@ -484,8 +535,9 @@ UVM_API uvm_status uvm_pause(int device, const char* tag);
 
 /* Brings back what uvm_pause paused in the selection: for each device, in its own context, one
  * onload of all of them (releasable memory mapped again, kept bytes copied back), a wait for it,
- * and the paused mark cleared. Returns when their bytes are back. A failure leaves that device's
- * allocations paused, to resume again. */
+ * and the paused mark cleared. Returns when their bytes are back; mmap'ed copies and files are
+ * given back then. A failure (UVM_ERROR_OUT_OF_MEMORY when the device has no memory to map them
+ * again) leaves that device's allocations paused with their copies, to resume again. */
 UVM_API uvm_status uvm_resume(int device, const char* tag);
 
 /* How many live allocations of the selection are paused. */
@@ -546,14 +598,15 @@ UVM_API uvm_status uvm_query_location(const void* ptr, size_t size, int* preferr
 typedef struct uvm_move_phase {
   const char* name;    /* "pin" (staging memory), "wait" (host waits for copies), "copy", "discard",
                           "release" and "map" (physical memory of releasable allocations),
-                          "populate" (an onload's page population), "migrate" (a prefetch) */
+                          "populate" (an onload's page population), "migrate" (a prefetch),
+                          "write" and "read" (mmap and disk copies, through bounce buffers) */
   size_t bytes;        /* bytes it moved or handled (0 for waits) */
   uint32_t operations; /* timed operations: a batch of copies, a chunk, an allocation, a driver call */
   double start;        /* seconds from the call's start to its first operation's start */
   double seconds;      /* from its first operation's start to its last one's end */
 } uvm_move_phase;
 
-#define UVM_MOVE_PHASES 8
+#define UVM_MOVE_PHASES 8 /* the most phases one move reports (of the 10 kinds, a move runs at most 8) */
 
 /* A move call (prefetch, offload, onload, discard) phase by phase. */
 typedef struct uvm_move_report {

@@ -11,6 +11,7 @@
 #include "../hints/moves/trace.hpp"
 #include "../hints/prefetch.hpp"
 #include "plan.hpp"
+#include "spill.hpp"
 #include "staging.hpp"
 
 namespace uvm {
@@ -147,7 +148,12 @@ uvm_status offload_staged(const Call& call, const std::vector<HintRange>& pieces
   std::vector<StagedPiece> staged;
   std::vector<const char*> hosts;
   for (size_t i = 0; i < spans.size(); ++i) {
-    staged.push_back(StagedPiece{spans[i], reserved.leases[i].get(), reserved.leases[i], written});
+    StagedPiece piece;
+    piece.span = spans[i];
+    piece.host = reserved.leases[i].get();
+    piece.lease = reserved.leases[i];
+    piece.written = written;
+    staged.push_back(std::move(piece));
     hosts.push_back(reserved.leases[i].get());
   }
   staging().note_use(hosts, written);  // dropped before its copy ends, a piece's bytes still wait for it
@@ -177,8 +183,61 @@ uvm_status issue_offload(const Call& call, const MoveScope& move, const OffloadP
   return release_emptied(call, move.ranges, stream, done);
 }
 
+// Whether a copy kept in pageable memory or on disk can hold these ranges: uvm's own allocations
+// only (a copy must die with its memory), managed ones only where the device can discard.
+uvm_status check_kept_fits(const Call& call, const char* strategy, const MoveScope& move) {
+  for (const HintRange& range : move.ranges) {
+    if (range.allocation == 0) {
+      return fail(call, UVM_ERROR_INVALID_ARGUMENT,
+                  "the range at %p (%zu bytes) is managed memory not allocated by uvm: a %s copy must die with its "
+                  "memory, and uvm cannot see such memory freed; offload it with UVM_STRATEGY_MIGRATE",
+                  reinterpret_cast<void*>(range.begin), static_cast<size_t>(range.end - range.begin), strategy);
+    }
+    if (!range.releasable && !move.caps.discard_supported) {
+      return fail(call, UVM_ERROR_UNSUPPORTED,
+                  "a %s offload discards the device pages, which needs a CUDA 13 runtime and driver; use "
+                  "UVM_STRATEGY_MIGRATE",
+                  strategy);
+    }
+  }
+  return UVM_OK;
+}
+
+// UVM_STRATEGY_MMAP and UVM_STRATEGY_DISK: once `stream` has reached the call, the bytes are copied
+// out through bounce buffers (spill.hpp) while the call waits; only then, on `stream`, are they
+// discarded and their releasable memory given back. A copy that fails leaves the device as it was.
+uvm_status offload_kept(const Call& call, const uvm_range* ranges, size_t count, Kept kept, cudaStream_t stream) {
+  const char* strategy = kept == Kept::disk ? "disk" : "mmap";
+  MoveScope move;
+  if (uvm_status s = begin_move(call, MoveKind::offload, MoveArgs::of(ranges, count), stream, &move)) return s;
+  if (move.ranges.empty()) return UVM_OK;
+  if (uvm_status s = check_kept_fits(call, strategy, move)) return s;
+  const OffloadPieces pieces = pieces_to_move(move.ranges, true, move.caps.discard_supported);
+  for (const auto* part : {&pieces.staged, &pieces.free}) {
+    for (const HintRange& piece : *part) trace_move_bytes(piece.end - piece.begin);
+  }
+  if (!pieces.staged.empty()) {
+    {
+      HostPhase waited(Phase::wait);  // for the caller's work on the bytes, and the moves before
+      if (cudaError_t e = cudaStreamSynchronize(move.stream)) return fail_cuda(call, e, "cudaStreamSynchronize");
+      waited.finish(0);
+    }
+    std::vector<StagedPiece> copies;
+    if (uvm_status s = spill_out(call, move.device, pieces.staged, kept, &copies)) return s;
+    // From the discard on, the copy is all there is of these bytes: it is recorded first.
+    registry().stage(std::move(copies));
+    for (const HintRange& piece : pieces.staged) account_move(piece, Move::staged, 0);
+    if (uvm_status s = discard_batch(call, pieces.staged, move.stream)) return s;
+    if (uvm_status s = set_last_moves(call, pieces.staged, move.stream)) return s;
+  }
+  if (uvm_status s = drop_free_space(call, pieces.free, move.stream)) return s;
+  return release_emptied(call, move.ranges, move.stream);
+}
+
 uvm_status offload_in_rounds(const Call& call, const uvm_range* ranges, size_t count, int requested,
                              cudaStream_t stream, bool* staged) {
+  if (requested == UVM_STRATEGY_MMAP) return offload_kept(call, ranges, count, Kept::pageable, stream);
+  if (requested == UVM_STRATEGY_DISK) return offload_kept(call, ranges, count, Kept::disk, stream);
   if (requested != UVM_STRATEGY_AUTO && requested != UVM_STRATEGY_MIGRATE && requested != UVM_STRATEGY_STAGED) {
     return fail(call, UVM_ERROR_INVALID_ARGUMENT, "strategy %d is not a uvm_strategy", requested);
   }

@@ -16,6 +16,7 @@
 #include "../hints/prefetch.hpp"
 #include "plan.hpp"
 #include "sm_copy.hpp"
+#include "spill.hpp"
 #include "staging.hpp"
 
 namespace uvm {
@@ -212,13 +213,45 @@ void split_staged(const std::vector<HintRange>& merged, std::vector<StagedWork>*
   }
 }
 
+// Copies kept in pageable memory or on disk come back through bounce buffers (spill.hpp) once
+// `stream` has reached the call, into memory mapped first; the call waits for them. They stay
+// staged until every copy is done, so a failure (a file changed meanwhile) loses nothing.
+uvm_status copy_back_kept(const Call& call, int device, const std::vector<StagedWork>& work, cudaStream_t stream) {
+  if (work.empty()) return UVM_OK;
+  for (const StagedWork& w : work) {
+    if (w.range.releasable) {
+      if (uvm_status s = restore_one(call, w.range.allocation)) return s;
+    }
+  }
+  {
+    HostPhase waited(Phase::wait);
+    if (cudaError_t e = cudaStreamSynchronize(stream)) return fail_cuda(call, e, "cudaStreamSynchronize");
+    waited.finish(0);
+  }
+  std::vector<StagedPiece> pieces;
+  std::vector<bool> managed;
+  for (const StagedWork& w : work) {
+    pieces.push_back(w.piece);
+    managed.push_back(!w.range.releasable);
+  }
+  if (uvm_status s = spill_in(call, device, pieces, managed)) return s;
+  for (const StagedWork& w : work) {
+    registry().unstage(w.piece.span.begin, w.piece.span.end);  // the last piece of a copy gives it back
+    if (!w.range.releasable) registry().unmark(w.range.allocation, w.piece.span.begin, w.piece.span.end);
+    account_move(w.range, Move::to_device, 0);
+  }
+  return UVM_OK;
+}
+
 uvm_status onload(const Call& call, const uvm_range* ranges, size_t count, cudaStream_t stream) {
   MoveScope move;
   if (uvm_status s = begin_move(call, MoveKind::onload, MoveArgs::of(ranges, count), stream, &move)) return s;
   if (move.ranges.empty()) return UVM_OK;
-  std::vector<StagedWork> staged;
+  std::vector<StagedWork> all_staged, staged, kept;
   std::vector<HintRange> migrated;
-  split_staged(move.ranges, &staged, &migrated);
+  split_staged(move.ranges, &all_staged, &migrated);
+  for (StagedWork& w : all_staged) (w.piece.kept == Kept::pinned ? staged : kept).push_back(std::move(w));
+  if (uvm_status s = copy_back_kept(call, move.device, kept, move.stream)) return s;
   if (!staged.empty()) {
     if (uvm_status s = copy_back(call, move.device, staged, stream)) return s;
   }

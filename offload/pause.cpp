@@ -46,31 +46,40 @@ uvm_status run(const Call& call, uvm_status status) {
   return fail(call, status, "%s", inner.c_str());
 }
 
+// What each backup keeps, and the offload that keeps it.
+struct KeptBackup {
+  uvm_backup backup;
+  uvm_strategy strategy;
+};
+constexpr KeptBackup kKeptBackups[] = {{UVM_BACKUP_HOST, UVM_STRATEGY_AUTO},
+                                 {UVM_BACKUP_MMAP, UVM_STRATEGY_MMAP},
+                                 {UVM_BACKUP_DISK, UVM_STRATEGY_DISK}};
+
+// Each group is marked paused once its move is issued, so that a later group's failure leaves
+// the earlier ones paused (resume brings them back) and its own on the device.
 uvm_status pause_device(const Call& call, int device, const std::vector<AllocationView>& selected) {
-  std::vector<AllocationView> dropped, kept;
+  std::map<uvm_backup, std::vector<AllocationView>> by_backup;
   for (const AllocationView& a : selected) {
-    if (a.paused) continue;
-    (a.backup == UVM_BACKUP_HOST ? kept : dropped).push_back(a);
+    if (!a.paused) by_backup[a.backup].push_back(a);
   }
-  if (dropped.empty() && kept.empty()) return UVM_OK;
+  if (by_backup.empty()) return UVM_OK;
   ContextScope scope;  // the legacy stream below is this device's
   if (uvm_status s = scope.enter(call, device, ContextScope::When::always)) return s;
   if (uvm_status s = run(call, uvm_device_synchronize(device))) return s;  // kernels may still use them
-  if (!dropped.empty()) {  // first: nothing to copy, so its memory is free at once
-    const auto ranges = ranges_of(dropped);
+  const auto dropped = by_backup.find(UVM_BACKUP_NONE);
+  if (dropped != by_backup.end()) {  // first: nothing to copy, so its memory is free at once
+    const auto ranges = ranges_of(dropped->second);
     if (uvm_status s = run(call, uvm_discard_ranges(ranges.data(), ranges.size(), nullptr))) return s;
+    registry().set_paused(bases_of(dropped->second), true);
   }
-  if (!kept.empty()) {
-    const auto ranges = ranges_of(kept);
-    if (uvm_status s = run(call, uvm_offload_ranges(ranges.data(), ranges.size(), UVM_STRATEGY_AUTO, nullptr))) {
-      registry().set_paused(bases_of(dropped), true);  // dropped already: resume maps them again
-      return s;
-    }
+  for (const KeptBackup& kept : kKeptBackups) {
+    const auto group = by_backup.find(kept.backup);
+    if (group == by_backup.end()) continue;
+    const auto ranges = ranges_of(group->second);
+    if (uvm_status s = run(call, uvm_offload_ranges(ranges.data(), ranges.size(), kept.strategy, nullptr))) return s;
+    registry().set_paused(bases_of(group->second), true);
   }
-  if (uvm_status s = run(call, uvm_device_synchronize(device))) return s;
-  registry().set_paused(bases_of(dropped), true);
-  registry().set_paused(bases_of(kept), true);
-  return UVM_OK;
+  return run(call, uvm_device_synchronize(device));
 }
 
 uvm_status resume_device(const Call& call, int device, const std::vector<AllocationView>& selected) {

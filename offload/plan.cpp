@@ -1,6 +1,7 @@
 #include "plan.hpp"
 
 #include <algorithm>
+#include <map>
 
 namespace uvm {
 
@@ -72,6 +73,61 @@ std::vector<CopyRun> copy_runs(const std::vector<CopyPiece>& pieces,
     first = end;
   }
   return runs;
+}
+
+}  // namespace uvm
+
+namespace uvm {
+namespace {
+
+uint64_t align_down(uint64_t value, size_t align) { return value & ~static_cast<uint64_t>(align - 1); }
+uint64_t align_up(uint64_t value, size_t align) { return align_down(value + align - 1, align); }
+
+}  // namespace
+
+std::vector<SpillBatch> plan_spill(const std::vector<SpillItem>& items, size_t buffer_bytes, size_t align) {
+  std::vector<SpillBatch> batches;
+  size_t used = buffer_bytes;  // none open yet
+  const size_t longest = buffer_bytes - align;  // room for an unaligned start's widening
+  for (size_t i = 0; i < items.size(); ++i) {
+    const SpillItem& item = items[i];
+    for (uintptr_t at = item.span.begin; at < item.span.end;) {
+      SpillChunk chunk;
+      chunk.item = i;
+      chunk.target = item.target;
+      chunk.offset = item.offset + (at - item.span.begin);
+      const size_t bytes = std::min<size_t>(longest, item.span.end - at);
+      chunk.span = Span{at, at + bytes};
+      chunk.io_begin = align_down(chunk.offset, align);
+      chunk.io_bytes = static_cast<size_t>(align_up(chunk.offset + bytes, align) - chunk.io_begin);
+      if (used + chunk.io_bytes > buffer_bytes) {
+        batches.emplace_back();
+        used = 0;
+      }
+      chunk.bounce = used;
+      used += chunk.io_bytes;
+      batches.back().chunks.push_back(chunk);
+      at += bytes;
+    }
+  }
+  return batches;
+}
+
+CopyLayout lay_out_copies(const std::vector<Span>& pieces, const std::vector<uintptr_t>& allocations, size_t align) {
+  CopyLayout layout;
+  std::map<uintptr_t, size_t> target_of;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    auto found = target_of.find(allocations[i]);
+    if (found == target_of.end()) {
+      found = target_of.emplace(allocations[i], layout.target_allocations.size()).first;
+      layout.target_allocations.push_back(allocations[i]);
+      layout.target_bytes.push_back(0);
+    }
+    uint64_t& size = layout.target_bytes[found->second];
+    layout.items.push_back(SpillItem{pieces[i], found->second, size});
+    size += align_up(pieces[i].size(), align);
+  }
+  return layout;
 }
 
 }  // namespace uvm

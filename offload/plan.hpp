@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <vector>
 
@@ -75,5 +76,52 @@ struct CopyRun {
 // copies, not 1,024.
 std::vector<CopyRun> copy_runs(const std::vector<CopyPiece>& pieces,
                                const std::function<bool(const char* host, size_t bytes)>& one_registration);
+
+}  // namespace uvm
+
+namespace uvm {
+
+// Copies kept outside pinned staging (pageable memory, disk) move through pinned bounce buffers.
+// Each item is device bytes `span` kept at `offset` in copy `target` (a mapping or a file).
+struct SpillItem {
+  Span span;
+  size_t target = 0;
+  uint64_t offset = 0;
+};
+
+// One copy between the device and a bounce buffer, and the I/O that moves it to or from its target:
+// the target's bytes [io_begin, io_begin + io_bytes) — `offset`'s bytes widened to the alignment,
+// for O_DIRECT — sit at `bounce` in the buffer, so the chunk's own bytes start at
+// bounce + (offset - io_begin).
+struct SpillChunk {
+  Span span;
+  size_t item = 0;  // the item it is cut from
+  size_t target = 0;
+  uint64_t offset = 0;
+  uint64_t io_begin = 0;
+  size_t io_bytes = 0;
+  size_t bounce = 0;
+};
+
+// The chunks one worker moves with one buffer: copied together, then written (or read) together.
+struct SpillBatch {
+  std::vector<SpillChunk> chunks;
+};
+
+// Cuts `items` into chunks that fit a `buffer_bytes` buffer with their I/O widened to `align`
+// (a power of two dividing buffer_bytes), and packs chunks that follow each other into batches.
+// Items written at aligned offsets stay aligned: an item's chunks are buffer_bytes - align long but
+// its last, whose I/O runs into the padding lay_out_copies leaves after every item.
+std::vector<SpillBatch> plan_spill(const std::vector<SpillItem>& items, size_t buffer_bytes, size_t align);
+
+// Where an offload's pieces (sorted by address; `allocations[i]` holds piece i) go: one copy per
+// allocation, each piece at the next `align`ed offset of its allocation's copy. `targets` gets each
+// copy's allocation and size (a multiple of align), in the order first seen.
+struct CopyLayout {
+  std::vector<SpillItem> items;
+  std::vector<uintptr_t> target_allocations;
+  std::vector<uint64_t> target_bytes;
+};
+CopyLayout lay_out_copies(const std::vector<Span>& pieces, const std::vector<uintptr_t>& allocations, size_t align);
 
 }  // namespace uvm

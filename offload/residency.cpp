@@ -65,6 +65,17 @@ extern "C" uvm_status uvm_get_staged_copy(const void* ptr, size_t size, const vo
   return uvm::guarded(call, [&] { return uvm::staged_copy(call, ptr, size, host); });
 }
 
+extern "C" uvm_status uvm_get_kept_copies(int device, const char* tag, uvm_kept_copies* kept) {
+  const uvm::Call call = uvm::Call::of("uvm_get_kept_copies").with_selection(device);
+  return uvm::guarded(call, [&] {
+    if (kept == nullptr) return uvm::fail(call, UVM_ERROR_INVALID_ARGUMENT, "kept is NULL");
+    uvm::Selection selection;
+    if (uvm_status s = uvm::select_arguments(call, device, tag, &selection)) return s;
+    *kept = uvm::registry().kept_copies(selection);
+    return UVM_OK;
+  });
+}
+
 extern "C" uvm_status uvm_get_residency(int device, const char* tag, uvm_residency* residency) {
   const uvm::Call call = uvm::Call::of("uvm_get_residency").with_selection(device);
   return uvm::guarded(call, [&] { return uvm::residency(call, device, tag, residency); });

@@ -7,6 +7,7 @@
 #include "../alloc/registry.hpp"
 #include "../hints/moves/trace.hpp"
 #include "pinned.hpp"
+#include "spill.hpp"
 
 namespace uvm {
 namespace {
@@ -384,7 +385,11 @@ uvm_status uvm_release_staging(void) {
   const uvm::Call call = uvm::Call::of("uvm_release_staging");
   // Takes no moves lock: the blocks it frees hold nothing staged, so no onload reads them, and
   // they leave the store before any offload could reserve them again.
-  return uvm::guarded(call, [&] { return uvm::staging().free_unused(call); });
+  return uvm::guarded(call, [&] {
+    const uvm_status staging = uvm::staging().free_unused(call);
+    const uvm_status bounce = uvm::free_bounce_buffers(call);
+    return staging != UVM_OK ? staging : bounce;
+  });
 }
 
 }  // extern "C"

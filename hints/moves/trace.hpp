@@ -28,8 +28,10 @@ enum class Phase : uint8_t {
   map,       // mapping new physical memory for releasable allocations (host: cuMemCreate, cuMemMap)
   populate,  // prefetches that populate device pages around an onload's copies
   migrate,   // cudaMemPrefetchAsync moving pages between host and device
+  write,     // copies out to pageable memory or disk through bounce buffers (host)
+  read,      // copies back from pageable memory or disk through bounce buffers (host)
 };
-constexpr int kPhaseCount = 8;
+constexpr int kPhaseCount = 10;
 
 // The phase's name as reports and traces print it ("copy").
 const char* phase_name(Phase phase);

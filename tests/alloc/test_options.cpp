@@ -22,7 +22,8 @@ uvm::Options parsed(const std::map<std::string, std::string>& env) {
 
 const char* const kNames[] = {"UVM_LIMIT_BYTES",    "UVM_LIMIT_FRACTION", "UVM_DEFAULT_ADVICE",
                               "UVM_SLABS",          "UVM_PINNED",         "UVM_ONLOAD_COPY",
-                              "UVM_ONLOAD_CHUNK_MIB", "UVM_ONLOAD_STREAMS", "UVM_TRACE"};
+                              "UVM_ONLOAD_CHUNK_MIB", "UVM_ONLOAD_STREAMS", "UVM_TRACE",
+                              "UVM_DISK_BACKUP_DIR",  "UVM_BACKUP_THREADS"};
 }  // namespace
 
 TEST_CASE("nothing set, or set empty, gives every default", "[options]") {
@@ -110,6 +111,14 @@ TEST_CASE("the first refused variable is named; the others are still read", "[op
   CHECK_FALSE(options.slabs);
 }
 
+TEST_CASE("the backup threads are 1-16 and the disk directory is taken as written", "[options]") {
+  CHECK(parsed({{"UVM_BACKUP_THREADS", "16"}}).backup_threads == 16);
+  CHECK(parsed({}).backup_threads == 8);
+  CHECK_THAT(parsed({{"UVM_BACKUP_THREADS", "17"}}).error, Has("UVM_BACKUP_THREADS='17' is not understood; expected 1-16"));
+  CHECK_THAT(parsed({{"UVM_BACKUP_THREADS", "0"}}).error, Has("UVM_BACKUP_THREADS='0'"));
+  CHECK(parsed({{"UVM_DISK_BACKUP_DIR", "/data/backups"}}).disk_backup_dir == "/data/backups");
+}
+
 TEST_CASE("both limit variables set is refused", "[options]") {
   const uvm::Options options = parsed({{"UVM_LIMIT_BYTES", "1G"}, {"UVM_LIMIT_FRACTION", "0.5"}});
   CHECK_THAT(options.error, Has("set only one of UVM_LIMIT_BYTES and UVM_LIMIT_FRACTION"));
@@ -127,7 +136,7 @@ TEST_CASE("uvm_get_option lists the table in uvm.h's order", "[options]") {
   }
   uvm_option_info info{};
   CHECK(uvm_get_option(-1, &info) == UVM_ERROR_INVALID_ARGUMENT);
-  CHECK_THAT(last_error(), Has("uvm_get_option(): index -1 is not below uvm_option_count() = 9"));
+  CHECK_THAT(last_error(), Has("uvm_get_option(): index -1 is not below uvm_option_count() = 11"));
   CHECK(uvm_get_option(uvm_option_count(), &info) == UVM_ERROR_INVALID_ARGUMENT);
   CHECK(uvm_get_option(0, nullptr) == UVM_ERROR_INVALID_ARGUMENT);
   CHECK_THAT(last_error(), Has("info is NULL"));

@@ -2,6 +2,15 @@
 // calling thread on device 0's context.
 #pragma once
 
+#include <dirent.h>
+#include <ftw.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
 #include "fake_cuda.hpp"
 #include "uvm_test.hpp"
 
@@ -72,3 +81,44 @@ struct Releasable {
   int device;
   unsigned seed;
 };
+
+// The directory disk copies go to in these tests, made once per process under the working
+// directory (meson runs tests in the build directory, on a disk: /tmp may be a tmpfs, which uvm
+// refuses) and removed at exit.
+inline const std::string& test_disk_dir() {
+  static const std::string dir = [] {
+    char name[] = "uvm-disk-test-XXXXXX";
+    REQUIRE(mkdtemp(name) != nullptr);
+    char full[PATH_MAX];
+    REQUIRE(realpath(name, full) != nullptr);
+    REQUIRE(uvm_set_disk_backup_dir(full) == UVM_OK);
+    static std::string removed_at_exit;
+    removed_at_exit = full;
+    std::atexit([] {
+      nftw(removed_at_exit.c_str(), [](const char* path, const struct stat*, int, struct FTW*) { return remove(path); },
+           8, FTW_DEPTH | FTW_PHYS);
+    });
+    return std::string(full);
+  }();
+  return dir;
+}
+
+// The backup files in `dir` (uvm-*.backup), by name.
+inline std::vector<std::string> backup_files(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (const dirent* entry = readdir(d)) {
+      const std::string name = entry->d_name;
+      if (name.size() > 7 && name.compare(name.size() - 7, 7, ".backup") == 0) names.push_back(name);
+    }
+    closedir(d);
+  }
+  return names;
+}
+
+// The kept copies of `device` (or UVM_ANY_DEVICE) and `tag` (nullptr: any).
+inline uvm_kept_copies kept_copies(int device = UVM_ANY_DEVICE, const char* tag = nullptr) {
+  uvm_kept_copies kept{};
+  REQUIRE(uvm_get_kept_copies(device, tag, &kept) == UVM_OK);
+  return kept;
+}

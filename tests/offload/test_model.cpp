@@ -75,7 +75,8 @@ class Model {
     pools_.push_back(Pool{name + "-managed", false, true, {}});
     pools_.push_back(Pool{name + "-releasable", true, true, {}});
     pools_.push_back(Pool{name + "-kv", false, false, {}});
-    for (Pool& pool : pools_) pool.backup = pick(2) == 0 ? UVM_BACKUP_HOST : UVM_BACKUP_NONE;
+    const uvm_backup backups[] = {UVM_BACKUP_NONE, UVM_BACKUP_HOST, UVM_BACKUP_MMAP, UVM_BACKUP_DISK};
+    for (Pool& pool : pools_) pool.backup = backups[pick(4)];
     stream_ = fake::make_stream();
   }
 
@@ -252,7 +253,13 @@ class Model {
     return kind == Kind::offload ? "offload" : kind == Kind::onload ? "onload" : "discard";
   }
   static const char* name(uvm_strategy strategy) {
-    return strategy == UVM_STRATEGY_AUTO ? "auto" : strategy == UVM_STRATEGY_STAGED ? "staged" : "migrate";
+    switch (strategy) {
+      case UVM_STRATEGY_AUTO: return "auto";
+      case UVM_STRATEGY_STAGED: return "staged";
+      case UVM_STRATEGY_MIGRATE: return "migrate";
+      case UVM_STRATEGY_MMAP: return "mmap";
+      default: return "disk";
+    }
   }
 
   // A move of the tensors at `chosen` (indices), as uvm.offload(tensors or a module) does: each
@@ -306,8 +313,9 @@ class Model {
   }
 
   uvm_strategy any_strategy() {
-    const uvm_strategy strategies[] = {UVM_STRATEGY_AUTO, UVM_STRATEGY_STAGED, UVM_STRATEGY_MIGRATE};
-    return strategies[pick(3)];
+    const uvm_strategy strategies[] = {UVM_STRATEGY_AUTO, UVM_STRATEGY_STAGED, UVM_STRATEGY_MIGRATE,
+                                       UVM_STRATEGY_MMAP, UVM_STRATEGY_DISK};
+    return strategies[pick(5)];
   }
 
   std::vector<size_t> some_tensors() {
@@ -416,10 +424,10 @@ class Model {
         const size_t p = pick(pools_.size());
         Pool& pool = pools_[p];
         const bool pause = pick(2) == 0;
-        what << (pause ? "pause " : "resume ") << pool.tag << (pool.backup == UVM_BACKUP_HOST ? " (backup)" : "");
+        what << (pause ? "pause " : "resume ") << pool.tag << (pool.backup != UVM_BACKUP_NONE ? " (backup)" : "");
         note(what.str());
         expect_ok(pause ? uvm_pause(0, pool.tag.c_str()) : uvm_resume(0, pool.tag.c_str()), pause ? "uvm_pause" : "uvm_resume");
-        const Kind kind = !pause ? Kind::onload : pool.backup == UVM_BACKUP_HOST ? Kind::offload : Kind::discard;
+        const Kind kind = !pause ? Kind::onload : pool.backup != UVM_BACKUP_NONE ? Kind::offload : Kind::discard;
         for (Segment& segment : pool.segments) {
           if (segment.paused == pause) continue;  // pause skips what is paused, resume what is not
           segment.paused = pause;
@@ -479,6 +487,11 @@ class Model {
       uvm_residency r{};
       expect_ok(uvm_get_residency(UVM_ANY_DEVICE, pool.tag.c_str(), &r), "uvm_get_residency");
       if (r.allocations != 0 || r.staged_bytes != 0) fail("a freed pool left allocations or staged bytes");
+      uvm_kept_copies kept{};
+      expect_ok(uvm_get_kept_copies(UVM_ANY_DEVICE, pool.tag.c_str(), &kept), "uvm_get_kept_copies");
+      if (kept.pageable_bytes != 0 || kept.disk_bytes != 0 || kept.disk_files != 0) {
+        fail("a freed pool left copies in mmap'ed memory or on disk");
+      }
     }
   }
 
@@ -504,6 +517,7 @@ long env_number(const char* name, long fallback) {
 std::string check_nothing_held(long sequence, long sequences, long every = 25) {
   size_t staged = 1, capacity = 1;
   if (uvm_get_staging(nullptr, &staged) != UVM_OK || staged != 0) return "bytes left staged after the teardown";
+  if (!backup_files(test_disk_dir()).empty()) return "disk backup files left after the teardown";
   if ((sequence + 1) % every != 0 && sequence + 1 != sequences) return "";
   if (uvm_release_staging() != UVM_OK) return std::string("release_staging failed: ") + uvm_last_error();
   if (uvm_get_staging(&capacity, nullptr) != UVM_OK || capacity != 0) return "pinned memory left after release_staging";
@@ -516,6 +530,7 @@ TEST_CASE("random sequences of allocation, reuse and moves keep every tensor's b
   const long replay = env_number("UVM_MODEL_SEED", -1);
   const long sequences = replay >= 0 ? 1 : env_number("UVM_MODEL_SEQUENCES", 2000);
   FakeMachine machine;
+  test_disk_dir();
   for (long n = 0; n < sequences; ++n) {
     const uint64_t seed = replay >= 0 ? static_cast<uint64_t>(replay) : static_cast<uint64_t>(n);
     Model model(seed, "model", true);
@@ -531,6 +546,7 @@ TEST_CASE("two threads running random sequences on pools of their own keep every
           "[model][threads][cuda13]") {
   const long sequences = env_number("UVM_MODEL_THREADED_SEQUENCES", 100);
   FakeMachine machine;
+  test_disk_dir();
   for (long n = 0; n < sequences; ++n) {
     std::string failures[2];
     std::thread second([&] {

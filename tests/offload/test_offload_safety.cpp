@@ -14,7 +14,8 @@
 
 namespace {
 
-constexpr uvm_strategy kStrategies[] = {UVM_STRATEGY_AUTO, UVM_STRATEGY_MIGRATE, UVM_STRATEGY_STAGED};
+constexpr uvm_strategy kStrategies[] = {UVM_STRATEGY_AUTO, UVM_STRATEGY_MIGRATE, UVM_STRATEGY_STAGED,
+                                        UVM_STRATEGY_MMAP, UVM_STRATEGY_DISK};
 
 unsigned char pattern(size_t i, unsigned seed) { return static_cast<unsigned char>(i * 131 + seed * 17 + 1); }
 
@@ -83,6 +84,7 @@ TEST_CASE("kept tensors next to offloaded ones keep the values written meanwhile
       {"1 B .. 3 MiB", {1, 7, 100, 511, 512, 513, 1000, 1024, 4096, 100000, 3 << 20, 3, 512, 2048}},
       {"odd sizes", {3, 5, 9, 17, 33, 65, 129, 257, 511, 513, 1023, 1025}},
   };
+  test_disk_dir();
   for (const auto& [name, sizes] : layouts) {
     for (const size_t alignment : {size_t{512}, size_t{1}}) {  // PyTorch blocks; views packed end to end
       for (const uvm_strategy strategy : kStrategies) {

@@ -121,3 +121,57 @@ TEST_CASE("a range splits into its staged pieces, its free space and the rest, e
   CHECK(same(uvm::split_range(span(0, 10), {}, {}).rest, {span(0, 10)}));
   CHECK(uvm::split_range(span(0, 10), {span(0, 4)}, {span(4, 10)}).rest.empty());
 }
+
+TEST_CASE("plan_spill cuts items into chunks that fit a buffer with their I/O widened, and packs them", "[plan][spill]") {
+  constexpr size_t kBuffer = 64 * 1024, kAlign = 4096;
+  // One item at an aligned offset longer than two buffers, then two small ones of another target.
+  const std::vector<uvm::SpillItem> items = {
+      {uvm::Span{0x100000, 0x100000 + 150000}, 0, 0},
+      {uvm::Span{0x200000, 0x200000 + 100}, 1, 5000},  // unaligned: its I/O widens to [4096, 8192)
+      {uvm::Span{0x300000, 0x300000 + 10}, 1, 8190},   // crosses a 4 KiB boundary: [4096, 12288)
+  };
+  const auto batches = uvm::plan_spill(items, kBuffer, kAlign);
+  size_t covered = 0;
+  for (const auto& batch : batches) {
+    size_t used = 0;
+    for (const auto& chunk : batch.chunks) {
+      CHECK(chunk.io_begin % kAlign == 0);
+      CHECK(chunk.io_bytes % kAlign == 0);
+      CHECK(chunk.io_begin <= chunk.offset);
+      CHECK(chunk.offset + chunk.span.size() <= chunk.io_begin + chunk.io_bytes);
+      CHECK(chunk.bounce == used);  // packed end to end
+      used += chunk.io_bytes;
+      covered += chunk.span.size();
+      CHECK(chunk.target == items[chunk.item].target);
+      CHECK(chunk.offset - items[chunk.item].offset == chunk.span.begin - items[chunk.item].span.begin);
+    }
+    CHECK(used <= kBuffer);
+  }
+  CHECK(covered == 150000 + 100 + 10);
+  // The long item: chunks of buffer - align, each starting aligned, so that writes never overlap.
+  CHECK(batches[0].chunks[0].span.size() == kBuffer - kAlign);
+  CHECK(batches[1].chunks[0].offset == kBuffer - kAlign);
+  CHECK(batches.back().chunks.back().io_begin == 4096);
+  CHECK(batches.back().chunks.back().io_bytes == 8192);
+  // Without alignment (pageable copies) the I/O is the chunk itself.
+  for (const auto& batch : uvm::plan_spill(items, kBuffer, 1)) {
+    for (const auto& chunk : batch.chunks) {
+      CHECK(chunk.io_begin == chunk.offset);
+      CHECK(chunk.io_bytes == chunk.span.size());
+    }
+  }
+  CHECK(uvm::plan_spill({}, kBuffer, kAlign).empty());
+}
+
+TEST_CASE("lay_out_copies gives each allocation one copy, its pieces at aligned offsets", "[plan][spill]") {
+  const std::vector<uvm::Span> pieces = {{0x1000, 0x1010}, {0x2000, 0x3001}, {0x9000, 0x9100}, {0x4000, 0x5000}};
+  const std::vector<uintptr_t> allocations = {0x1000, 0x1000, 0x9000, 0x1000};
+  const uvm::CopyLayout layout = uvm::lay_out_copies(pieces, allocations, 4096);
+  CHECK(layout.target_allocations == std::vector<uintptr_t>{0x1000, 0x9000});
+  CHECK(layout.target_bytes == std::vector<uint64_t>{4096 + 8192 + 4096, 4096});
+  CHECK(layout.items[0].offset == 0);
+  CHECK(layout.items[1].offset == 4096);
+  CHECK(layout.items[2].target == 1);
+  CHECK(layout.items[2].offset == 0);
+  CHECK(layout.items[3].offset == 4096 + 8192);
+}

@@ -1,0 +1,324 @@
+#include "spill.hpp"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "../alloc/cuda_compat.hpp"
+#include "../alloc/devices.hpp"
+#include "../alloc/options.hpp"
+#include "../hints/moves/trace.hpp"
+#include "disk.hpp"
+#include "plan.hpp"
+
+namespace uvm {
+namespace {
+
+// Pinned buffers kept between moves: pinning 16 MiB takes milliseconds, a move of a few MiB less.
+struct BouncePool {
+  std::mutex mutex;
+  std::vector<char*> idle;
+};
+
+BouncePool& bounce_pool() {
+  static auto* pool = new BouncePool();  // never destroyed: no CUDA calls from static destructors
+  return *pool;
+}
+
+uvm_status take_buffers(const Call& call, size_t count, std::vector<char*>* out) {
+  BouncePool& pool = bounce_pool();
+  {
+    std::lock_guard<std::mutex> lock(pool.mutex);
+    while (out->size() < count && !pool.idle.empty()) {
+      out->push_back(pool.idle.back());
+      pool.idle.pop_back();
+    }
+  }
+  while (out->size() < count) {
+    void* buffer = nullptr;
+    if (cudaError_t e = cudaHostAlloc(&buffer, kBounceBytes, cudaHostAllocPortable)) {
+      return fail_cuda(call, e, "cudaHostAlloc(%zu bytes) for a bounce buffer", kBounceBytes);
+    }
+    out->push_back(static_cast<char*>(buffer));
+  }
+  return UVM_OK;
+}
+
+void give_back(const std::vector<char*>& buffers) {
+  BouncePool& pool = bounce_pool();
+  std::lock_guard<std::mutex> lock(pool.mutex);
+  pool.idle.insert(pool.idle.end(), buffers.begin(), buffers.end());
+}
+
+// Runs `per_batch(call, stream, buffer, index)` for every batch index on up to UVM_BACKUP_THREADS
+// threads, each in `device`'s context with a stream and a bounce buffer of its own. The first
+// failure stops the batches not begun and becomes the call's.
+template <typename PerBatch>
+uvm_status run_workers(const Call& call, int device, size_t batches, PerBatch per_batch) {
+  if (batches == 0) return UVM_OK;
+  const size_t threads = std::min<size_t>(batches, static_cast<size_t>(options().backup_threads));
+  std::vector<char*> buffers;
+  const uvm_status took = take_buffers(call, threads, &buffers);
+  if (took != UVM_OK) {
+    give_back(buffers);
+    return took;
+  }
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::mutex first_mutex;
+  Failure first;
+  auto note = [&](uvm_status status) {
+    if (status == UVM_OK) return;
+    std::lock_guard<std::mutex> lock(first_mutex);
+    if (!failed.exchange(true)) first = last_failure();
+  };
+  auto work = [&](char* buffer) noexcept {
+    note(guarded(call, [&] {
+      ContextScope scope;
+      if (uvm_status s = scope.enter(call, device, ContextScope::When::always)) return s;
+      cudaStream_t stream = nullptr;
+      if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)) {
+        return fail_cuda(call, e, "cudaStreamCreateWithFlags for a backup worker");
+      }
+      uvm_status status = UVM_OK;
+      for (size_t i = next++; i < batches && !failed; i = next++) {
+        status = per_batch(call, stream, buffer, i);
+        if (status != UVM_OK) break;
+      }
+      clear_cuda_error(cudaStreamSynchronize(stream));  // nothing of a failed batch runs on after
+      clear_cuda_error(cudaStreamDestroy(stream));
+      return status;
+    }));
+  };
+  std::vector<std::thread> workers;
+  try {
+    for (size_t t = 1; t < threads; ++t) workers.emplace_back(work, buffers[t]);
+  } catch (...) {
+    failed = true;  // the threads started stop at their next batch
+    for (std::thread& worker : workers) worker.join();
+    give_back(buffers);
+    return fail(call, UVM_ERROR_INTERNAL, "could not start %zu backup threads", threads);
+  }
+  work(buffers[0]);  // the calling thread is a worker too
+  for (std::thread& worker : workers) worker.join();
+  give_back(buffers);
+  return failed ? adopt(first) : UVM_OK;
+}
+
+// Runs `io(chunk_first, bounce, io_begin, io_bytes)` for each run of chunks that follow each other
+// both in their target and in the buffer, so that a batch's I/O to one file is one request.
+template <typename Io>
+uvm_status each_io_run(const SpillBatch& batch, Io io) {
+  const std::vector<SpillChunk>& chunks = batch.chunks;
+  for (size_t first = 0; first < chunks.size();) {
+    size_t end = first + 1;
+    size_t bytes = chunks[first].io_bytes;
+    while (end < chunks.size() && chunks[end].target == chunks[first].target &&
+           chunks[end].io_begin == chunks[first].io_begin + bytes && chunks[end].bounce == chunks[first].bounce + bytes) {
+      bytes += chunks[end].io_bytes;
+      ++end;
+    }
+    if (uvm_status s = io(chunks[first], chunks[first].bounce, chunks[first].io_begin, bytes)) return s;
+    first = end;
+  }
+  return UVM_OK;
+}
+
+// Where a chunk's own bytes sit in its batch's buffer.
+char* chunk_bytes_in(char* buffer, const SpillChunk& chunk) {
+  return buffer + chunk.bounce + (chunk.offset - chunk.io_begin);
+}
+
+// Pageable memory for a copy: mapped, with huge pages where the host allows (page faults at 2 MiB,
+// not 4 KiB, while the workers fill it), unmapped when the last piece holding it lets go.
+uvm_status map_pageable(const Call& call, size_t bytes, std::shared_ptr<char>* out) {
+  void* host = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (host == MAP_FAILED) return fail_errno(call, errno, "mmap of %zu bytes of pageable memory for a copy", bytes);
+  if (bytes >= (size_t{2} << 20)) madvise(host, bytes, MADV_HUGEPAGE);
+  *out = std::shared_ptr<char>(static_cast<char*>(host), [bytes](char* mapped) { munmap(mapped, bytes); });
+  return UVM_OK;
+}
+
+// The copies an offload writes to: a mapping or a file for each target of `layout`.
+struct Targets {
+  std::vector<std::shared_ptr<char>> mappings;
+  std::vector<std::shared_ptr<BackupFile>> files;
+};
+
+uvm_status make_targets(const Call& call, const CopyLayout& layout, Kept kept, Targets* out) {
+  for (uint64_t bytes : layout.target_bytes) {
+    if (kept == Kept::pageable) {
+      out->mappings.emplace_back();
+      if (uvm_status s = map_pageable(call, bytes, &out->mappings.back())) return s;
+    } else {
+      out->files.emplace_back();
+      if (uvm_status s = BackupFile::create(call, bytes, &out->files.back())) return s;
+    }
+  }
+  return UVM_OK;
+}
+
+}  // namespace
+
+uvm_status spill_out(const Call& call, int device, const std::vector<HintRange>& pieces, Kept kept,
+                     std::vector<StagedPiece>* out) {
+  const size_t align = kept == Kept::disk ? kDiskAlign : 64;
+  std::vector<Span> spans;
+  std::vector<uintptr_t> allocations;
+  size_t total = 0;
+  for (const HintRange& piece : pieces) {
+    spans.push_back(Span{piece.begin, piece.end});
+    allocations.push_back(piece.allocation);
+    total += piece.end - piece.begin;
+  }
+  const CopyLayout layout = lay_out_copies(spans, allocations, align);
+  HostPhase phase(Phase::write);
+  Targets targets;
+  if (uvm_status s = make_targets(call, layout, kept, &targets)) return s;  // what was made goes with `targets`
+  const std::vector<SpillBatch> batches = plan_spill(layout.items, kBounceBytes, align);
+  auto write_batch = [&](const Call& c, cudaStream_t stream, char* buffer, size_t index) {
+    const SpillBatch& batch = batches[index];
+    for (const SpillChunk& chunk : batch.chunks) {
+      const void* from = reinterpret_cast<const void*>(chunk.span.begin);
+      if (cudaError_t e = cudaMemcpyAsync(chunk_bytes_in(buffer, chunk), from, chunk.span.size(),
+                                          cudaMemcpyDefault, stream)) {
+        return fail_cuda(c, e, "cudaMemcpyAsync(%p → bounce buffer, %zu bytes)", from, chunk.span.size());
+      }
+    }
+    if (cudaError_t e = cudaStreamSynchronize(stream)) return fail_cuda(c, e, "cudaStreamSynchronize (copies to a bounce buffer)");
+    if (kept == Kept::pageable) {
+      for (const SpillChunk& chunk : batch.chunks) {
+        std::memcpy(targets.mappings[chunk.target].get() + chunk.offset, chunk_bytes_in(buffer, chunk), chunk.span.size());
+      }
+      return UVM_OK;
+    }
+    for (const SpillChunk& chunk : batch.chunks) {  // the padding to the next aligned offset: zeros
+      char* end = chunk_bytes_in(buffer, chunk) + chunk.span.size();
+      std::memset(end, 0, buffer + chunk.bounce + chunk.io_bytes - end);
+    }
+    return each_io_run(batch, [&](const SpillChunk& first, size_t bounce, uint64_t io_begin, size_t bytes) {
+      const BackupFile& file = *targets.files[first.target];
+      return write_file(c, file, file.fd(), buffer + bounce, bytes, io_begin);
+    });
+  };
+  if (uvm_status s = run_workers(call, device, batches.size(), write_batch)) return s;
+  for (const std::shared_ptr<BackupFile>& file : targets.files) {
+    if (uvm_status s = file->seal(call)) return s;
+  }
+  phase.finish(total);
+  out->clear();
+  for (const SpillItem& item : layout.items) {
+    StagedPiece piece;
+    piece.span = item.span;
+    piece.kept = kept;
+    piece.file_offset = item.offset;
+    if (kept == Kept::pageable) {
+      piece.lease = targets.mappings[item.target];
+      piece.host = piece.lease.get() + item.offset;
+    } else {
+      piece.file = targets.files[item.target];
+    }
+    out->push_back(std::move(piece));
+  }
+  return UVM_OK;
+}
+
+uvm_status spill_in(const Call& call, int device, const std::vector<StagedPiece>& pieces,
+                    const std::vector<bool>& managed) {
+  // Disk pieces read their files (opened and checked here, before anything moves); pageable
+  // pieces read their own host bytes, each its own target at offset 0.
+  std::vector<const BackupFile*> files;
+  std::vector<int> fds;
+  auto close_all = [&] {
+    for (int fd : fds) close(fd);
+  };
+  std::vector<SpillItem> in_memory, on_disk;  // planned apart: only file I/O is widened to kDiskAlign
+  std::vector<size_t> memory_piece, disk_piece;
+  size_t total = 0;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const StagedPiece& piece = pieces[i];
+    total += piece.span.size();
+    if (piece.kept != Kept::disk) {
+      memory_piece.push_back(i);
+      in_memory.push_back(SpillItem{piece.span, i, 0});
+      continue;
+    }
+    auto known = std::find(files.begin(), files.end(), piece.file.get());
+    if (known == files.end()) {
+      int fd = -1;
+      if (uvm_status s = piece.file->open_unchanged(call, &fd)) {
+        close_all();
+        return s;
+      }
+      files.push_back(piece.file.get());
+      fds.push_back(fd);
+      known = files.end() - 1;
+    }
+    disk_piece.push_back(i);
+    on_disk.push_back(SpillItem{piece.span, static_cast<size_t>(known - files.begin()), piece.file_offset});
+  }
+  std::vector<SpillBatch> batches = plan_spill(in_memory, kBounceBytes, 1);
+  const size_t first_disk_batch = batches.size();
+  for (SpillBatch& batch : plan_spill(on_disk, kBounceBytes, kDiskAlign)) batches.push_back(std::move(batch));
+  HostPhase phase(Phase::read);
+  auto read_batch = [&](const Call& c, cudaStream_t stream, char* buffer, size_t index) {
+    const SpillBatch& batch = batches[index];
+    const bool from_disk = index >= first_disk_batch;
+    const std::vector<size_t>& piece_of = from_disk ? disk_piece : memory_piece;
+    uvm_status read = each_io_run(batch, [&](const SpillChunk& first, size_t bounce, uint64_t io_begin, size_t bytes) {
+      if (!from_disk) {
+        std::memcpy(buffer + bounce, pieces[first.target].host + io_begin, bytes);
+        return UVM_OK;
+      }
+      return read_file(c, *files[first.target], fds[first.target], buffer + bounce, bytes, io_begin);
+    });
+    if (read != UVM_OK) return read;
+    for (const SpillChunk& chunk : batch.chunks) {
+      void* to = reinterpret_cast<void*>(chunk.span.begin);
+      const size_t bytes = chunk.span.size();
+      const bool is_managed = managed[piece_of[chunk.item]];
+      if (is_managed) {
+        if (cudaError_t e = prefetch_to(to, bytes, device, stream)) {
+          return fail_cuda(c, e, "cudaMemPrefetchAsync(%p, %zu bytes) populating before the copy", to, bytes);
+        }
+      }
+      if (cudaError_t e = cudaMemcpyAsync(to, chunk_bytes_in(buffer, chunk), bytes, cudaMemcpyDefault, stream)) {
+        return fail_cuda(c, e, "cudaMemcpyAsync(bounce buffer → %p, %zu bytes)", to, bytes);
+      }
+      if (is_managed) {
+        if (cudaError_t e = prefetch_to(to, bytes, device, stream)) {
+          return fail_cuda(c, e, "cudaMemPrefetchAsync(%p, %zu bytes) undoing the discard after the copy", to, bytes);
+        }
+      }
+    }
+    if (cudaError_t e = cudaStreamSynchronize(stream)) return fail_cuda(c, e, "cudaStreamSynchronize (copies from a bounce buffer)");
+    return UVM_OK;
+  };
+  const uvm_status status = run_workers(call, device, batches.size(), read_batch);
+  close_all();
+  if (status == UVM_OK) phase.finish(total);
+  return status;
+}
+
+uvm_status free_bounce_buffers(const Call& call) {
+  std::vector<char*> idle;
+  {
+    BouncePool& pool = bounce_pool();
+    std::lock_guard<std::mutex> lock(pool.mutex);
+    idle.swap(pool.idle);
+  }
+  uvm_status status = UVM_OK;
+  for (char* buffer : idle) {
+    if (cudaError_t e = cudaFreeHost(buffer)) {
+      if (status == UVM_OK) status = fail_cuda(call, e, "cudaFreeHost(%p) of a bounce buffer", static_cast<void*>(buffer));
+    }
+  }
+  return status;
+}
+
+}  // namespace uvm

@@ -1,0 +1,36 @@
+// Offload and onload of copies kept outside pinned staging — in pageable memory mapped for them
+// (UVM_STRATEGY_MMAP) or in files on disk (UVM_STRATEGY_DISK) — through pinned bounce buffers.
+// Neither can be reached by the copy engines at full speed (pageable memory goes through the
+// driver's own small staging; a file not at all), so several worker threads each copy a batch
+// between the device and a pinned buffer of their own and write it out (or read it in), and the
+// link, the disk and the CPU's memcpy work at once.
+#pragma once
+
+#include <vector>
+
+#include "../alloc/registry.hpp"
+#include "../hints/moves/hint_range.hpp"
+
+namespace uvm {
+
+// The pinned buffer each worker thread copies through.
+constexpr size_t kBounceBytes = size_t{16} << 20;
+
+// Copies `pieces` (of `device`, sorted by address, each inside a uvm allocation whose memory is
+// mapped) into new `kept` copies (Kept::pageable or Kept::disk), one per allocation, and waits for
+// it: `out` gets a staged piece for each, in order. On a failure nothing is kept (mappings and files
+// made are given back) and the device bytes are untouched.
+uvm_status spill_out(const Call& call, int device, const std::vector<HintRange>& pieces, Kept kept,
+                     std::vector<StagedPiece>* out);
+
+// Copies `pieces` (pageable or disk) back into their device memory, which must be mapped, and waits
+// for it. `managed[i]`: piece i is managed memory, populated on the device before its copy and
+// prefetched after, as onload.cpp's copy_chunk does for the same reason. A file changed while
+// offloaded fails the call before anything is copied.
+uvm_status spill_in(const Call& call, int device, const std::vector<StagedPiece>& pieces,
+                    const std::vector<bool>& managed);
+
+// Frees the bounce buffers not in use (uvm_release_staging); the next spill pins them again.
+uvm_status free_bounce_buffers(const Call& call);
+
+}  // namespace uvm

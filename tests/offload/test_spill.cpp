@@ -1,0 +1,432 @@
+// Offloads kept in mmap'ed memory or on disk (offload/spill.cpp, offload/disk.cpp): bytes back
+// exactly, neighbours untouched, copies that die with what they belong to, and every fault —
+// a bad directory, a full disk, a file changed while offloaded, a dead process's files — failing
+// clearly with the device bytes kept.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <functional>
+#include <fstream>
+#include <thread>
+
+#include "fixture.hpp"
+
+namespace {
+constexpr size_t kMiB = size_t{1} << 20;
+constexpr uvm_strategy kKeptStrategies[] = {UVM_STRATEGY_MMAP, UVM_STRATEGY_DISK};
+
+const char* name_of(uvm_strategy strategy) { return strategy == UVM_STRATEGY_MMAP ? "mmap" : "disk"; }
+
+// A managed allocation (uvm_malloc) filled with a pattern of `seed`.
+struct Managed {
+  explicit Managed(size_t size, unsigned seed = 5) : size(size), seed(seed) {
+    ptr = static_cast<unsigned char*>(uvm_malloc(size, 0, nullptr));
+    REQUIRE(ptr != nullptr);
+    for (size_t i = 0; i < size; ++i) ptr[i] = expected(i);
+  }
+  ~Managed() { uvm_free(ptr, size, 0, nullptr); }
+  unsigned char expected(size_t i) const { return static_cast<unsigned char>(i * 29 + seed); }
+  // The first byte in [from, to) that does not hold the pattern, or -1.
+  long first_wrong(size_t from, size_t to) const {
+    for (size_t i = from; i < to; ++i) {
+      if (ptr[i] != expected(i)) return static_cast<long>(i);
+    }
+    return -1;
+  }
+  unsigned char* ptr;
+  size_t size;
+  unsigned seed;
+};
+
+std::string only_file(const std::string& dir) {
+  const auto files = backup_files(dir);
+  REQUIRE(files.size() == 1);
+  return dir + "/" + files.front();
+}
+
+// A child process runs `body` and exits with its result: for what must not touch this process
+// (a user switch, a file-size limit with its signal).
+int in_child(const std::function<int()>& body) {
+  const pid_t child = fork();
+  if (child == 0) _exit(body());
+  int status = 0;
+  waitpid(child, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+}  // namespace
+
+TEST_CASE("mmap and disk offloads bring every byte back and give their copies back", "[spill][cuda13]") {
+  const std::string& dir = test_disk_dir();
+  for (const uvm_strategy strategy : kKeptStrategies) {
+    CAPTURE(name_of(strategy));
+    FakeMachine machine;
+    // 40 MiB: three bounce buffers' worth, so that several workers each move batches.
+    Releasable whole(40 * kMiB, 0, 7);
+    Releasable neighbour(kMiB, 0, 9);
+    const size_t mapped = fake::mapped_reservations();
+    const uvm_range range = whole.whole();
+    const uvm_status offloaded = uvm_offload_ranges(&range, 1, strategy, nullptr);
+    INFO(last_error());
+    REQUIRE(offloaded == UVM_OK);
+    CHECK(fake::mapped_reservations() == mapped - 1);  // released once copied
+    const uvm_kept_copies kept = kept_copies();
+    CHECK(kept.pinned_bytes == 0);
+    CHECK((strategy == UVM_STRATEGY_MMAP ? kept.pageable_bytes : kept.disk_bytes) == whole.size);
+    CHECK(kept.disk_files == (strategy == UVM_STRATEGY_DISK ? 1u : 0u));
+    CHECK(backup_files(dir).size() == kept.disk_files);
+    CHECK(residency().staged_bytes == 0);  // staged_bytes counts pinned staging only
+    CHECK(residency().host_bytes == whole.size);
+    CHECK(FakeMachine::pinnings() <= 8);   // bounce buffers only, not 40 MiB of staging
+
+    REQUIRE(uvm_onload_ranges(&range, 1, nullptr) == UVM_OK);
+    CHECK(whole.intact());
+    CHECK(neighbour.intact());
+    CHECK(kept_copies().pageable_bytes + kept_copies().disk_bytes == 0);
+    CHECK(backup_files(dir).empty());  // the file goes with its last piece
+    CHECK(residency().device_bytes == residency().live_bytes);
+    CHECK(cudaPeekAtLastError() == cudaSuccess);
+  }
+}
+
+TEST_CASE("a part of a managed allocation at odd offsets moves alone; its neighbours keep what was written meanwhile",
+          "[spill][safety][cuda13]") {
+  test_disk_dir();
+  for (const uvm_strategy strategy : kKeptStrategies) {
+    CAPTURE(name_of(strategy));
+    FakeMachine machine;
+    Managed memory(20 * kMiB + 333);
+    const size_t from = 4097 + 11, to = 17 * kMiB + 5;  // not aligned to anything
+    const uvm_range part{memory.ptr + from, to - from};
+    REQUIRE(uvm_offload_ranges(&part, 1, strategy, nullptr) == UVM_OK);
+    std::memset(memory.ptr, 0x3c, from);  // the program writes its neighbours meanwhile
+    std::memset(memory.ptr + to, 0x3c, memory.size - to);
+    // Then brings back pieces of it in an order of its own: unaligned reads of the copy.
+    const uvm_range second_half{memory.ptr + 9 * kMiB + 3, to - (9 * kMiB + 3)};
+    const uvm_range first_half{memory.ptr + from, 9 * kMiB + 3 - from};
+    REQUIRE(uvm_onload_ranges(&second_half, 1, nullptr) == UVM_OK);
+    CHECK(memory.first_wrong(9 * kMiB + 3, to) == -1);
+    REQUIRE(uvm_onload_ranges(&first_half, 1, nullptr) == UVM_OK);
+    CHECK(memory.first_wrong(from, to) == -1);
+    for (size_t i : {size_t{0}, from - 1, to, memory.size - 1}) CHECK(memory.ptr[i] == 0x3c);
+    CHECK(kept_copies().pageable_bytes + kept_copies().disk_bytes == 0);
+  }
+}
+
+TEST_CASE("a copy dies with its bytes: freed, discarded, or its block reused", "[spill][safety][cuda13]") {
+  const std::string& dir = test_disk_dir();
+  for (const uvm_strategy strategy : kKeptStrategies) {
+    CAPTURE(name_of(strategy));
+    FakeMachine machine;
+    {
+      Releasable freed(2 * kMiB);
+      const uvm_range range = freed.whole();
+      REQUIRE(uvm_offload_ranges(&range, 1, strategy, nullptr) == UVM_OK);
+    }  // freed while offloaded
+    CHECK(backup_files(dir).empty());
+    CHECK(kept_copies().pageable_bytes + kept_copies().disk_bytes == 0);
+
+    Managed memory(4 * kMiB, 1);
+    const uvm_range old_tensor{memory.ptr, kMiB};
+    REQUIRE(uvm_offload_ranges(&old_tensor, 1, strategy, nullptr) == UVM_OK);
+    REQUIRE(uvm_discard_ranges(&old_tensor, 1, nullptr) == UVM_OK);  // the tensor dies
+    CHECK(backup_files(dir).empty());
+    std::memset(memory.ptr, 7, kMiB);  // a new tensor in the same block
+    REQUIRE(uvm_onload_ranges(&old_tensor, 1, nullptr) == UVM_OK);
+    CHECK(memory.ptr[0] == 7);  // no stale copy written over it
+    CHECK(memory.ptr[kMiB - 1] == 7);
+    CHECK(memory.first_wrong(kMiB, memory.size) == -1);
+  }
+}
+
+TEST_CASE("pause keeps mmap and disk backups apart from the host one, files only while paused", "[spill][pause][cuda13]") {
+  const std::string& dir = test_disk_dir();
+  FakeMachine machine;
+  std::vector<std::unique_ptr<Releasable>> made;
+  const uvm_backup backups[] = {UVM_BACKUP_HOST, UVM_BACKUP_MMAP, UVM_BACKUP_DISK, UVM_BACKUP_DISK};
+  REQUIRE(uvm_set_thread_tag("model") == UVM_OK);
+  for (size_t i = 0; i < 4; ++i) {
+    REQUIRE(uvm_set_thread_backup(backups[i]) == UVM_OK);
+    made.push_back(std::make_unique<Releasable>((i + 1) * kMiB + 4096 * i, 0, static_cast<unsigned>(i)));
+  }
+  REQUIRE(uvm_set_thread_backup(UVM_BACKUP_NONE) == UVM_OK);
+  REQUIRE(uvm_set_thread_tag(nullptr) == UVM_OK);
+  const size_t mapped = fake::mapped_reservations();
+  for (int cycle = 0; cycle < 3; ++cycle) {
+    REQUIRE(uvm_pause(UVM_ANY_DEVICE, "model") == UVM_OK);
+    CHECK(fake::mapped_reservations() == mapped - 4);
+    const uvm_kept_copies kept = kept_copies(0, "model");
+    CHECK(kept.pinned_bytes == made[0]->size);
+    CHECK(kept.pageable_bytes == made[1]->size);
+    CHECK(kept.disk_bytes == made[2]->size + made[3]->size);
+    const auto files = backup_files(dir);
+    CHECK(files.size() == 2);  // one per allocation
+    for (const std::string& file : files) {
+      struct stat about {};
+      REQUIRE(stat((dir + "/" + file).c_str(), &about) == 0);
+      CHECK((about.st_mode & 0777) == 0600);  // the owner's only
+    }
+    REQUIRE(uvm_resume(UVM_ANY_DEVICE, "model") == UVM_OK);
+    for (const auto& memory : made) CHECK(memory->intact());
+    CHECK(backup_files(dir).empty());
+    CHECK(kept_copies(0, "model").pageable_bytes == 0);
+  }
+}
+
+TEST_CASE("a move to disk or mmap reports its write and read phases", "[spill][trace][cuda13]") {
+  test_disk_dir();
+  FakeMachine machine;
+  Releasable memory(3 * kMiB);
+  const uvm_range range = memory.whole();
+  auto phases = [] {
+    uvm_move_report report{};
+    REQUIRE(uvm_last_move(0, &report) == UVM_OK);
+    std::string names;
+    for (size_t i = 0; i < report.phase_count; ++i) names += std::string(report.phases[i].name) + " ";
+    return names;
+  };
+  REQUIRE(uvm_offload_ranges(&range, 1, UVM_STRATEGY_DISK, nullptr) == UVM_OK);
+  CHECK_THAT(phases(), Has("write"));
+  REQUIRE(uvm_onload_ranges(&range, 1, nullptr) == UVM_OK);
+  CHECK_THAT(phases(), Has("read"));
+}
+
+TEST_CASE("the disk directory is refused by name when it cannot hold backups", "[spill][disk]") {
+  FakeMachine machine;
+  CHECK(uvm_set_disk_backup_dir(nullptr) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Has("path is NULL or empty"));
+  CHECK(uvm_set_disk_backup_dir("/nonexistent/uvm/backups") == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Has("the disk backup directory /nonexistent/uvm/backups does not exist"));
+  const std::string file = test_disk_dir() + "/../uvm-disk-test-plain-file";
+  std::ofstream(file) << "x";
+  CHECK(uvm_set_disk_backup_dir(file.c_str()) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Has("is not a directory"));
+  std::remove(file.c_str());
+
+  struct statfs shm {};
+  if (statfs("/dev/shm", &shm) == 0 && shm.f_type == 0x01021994) {  // TMPFS_MAGIC
+    CHECK(uvm_set_disk_backup_dir("/dev/shm") == UVM_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(last_error(), Has("/dev/shm is on a tmpfs, whose files live in host memory"));
+  } else {
+    WARN("/dev/shm is not a tmpfs here: the tmpfs refusal is not exercised");
+  }
+
+  char other[] = "uvm-disk-test-other-XXXXXX";
+  REQUIRE(mkdtemp(other) != nullptr);
+  if (geteuid() == 0) {
+    // Another user's directory; then, as that user, a directory it may not write.
+    REQUIRE(chown(other, 4242, 4242) == 0);
+    CHECK(uvm_set_disk_backup_dir(other) == UVM_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(last_error(), Has("belongs to uid 4242, not to this process's uid 0"));
+    REQUIRE(chmod(other, 0500) == 0);
+    const int refused = in_child([&] {
+      if (setuid(4242) != 0) return 2;
+      if (uvm_set_disk_backup_dir(other) != UVM_ERROR_INVALID_ARGUMENT) return 3;
+      return std::string(uvm_last_error()).find("is not writable: Permission denied") != std::string::npos ? 0 : 4;
+    });
+    CHECK(refused == 0);
+  } else {
+    REQUIRE(chmod(other, 0500) == 0);
+    CHECK(uvm_set_disk_backup_dir(other) == UVM_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(last_error(), Has("is not writable"));
+    WARN("not root: another user's directory is not exercised");
+  }
+  rmdir(other);
+  // The directory in use stays what it was.
+  char in_use[PATH_MAX] = {};
+  REQUIRE(uvm_get_disk_backup_dir(in_use, sizeof in_use) == UVM_OK);
+  CHECK(std::string(in_use) == test_disk_dir());
+  char tiny[4];
+  CHECK(uvm_get_disk_backup_dir(tiny, sizeof tiny) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Has("more than 4"));
+}
+
+TEST_CASE("a disk offload that cannot finish keeps the bytes on the device and leaves no file", "[spill][disk][cuda13]") {
+  const std::string& dir = test_disk_dir();
+  // A file-size limit stands in for a full disk: the second file cannot be made, after the first
+  // was written. In a child, since the limit and its signal are the process's.
+  const int result = in_child([&] {
+    FakeMachine machine;
+    Releasable first(kMiB, 0, 1), second(3 * kMiB, 0, 2);
+    signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{2 * kMiB, 2 * kMiB};
+    if (setrlimit(RLIMIT_FSIZE, &limit) != 0) return 10;
+    const size_t mapped = fake::mapped_reservations();
+    const uvm_range ranges[] = {first.whole(), second.whole()};
+    if (uvm_offload_ranges(ranges, 2, UVM_STRATEGY_DISK, nullptr) != UVM_ERROR_IO) return 11;
+    const std::string message = uvm_last_error();
+    if (message.find("uvm_offload_ranges(count=2)") == std::string::npos) return 12;
+    if (message.find(dir) == std::string::npos || message.find("EFBIG") == std::string::npos) return 13;
+    if (fake::mapped_reservations() != mapped) return 14;  // nothing released
+    if (!first.intact() || !second.intact()) return 15;
+    if (!backup_files(dir).empty()) return 16;  // the first file went too
+    uvm_kept_copies kept{};
+    uvm_get_kept_copies(UVM_ANY_DEVICE, nullptr, &kept);
+    if (kept.disk_bytes != 0) return 17;
+    if (cudaPeekAtLastError() != cudaSuccess) return 18;
+    return 0;
+  });
+  CHECK(result == 0);
+}
+
+TEST_CASE("a backup file changed, truncated or removed while offloaded fails the onload by name; nothing moves",
+          "[spill][disk][cuda13]") {
+  const std::string& dir = test_disk_dir();
+  const std::vector<std::pair<const char*, std::function<void(const std::string&)>>> faults = {
+      {"was written or changed", [](const std::string& path) {
+         const int fd = open(path.c_str(), O_WRONLY);
+         REQUIRE(pwrite(fd, "x", 1, 100) == 1);
+         close(fd);
+       }},
+      {"was truncated or extended", [](const std::string& path) { REQUIRE(truncate(path.c_str(), 4096) == 0); }},
+      {"was removed while its bytes were offloaded", [](const std::string& path) { REQUIRE(unlink(path.c_str()) == 0); }},
+  };
+  for (const auto& [expected, fault] : faults) {
+    CAPTURE(expected);
+    FakeMachine machine;
+    Releasable memory(2 * kMiB);
+    const uvm_range range = memory.whole();
+    REQUIRE(uvm_offload_ranges(&range, 1, UVM_STRATEGY_DISK, nullptr) == UVM_OK);
+    const std::string path = only_file(dir);
+    fault(path);
+    CHECK(uvm_onload_ranges(&range, 1, nullptr) == UVM_ERROR_IO);
+    CHECK_THAT(last_error(), Has(path) && Has(expected));
+    CHECK(kept_copies().disk_bytes == memory.size);  // still offloaded: nothing read from it
+    CHECK(cudaPeekAtLastError() == cudaSuccess);
+    REQUIRE(uvm_discard_ranges(&range, 1, nullptr) == UVM_OK);  // the caller gives up on them
+    CHECK(backup_files(dir).empty());
+  }
+}
+
+TEST_CASE("files a dead process left are removed by the next one; a live process's stay", "[spill][disk]") {
+  FakeMachine machine;
+  char dir[] = "uvm-disk-test-sweep-XXXXXX";
+  REQUIRE(mkdtemp(dir) != nullptr);
+  const std::string base = dir;
+  auto touch = [&](const std::string& name) { std::ofstream(base + "/" + name) << "bytes"; };
+  touch("uvm-777-dead.lock");  // nobody holds it: its owner is gone
+  touch("uvm-777-dead-1.backup");
+  touch("uvm-777-dead-2.backup");
+  touch("uvm-888-live.lock");
+  touch("uvm-888-live-1.backup");
+  touch("unrelated.txt");
+  const int live = open((base + "/uvm-888-live.lock").c_str(), O_RDWR);
+  REQUIRE(flock(live, LOCK_EX) == 0);  // a live process holds its lock
+  char previous[PATH_MAX];
+  REQUIRE(uvm_get_disk_backup_dir(previous, sizeof previous) == UVM_OK);
+  REQUIRE(uvm_set_disk_backup_dir(dir) == UVM_OK);
+  const auto left = backup_files(base);
+  CHECK(left == std::vector<std::string>{"uvm-888-live-1.backup"});
+  CHECK(access((base + "/uvm-777-dead.lock").c_str(), F_OK) != 0);
+  CHECK(access((base + "/unrelated.txt").c_str(), F_OK) == 0);
+  close(live);
+  if (previous[0] != '\0') REQUIRE(uvm_set_disk_backup_dir(previous) == UVM_OK);
+  // A killed process: a child pauses to disk and dies; the next process to use the directory
+  // finds its lock free.
+  char killed_dir[] = "uvm-disk-test-killed-XXXXXX";
+  REQUIRE(mkdtemp(killed_dir) != nullptr);
+  const int killed = in_child([&] {
+    fake::set_thread_context(0);
+    if (uvm_set_disk_backup_dir(killed_dir) != UVM_OK) return 1;
+    void* p = uvm_malloc_releasable(kMiB, 0, nullptr);
+    const uvm_range range{p, kMiB};
+    if (uvm_offload_ranges(&range, 1, UVM_STRATEGY_DISK, nullptr) != UVM_OK) return 2;
+    if (backup_files(killed_dir).size() != 1) return 3;
+    raise(SIGKILL);
+    return 4;
+  });
+  CHECK(killed == 128 + SIGKILL);
+  CHECK(backup_files(killed_dir).size() == 1);
+  REQUIRE(uvm_set_disk_backup_dir(killed_dir) == UVM_OK);
+  CHECK(backup_files(killed_dir).empty());
+  REQUIRE(uvm_set_disk_backup_dir(previous[0] != '\0' ? previous : test_disk_dir().c_str()) == UVM_OK);
+}
+
+TEST_CASE("threads moving their own allocations to disk and mmap at once lose nothing", "[spill][threads][cuda13]") {
+  test_disk_dir();
+  FakeMachine machine;
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      fake::set_thread_context(0);
+      Releasable memory((t + 1) * 5 * kMiB + 123 * 4096, 0, static_cast<unsigned>(t));
+      const uvm_range range = memory.whole();
+      for (int round = 0; round < 5; ++round) {
+        const uvm_strategy strategy = (t + round) % 2 ? UVM_STRATEGY_DISK : UVM_STRATEGY_MMAP;
+        if (uvm_offload_ranges(&range, 1, strategy, nullptr) != UVM_OK) ++wrong;
+        if (uvm_onload_ranges(&range, 1, nullptr) != UVM_OK) ++wrong;
+        if (!memory.intact()) ++wrong;
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  CHECK(wrong == 0);
+  CHECK(backup_files(test_disk_dir()).empty());
+}
+
+TEST_CASE("strategies outside the enum, and managed memory uvm did not allocate, are refused", "[spill][cuda13]") {
+  test_disk_dir();
+  FakeMachine machine;
+  void* foreign = nullptr;
+  REQUIRE(cudaMallocManaged(&foreign, kMiB, cudaMemAttachGlobal) == cudaSuccess);
+  const uvm_range range{foreign, kMiB};
+  CHECK(uvm_offload_ranges(&range, 1, UVM_STRATEGY_DISK, nullptr) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Has("managed memory not allocated by uvm: a disk copy must die with its memory"));
+  uvm_strategy bad = UVM_STRATEGY_AUTO;
+  const int five = 5;
+  std::memcpy(&bad, &five, sizeof bad);
+  CHECK(uvm_offload_ranges(&range, 1, bad, nullptr) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Has("strategy 5 is not a uvm_strategy"));
+  cudaFree(foreign);
+}
+
+// Run alone (meson test offload-no-disk-dir): the process must never have set a directory.
+TEST_CASE("a disk offload with no directory set fails saying how to set one; nothing moves", "[no_disk_dir][cuda13]") {
+  FakeMachine machine;
+  Releasable memory(kMiB);
+  const size_t mapped = fake::mapped_reservations();
+  const uvm_range range = memory.whole();
+  CHECK(uvm_offload_ranges(&range, 1, UVM_STRATEGY_DISK, nullptr) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Has("no disk backup directory: call uvm_set_disk_backup_dir or set UVM_DISK_BACKUP_DIR"));
+  CHECK(fake::mapped_reservations() == mapped);
+  CHECK(memory.intact());
+  char dir[8] = "x";
+  REQUIRE(uvm_get_disk_backup_dir(dir, sizeof dir) == UVM_OK);
+  CHECK(std::string(dir).empty());
+  // A pause of a disk-backed allocation fails the same way and leaves it unpaused, on the device.
+  REQUIRE(uvm_set_thread_backup(UVM_BACKUP_DISK) == UVM_OK);
+  REQUIRE(uvm_set_thread_tag("weights") == UVM_OK);
+  Releasable weights(kMiB, 0, 4);
+  REQUIRE(uvm_set_thread_tag(nullptr) == UVM_OK);
+  REQUIRE(uvm_set_thread_backup(UVM_BACKUP_NONE) == UVM_OK);
+  CHECK(uvm_pause(UVM_ANY_DEVICE, "weights") == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Has("uvm_pause(device=any)") && Has("no disk backup directory"));
+  size_t paused = 1;
+  REQUIRE(uvm_paused_count(UVM_ANY_DEVICE, "weights", &paused) == UVM_OK);
+  CHECK(paused == 0);
+  CHECK(weights.intact());
+}
+
+// Run with env UVM_DISK_BACKUP_DIR (meson test offload-disk-dir-env): the environment names it.
+TEST_CASE("UVM_DISK_BACKUP_DIR names the directory until a call sets another", "[disk_dir_env][cuda13]") {
+  FakeMachine machine;
+  const char* from_env = std::getenv("UVM_DISK_BACKUP_DIR");
+  REQUIRE(from_env != nullptr);
+  REQUIRE((mkdir(from_env, 0700) == 0 || errno == EEXIST));
+  Releasable memory(kMiB);
+  const uvm_range range = memory.whole();
+  REQUIRE(uvm_offload_ranges(&range, 1, UVM_STRATEGY_DISK, nullptr) == UVM_OK);
+  CHECK(backup_files(from_env).size() == 1);
+  REQUIRE(uvm_onload_ranges(&range, 1, nullptr) == UVM_OK);
+  CHECK(memory.intact());
+  CHECK(backup_files(from_env).empty());
+}

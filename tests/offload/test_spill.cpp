@@ -348,6 +348,10 @@ TEST_CASE("files a dead process left are removed by the next one; a live process
   REQUIRE(uvm_set_disk_backup_dir(killed_dir) == UVM_OK);
   CHECK(backup_files(killed_dir).empty());
   REQUIRE(uvm_set_disk_backup_dir(previous[0] != '\0' ? previous : test_disk_dir().c_str()) == UVM_OK);
+  for (const std::string& made : {base, std::string(killed_dir)}) {
+    nftw(made.c_str(), [](const char* path, const struct stat*, int, struct FTW*) { return remove(path); }, 8,
+         FTW_DEPTH | FTW_PHYS);
+  }
 }
 
 TEST_CASE("threads moving their own allocations to disk and mmap at once lose nothing", "[spill][threads][cuda13]") {

@@ -16,6 +16,7 @@
 #   JIT_BENCH=1                  runs the JIT build benchmark
 #   LIFETIME_BENCH=1             runs bench/lifetime_bench.py (what learning of a block's death costs)
 #   PEERS=1                      runs torch_memory_saver's examples on uvm.memory_saver
+#   BACKUP_BENCH=1               runs bench/backup_bench.py (BACKUP_DIR, BACKUP_GIB, BACKUP_THREADS)
 #                                (tests/peers/run_tms_examples.sh) and the Megatron-Core harness
 #   RL_BENCH=1                   runs the sleep/wake cycle benchmark (python -m uvm bench rl);
 #                                RL_ALSO="VAR=x;VAR=y" runs it again with each environment
@@ -129,6 +130,15 @@ fi
 if [ -n "${GATHER_PROBE:-}" ]; then
   echo "== gather probe ($GATHER_PROBE)"
   python3 bench/gather_probe.py $GATHER_PROBE --json "$OUT/gather_probe.json" | tee "$OUT/gather_probe.txt" || status=1
+fi
+
+if [ "${BACKUP_BENCH:-0}" = 1 ]; then
+  echo "== pause/resume by backup kind (pinned, mmap, disk) beside torch_memory_saver and the disk"
+  if ls .deps/wheels/torch_memory_saver-*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-deps --target /tmp/peer-site .deps/wheels/torch_memory_saver-*.whl
+  fi
+  PYTHONPATH=python_shim:/tmp/peer-site python3 bench/backup_bench.py --dir "${BACKUP_DIR:-/var/tmp/uvm-backup-bench}" \
+    --gib "${BACKUP_GIB:-4}" --threads "${BACKUP_THREADS:-2,8,16}" --json "$OUT/backup.json" | tee "$OUT/backup.txt" || status=1
 fi
 
 if [ "${RL_BENCH:-0}" = 1 ]; then

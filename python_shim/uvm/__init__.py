@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 
 from . import _lib, _state
 from ._errors import UnifiedMemoryCompileTimeoutError, UnifiedMemoryUnsupportedError
@@ -88,6 +89,29 @@ def residency(device=None, tag: str | None = None) -> dict:
     index = _lib.UVM_ANY_DEVICE if device == "all" else _lib.device_ordinal(device)
     _lib.check(lib.uvm_get_residency(index, None if tag is None else tag.encode(), ctypes.byref(result)))
     return {name: getattr(result, name) for name, _ in _lib.Residency._fields_}
+
+
+def kept_copies(device=None, tag: str | None = None) -> dict:
+    """The offloaded copies of the allocations of `device` (default: the current one; "all" for every
+    device) with `tag`, by where they are kept: pinned_bytes (uvm's staging), pageable_bytes
+    (strategy "mmap"), disk_bytes in disk_files files (strategy "disk")."""
+    result = _lib.KeptCopies()
+    index = _lib.UVM_ANY_DEVICE if device == "all" else _lib.device_ordinal(device)
+    _lib.check(library().uvm_get_kept_copies(index, None if tag is None else tag.encode(), ctypes.byref(result)))
+    return {name: getattr(result, name) for name, _ in _lib.KeptCopies._fields_}
+
+
+def set_disk_backup_dir(path) -> None:
+    """The directory strategy "disk" writes its files to (default: env UVM_DISK_BACKUP_DIR). It must
+    exist, be writable, belong to this user and not be a tmpfs; else ValueError says which."""
+    _lib.check(library().uvm_set_disk_backup_dir(os.fsencode(path)))
+
+
+def disk_backup_dir() -> str | None:
+    """The directory disk offloads go to, or None when none is set."""
+    buffer = ctypes.create_string_buffer(4097)
+    _lib.check(library().uvm_get_disk_backup_dir(buffer, len(buffer)))
+    return os.fsdecode(buffer.value) or None
 
 
 def mem_get_info(device=None) -> tuple[int, int]:
@@ -178,6 +202,7 @@ __all__ = [
     "advise_managed_tensor_preferred_location", "advise_managed_tensor_accessed_by",
     "prefetch_managed_module_parameters", "advise_managed_module_parameters_preferred_location",
     "discard_managed_tensor", "where", "stats", "set_limit", "library", "UVM_LOCATION_CPU",
-    "UVM_LOCATION_NONE", "offload", "onload", "discard", "tag", "tags", "residency", "staging",
+    "UVM_LOCATION_NONE", "offload", "onload", "discard", "tag", "tags", "residency", "kept_copies",
+    "set_disk_backup_dir", "disk_backup_dir", "staging",
     "release_staging", "reserve_staging", "mem_get_info", "last_move", "trace_flush",
 ]

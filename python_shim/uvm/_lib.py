@@ -15,11 +15,12 @@ UVM_LOCATION_CPU = -1
 UVM_LOCATION_NONE = -2
 UVM_ANY_DEVICE = -1
 UVM_LIMIT_UNLIMITED = ctypes.c_size_t(-1).value
-STRATEGIES = {"auto": 0, "migrate": 1, "staged": 2}  # uvm_strategy
+STRATEGIES = {"auto": 0, "migrate": 1, "staged": 2, "mmap": 3, "disk": 4}  # uvm_strategy
+BACKUPS = {"none": 0, "host": 1, "mmap": 2, "disk": 3}  # uvm_backup
 
 (UVM_OK, UVM_ERROR_INVALID_ARGUMENT, UVM_ERROR_NOT_MANAGED, UVM_ERROR_UNSUPPORTED,
  UVM_ERROR_LIMIT_EXCEEDED, UVM_ERROR_CAPTURING, UVM_ERROR_CUDA, UVM_ERROR_OUT_OF_MEMORY,
- UVM_ERROR_NO_DEVICE, UVM_ERROR_INTERNAL) = range(10)
+ UVM_ERROR_NO_DEVICE, UVM_ERROR_INTERNAL, UVM_ERROR_IO) = range(11)
 
 
 class Range(ctypes.Structure):
@@ -51,6 +52,11 @@ class Residency(ctypes.Structure):
                 ("device_bytes", ctypes.c_size_t), ("host_bytes", ctypes.c_size_t),
                 ("staged_bytes", ctypes.c_size_t), ("discarded_bytes", ctypes.c_size_t),
                 ("released_bytes", ctypes.c_size_t)]
+
+
+class KeptCopies(ctypes.Structure):
+    _fields_ = [("pinned_bytes", ctypes.c_size_t), ("pageable_bytes", ctypes.c_size_t),
+                ("disk_bytes", ctypes.c_size_t), ("disk_files", ctypes.c_size_t)]
 
 
 class StagingInfo(ctypes.Structure):
@@ -133,6 +139,9 @@ SIGNATURES = {
     "uvm_resume": (_int, [_int, ctypes.c_char_p]),
     "uvm_paused_count": (_int, [_int, ctypes.c_char_p, ctypes.POINTER(_size)]),
     "uvm_get_residency": (_int, [_int, ctypes.c_char_p, ctypes.POINTER(Residency)]),
+    "uvm_get_kept_copies": (_int, [_int, ctypes.c_char_p, ctypes.POINTER(KeptCopies)]),
+    "uvm_set_disk_backup_dir": (_int, [ctypes.c_char_p]),
+    "uvm_get_disk_backup_dir": (_int, [ctypes.c_char_p, _size]),
     "uvm_mem_get_info": (_int, [_int, ctypes.POINTER(_size), ctypes.POINTER(_size), ctypes.POINTER(_size)]),
     "uvm_get_staged_copy": (_int, [_ptr, _size, ctypes.POINTER(_ptr)]),
     "uvm_tag_count": (_size, []),
@@ -227,6 +236,7 @@ _EXCEPTIONS = {
     UVM_ERROR_NO_DEVICE: UnifiedMemoryUnsupportedError,
     UVM_ERROR_INVALID_ARGUMENT: ValueError,
     UVM_ERROR_OUT_OF_MEMORY: MemoryError,
+    UVM_ERROR_IO: OSError,
 }
 
 

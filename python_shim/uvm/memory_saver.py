@@ -5,7 +5,9 @@
 Tensors made inside `region(tag)` go to a uvm pool of that tag on the current device. `pause(tag)`
 moves them off the GPU — kept in uvm's pinned staging memory with `enable_cpu_backup=True` (uvm
 offload), dropped otherwise (uvm discard) — and gives the physical memory back to the driver, so
-`torch.cuda.mem_get_info()` shows it free at once. `resume(tag)` maps memory again at the same
+`torch.cuda.mem_get_info()` shows it free at once. `cpu_backup_backend="mmap"` keeps the CPU backup
+in pageable memory mapped for it, given back at resume; `enable_disk_backup=True` keeps it in a file
+per allocation of `set_disk_backup_dir`'s directory (env TMS_DISK_BACKUP_DIR), removed at resume. `resume(tag)` maps memory again at the same
 virtual addresses and copies the kept bytes back; tensors and captured CUDA graphs stay valid.
 
 The pools are releasable device memory (CUDA virtual memory management) by default. Set
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import threading
 
 from . import _lib
@@ -27,15 +30,16 @@ from . import _lib
 _DEFAULT_TAG = "default"
 _MAX_TAG_LENGTH = 63  # UVM_TAG_MAX_LENGTH
 BACKINGS = ("releasable", "managed")
-UVM_BACKUP_NONE, UVM_BACKUP_HOST = 0, 1  # uvm_backup
+CPU_BACKUP_BACKENDS = ("pinned", "mmap")
 
 
 @contextlib.contextmanager
-def _backup(keep: bool):
-    """Allocations this thread makes inside carry a host backup (kept by uvm_pause) or none."""
+def _backup(kind: str):
+    """Allocations this thread makes inside carry the backup uvm_pause keeps: "none", "host"
+    (pinned), "mmap" or "disk" (_lib.BACKUPS)."""
     lib = _lib.library()
     previous = lib.uvm_get_thread_backup()
-    _lib.check(lib.uvm_set_thread_backup(UVM_BACKUP_HOST if keep else UVM_BACKUP_NONE))
+    _lib.check(lib.uvm_set_thread_backup(_lib.BACKUPS[kind]))
     try:
         yield
     finally:
@@ -50,17 +54,32 @@ def _check_tag(tag) -> str:
     return tag
 
 
-def _check_backup_options(enable_cpu_backup: bool, enable_disk_backup: bool, cpu_backup_backend) -> None:
+def _backup_kind(enable_cpu_backup: bool, enable_disk_backup: bool, cpu_backup_backend) -> str:
+    """The uvm backup a region's options ask for, refused by name as the original refuses them."""
+    if enable_cpu_backup and enable_disk_backup:
+        raise ValueError("enable_cpu_backup and enable_disk_backup are mutually exclusive")
+    if cpu_backup_backend is not None:
+        if not enable_cpu_backup:
+            raise ValueError("cpu_backup_backend requires enable_cpu_backup=True")
+        if cpu_backup_backend not in CPU_BACKUP_BACKENDS:
+            raise ValueError(f"cpu_backup_backend must be one of {CPU_BACKUP_BACKENDS} or None, "
+                             f"not {cpu_backup_backend!r}")
     if enable_disk_backup:
-        raise NotImplementedError("uvm keeps paused memory in pinned host memory, not on disk: use "
-                                  "enable_cpu_backup=True instead of enable_disk_backup=True")
-    if cpu_backup_backend is None:
-        return
-    if not enable_cpu_backup:
-        raise ValueError("cpu_backup_backend requires enable_cpu_backup=True")
-    if cpu_backup_backend != "pinned":
-        raise NotImplementedError(f"uvm keeps CPU backups in pinned memory only: pass cpu_backup_backend=None "
-                                  f"or 'pinned', not {cpu_backup_backend!r}")
+        _ensure_disk_backup_dir()
+        return "disk"
+    if enable_cpu_backup:
+        return "mmap" if cpu_backup_backend == "mmap" else "host"
+    return "none"
+
+
+def _ensure_disk_backup_dir() -> None:
+    """The original's default directory when none was set: env TMS_DISK_BACKUP_DIR, else a directory
+    of this user's under /tmp (uvm refuses a directory another user owns, such as /tmp itself for
+    anyone but root)."""
+    from . import disk_backup_dir
+    if disk_backup_dir() is None:
+        path = os.environ.get("TMS_DISK_BACKUP_DIR") or f"/tmp/uvm-disk-backup-{os.getuid()}"
+        TorchMemorySaver.set_disk_backup_dir(path)
 
 
 def _paused_count(lib, name: str) -> int:
@@ -76,7 +95,7 @@ class _State:
 
     def __init__(self):
         self.lock = threading.RLock()
-        self.pools: dict[tuple, object] = {}  # (purpose, tag, backup, device) -> torch.cuda.MemPool
+        self.pools: dict[tuple, object] = {}  # (purpose, tag, backup kind, device) -> torch.cuda.MemPool
         self.tags: set[str] = set()
         # torch refuses to destroy a MemPool while any thread allocates to a pool (its assert
         # "captures_underway.empty()" aborts the process), so disable()'s pools wait here until no
@@ -87,7 +106,7 @@ class _State:
         self.retain_cpu_backup = False
         self.memory_margin_bytes = 0
 
-    def pool(self, purpose: str, tag: str, backup: bool, device: int):
+    def pool(self, purpose: str, tag: str, backup: str, device: int):
         from . import torch as uvm_torch
         with self.lock:
             key = (purpose, tag, backup, device)
@@ -130,14 +149,16 @@ class TorchMemorySaver:
     @contextlib.contextmanager
     def region(self, tag: str = _DEFAULT_TAG, enable_cpu_backup: bool = False, enable_disk_backup: bool = False,
                cpu_backup_backend=None):
-        """Tensors made inside go to a uvm pool of `tag` on the current device; pause(tag) drops them
-        (or keeps them in host memory with enable_cpu_backup=True). Regions nest."""
+        """Tensors made inside go to a uvm pool of `tag` on the current device; pause(tag) drops them,
+        or keeps them: in pinned host memory (enable_cpu_backup=True), in pageable memory given back
+        at resume (cpu_backup_backend="mmap"), or in files on disk (enable_disk_backup=True; not with
+        enable_cpu_backup). Regions nest."""
         import torch
         from . import tag as uvm_tag
         _check_tag(tag)
-        _check_backup_options(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
-        pool = _state.pool("region", tag, bool(enable_cpu_backup), torch.cuda.current_device())
-        with _state.open_region(), uvm_tag(tag), _backup(bool(enable_cpu_backup)), torch.cuda.use_mem_pool(pool):
+        kind = _backup_kind(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
+        pool = _state.pool("region", tag, kind, torch.cuda.current_device())
+        with _state.open_region(), uvm_tag(tag), _backup(kind), torch.cuda.use_mem_pool(pool):
             yield
 
     @contextlib.contextmanager
@@ -149,12 +170,12 @@ class TorchMemorySaver:
         import torch
         from . import tag as uvm_tag
         _check_tag(tag)
-        _check_backup_options(enable_cpu_backup, False, cpu_backup_backend)
-        ours = _state.pool("graph", tag, bool(enable_cpu_backup), torch.cuda.current_device())
+        kind = _backup_kind(enable_cpu_backup, False, cpu_backup_backend)
+        ours = _state.pool("graph", tag, kind, torch.cuda.current_device())
         if pool is not None and tuple(pool) != tuple(ours.id):
             raise ValueError("uvm's cuda_graph captures into the uvm pool of its tag so that the graph's memory "
                              "can pause; pass pool=None (graphs of one tag share that pool)")
-        with _state.open_region(), uvm_tag(tag), _backup(bool(enable_cpu_backup)):
+        with _state.open_region(), uvm_tag(tag), _backup(kind):
             with torch.cuda.graph(cuda_graph, pool=ours.id, stream=stream, capture_error_mode=capture_error_mode):
                 yield
 
@@ -217,10 +238,19 @@ class TorchMemorySaver:
             raise MemoryError(f"resume of {names} needs {needed} bytes on cuda:{device} and memory_margin_bytes="
                               f"{margin} left over, but only {free} bytes are free")
 
+    @staticmethod
+    def set_disk_backup_dir(path: str) -> None:
+        """The directory disk backups go to (created if needed, mode 0700; process-wide, as the
+        original's). It must be on a disk, not a tmpfs, and belong to this user: ValueError
+        otherwise, naming the path and the reason."""
+        from . import set_disk_backup_dir
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        set_disk_backup_dir(path)
+
     def get_cpu_backup(self, x, zero_copy: bool = False):
         """The CPU copy of a paused tensor's bytes, as a CPU tensor of its dtype and shape (a clone
         unless zero_copy=True, which views uvm's pinned memory: valid until resume). None when the
-        tensor is not paused with a CPU backup."""
+        tensor is not paused with a CPU backup (a disk backup is not in host memory)."""
         import torch
         if not isinstance(x, torch.Tensor) or not x.is_cuda:
             raise ValueError(f"get_cpu_backup takes a CUDA tensor, not {type(x).__name__}"

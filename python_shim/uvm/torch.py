@@ -407,9 +407,11 @@ def offload(obj, *, stream=None, strategy: str = "auto", include_buffers: bool =
     `onload(obj)` brings it back. `obj`: a tensor, module (parameters, and buffers unless
     include_buffers=False), MemPool, tag, device, or an iterable of these. `strategy`: "auto" (the
     measured best: "staged" on CUDA 13, else "migrate"), "migrate" (cudaMemPrefetchAsync to the CPU;
-    no extra host memory) or "staged" (copy into pinned memory uvm keeps, then discard). Asynchronous
-    on `stream` (default: each device's current stream): synchronize before counting on the freed
-    memory. Only the bytes of what is passed move (with a whole-storage tensor's block padding,
+    no extra host memory), "staged" (copy into pinned memory uvm keeps, then discard), "mmap" (a copy
+    in pageable memory mapped for it, given back at onload: for hosts short on pinned memory) or
+    "disk" (a file per allocation in uvm.set_disk_backup_dir's directory, removed at onload).
+    Asynchronous on `stream` (default: each device's current stream): synchronize before counting on
+    the freed memory; "mmap" and "disk" wait for the stream and return once the copy is made. Only the bytes of what is passed move (with a whole-storage tensor's block padding,
     where no other tensor can lie); neighbours are never touched. Returns the bytes asked for,
     shared tensors counted once."""
     if strategy not in _lib.STRATEGIES:

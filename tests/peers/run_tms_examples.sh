@@ -20,7 +20,7 @@ passed=0
 failed=0
 # nested_region and training_engine run only in the original's preload mode (LD_PRELOAD and its
 # internal C state), which uvm does not offer: they are not run.
-for name in simple cpu_backup cuda_graph rl_example multi_device_torch_mode; do
+for name in simple cpu_backup cuda_graph rl_example disk_backup multi_device_torch_mode; do
   sed -E 's/^from torch_memory_saver import (torch_memory_saver|TorchMemorySaver)$/from uvm.memory_saver import \1/' \
     "$examples/$name.py" >"$work/$name.py"
   changed=$(diff "$examples/$name.py" "$work/$name.py" | grep -c '^>')

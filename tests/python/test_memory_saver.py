@@ -53,15 +53,53 @@ print("ok")
 
 
 @pytest.mark.parametrize("options, kind, words", [
-    ({"enable_disk_backup": True}, NotImplementedError, "enable_cpu_backup=True"),
-    ({"enable_cpu_backup": True, "cpu_backup_backend": "mmap"}, NotImplementedError, "pinned"),
+    ({"enable_disk_backup": True, "enable_cpu_backup": True}, ValueError, "mutually exclusive"),
+    ({"enable_cpu_backup": True, "cpu_backup_backend": "cuda"}, ValueError, "must be one of"),
     ({"cpu_backup_backend": "pinned"}, ValueError, "requires enable_cpu_backup"),
 ])
 def test_backup_options_it_cannot_honour_are_refused_by_name(options, kind, words):
-    from uvm.memory_saver import _check_backup_options
+    from uvm.memory_saver import _backup_kind
     with pytest.raises(kind, match=words):
-        _check_backup_options(options.get("enable_cpu_backup", False), options.get("enable_disk_backup", False),
-                              options.get("cpu_backup_backend"))
+        _backup_kind(options.get("enable_cpu_backup", False), options.get("enable_disk_backup", False),
+                     options.get("cpu_backup_backend"))
+
+
+@pytest.mark.parametrize("cpu, backend, expected", [
+    (False, None, "none"), (True, None, "host"), (True, "pinned", "host"), (True, "mmap", "mmap"),
+])
+def test_each_cpu_backup_option_picks_its_uvm_backup(cpu, backend, expected):
+    from uvm.memory_saver import _backup_kind
+    assert _backup_kind(cpu, False, backend) == expected
+
+
+def test_disk_backup_takes_the_directory_given_or_the_environment_s(tmp_path):
+    """No GPU needed: set_disk_backup_dir creates the directory (as the original does) and uvm
+    records it; without one, a disk region takes TMS_DISK_BACKUP_DIR; a plain file is refused by
+    name."""
+    import subprocess
+    if subprocess.run(["stat", "-f", "-c", "%T", str(tmp_path)], capture_output=True, text=True).stdout.strip() == "tmpfs":
+        pytest.skip(f"{tmp_path} is on a tmpfs, which uvm refuses for disk backups")
+    code = f"""
+import os
+from uvm.memory_saver import torch_memory_saver as saver, _backup_kind
+import uvm
+assert uvm.disk_backup_dir() is None
+os.environ["TMS_DISK_BACKUP_DIR"] = {str(tmp_path / "from-env")!r}
+assert _backup_kind(False, True, None) == "disk"
+assert uvm.disk_backup_dir() == {str(tmp_path / "from-env")!r}, uvm.disk_backup_dir()
+saver.set_disk_backup_dir({str(tmp_path / "a" / "b")!r})
+assert uvm.disk_backup_dir() == {str(tmp_path / "a" / "b")!r}
+assert oct(os.stat({str(tmp_path / "a" / "b")!r}).st_mode & 0o777) == "0o700"
+open({str(tmp_path / "plain")!r}, "w").close()
+try:
+    uvm.set_disk_backup_dir({str(tmp_path / "plain")!r})
+except ValueError as e:
+    assert "is not a directory" in str(e), e
+else:
+    raise AssertionError("a plain file was taken")
+print("ok")
+"""
+    assert python(code).stdout.strip().endswith("ok")
 
 
 @pytest.mark.parametrize("tag, kind", [("", TypeError), (None, TypeError), (3, TypeError), ("x" * 64, ValueError)])
@@ -75,13 +113,13 @@ def test_a_region_tag_is_uvm_tag_itself_and_the_backup_a_setting_of_its_own():
     """No GPU needed: the tag may be as long as uvm's (no suffix marks a backup any more), and
     _backup sets the thread's backup for uvm_pause and restores it."""
     from uvm import _lib
-    from uvm.memory_saver import UVM_BACKUP_HOST, UVM_BACKUP_NONE, _backup, _check_tag
+    from uvm.memory_saver import _backup, _check_tag
     assert _check_tag("x" * 63) == "x" * 63
     lib = _lib.library()
-    assert lib.uvm_get_thread_backup() == UVM_BACKUP_NONE
-    with _backup(True):
-        assert lib.uvm_get_thread_backup() == UVM_BACKUP_HOST
-        with _backup(False):
-            assert lib.uvm_get_thread_backup() == UVM_BACKUP_NONE
-        assert lib.uvm_get_thread_backup() == UVM_BACKUP_HOST
-    assert lib.uvm_get_thread_backup() == UVM_BACKUP_NONE
+    assert lib.uvm_get_thread_backup() == _lib.BACKUPS["none"]
+    with _backup("host"):
+        assert lib.uvm_get_thread_backup() == _lib.BACKUPS["host"]
+        with _backup("disk"):
+            assert lib.uvm_get_thread_backup() == _lib.BACKUPS["disk"]
+        assert lib.uvm_get_thread_backup() == _lib.BACKUPS["host"]
+    assert lib.uvm_get_thread_backup() == _lib.BACKUPS["none"]

@@ -261,3 +261,88 @@ for d in (0, 1):
     assert torch.equal(tensors[d], pattern(256 * MiB, d, device=f"cuda:{d}"))
 print("ok")
 """)
+
+
+@pytest.mark.parametrize("backend", ["mmap", "disk"])
+def test_mmap_and_disk_backups_free_the_gpu_and_host_and_come_back_bit_identical(backend, tmp_path):
+    """The original's two backends beside pinned: paused memory is free on the GPU; an mmap backup's
+    host memory (RSS) goes back at resume, a disk backup's files exist only while paused and are the
+    owner's alone; neighbours with no backup and other tags stay as they were; three cycles."""
+    run(f"""
+import os, stat, resource
+backend = {backend!r}
+disk_dir = {str(tmp_path / "backups")!r}
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+options = dict(enable_disk_backup=True) if backend == "disk" else dict(enable_cpu_backup=True, cpu_backup_backend="mmap")
+if backend == "disk":
+    saver.set_disk_backup_dir(disk_dir)
+with saver.region(tag="weights", **options):
+    w = pattern(384 * MiB, 1)
+    small = pattern(7 * MiB + 12345, 2)
+with saver.region(tag="kv"):
+    kv = pattern(64 * MiB, 3)
+address = w.data_ptr()
+for cycle in range(3):
+    rss_before, before = rss(), free()
+    saver.pause("weights")
+    freed = free() - before
+    assert freed >= 0.9 * 384 * MiB, f"mem_get_info shows {{freed}} bytes freed"
+    kept = uvm.kept_copies("all", "weights")
+    if backend == "disk":
+        files = [f for f in os.listdir(disk_dir) if f.endswith(".backup")]
+        assert len(files) >= 2, files
+        assert kept["disk_bytes"] >= 384 * MiB and kept["disk_files"] == len(files), kept
+        for f in files:
+            assert stat.S_IMODE(os.stat(os.path.join(disk_dir, f)).st_mode) == 0o600
+        assert rss() - rss_before < 128 * MiB, "a disk backup held host memory"
+    else:
+        assert kept["pageable_bytes"] >= 384 * MiB, kept
+    occupy = torch.empty(300 * MiB, dtype=torch.uint8, device="cuda")  # the freed memory is usable
+    del occupy
+    torch.cuda.empty_cache()
+    saver.resume("weights")
+    assert w.data_ptr() == address
+    assert torch.equal(w, pattern(384 * MiB, 1)), f"cycle {{cycle}}: the backed-up tensor came back different"
+    assert torch.equal(small, pattern(7 * MiB + 12345, 2))
+    assert torch.equal(kv, pattern(64 * MiB, 3)), "another tag was touched"
+    assert uvm.kept_copies("all", "weights") == dict(pinned_bytes=0, pageable_bytes=0, disk_bytes=0, disk_files=0)
+    if backend == "disk":
+        assert not [f for f in os.listdir(disk_dir) if f.endswith(".backup")]
+    assert rss() - rss_before < 128 * MiB, f"host memory not given back: {{(rss() - rss_before) >> 20}} MiB more"
+    w.add_(0)  # the program goes on using it
+print("ok")
+""")
+
+
+def test_a_resume_with_no_room_raises_memory_error_and_stays_paused_and_resumable(tmp_path):
+    """The original aborts the process when a resume finds the GPU full; uvm raises MemoryError,
+    keeps every tensor paused with its backup, and resumes once there is room."""
+    run(f"""
+saver.set_disk_backup_dir({str(tmp_path / "backups")!r})
+with saver.region(tag="weights", enable_disk_backup=True):
+    w = pattern(256 * MiB, 5)
+saver.pause("weights")
+hog = []
+try:
+    while True:
+        hog.append(torch.empty(64 * MiB, dtype=torch.uint8, device="cuda"))
+except torch.OutOfMemoryError:
+    pass
+try:
+    saver.resume("weights")
+except MemoryError as e:
+    message = str(e)
+else:
+    raise AssertionError("resume with the GPU full did not raise")
+assert "uvm_resume" in message, message
+paused = ctypes.c_size_t()
+assert uvm.library().uvm_paused_count(-1, b"weights", ctypes.byref(paused)) == 0 and paused.value >= 1
+assert uvm.kept_copies("all", "weights")["disk_bytes"] >= 256 * MiB
+del hog
+torch.cuda.empty_cache()
+saver.resume("weights")
+assert torch.equal(w, pattern(256 * MiB, 5))
+print("ok")
+""")

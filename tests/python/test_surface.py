@@ -301,7 +301,8 @@ def _ctype(c_type: str, pointer_level: int = 0):
     mirrors = {"uvm_range": _lib.Range, "uvm_allocation": _lib.Allocation, "uvm_stats": _lib.Stats,
                "uvm_device_caps": _lib.DeviceCaps, "uvm_residency": _lib.Residency,
                "uvm_staging_info": _lib.StagingInfo, "uvm_move_phase": _lib.MovePhase,
-               "uvm_move_report": _lib.MoveReport, "uvm_option_info": _lib.OptionInfo}
+               "uvm_move_report": _lib.MoveReport, "uvm_option_info": _lib.OptionInfo,
+               "uvm_kept_copies": _lib.KeptCopies}
     scalars = {"size_t": ctypes.c_size_t, "int": ctypes.c_int, "int64_t": ctypes.c_int64,
                "uint64_t": ctypes.c_uint64, "uint32_t": ctypes.c_uint32, "double": ctypes.c_double,
                "cudaStream_t": ctypes.c_void_p}
@@ -348,6 +349,8 @@ def test_ctypes_mirrors_match_uvm_h_field_by_field():
             assert {n: int(v) for n, v in values.items()} == {n: getattr(_lib, n) for n in values}
         if enum_name == "uvm_strategy":
             assert {n.removeprefix("UVM_STRATEGY_").lower(): int(v) for n, v in values.items()} == _lib.STRATEGIES
+        if enum_name == "uvm_backup":
+            assert {n.removeprefix("UVM_BACKUP_").lower(): int(v) for n, v in values.items()} == _lib.BACKUPS
         if enum_name == "uvm_pinned_kind":
             assert sorted(int(v) for v in values.values()) == sorted(_lib.PINNED_KINDS)
     for sentinel in ("UVM_LOCATION_CPU", "UVM_LOCATION_NONE", "UVM_ANY_DEVICE", "UVM_MOVE_PHASES"):

@@ -1,0 +1,159 @@
+"""Pause and resume with each kind of backup, side by side in one run (issue 26): uvm.memory_saver's
+pinned, mmap and disk backups against torch_memory_saver's (its wheel, hook_mode "torch"), the disk's
+own sequential bandwidth (dd with direct I/O, same directory) and the pinned cudaMemcpy of the same
+bytes. Each backend runs in a child process of its own (each library keeps process-wide state).
+
+    python bench/backup_bench.py --dir /var/tmp/uvm-bench --gib 4 --json out.json
+
+Memory is releasable device memory (not managed); it never exceeds --gib on the GPU."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+CHILD = r"""
+import json, os, sys, time, torch
+which, backend, gib, cycles, disk_dir = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+if which == "uvm":
+    from uvm.memory_saver import torch_memory_saver as saver
+else:
+    from torch_memory_saver import torch_memory_saver as saver
+    saver.hook_mode = "torch"
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+options = {"pinned": dict(enable_cpu_backup=True, cpu_backup_backend="pinned"),
+           "mmap": dict(enable_cpu_backup=True, cpu_backup_backend="mmap"),
+           "default": dict(enable_cpu_backup=True),
+           "disk": dict(enable_disk_backup=True)}[backend]
+if backend == "disk":
+    saver.set_disk_backup_dir(disk_dir)
+tensor_bytes = 64 << 20
+count = int(gib * (1 << 30)) // tensor_bytes
+with saver.region(tag="bench", **options):
+    tensors = [torch.full((tensor_bytes,), i % 251, dtype=torch.uint8, device="cuda") for i in range(count)]
+torch.cuda.synchronize()
+nbytes = count * tensor_bytes
+rss_start = rss()
+pauses, resumes, rss_paused, rss_after = [], [], [], []
+for cycle in range(cycles):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter(); saver.pause("bench"); torch.cuda.synchronize(); t1 = time.perf_counter()
+    rss_paused.append(rss())
+    saver.resume("bench"); torch.cuda.synchronize(); t2 = time.perf_counter()
+    rss_after.append(rss())
+    pauses.append(t1 - t0); resumes.append(t2 - t1)
+ok = all(int(t[0]) == i % 251 and int(t[-1]) == i % 251 for i, t in enumerate(tensors))
+print(json.dumps(dict(bytes=nbytes, pause_s=pauses, resume_s=resumes, rss_start=rss_start,
+                      rss_paused=rss_paused, rss_after=rss_after, intact=ok)))
+"""
+
+PINNED = r"""
+import json, sys, time, torch
+nbytes = int(float(sys.argv[1]) * (1 << 30))
+device = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+d2h, h2d = [], []
+for _ in range(3):
+    torch.cuda.synchronize(); t0 = time.perf_counter(); host.copy_(device, non_blocking=True); torch.cuda.synchronize()
+    t1 = time.perf_counter(); device.copy_(host, non_blocking=True); torch.cuda.synchronize(); t2 = time.perf_counter()
+    d2h.append(t1 - t0); h2d.append(t2 - t1)
+print(json.dumps(dict(bytes=nbytes, d2h_s=d2h, h2d_s=h2d)))
+"""
+
+
+def disk_bandwidth(directory: str, gib: float) -> dict:
+    """dd of `gib` GiB with O_DIRECT, 16 MiB requests, write then read, in `directory`."""
+    path = os.path.join(directory, "dd-probe")
+    count = int(gib * 64)
+    result = {}
+    for name, args in (("write", [f"if=/dev/zero", f"of={path}", "oflag=direct", "conv=fsync"]),
+                       ("read", [f"if={path}", "of=/dev/null", "iflag=direct"])):
+        out = subprocess.run(["dd", *args, "bs=16M", f"count={count}"], capture_output=True, text=True)
+        match = re.search(r"copied, ([\d.]+) s", out.stderr)
+        result[name + "_gbps"] = count * (16 << 20) / float(match.group(1)) / 1e9 if match else None
+    os.unlink(path)
+    return result
+
+
+def child(code: str, args: list[str], env: dict | None = None) -> dict:
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                         env={**os.environ, **(env or {})}, timeout=600)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        return {"error": (out.stderr or out.stdout)[-800:]}
+    return json.loads(lines[-1])
+
+
+def versions() -> dict:
+    import torch
+    found = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda}
+    if torch.cuda.is_available():
+        found["device"] = torch.cuda.get_device_name(0)
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True)
+    found["driver"] = smi.stdout.strip()
+    return found
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", default="/var/tmp/uvm-backup-bench", help="a directory on the disk to measure")
+    parser.add_argument("--gib", type=float, default=4.0)
+    parser.add_argument("--cycles", type=int, default=3)
+    parser.add_argument("--threads", default="8", help="UVM_BACKUP_THREADS settings to run uvm's disk backup with")
+    parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    os.makedirs(args.dir, mode=0o700, exist_ok=True)
+    report = {"versions": versions(), "gib": args.gib, "dir": args.dir,
+              "filesystem": subprocess.run(["stat", "-f", "-c", "%T", args.dir], capture_output=True,
+                                           text=True).stdout.strip(),
+              "disk": disk_bandwidth(args.dir, args.gib), "pinned": child(PINNED, [str(args.gib)]), "runs": []}
+    runs = [("uvm", backend, {}) for backend in ("default", "pinned", "mmap")]
+    runs += [("uvm", "disk", {"UVM_BACKUP_THREADS": t}) for t in args.threads.split(",")]
+    if not args.no_peer:
+        runs += [("torch_memory_saver", backend, {}) for backend in ("default", "pinned", "mmap", "disk")]
+    for which, backend, env in runs:
+        work = tempfile.mkdtemp(dir=args.dir)
+        result = child(CHILD, [which, backend, str(args.gib), str(args.cycles), work], env)
+        shutil.rmtree(work, ignore_errors=True)
+        result.update(which=which, backend=backend, env=env)
+        report["runs"].append(result)
+    pinned = report["pinned"]
+    limit_out = pinned["bytes"] / min(pinned["d2h_s"]) / 1e9 if "bytes" in pinned else None
+    limit_in = pinned["bytes"] / min(pinned["h2d_s"]) / 1e9 if "bytes" in pinned else None
+    disk = report["disk"]
+    print(f"device: {report['versions']}; {args.gib} GiB in 64 MiB tensors; dir {args.dir} ({report['filesystem']})")
+    print(f"disk (dd, O_DIRECT, 16 MiB): write {disk['write_gbps']:.2f} GB/s, read {disk['read_gbps']:.2f} GB/s; "
+          f"pinned cudaMemcpy: D2H {limit_out:.1f} GB/s, H2D {limit_in:.1f} GB/s")
+    print("| library | backup | env | pause GB/s | resume GB/s | pause / limit | resume / limit | RSS after resume − before (MiB) | intact |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for run in report["runs"]:
+        if "error" in run:
+            print(f"| {run['which']} | {run['backend']} | {run['env']} | error: {run['error'][-200:]!r} |")
+            continue
+        pause = run["bytes"] / statistics.median(run["pause_s"]) / 1e9
+        resume = run["bytes"] / statistics.median(run["resume_s"]) / 1e9
+        out_limit = disk["write_gbps"] if run["backend"] == "disk" else limit_out
+        in_limit = disk["read_gbps"] if run["backend"] == "disk" else limit_in
+        run.update(pause_gbps=pause, resume_gbps=resume, pause_fraction=pause / out_limit, resume_fraction=resume / in_limit)
+        grown = (run["rss_after"][-1] - run["rss_start"]) / (1 << 20)
+        print(f"| {run['which']} | {run['backend']} | {run['env'] or ''} | {pause:.2f} | {resume:.2f} | "
+              f"{pause / out_limit:.2f} | {resume / in_limit:.2f} | {grown:.0f} | {run['intact']} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -296,7 +296,8 @@ for cycle in range(3):
         assert kept["disk_bytes"] >= 384 * MiB and kept["disk_files"] == len(files), kept
         for f in files:
             assert stat.S_IMODE(os.stat(os.path.join(disk_dir, f)).st_mode) == 0o600
-        assert rss() - rss_before < 128 * MiB, "a disk backup held host memory"
+        # uvm's bounce buffers (UVM_BACKUP_THREADS × 16 MiB, pinned) stay until resume; the backup is 391 MiB
+        assert rss() - rss_before < 128 * MiB + 8 * 16 * MiB, "a disk backup held host memory"
     else:
         assert kept["pageable_bytes"] >= 384 * MiB, kept
     occupy = torch.empty(300 * MiB, dtype=torch.uint8, device="cuda")  # the freed memory is usable

@@ -15,6 +15,16 @@ BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
 # (source, original text, mutated text, test program, Catch2 filter); the texts may be tuples
 # of several places changed together
 MUTANTS = [
+ # Disk and mmap copies (issue 26): a read that ignores its alignment skew; a change while offloaded
+ # not caught; the chunk's padding not widened for O_DIRECT; the copy kept after its bytes come back.
+ ("offload/spill.cpp", "  return buffer + chunk.bounce + (chunk.offset - chunk.io_begin);", "  return buffer + chunk.bounce;",
+  "offload_tests", "[spill]"),
+ ("offload/disk.cpp", "  else if (change_ns(about) != changed_ns_) changed = \"was written or changed\";\n", "",
+  "offload_tests", "[spill]"),
+ ("offload/plan.cpp", "      chunk.io_begin = align_down(chunk.offset, align);", "      chunk.io_begin = chunk.offset;",
+  "offload_tests", "[plan]"),
+ ("offload/onload.cpp", "    registry().unstage(w.piece.span.begin, w.piece.span.end);  // the last piece of a copy gives it back\n", "",
+  "offload_tests", "[spill]"),
  ("alloc/options.cpp", "if (value > (std::numeric_limits<size_t>::max() >> shift)) return false;", "", "alloc_tests", "[options]"),
  # Options: allocation does not check them (an explicit limit and advice set, as a test's fixture
  # has them, hide the refusal from every other reader).

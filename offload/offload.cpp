@@ -73,8 +73,20 @@ std::vector<HintRange> pieces_placed(const std::vector<HintRange>& pieces, const
   return cut;
 }
 
+// What a copying strategy's copy is called in messages; null for one that keeps no copy (MIGRATE).
+const char* copy_name(int strategy) {
+  switch (strategy) {
+    case UVM_STRATEGY_STAGED: return "staged";
+    case UVM_STRATEGY_MMAP: return "mmap";
+    case UVM_STRATEGY_DISK: return "disk";
+    default: return nullptr;
+  }
+}
+
 // Whether the strategy the caller asked for (`requested`; `strategy` is what it resolves to) can
-// move these ranges, before anything is reserved or issued.
+// move these ranges, before anything is reserved or issued. A strategy that keeps a copy does so
+// for uvm's own allocations only (the copy must die with its memory), and discards managed pages
+// after copying, which needs discard support.
 uvm_status check_strategy_fits(const Call& call, int requested, uvm_strategy strategy, const MoveScope& move) {
   for (const HintRange& range : move.ranges) {
     if (requested == UVM_STRATEGY_MIGRATE && range.releasable) {
@@ -84,17 +96,19 @@ uvm_status check_strategy_fits(const Call& call, int requested, uvm_strategy str
                   "cannot migrate; offload it with UVM_STRATEGY_AUTO or UVM_STRATEGY_STAGED",
                   reinterpret_cast<void*>(range.begin));
     }
-    if (strategy == UVM_STRATEGY_STAGED && !move.caps.discard_supported && !range.releasable) {
+    if (copy_name(strategy) != nullptr && !move.caps.discard_supported && !range.releasable) {
       return fail(call, UVM_ERROR_UNSUPPORTED,
-                  "staged offload discards the device pages, which needs a CUDA 13 runtime and driver; "
-                  "use UVM_STRATEGY_AUTO or UVM_STRATEGY_MIGRATE");
+                  "a %s offload discards the device pages, which needs a CUDA 13 runtime and driver; "
+                  "use UVM_STRATEGY_AUTO or UVM_STRATEGY_MIGRATE",
+                  copy_name(strategy));
     }
-    if (requested == UVM_STRATEGY_STAGED && range.allocation == 0) {
+    if (copy_name(requested) != nullptr && range.allocation == 0) {
       return fail(call, UVM_ERROR_INVALID_ARGUMENT,
-                  "the range at %p (%zu bytes) is managed memory not allocated by uvm: a staged host copy "
-                  "must die with its memory, and uvm cannot see such memory freed; offload it with "
-                  "UVM_STRATEGY_AUTO or UVM_STRATEGY_MIGRATE",
-                  reinterpret_cast<void*>(range.begin), static_cast<size_t>(range.end - range.begin));
+                  "the range at %p (%zu bytes) is managed memory not allocated by uvm: a %s copy must die with its "
+                  "memory, and uvm cannot see such memory freed; offload it with UVM_STRATEGY_AUTO or "
+                  "UVM_STRATEGY_MIGRATE",
+                  reinterpret_cast<void*>(range.begin), static_cast<size_t>(range.end - range.begin),
+                  copy_name(requested));
     }
   }
   return UVM_OK;
@@ -183,47 +197,22 @@ uvm_status issue_offload(const Call& call, const MoveScope& move, const OffloadP
   return release_emptied(call, move.ranges, stream, done);
 }
 
-// Whether a copy kept in pageable memory or on disk can hold these ranges: uvm's own allocations
-// only (a copy must die with its memory), managed ones only where the device can discard.
-uvm_status check_kept_fits(const Call& call, const char* strategy, const MoveScope& move) {
-  for (const HintRange& range : move.ranges) {
-    if (range.allocation == 0) {
-      return fail(call, UVM_ERROR_INVALID_ARGUMENT,
-                  "the range at %p (%zu bytes) is managed memory not allocated by uvm: a %s copy must die with its "
-                  "memory, and uvm cannot see such memory freed; offload it with UVM_STRATEGY_MIGRATE",
-                  reinterpret_cast<void*>(range.begin), static_cast<size_t>(range.end - range.begin), strategy);
-    }
-    if (!range.releasable && !move.caps.discard_supported) {
-      return fail(call, UVM_ERROR_UNSUPPORTED,
-                  "a %s offload discards the device pages, which needs a CUDA 13 runtime and driver; use "
-                  "UVM_STRATEGY_MIGRATE",
-                  strategy);
-    }
-  }
-  return UVM_OK;
-}
-
 // UVM_STRATEGY_MMAP and UVM_STRATEGY_DISK: once `stream` has reached the call, the bytes are copied
 // out through bounce buffers (spill.hpp) while the call waits; only then, on `stream`, are they
 // discarded and their releasable memory given back. A copy that fails leaves the device as it was.
 uvm_status offload_kept(const Call& call, const uvm_range* ranges, size_t count, Kept kept, cudaStream_t stream) {
-  const char* strategy = kept == Kept::disk ? "disk" : "mmap";
+  const uvm_strategy strategy = kept == Kept::disk ? UVM_STRATEGY_DISK : UVM_STRATEGY_MMAP;
   MoveScope move;
   if (uvm_status s = begin_move(call, MoveKind::offload, MoveArgs::of(ranges, count), stream, &move)) return s;
   if (move.ranges.empty()) return UVM_OK;
-  if (uvm_status s = check_kept_fits(call, strategy, move)) return s;
+  if (uvm_status s = check_strategy_fits(call, strategy, strategy, move)) return s;
   const OffloadPieces pieces = pieces_to_move(move.ranges, true, move.caps.discard_supported);
   for (const auto* part : {&pieces.staged, &pieces.free}) {
     for (const HintRange& piece : *part) trace_move_bytes(piece.end - piece.begin);
   }
   if (!pieces.staged.empty()) {
-    {
-      HostPhase waited(Phase::wait);  // for the caller's work on the bytes, and the moves before
-      if (cudaError_t e = cudaStreamSynchronize(move.stream)) return fail_cuda(call, e, "cudaStreamSynchronize");
-      waited.finish(0);
-    }
     std::vector<StagedPiece> copies;
-    if (uvm_status s = spill_out(call, move.device, pieces.staged, kept, &copies)) return s;
+    if (uvm_status s = spill_out(call, move.device, move.stream, pieces.staged, kept, &copies)) return s;
     // From the discard on, the copy is all there is of these bytes: it is recorded first.
     registry().stage(std::move(copies));
     for (const HintRange& piece : pieces.staged) account_move(piece, Move::staged, 0);

@@ -154,8 +154,9 @@ uvm_status join_workers(const Call& call, const Workers& workers, cudaStream_t s
   return mark_or_wait(call, stream, read);
 }
 
-// Once every copy is issued and joined: the pieces are no longer staged (their host bytes go back
-// once `read` completes) and are accounted as back on the device.
+// Once every copy is issued and joined (or done, for copies kept outside pinned staging: `read`
+// null): the pieces are no longer staged (their host bytes, mapping or file go back once `read`
+// completes) and are accounted as back on the device.
 void finish_copy_back(int device, const std::vector<StagedWork>& work, const EventRef& read, uint64_t prefetches) {
   std::vector<const char*> hosts;
   for (const StagedWork& w : work) hosts.push_back(w.piece.host);
@@ -223,23 +224,14 @@ uvm_status copy_back_kept(const Call& call, int device, const std::vector<Staged
       if (uvm_status s = restore_one(call, w.range.allocation)) return s;
     }
   }
-  {
-    HostPhase waited(Phase::wait);
-    if (cudaError_t e = cudaStreamSynchronize(stream)) return fail_cuda(call, e, "cudaStreamSynchronize");
-    waited.finish(0);
-  }
   std::vector<StagedPiece> pieces;
   std::vector<bool> managed;
   for (const StagedWork& w : work) {
     pieces.push_back(w.piece);
     managed.push_back(!w.range.releasable);
   }
-  if (uvm_status s = spill_in(call, device, pieces, managed)) return s;
-  for (const StagedWork& w : work) {
-    registry().unstage(w.piece.span.begin, w.piece.span.end);  // the last piece of a copy gives it back
-    if (!w.range.releasable) registry().unmark(w.range.allocation, w.piece.span.begin, w.piece.span.end);
-    account_move(w.range, Move::to_device, 0);
-  }
+  if (uvm_status s = spill_in(call, device, stream, pieces, managed)) return s;
+  finish_copy_back(device, work, EventRef{}, 0);  // done already: nothing pending to wait for
   return UVM_OK;
 }
 

@@ -51,9 +51,8 @@ struct KeptBackup {
   uvm_backup backup;
   uvm_strategy strategy;
 };
-constexpr KeptBackup kKeptBackups[] = {{UVM_BACKUP_HOST, UVM_STRATEGY_AUTO},
-                                 {UVM_BACKUP_MMAP, UVM_STRATEGY_MMAP},
-                                 {UVM_BACKUP_DISK, UVM_STRATEGY_DISK}};
+constexpr KeptBackup kKeptBackups[] = {
+    {UVM_BACKUP_HOST, UVM_STRATEGY_AUTO}, {UVM_BACKUP_MMAP, UVM_STRATEGY_MMAP}, {UVM_BACKUP_DISK, UVM_STRATEGY_DISK}};
 
 // Each group is marked paused once its move is issued, so that a later group's failure leaves
 // the earlier ones paused (resume brings them back) and its own on the device.

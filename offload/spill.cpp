@@ -12,6 +12,7 @@
 #include "../alloc/cuda_compat.hpp"
 #include "../alloc/devices.hpp"
 #include "../alloc/options.hpp"
+#include "../alloc/stats.hpp"
 #include "../hints/moves/trace.hpp"
 #include "disk.hpp"
 #include "plan.hpp"
@@ -144,6 +145,15 @@ uvm_status map_pageable(const Call& call, size_t bytes, std::shared_ptr<char>* o
   return UVM_OK;
 }
 
+// The caller's work on `stream` (and the moves before, which begin_move ordered there) ends before
+// the workers, on streams of their own, touch the bytes.
+uvm_status wait_for_caller(const Call& call, cudaStream_t stream) {
+  HostPhase waited(Phase::wait);
+  if (cudaError_t e = cudaStreamSynchronize(stream)) return fail_cuda(call, e, "cudaStreamSynchronize");
+  waited.finish(0);
+  return UVM_OK;
+}
+
 // The copies an offload writes to: a mapping or a file for each target of `layout`.
 struct Targets {
   std::vector<std::shared_ptr<char>> mappings;
@@ -165,8 +175,9 @@ uvm_status make_targets(const Call& call, const CopyLayout& layout, Kept kept, T
 
 }  // namespace
 
-uvm_status spill_out(const Call& call, int device, const std::vector<HintRange>& pieces, Kept kept,
-                     std::vector<StagedPiece>* out) {
+uvm_status spill_out(const Call& call, int device, cudaStream_t stream, const std::vector<HintRange>& pieces,
+                     Kept kept, std::vector<StagedPiece>* out) {
+  if (uvm_status s = wait_for_caller(call, stream)) return s;
   const size_t align = kept == Kept::disk ? kDiskAlign : 64;
   std::vector<Span> spans;
   std::vector<uintptr_t> allocations;
@@ -228,8 +239,9 @@ uvm_status spill_out(const Call& call, int device, const std::vector<HintRange>&
   return UVM_OK;
 }
 
-uvm_status spill_in(const Call& call, int device, const std::vector<StagedPiece>& pieces,
+uvm_status spill_in(const Call& call, int device, cudaStream_t stream, const std::vector<StagedPiece>& pieces,
                     const std::vector<bool>& managed) {
+  if (uvm_status s = wait_for_caller(call, stream)) return s;
   // Disk pieces read their files (opened and checked here, before anything moves); pageable
   // pieces read their own host bytes, each its own target at offset 0.
   std::vector<const BackupFile*> files;
@@ -266,6 +278,7 @@ uvm_status spill_in(const Call& call, int device, const std::vector<StagedPiece>
   const size_t first_disk_batch = batches.size();
   for (SpillBatch& batch : plan_spill(on_disk, kBounceBytes, kDiskAlign)) batches.push_back(std::move(batch));
   HostPhase phase(Phase::read);
+  std::atomic<uint64_t> prefetches{0};
   auto read_batch = [&](const Call& c, cudaStream_t stream, char* buffer, size_t index) {
     const SpillBatch& batch = batches[index];
     const bool from_disk = index >= first_disk_batch;
@@ -294,6 +307,7 @@ uvm_status spill_in(const Call& call, int device, const std::vector<StagedPiece>
         if (cudaError_t e = prefetch_to(to, bytes, device, stream)) {
           return fail_cuda(c, e, "cudaMemPrefetchAsync(%p, %zu bytes) undoing the discard after the copy", to, bytes);
         }
+        prefetches += 2;
       }
     }
     if (cudaError_t e = cudaStreamSynchronize(stream)) return fail_cuda(c, e, "cudaStreamSynchronize (copies from a bounce buffer)");
@@ -301,6 +315,7 @@ uvm_status spill_in(const Call& call, int device, const std::vector<StagedPiece>
   };
   const uvm_status status = run_workers(call, device, batches.size(), read_batch);
   close_all();
+  record_prefetch_calls(device, prefetches);
   if (status == UVM_OK) phase.finish(total);
   return status;
 }

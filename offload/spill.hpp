@@ -16,18 +16,21 @@ namespace uvm {
 // The pinned buffer each worker thread copies through.
 constexpr size_t kBounceBytes = size_t{16} << 20;
 
+// Both wait first for `stream` (the caller's work on the bytes), then copy on uvm's threads and
+// return once done.
+//
 // Copies `pieces` (of `device`, sorted by address, each inside a uvm allocation whose memory is
 // mapped) into new `kept` copies (Kept::pageable or Kept::disk), one per allocation, and waits for
 // it: `out` gets a staged piece for each, in order. On a failure nothing is kept (mappings and files
 // made are given back) and the device bytes are untouched.
-uvm_status spill_out(const Call& call, int device, const std::vector<HintRange>& pieces, Kept kept,
-                     std::vector<StagedPiece>* out);
+uvm_status spill_out(const Call& call, int device, cudaStream_t stream, const std::vector<HintRange>& pieces,
+                     Kept kept, std::vector<StagedPiece>* out);
 
 // Copies `pieces` (pageable or disk) back into their device memory, which must be mapped, and waits
 // for it. `managed[i]`: piece i is managed memory, populated on the device before its copy and
 // prefetched after, as onload.cpp's copy_chunk does for the same reason. A file changed while
 // offloaded fails the call before anything is copied.
-uvm_status spill_in(const Call& call, int device, const std::vector<StagedPiece>& pieces,
+uvm_status spill_in(const Call& call, int device, cudaStream_t stream, const std::vector<StagedPiece>& pieces,
                     const std::vector<bool>& managed);
 
 // Frees the bounce buffers not in use (uvm_release_staging); the next spill pins them again.

@@ -73,37 +73,47 @@ uvm_status begin_block_call(const Call& call, const void* ptr, size_t size, Bloc
   return UVM_OK;
 }
 
-uvm_status block_allocated(const Call& call, const void* ptr, size_t size) {
+}  // namespace
+
+uvm_status block_allocated(const Call& call, const void* ptr, size_t size, bool* dropped_pinned) {
+  *dropped_pinned = false;
+  if (ptr == nullptr || size == 0) return UVM_OK;
   BlockCall block;
   if (uvm_status s = begin_block_call(call, ptr, size, BlockChange::allocated, &block)) return s;
   const BlockState& state = block.state;
-  if (!block.ours || (!state.staged && !state.moved && !state.released && !state.last_move)) return UVM_OK;
+  if (!block.ours || (!state.staged && !state.retained && !state.moved && !state.released && !state.last_move)) {
+    return UVM_OK;
+  }
   if (uvm_status s = wait_for_last_move(call, state)) return s;
   const auto begin = reinterpret_cast<uintptr_t>(ptr), end = begin + size;
   const AllocationView& allocation = state.allocation;
   registry().set_last_move({allocation.base}, nullptr);  // complete: the next block need not wait
+  *dropped_pinned = registry().holds_pinned_copy(begin, end);
   registry().unstage(begin, end);
   const long long host_delta = registry().record_placement(allocation.base, begin, end, Move::to_device);
   record_host_change(allocation.device, host_delta);
   return state.released ? map_released(call, allocation) : UVM_OK;
 }
 
-uvm_status block_freed(const Call& call, const void* ptr, size_t size) {
+uvm_status block_freed(const Call& call, const void* ptr, size_t size, bool* dropped_pinned) {
+  *dropped_pinned = false;
+  if (ptr == nullptr || size == 0) return UVM_OK;
   BlockCall block;
   if (uvm_status s = begin_block_call(call, ptr, size, BlockChange::freed, &block)) return s;
-  if (!block.ours || !block.state.staged) return UVM_OK;
-  // The staged bytes had no other copy: they are discarded, as far as anyone can tell.
+  if (!block.ours || (!block.state.staged && !block.state.retained)) return UVM_OK;
+  // The staged bytes had no other copy: they are discarded, as far as anyone can tell. A retained
+  // copy was of the block's last owner: it goes too.
   const auto begin = reinterpret_cast<uintptr_t>(ptr), end = begin + size;
+  const std::vector<StagedPiece> pieces = registry().staged(begin, end);
+  *dropped_pinned = registry().holds_pinned_copy(begin, end);
+  registry().unstage(begin, end);  // first: the books never show more bytes staged than on the host
   long long host_delta = 0;
-  for (const StagedPiece& piece : registry().staged(begin, end)) {
+  for (const StagedPiece& piece : pieces) {
     host_delta += registry().record_placement(block.state.allocation.base, piece.span.begin, piece.span.end, Move::discarded);
   }
-  registry().unstage(begin, end);
   record_host_change(block.state.allocation.device, host_delta);
   return UVM_OK;
 }
-
-}  // namespace
 
 bool blocks_are_reported() { return runtime_reports_blocks.load(std::memory_order_relaxed); }
 
@@ -114,22 +124,6 @@ extern "C" {
 uvm_status uvm_report_blocks(int enabled) {
   uvm::runtime_reports_blocks = enabled != 0;
   return UVM_OK;
-}
-
-uvm_status uvm_block_allocated(const void* ptr, size_t size) {
-  const uvm::Call call = uvm::Call::of("uvm_block_allocated").with_ptr(ptr).with_size(size);
-  return uvm::guarded(call, [&] {
-    if (ptr == nullptr || size == 0) return UVM_OK;
-    return uvm::block_allocated(call, ptr, size);
-  });
-}
-
-uvm_status uvm_block_freed(const void* ptr, size_t size) {
-  const uvm::Call call = uvm::Call::of("uvm_block_freed").with_ptr(ptr).with_size(size);
-  return uvm::guarded(call, [&] {
-    if (ptr == nullptr || size == 0) return UVM_OK;
-    return uvm::block_freed(call, ptr, size);
-  });
 }
 
 }  // extern "C"

@@ -9,6 +9,7 @@
 #include "default_advice.hpp"
 #include "devices.hpp"
 #include "limits.hpp"
+#include "malloc.hpp"
 #include "moves.hpp"
 #include "registry.hpp"
 #include "slabs.hpp"
@@ -136,8 +137,12 @@ uvm_status synchronize_before(const Call& call, const char* why, bool* exiting) 
   return UVM_OK;
 }
 
-uvm_status release(const Call& call, void* ptr, size_t size, int device) {
-  std::optional<Allocation> found = forget_allocation(ptr);
+}  // namespace
+
+uvm_status free_allocation(const Call& call, void* ptr, size_t size, int device, std::optional<Allocation>* freed,
+                           bool* exiting_out) {
+  std::optional<Allocation>& found = *freed;
+  found = forget_allocation(ptr);
   if (!found) {
     AllocationView inside;
     if (registry().find(ptr, &inside)) {
@@ -151,10 +156,11 @@ uvm_status release(const Call& call, void* ptr, size_t size, int device) {
   const size_t moved_off = found->host.total() + found->discarded.total() + found->marked.total();
   record_free(found->device, found->size, found->host.total());
   uvm_status status = UVM_OK;
+  bool& exiting = *exiting_out;
+  exiting = false;
   {
     ContextScope scope;
     status = scope.enter(call, found->device, ContextScope::When::always);
-    bool exiting = false;
     if (found->backing == Backing::releasable) {
       // At process exit the driver takes the mapping with it: nothing is left to unmap.
       if (status == UVM_OK) status = synchronize_before(call, "unmapping", &exiting);
@@ -168,6 +174,7 @@ uvm_status release(const Call& call, void* ptr, size_t size, int device) {
       const cudaError_t e = cudaFree(ptr);
       if (e != cudaSuccess && !exiting_error(e)) status = fail_cuda(call, e, "cudaFree");
       else clear_cuda_error(e);
+      exiting = exiting_error(e);
     }
   }
   if (status == UVM_OK && (size != found->size || device != found->device)) {
@@ -177,6 +184,8 @@ uvm_status release(const Call& call, void* ptr, size_t size, int device) {
   }
   return status;
 }
+
+namespace {
 
 // The body of both allocation entries: size 0 gives NULL without an error.
 void* allocate_entry(const char* name, size_t size, int device, Backing backing) {
@@ -198,12 +207,6 @@ void* uvm_malloc(size_t size, int device, cudaStream_t /*stream: allocation is n
 
 void* uvm_malloc_releasable(size_t size, int device, cudaStream_t /*stream: mapping is not stream-ordered*/) {
   return uvm::allocate_entry("uvm_malloc_releasable", size, device, uvm::Backing::releasable);
-}
-
-void uvm_free(void* ptr, size_t size, int device, cudaStream_t /*stream*/) {
-  if (ptr == nullptr) return;
-  const uvm::Call call = uvm::Call::of("uvm_free").with_ptr(ptr).with_size(size).with_device(device);
-  (void)uvm::guarded(call, [&] { return uvm::release(call, ptr, size, device); });
 }
 
 }  // extern "C"

@@ -88,28 +88,33 @@ void Registry::unmark(uintptr_t base, uintptr_t begin, uintptr_t end) {
   if (it != allocations_.end()) it->second.marked.remove(begin - base, end - base);
 }
 
-size_t Registry::unstage_locked(Allocation& allocation, uintptr_t begin, uintptr_t end,
-                                std::vector<StagedPiece>* dropped) {
-  auto& staged = allocation.staged;
-  auto it = staged.upper_bound(begin);
-  if (it != staged.begin() && std::prev(it)->second.span.end > begin) --it;
+size_t Registry::cut_out(std::map<uintptr_t, StagedPiece>& pieces, uintptr_t begin, uintptr_t end,
+                         std::vector<StagedPiece>* dropped) {
+  auto it = pieces.upper_bound(begin);
+  if (it != pieces.begin() && std::prev(it)->second.span.end > begin) --it;
   size_t bytes = 0;
-  while (it != staged.end() && it->first < end) {
+  while (it != pieces.end() && it->first < end) {
     StagedPiece piece = std::move(it->second);
-    it = staged.erase(it);
+    it = pieces.erase(it);
     const uintptr_t from = std::max(begin, piece.span.begin), to = std::min(end, piece.span.end);
     bytes += to - from;
-    // Whatever lies outside [begin, end) stays staged, holding the same lease.
+    // Whatever lies outside [begin, end) stays, holding the same lease.
     if (piece.span.begin < from) {
-      staged.emplace(piece.span.begin, piece.part(piece.span.begin, from));
+      pieces.emplace(piece.span.begin, piece.part(piece.span.begin, from));
     }
     if (to < piece.span.end) {
-      it = staged.emplace(to, piece.part(to, piece.span.end)).first;
+      it = pieces.emplace(to, piece.part(to, piece.span.end)).first;
       ++it;
     }
-    dropped->push_back(std::move(piece));
+    dropped->push_back(piece.part(from, to));
   }
   return bytes;
+}
+
+size_t Registry::unstage_locked(Allocation& allocation, uintptr_t begin, uintptr_t end,
+                                std::vector<StagedPiece>* dropped) {
+  cut_out(allocation.retained, begin, end, dropped);
+  return cut_out(allocation.staged, begin, end, dropped);
 }
 
 void Registry::stage(std::vector<StagedPiece> pieces) {
@@ -121,9 +126,21 @@ void Registry::stage(std::vector<StagedPiece> pieces) {
       dropped.push_back(std::move(piece));  // freed meanwhile
       continue;
     }
-    unstage_locked(*allocation, piece.span.begin, piece.span.end, &dropped);  // a racing offload of the same bytes
+    // A racing offload of the same bytes; a retained copy, now out of date (or written in place).
+    unstage_locked(*allocation, piece.span.begin, piece.span.end, &dropped);
     const uintptr_t begin = piece.span.begin;
     allocation->staged.emplace(begin, std::move(piece));
+  }
+}
+
+void Registry::clipped_pieces(const std::map<uintptr_t, StagedPiece>& pieces, uintptr_t begin, uintptr_t end,
+                              std::vector<StagedPiece>* out) {
+  auto it = pieces.upper_bound(begin);
+  if (it != pieces.begin() && std::prev(it)->second.span.end > begin) --it;
+  for (; it != pieces.end() && it->first < end; ++it) {
+    const StagedPiece& piece = it->second;
+    const uintptr_t from = std::max(begin, piece.span.begin), to = std::min(end, piece.span.end);
+    if (from < to) out->push_back(piece.part(from, to));
   }
 }
 
@@ -133,29 +150,52 @@ std::vector<StagedPiece> Registry::staged(uintptr_t begin, uintptr_t end) const 
   auto record = allocations_.upper_bound(begin);
   if (record != allocations_.begin()) --record;
   for (; record != allocations_.end() && record->first < end; ++record) {
-    const auto& staged = record->second.staged;
-    auto it = staged.upper_bound(begin);
-    if (it != staged.begin() && std::prev(it)->second.span.end > begin) --it;
-    for (; it != staged.end() && it->first < end; ++it) {
-      const StagedPiece& piece = it->second;
-      const uintptr_t from = std::max(begin, piece.span.begin), to = std::min(end, piece.span.end);
-      if (from >= to) continue;
-      pieces.push_back(piece.part(from, to));
-    }
+    clipped_pieces(record->second.staged, begin, end, &pieces);
   }
   return pieces;
 }
 
-size_t Registry::unstage(uintptr_t begin, uintptr_t end) {
+std::vector<StagedPiece> Registry::retained(uintptr_t begin, uintptr_t end) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<StagedPiece> pieces;
+  auto record = allocations_.upper_bound(begin);
+  if (record != allocations_.begin()) --record;
+  for (; record != allocations_.end() && record->first < end; ++record) {
+    clipped_pieces(record->second.retained, begin, end, &pieces);
+  }
+  return pieces;
+}
+
+size_t Registry::unstage(uintptr_t begin, uintptr_t end, bool retain) {
   std::vector<StagedPiece> dropped;  // let go after the lock (see unstage_locked)
   std::lock_guard<std::mutex> lock(mutex_);
   size_t bytes = 0;
   auto record = allocations_.upper_bound(begin);
   if (record != allocations_.begin()) --record;
   for (; record != allocations_.end() && record->first < end; ++record) {
-    bytes += unstage_locked(record->second, begin, end, &dropped);
+    Allocation& allocation = record->second;
+    cut_out(allocation.retained, begin, end, &dropped);
+    std::vector<StagedPiece> unstaged;
+    bytes += cut_out(allocation.staged, begin, end, &unstaged);
+    for (StagedPiece& piece : unstaged) {
+      if (retain && piece.kept != Kept::disk) {
+        const uintptr_t at = piece.span.begin;
+        allocation.retained.emplace(at, std::move(piece));
+      } else {
+        dropped.push_back(std::move(piece));
+      }
+    }
   }
   return bytes;
+}
+
+bool Registry::holds_pinned_copy(uintptr_t begin, uintptr_t end) const {
+  for (const std::vector<StagedPiece>& pieces : {staged(begin, end), retained(begin, end)}) {
+    for (const StagedPiece& piece : pieces) {
+      if (piece.kept == Kept::pinned) return true;
+    }
+  }
+  return false;
 }
 
 size_t Registry::staged_bytes(Kept kept) const {
@@ -180,6 +220,7 @@ uvm_kept_copies Registry::kept_copies(const Selection& selection) const {
         case Kept::disk: total.disk_bytes += piece.span.size(); files.insert(piece.file.get()); break;
       }
     }
+    for (const auto& [begin, piece] : allocation.retained) total.retained_bytes += piece.span.size();
   }
   total.disk_files = files.size();
   return total;
@@ -232,6 +273,9 @@ bool Registry::block_state(uintptr_t begin, uintptr_t end, BlockState* out, Bloc
   auto piece = allocation.staged.upper_bound(begin);
   if (piece != allocation.staged.begin() && std::prev(piece)->second.span.end > begin) --piece;
   out->staged = piece != allocation.staged.end() && piece->first < end;
+  auto kept = allocation.retained.upper_bound(begin);
+  if (kept != allocation.retained.begin() && std::prev(kept)->second.span.end > begin) --kept;
+  out->retained = kept != allocation.retained.end() && kept->first < end;
   out->released = allocation.released();
   out->last_move = allocation.last_move;
   return true;

@@ -84,6 +84,11 @@ struct Allocation {
   bool blocks_reported = false;
   SpanSet blocks;
   std::map<uintptr_t, StagedPiece> staged;  // by address; disjoint, inside `host`
+  // Host copies kept after their bytes came back (uvm_resume with uvm_set_retain_backups(1)): what
+  // the bytes were at their last pause, readable (uvm_get_staged_copy) and, for pinned ones,
+  // written again in place by the next offload that stages those bytes. Never copied back. By
+  // address; disjoint; on the device (not inside `host`).
+  std::map<uintptr_t, StagedPiece> retained;
   EventRef last_move;       // where its last move ends on the GPU (null: nothing pending)
   bool released() const { return backing == Backing::releasable && !mapping.mapped; }
 };
@@ -121,6 +126,7 @@ enum class BlockChange : uint8_t { none, allocated, freed };
 struct BlockState {
   AllocationView allocation;  // the allocation holding the block
   bool staged = false;        // some of its bytes have a staged copy
+  bool retained = false;      // some of its bytes have a retained copy (Allocation::retained)
   bool moved = false;         // some of its bytes are off the device (to the host, staged or discarded)
   bool released = false;      // the allocation's physical memory is given back
   EventRef last_move;         // the allocation's last move (null: nothing pending)
@@ -155,9 +161,14 @@ class Registry {
   void stage(std::vector<StagedPiece> pieces);
   // The staged pieces overlapping [begin, end), clipped to it, by address.
   std::vector<StagedPiece> staged(uintptr_t begin, uintptr_t end) const;
-  // Drops the staged copies of [begin, end) (in any allocation); what lies outside stays staged.
-  // Returns the bytes dropped.
-  size_t unstage(uintptr_t begin, uintptr_t end);
+  // Drops the staged copies of [begin, end) (in any allocation), and the retained ones; what lies
+  // outside stays. Returns the staged bytes dropped. With `retain`, the staged copies in host
+  // memory (pinned, pageable) become the retained copies of their bytes instead of going.
+  size_t unstage(uintptr_t begin, uintptr_t end, bool retain = false);
+  // Whether some staged or retained copy of a byte of [begin, end) is in pinned staging memory.
+  bool holds_pinned_copy(uintptr_t begin, uintptr_t end) const;
+  // The retained copies overlapping [begin, end), clipped to it, by address.
+  std::vector<StagedPiece> retained(uintptr_t begin, uintptr_t end) const;
   // Every byte of every allocation staged in `kept` memory.
   size_t staged_bytes(Kept kept = Kept::pinned) const;
   // The selected allocations' staged bytes in each kind of memory (uvm_get_kept_copies).
@@ -201,6 +212,12 @@ class Registry {
   // (the end of a lease takes the staging store's lock).
   static size_t unstage_locked(Allocation& allocation, uintptr_t begin, uintptr_t end,
                                std::vector<StagedPiece>* dropped);
+  // The same for the pieces of one map (staged or retained).
+  static size_t cut_out(std::map<uintptr_t, StagedPiece>& pieces, uintptr_t begin, uintptr_t end,
+                        std::vector<StagedPiece>* dropped);
+  // The pieces of one map overlapping [begin, end), clipped to it.
+  static void clipped_pieces(const std::map<uintptr_t, StagedPiece>& pieces, uintptr_t begin, uintptr_t end,
+                             std::vector<StagedPiece>* out);
 
   mutable std::mutex mutex_;
   std::map<uintptr_t, Allocation> allocations_;

@@ -460,6 +460,8 @@ typedef struct uvm_kept_copies {
   size_t pageable_bytes; /* in mmap'ed pageable memory (UVM_STRATEGY_MMAP, UVM_BACKUP_MMAP) */
   size_t disk_bytes;     /* in files on disk (UVM_STRATEGY_DISK, UVM_BACKUP_DISK) */
   size_t disk_files;     /* the files holding them */
+  size_t retained_bytes; /* host copies of bytes back on the device, kept by uvm_resume with
+                            uvm_set_retain_backups(1) (pinned and pageable; not in the counts above) */
 } uvm_kept_copies;
 
 /* Fills `kept` (not NULL) for the allocations of `device` (or UVM_ANY_DEVICE) with tag `tag` (NULL:
@@ -540,6 +542,19 @@ UVM_API uvm_status uvm_pause(int device, const char* tag);
  * again) leaves that device's allocations paused with their copies, to resume again. */
 UVM_API uvm_status uvm_resume(int device, const char* tag);
 
+/* With `retain` 1, uvm_resume keeps the host copies it brings back (UVM_BACKUP_HOST and
+ * UVM_BACKUP_MMAP; files still go) instead of giving them back: each stays with its allocation as a
+ * retained copy — what the bytes were when paused, never copied back — readable at the same
+ * address through uvm_get_staged_copy, and, for a pinned one, written again in place by the next
+ * pause (an mmap'ed one is replaced). A retained copy goes when its bytes are staged again or
+ * discarded, when a block is handed out or taken back over them, when its allocation is freed, and
+ * at a resume with `retain` 0. Process-wide; read by each uvm_resume; default 0.
+ * UVM_ERROR_INVALID_ARGUMENT for anything but 0 or 1. */
+UVM_API uvm_status uvm_set_retain_backups(int retain);
+
+/* uvm_set_retain_backups's setting: 1 or 0. */
+UVM_API int uvm_get_retain_backups(void);
+
 /* How many live allocations of the selection are paused. */
 UVM_API uvm_status uvm_paused_count(int device, const char* tag, size_t* count);
 
@@ -573,10 +588,11 @@ UVM_API uvm_status uvm_get_residency(int device, const char* tag, uvm_residency*
 UVM_API uvm_status uvm_mem_get_info(int device, size_t* free_bytes, size_t* total_bytes, size_t* reclaimable_bytes);
 
 /* The host copy uvm holds of [ptr, ptr + size) while those bytes are staged (offloaded with STAGED,
- * or AUTO where it stages), for reading them while the device copy is away. Waits for the copy to
- * be complete. Sets *host to NULL (and returns UVM_OK) if the bytes are not staged in one piece.
- * The copy stays valid until the bytes are onloaded, discarded or freed; writing to it changes what
- * onload brings back. */
+ * MMAP, or AUTO where it stages), for reading them while the device copy is away, or the retained
+ * copy uvm_resume kept of them (uvm_set_retain_backups). Waits for the copy to be complete. Sets
+ * *host to NULL (and returns UVM_OK) if the bytes are neither staged nor retained in one piece.
+ * A staged copy stays valid until the bytes are onloaded, discarded or freed (writing to it changes
+ * what onload brings back); a retained one until uvm_set_retain_backups says it goes. */
 UVM_API uvm_status uvm_get_staged_copy(const void* ptr, size_t size, const void** host);
 
 /* Number of distinct tags used so far, and the name of tag `index` (NULL past the end); for listing. */

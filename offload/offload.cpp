@@ -171,8 +171,9 @@ uvm_status offload_staged(const Call& call, const std::vector<HintRange>& pieces
     hosts.push_back(reserved.leases[i].get());
   }
   staging().note_use(hosts, written);  // dropped before its copy ends, a piece's bytes still wait for it
-  registry().stage(std::move(staged));
+  // Counted on the host first: the books never show more bytes staged than on the host.
   for (const HintRange& piece : pieces) account_move(piece, Move::staged, 0);
+  registry().stage(std::move(staged));
   set_last_moves(pieces, written);
   return marked;
 }
@@ -214,13 +215,28 @@ uvm_status offload_kept(const Call& call, const uvm_range* ranges, size_t count,
     std::vector<StagedPiece> copies;
     if (uvm_status s = spill_out(call, move.device, move.stream, pieces.staged, kept, &copies)) return s;
     // From the discard on, the copy is all there is of these bytes: it is recorded first.
+    for (const HintRange& piece : pieces.staged) account_move(piece, Move::staged, 0);  // as offload_staged
     registry().stage(std::move(copies));
-    for (const HintRange& piece : pieces.staged) account_move(piece, Move::staged, 0);
     if (uvm_status s = discard_batch(call, pieces.staged, move.stream)) return s;
     if (uvm_status s = set_last_moves(call, pieces.staged, move.stream)) return s;
   }
   if (uvm_status s = drop_free_space(call, pieces.free, move.stream)) return s;
   return release_emptied(call, move.ranges, move.stream);
+}
+
+// Host bytes for the pieces that a retained pinned copy covers exactly (uvm_set_retain_backups):
+// they are written again in place, at the address the copy had. Retained copies come from
+// uvm_resume, which waits for its copies back to end, so nothing still reads them.
+Reservation retained_room(const std::vector<HintRange>& pieces) {
+  Reservation room;
+  for (const HintRange& piece : pieces) {
+    const std::vector<StagedPiece> kept = registry().retained(piece.begin, piece.end);
+    if (kept.size() != 1 || kept[0].kept != Kept::pinned) continue;
+    if (kept[0].span.begin != piece.begin || kept[0].span.end != piece.end) continue;
+    room.spans.push_back(Span{piece.begin, piece.end});
+    room.leases.emplace_back(kept[0].lease, kept[0].host);  // the copy's lease, at its bytes
+  }
+  return room;
 }
 
 uvm_status offload_in_rounds(const Call& call, const uvm_range* ranges, size_t count, int requested,
@@ -247,6 +263,14 @@ uvm_status offload_in_rounds(const Call& call, const uvm_range* ranges, size_t c
     const uvm_strategy strategy = choose_strategy(static_cast<uvm_strategy>(requested), discard_supported);
     if (uvm_status s = check_strategy_fits(call, requested, strategy, move)) return s;
     OffloadPieces pieces = pieces_to_move(move.ranges, strategy == UVM_STRATEGY_STAGED, discard_supported);
+    const Reservation in_place = retained_room(pieces.staged);
+    if (!in_place.spans.empty()) {  // those first; the next round moves the rest
+      OffloadPieces rewrite;
+      rewrite.staged = pieces_placed(pieces.staged, in_place.spans);
+      *staged = true;
+      if (uvm_status s = issue_offload(call, move, rewrite, in_place)) return s;
+      continue;
+    }
     const std::vector<Span> wanted = spans_of(pieces.staged);
     if (!staging().has_room(wanted)) {
       // Pinned memory is allocated with no lock held, so that it holds up no uvm_free or move on

@@ -14,6 +14,7 @@
 #include "../hints/moves/streams.hpp"
 #include "../hints/moves/trace.hpp"
 #include "../hints/prefetch.hpp"
+#include "onload.hpp"
 #include "plan.hpp"
 #include "sm_copy.hpp"
 #include "spill.hpp"
@@ -156,14 +157,16 @@ uvm_status join_workers(const Call& call, const Workers& workers, cudaStream_t s
 
 // Once every copy is issued and joined (or done, for copies kept outside pinned staging: `read`
 // null): the pieces are no longer staged (their host bytes, mapping or file go back once `read`
-// completes) and are accounted as back on the device.
-void finish_copy_back(int device, const std::vector<StagedWork>& work, const EventRef& read, uint64_t prefetches) {
+// completes; with `retain`, host copies stay as retained copies) and are accounted as back on the
+// device.
+void finish_copy_back(int device, const std::vector<StagedWork>& work, const EventRef& read, uint64_t prefetches,
+                      bool retain) {
   std::vector<const char*> hosts;
   for (const StagedWork& w : work) hosts.push_back(w.piece.host);
   staging().note_use(hosts, read);
   std::vector<HintRange> ranges;
   for (const StagedWork& w : work) {
-    registry().unstage(w.piece.span.begin, w.piece.span.end);
+    registry().unstage(w.piece.span.begin, w.piece.span.end, retain);
     // Managed pieces were prefetched to the device after their copy: their discard is undone.
     if (!w.range.releasable) registry().unmark(w.range.allocation, w.piece.span.begin, w.piece.span.end);
     account_move(w.range, Move::to_device, 0);
@@ -176,7 +179,8 @@ void finish_copy_back(int device, const std::vector<StagedWork>& work, const Eve
 // Copies staged pieces (sorted by address) back over uvm's worker streams, joined to `stream`
 // before and after. The pieces stay staged until every copy is issued and joined, so a failure
 // loses nothing: the next onload copies them again.
-uvm_status copy_back(const Call& call, int device, const std::vector<StagedWork>& work, cudaStream_t stream) {
+uvm_status copy_back(const Call& call, int device, const std::vector<StagedWork>& work, cudaStream_t stream,
+                     bool retain) {
   size_t releasable_bytes = 0;  // the only bytes the choice of copy applies to
   for (const StagedWork& w : work) releasable_bytes += w.range.releasable ? w.range.end - w.range.begin : 0;
   OnloadCopy how = OnloadCopy::engine;
@@ -193,7 +197,7 @@ uvm_status copy_back(const Call& call, int device, const std::vector<StagedWork>
     settle(workers);
     return status;
   }
-  finish_copy_back(device, work, read, prefetches);
+  finish_copy_back(device, work, read, prefetches, retain);
   return UVM_OK;
 }
 
@@ -217,7 +221,8 @@ void split_staged(const std::vector<HintRange>& merged, std::vector<StagedWork>*
 // Copies kept in pageable memory or on disk come back through bounce buffers (spill.hpp) once
 // `stream` has reached the call, into memory mapped first; the call waits for them. They stay
 // staged until every copy is done, so a failure (a file changed meanwhile) loses nothing.
-uvm_status copy_back_kept(const Call& call, int device, const std::vector<StagedWork>& work, cudaStream_t stream) {
+uvm_status copy_back_kept(const Call& call, int device, const std::vector<StagedWork>& work, cudaStream_t stream,
+                          bool retain) {
   if (work.empty()) return UVM_OK;
   for (const StagedWork& w : work) {
     if (w.range.releasable) {
@@ -231,11 +236,11 @@ uvm_status copy_back_kept(const Call& call, int device, const std::vector<Staged
     managed.push_back(!w.range.releasable);
   }
   if (uvm_status s = spill_in(call, device, stream, pieces, managed)) return s;
-  finish_copy_back(device, work, EventRef{}, 0);  // done already: nothing pending to wait for
+  finish_copy_back(device, work, EventRef{}, 0, retain);  // done already: nothing pending to wait for
   return UVM_OK;
 }
 
-uvm_status onload(const Call& call, const uvm_range* ranges, size_t count, cudaStream_t stream) {
+uvm_status onload(const Call& call, const uvm_range* ranges, size_t count, cudaStream_t stream, bool retain) {
   MoveScope move;
   if (uvm_status s = begin_move(call, MoveKind::onload, MoveArgs::of(ranges, count), stream, &move)) return s;
   if (move.ranges.empty()) return UVM_OK;
@@ -243,9 +248,9 @@ uvm_status onload(const Call& call, const uvm_range* ranges, size_t count, cudaS
   std::vector<HintRange> migrated;
   split_staged(move.ranges, &all_staged, &migrated);
   for (StagedWork& w : all_staged) (w.piece.kept == Kept::pinned ? staged : kept).push_back(std::move(w));
-  if (uvm_status s = copy_back_kept(call, move.device, kept, move.stream)) return s;
+  if (uvm_status s = copy_back_kept(call, move.device, kept, move.stream, retain)) return s;
   if (!staged.empty()) {
-    if (uvm_status s = copy_back(call, move.device, staged, stream)) return s;
+    if (uvm_status s = copy_back(call, move.device, staged, stream, retain)) return s;
   }
   // Every released allocation is mapped again (those with staged bytes already are), so that bytes
   // that were not staged (discarded, or never moved) are device memory again: nothing to prefetch.
@@ -261,10 +266,15 @@ uvm_status onload(const Call& call, const uvm_range* ranges, size_t count, cudaS
 }
 
 }  // namespace
+
+uvm_status onload_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream, bool retain) {
+  const Call call = Call::of("uvm_onload_ranges").with_count(count);
+  MoveRecord record(call.name);
+  return record.done(guarded(call, [&] { return onload(call, ranges, count, stream, retain); }));
+}
+
 }  // namespace uvm
 
 extern "C" uvm_status uvm_onload_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream) {
-  const uvm::Call call = uvm::Call::of("uvm_onload_ranges").with_count(count);
-  uvm::MoveRecord record(call.name);
-  return record.done(uvm::guarded(call, [&] { return uvm::onload(call, ranges, count, stream); }));
+  return uvm::onload_ranges(ranges, count, stream, false);
 }

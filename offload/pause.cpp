@@ -2,6 +2,7 @@
 // backup (recorded when it was made) says. What is paused lives in each allocation's record, so a
 // runtime on top (uvm.memory_saver) keeps no state of its own, and a freed allocation takes its
 // mark with it.
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
@@ -9,6 +10,7 @@
 
 #include "../alloc/devices.hpp"
 #include "../alloc/registry.hpp"
+#include "onload.hpp"
 
 namespace uvm {
 namespace {
@@ -18,6 +20,9 @@ std::mutex& pause_turns() {
   static auto* turns = new std::mutex();  // never destroyed: no code runs from static destructors
   return *turns;
 }
+
+// uvm_set_retain_backups: whether a resume keeps the host copies it brought back.
+std::atomic<bool> retain_backups{false};
 
 // The live allocations of the selection, by device.
 uvm_status select(const Call& call, int device, const char* tag, std::map<int, std::vector<AllocationView>>* out) {
@@ -90,7 +95,7 @@ uvm_status resume_device(const Call& call, int device, const std::vector<Allocat
   ContextScope scope;
   if (uvm_status s = scope.enter(call, device, ContextScope::When::always)) return s;
   const auto ranges = ranges_of(paused);
-  if (uvm_status s = run(call, uvm_onload_ranges(ranges.data(), ranges.size(), nullptr))) return s;
+  if (uvm_status s = run(call, onload_ranges(ranges.data(), ranges.size(), nullptr, retain_backups.load()))) return s;
   if (uvm_status s = run(call, uvm_device_synchronize(device))) return s;
   registry().set_paused(bases_of(paused), false);
   return UVM_OK;
@@ -121,6 +126,17 @@ uvm_status uvm_resume(int device, const char* tag) {
   const uvm::Call call = uvm::Call::of("uvm_resume").with_selection(device);
   return uvm::guarded(call, [&] { return uvm::for_each_device(call, device, tag, uvm::resume_device); });
 }
+
+uvm_status uvm_set_retain_backups(int retain) {
+  const uvm::Call call = uvm::Call::of("uvm_set_retain_backups");
+  return uvm::guarded(call, [&] {
+    if (retain != 0 && retain != 1) return uvm::fail(call, UVM_ERROR_INVALID_ARGUMENT, "retain is %d, not 0 or 1", retain);
+    uvm::retain_backups.store(retain == 1);
+    return UVM_OK;
+  });
+}
+
+int uvm_get_retain_backups(void) { return uvm::retain_backups.load() ? 1 : 0; }
 
 uvm_status uvm_paused_count(int device, const char* tag, size_t* count) {
   const uvm::Call call = uvm::Call::of("uvm_paused_count").with_selection(device);

@@ -35,7 +35,8 @@ uvm_status staged_copy(const Call& call, const void* ptr, size_t size, const voi
   if (uvm_status s = resolve_range(call, ptr, size, &range)) return s;
   // One piece, or pieces that follow each other on the device and in host memory alike (a first
   // offload cuts a tensor where the steps of its pinning end).
-  const auto pieces = registry().staged(range.begin, range.end);
+  std::vector<StagedPiece> pieces = registry().staged(range.begin, range.end);
+  if (pieces.empty()) pieces = registry().retained(range.begin, range.end);
   if (pieces.empty() || pieces.front().span.begin != range.begin || pieces.back().span.end != range.end) return UVM_OK;
   for (size_t i = 1; i < pieces.size(); ++i) {
     const bool follows = pieces[i].span.begin == pieces[i - 1].span.end &&

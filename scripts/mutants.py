@@ -23,8 +23,19 @@ MUTANTS = [
   "offload_tests", "[spill]"),
  ("offload/plan.cpp", "      chunk.io_begin = align_down(chunk.offset, align);", "      chunk.io_begin = chunk.offset;",
   "offload_tests", "[plan]"),
- ("offload/onload.cpp", "    registry().unstage(w.piece.span.begin, w.piece.span.end);\n", "",
+ ("offload/onload.cpp", "    registry().unstage(w.piece.span.begin, w.piece.span.end, retain);\n", "",
   "offload_tests", "[spill]"),
+ # Retained copies (retain_cpu_backup): one that outlives the block it was of; a resume that keeps
+ # nothing; a pause that writes elsewhere than the retained copy; a free that leaves the pinned
+ # staging its copies held.
+ ("alloc/registry.cpp", "    cut_out(allocation.retained, begin, end, &dropped);\n", "", "offload_tests", "[model]"),
+ ("alloc/registry.cpp", "  cut_out(allocation.retained, begin, end, dropped);\n  return cut_out(", "  return cut_out(",
+  "offload_tests", "[retain]"),
+ ("offload/onload.cpp", "    registry().unstage(w.piece.span.begin, w.piece.span.end, retain);", "    registry().unstage(w.piece.span.begin, w.piece.span.end, false);",
+  "offload_tests", "[retain]"),
+ ("offload/offload.cpp", "    if (!in_place.spans.empty()) {  // those first", "    if (false) {  // those first",
+  "offload_tests", "[retain]"),
+ ("offload/free.cpp", "  return staging().free_unused(call);", "  return UVM_OK;", "offload_tests", "[retain]"),
  ("alloc/options.cpp", "if (value > (std::numeric_limits<size_t>::max() >> shift)) return false;", "", "alloc_tests", "[options]"),
  # Options: allocation does not check them (an explicit limit and advice set, as a test's fixture
  # has them, hide the refusal from every other reader).

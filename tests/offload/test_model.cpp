@@ -2,7 +2,7 @@
 // allocations and reuses freed ones without uvm_free (as PyTorch's does, reporting its blocks with
 // uvm_block_allocated / uvm_block_freed as the Python shim does for PyTorch), driven through random
 // sequences of allocate, free, write, offload / onload / discard by tensor, by a set of tensors (a
-// module), by tag, by pool and by device, uvm_pause and uvm_resume of pools made with and without a backup, release_staging,
+// module), by tag, by pool and by device, uvm_pause and uvm_resume (retaining the host copies or not) of pools made with and without a backup, release_staging,
 // set_limit and empty_cache, on managed (slab and driver allocations) and releasable pools — against
 // a shadow of what every live tensor must hold. After every step each tensor the model says is on
 // the device must hold exactly its bytes.
@@ -152,6 +152,10 @@ class Model {
     taken.used = true;
     unsigned char* ptr = best_segment->base + taken.offset;
     expect_ok(uvm_block_allocated(ptr, block), "uvm_block_allocated");
+    // Whatever uvm kept of the block's earlier owner (staged or retained) is gone.
+    const void* host = nullptr;
+    expect_ok(uvm_get_staged_copy(ptr, block, &host), "uvm_get_staged_copy");
+    if (host != nullptr) fail("a new block still shows a host copy of its last owner's bytes");
     tensors_.push_back(Tensor{pool_index, ptr, size, block, {}, Held::device});
     return &tensors_.back();
   }
@@ -220,6 +224,18 @@ class Model {
       fail(out.str());
       return;
     }
+  }
+
+  // A tensor just resumed with its copy retained: a copy uvm_get_staged_copy gives holds what the
+  // tensor holds (it was brought back from it). (There is none where the tensor's bytes were in a
+  // file, offloaded earlier with UVM_STRATEGY_DISK, or in pieces: test_pause.cpp covers those.)
+  void check_retained(const Tensor& tensor) {
+    const void* host = nullptr;
+    expect_ok(uvm_get_staged_copy(tensor.ptr, tensor.size, &host), "uvm_get_staged_copy");
+    if (host != nullptr && std::memcmp(host, tensor.shadow.data(), tensor.size) != 0) {
+      fail("a retained copy differs from the bytes it was brought back from");
+    }
+    retained_checked_ += host != nullptr ? 1 : 0;
   }
 
   // --- moves ---
@@ -337,7 +353,7 @@ class Model {
 
   void step() {
     std::ostringstream what;
-    switch (pick(20)) {
+    switch (pick(22)) {
       case 0: case 1: case 2: case 3: {
         const size_t pool = pick(pools_.size());
         const size_t size = tensor_size();
@@ -418,22 +434,30 @@ class Model {
         for (Tensor& tensor : tensors_) moved(tensor, kind);
         break;
       }
-      case 15: {
+      case 15: case 20: case 21: {
         // memory_saver: uvm_pause keeps the segments made with a backup (offload) and drops the
         // rest (discard), skipping paused ones; uvm_resume brings back what is paused (onload).
         const size_t p = pick(pools_.size());
         Pool& pool = pools_[p];
         const bool pause = pick(2) == 0;
-        what << (pause ? "pause " : "resume ") << pool.tag << (pool.backup != UVM_BACKUP_NONE ? " (backup)" : "");
+        // A resume may keep the host copies it brings back (retain_cpu_backup): they must hold the
+        // bytes as they were, and die with their blocks (checked in allocate).
+        const bool retain = !pause && pick(2) == 0;
+        what << (pause ? "pause " : retain ? "resume, retaining, " : "resume ") << pool.tag
+             << (pool.backup != UVM_BACKUP_NONE ? " (backup)" : "");
         note(what.str());
+        expect_ok(uvm_set_retain_backups(retain ? 1 : 0), "uvm_set_retain_backups");
         expect_ok(pause ? uvm_pause(0, pool.tag.c_str()) : uvm_resume(0, pool.tag.c_str()), pause ? "uvm_pause" : "uvm_resume");
         const Kind kind = !pause ? Kind::onload : pool.backup != UVM_BACKUP_NONE ? Kind::offload : Kind::discard;
+        const bool copies_kept = pool.backup == UVM_BACKUP_HOST || pool.backup == UVM_BACKUP_MMAP;
         for (Segment& segment : pool.segments) {
           if (segment.paused == pause) continue;  // pause skips what is paused, resume what is not
           segment.paused = pause;
           for (Tensor& tensor : tensors_) {
             if (tensor.pool == p && tensor.ptr >= segment.base && tensor.ptr < segment.base + segment.size) {
+              const bool had_bytes = tensor.held == Held::away;
               moved(tensor, kind);
+              if (retain && copies_kept && had_bytes && alone_) check_retained(tensor);
             }
           }
         }
@@ -489,14 +513,20 @@ class Model {
       if (r.allocations != 0 || r.staged_bytes != 0) fail("a freed pool left allocations or staged bytes");
       uvm_kept_copies kept{};
       expect_ok(uvm_get_kept_copies(UVM_ANY_DEVICE, pool.tag.c_str(), &kept), "uvm_get_kept_copies");
-      if (kept.pageable_bytes != 0 || kept.disk_bytes != 0 || kept.disk_files != 0) {
-        fail("a freed pool left copies in mmap'ed memory or on disk");
+      if (kept.pageable_bytes != 0 || kept.disk_bytes != 0 || kept.disk_files != 0 || kept.retained_bytes != 0) {
+        fail("a freed pool left copies in mmap'ed memory, on disk or retained");
       }
     }
   }
 
+
+ public:
+  size_t retained_checked() const { return retained_checked_; }
+
+ private:
   std::mt19937_64 rng_;
   uint64_t seed_;
+  size_t retained_checked_ = 0;
   bool alone_;
   std::vector<Pool> pools_;
   std::vector<Tensor> tensors_;
@@ -531,6 +561,7 @@ TEST_CASE("random sequences of allocation, reuse and moves keep every tensor's b
   const long sequences = replay >= 0 ? 1 : env_number("UVM_MODEL_SEQUENCES", 2000);
   FakeMachine machine;
   test_disk_dir();
+  size_t retained = 0;
   for (long n = 0; n < sequences; ++n) {
     const uint64_t seed = replay >= 0 ? static_cast<uint64_t>(replay) : static_cast<uint64_t>(n);
     Model model(seed, "model", true);
@@ -538,8 +569,11 @@ TEST_CASE("random sequences of allocation, reuse and moves keep every tensor's b
     if (failure.empty()) failure = check_nothing_held(n, sequences);
     INFO(failure);
     REQUIRE(failure.empty());
+    retained += model.retained_checked();
   }
-  std::printf("model: %ld sequences of %d steps kept every tensor's bytes\n", sequences, kSteps);
+  if (sequences >= 200) CHECK(retained > 0);  // the sequences did reach retained copies
+  std::printf("model: %ld sequences of %d steps kept every tensor's bytes (%zu retained copies checked)\n",
+              sequences, kSteps, retained);
 }
 
 TEST_CASE("two threads running random sequences on pools of their own keep every tensor's bytes",

@@ -134,3 +134,138 @@ TEST_CASE("bad arguments are refused by name", "[pause]") {
   CHECK_THAT(last_error(), Has("backup 4 is not a uvm_backup (UVM_BACKUP_NONE … UVM_BACKUP_DISK)"));
   CHECK(uvm_get_thread_backup() == UVM_BACKUP_NONE);
 }
+
+namespace {
+// uvm_set_retain_backups(1) for one test, 0 again after it (the setting is process-wide).
+struct Retaining {
+  Retaining() { REQUIRE(uvm_set_retain_backups(1) == UVM_OK); }
+  ~Retaining() { uvm_set_retain_backups(0); }
+};
+
+const unsigned char* host_copy(const Releasable& memory) {
+  const void* host = nullptr;
+  REQUIRE(uvm_get_staged_copy(memory.ptr, memory.size, &host) == UVM_OK);
+  return static_cast<const unsigned char*>(host);
+}
+
+// Whether `copy` holds what `memory` was filled with.
+bool holds(const unsigned char* copy, const Releasable& memory) {
+  for (size_t i = 0; i < memory.size; ++i) {
+    if (copy[i] != memory.expected(i)) return false;
+  }
+  return true;
+}
+}  // namespace
+
+TEST_CASE("a resume that retains keeps the pinned copy at its address; the next pause writes it there",
+          "[pause][retain][cuda13]") {
+  FakeMachine machine;
+  auto weights = made("weights", UVM_BACKUP_HOST, 1);
+  REQUIRE(uvm_pause(0, "weights") == UVM_OK);
+  const unsigned char* first = host_copy(*weights);
+  REQUIRE(first != nullptr);
+  {
+    Retaining retain;
+    CHECK(uvm_get_retain_backups() == 1);
+    REQUIRE(uvm_resume(0, "weights") == UVM_OK);
+    CHECK(weights->intact());
+    CHECK(host_copy(*weights) == first);  // still there, at the same address, holding the bytes
+    CHECK(holds(first, *weights));
+    CHECK(residency(0, "weights").staged_bytes == 0);  // not staged: the device has the bytes
+    CHECK(kept_copies(0, "weights").retained_bytes == kMiB);
+
+    weights->seed = 9;  // the program changes them
+    weights->fill();
+    fake::device_wrote(weights->ptr, weights->size);
+    REQUIRE(uvm_pause(0, "weights") == UVM_OK);
+    CHECK(host_copy(*weights) == first);  // written again in place
+    CHECK(holds(first, *weights));
+    CHECK(kept_copies(0, "weights").retained_bytes == 0);  // staged again
+    CHECK(kept_copies(0, "weights").pinned_bytes == kMiB);
+  }
+  REQUIRE(uvm_resume(0, "weights") == UVM_OK);  // without retaining: the copy goes
+  CHECK(weights->intact());
+  CHECK(host_copy(*weights) == nullptr);
+  CHECK(kept_copies(0, "weights").retained_bytes == 0);
+  CHECK(uvm_get_retain_backups() == 0);
+}
+
+TEST_CASE("a retained copy dies with its allocation, its block and a discard; the pinned memory goes with the allocation",
+          "[pause][retain][cuda13]") {
+  FakeMachine machine;
+  Retaining retain;
+  SECTION("freed, or its block taken back, while retained or while paused: no pinned staging is left") {
+    const bool while_paused = GENERATE(false, true);
+    const bool block_only = GENERATE(false, true);
+    auto weights = made("weights", UVM_BACKUP_HOST, 1);
+    REQUIRE(uvm_pause(0, "weights") == UVM_OK);
+    if (!while_paused) REQUIRE(uvm_resume(0, "weights") == UVM_OK);
+    CHECK(fake::pinned_blocks() > 0);
+    if (block_only) {
+      REQUIRE(uvm_block_freed(weights->ptr, weights->size) == UVM_OK);
+    } else {
+      weights.reset();
+    }
+    CHECK(fake::pinned_blocks() == 0);
+    CHECK(kept_copies().retained_bytes == 0);
+    CHECK(kept_copies().pinned_bytes == 0);
+  }
+  SECTION("a block handed out, or taken back, over it") {
+    const bool handed_out = GENERATE(false, true);
+    auto weights = made("weights", UVM_BACKUP_HOST, 1);
+    REQUIRE(uvm_pause(0, "weights") == UVM_OK);
+    REQUIRE(uvm_resume(0, "weights") == UVM_OK);
+    REQUIRE(host_copy(*weights) != nullptr);
+    const uvm_status status = handed_out ? uvm_block_allocated(weights->ptr, 4096) : uvm_block_freed(weights->ptr, 4096);
+    REQUIRE(status == UVM_OK);
+    CHECK(host_copy(*weights) == nullptr);  // not in one piece any more
+    CHECK(kept_copies().retained_bytes == kMiB - 4096);  // the rest is still the last owner's
+    const void* rest = nullptr;
+    REQUIRE(uvm_get_staged_copy(weights->ptr + 4096, kMiB - 4096, &rest) == UVM_OK);
+    CHECK(rest != nullptr);
+  }
+  SECTION("discarded") {
+    auto weights = made("weights", UVM_BACKUP_HOST, 1);
+    REQUIRE(uvm_pause(0, "weights") == UVM_OK);
+    REQUIRE(uvm_resume(0, "weights") == UVM_OK);
+    const uvm_range whole = weights->whole();
+    REQUIRE(uvm_discard_ranges(&whole, 1, nullptr) == UVM_OK);
+    CHECK(host_copy(*weights) == nullptr);
+    CHECK(kept_copies().retained_bytes == 0);
+    REQUIRE(uvm_onload_ranges(&whole, 1, nullptr) == UVM_OK);
+  }
+}
+
+TEST_CASE("an mmap copy is retained too and replaced at the next pause; a disk copy is never retained",
+          "[pause][retain][spill][cuda13]") {
+  FakeMachine machine;
+  REQUIRE(uvm_set_disk_backup_dir(test_disk_dir().c_str()) == UVM_OK);
+  Retaining retain;
+  auto mapped = made("mapped", UVM_BACKUP_MMAP, 1);
+  auto on_disk = made("on disk", UVM_BACKUP_DISK, 2);
+  REQUIRE(uvm_pause(UVM_ANY_DEVICE, nullptr) == UVM_OK);
+  const unsigned char* first = host_copy(*mapped);
+  REQUIRE(first != nullptr);
+  REQUIRE(uvm_resume(UVM_ANY_DEVICE, nullptr) == UVM_OK);
+  CHECK(mapped->intact());
+  CHECK(on_disk->intact());
+  CHECK(host_copy(*mapped) == first);
+  CHECK(holds(first, *mapped));
+  CHECK(kept_copies(0, "mapped").retained_bytes == kMiB);
+  CHECK(kept_copies(0, "on disk").retained_bytes == 0);
+  CHECK(backup_files(test_disk_dir()).empty());
+  REQUIRE(uvm_pause(0, "mapped") == UVM_OK);
+  CHECK(kept_copies(0, "mapped").retained_bytes == 0);
+  CHECK(kept_copies(0, "mapped").pageable_bytes == kMiB);
+  REQUIRE(uvm_set_retain_backups(0) == UVM_OK);
+  REQUIRE(uvm_resume(0, "mapped") == UVM_OK);
+  CHECK(mapped->intact());
+  CHECK(host_copy(*mapped) == nullptr);
+}
+
+TEST_CASE("uvm_set_retain_backups takes 0 or 1", "[pause][retain]") {
+  FakeMachine machine;
+  CHECK(uvm_set_retain_backups(2) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Has("uvm_set_retain_backups(): retain is 2, not 0 or 1"));
+  CHECK(uvm_get_retain_backups() == 0);
+}

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -145,6 +146,25 @@ uvm_status map_pageable(const Call& call, size_t bytes, std::shared_ptr<char>* o
   return UVM_OK;
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; older kernels refuse it (EINVAL) and the copy faults as before
+#endif
+
+// Maps the pages under [at, at + bytes) of a fresh mapping writable, without changing a byte, while
+// the worker's copies into its bounce buffer run: the page faults (zeroing each page) then overlap
+// the transfer instead of following it in the memcpy. Other workers may be writing into the
+// same pages at the ends (pieces lie 64 bytes apart), which populating does not disturb.
+void populate_ahead(char* at, size_t bytes) {
+  static std::atomic<bool> refused{false};
+  if (refused.load(std::memory_order_relaxed) || bytes == 0) return;
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(at) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(at) + bytes + page - 1) / page * page;
+  if (madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE) != 0 && errno == EINVAL) {
+    refused.store(true, std::memory_order_relaxed);
+  }
+}
+
 // The caller's work on `stream` (and the moves before, which begin_move ordered there) ends before
 // the workers, on streams of their own, touch the bytes.
 uvm_status wait_for_caller(const Call& call, cudaStream_t stream) {
@@ -200,6 +220,9 @@ uvm_status spill_out(const Call& call, int device, cudaStream_t stream, const st
                                           cudaMemcpyDefault, stream)) {
         return fail_cuda(c, e, "cudaMemcpyAsync(%p → bounce buffer, %zu bytes)", from, chunk.span.size());
       }
+    }
+    if (kept == Kept::pageable) {
+      for (const SpillChunk& chunk : batch.chunks) populate_ahead(targets.mappings[chunk.target].get() + chunk.offset, chunk.span.size());
     }
     if (cudaError_t e = cudaStreamSynchronize(stream)) return fail_cuda(c, e, "cudaStreamSynchronize (copies to a bounce buffer)");
     if (kept == Kept::pageable) {

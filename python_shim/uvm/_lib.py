@@ -56,7 +56,8 @@ class Residency(ctypes.Structure):
 
 class KeptCopies(ctypes.Structure):
     _fields_ = [("pinned_bytes", ctypes.c_size_t), ("pageable_bytes", ctypes.c_size_t),
-                ("disk_bytes", ctypes.c_size_t), ("disk_files", ctypes.c_size_t)]
+                ("disk_bytes", ctypes.c_size_t), ("disk_files", ctypes.c_size_t),
+                ("retained_bytes", ctypes.c_size_t)]
 
 
 class StagingInfo(ctypes.Structure):
@@ -138,6 +139,8 @@ SIGNATURES = {
     "uvm_pause": (_int, [_int, ctypes.c_char_p]),
     "uvm_resume": (_int, [_int, ctypes.c_char_p]),
     "uvm_paused_count": (_int, [_int, ctypes.c_char_p, ctypes.POINTER(_size)]),
+    "uvm_set_retain_backups": (_int, [_int]),
+    "uvm_get_retain_backups": (_int, []),
     "uvm_get_residency": (_int, [_int, ctypes.c_char_p, ctypes.POINTER(Residency)]),
     "uvm_get_kept_copies": (_int, [_int, ctypes.c_char_p, ctypes.POINTER(KeptCopies)]),
     "uvm_set_disk_backup_dir": (_int, [ctypes.c_char_p]),

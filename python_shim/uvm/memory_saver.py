@@ -46,6 +46,21 @@ def _backup(kind: str):
         lib.uvm_set_thread_backup(previous)
 
 
+@contextlib.contextmanager
+def _region_config(tag: str, kind: str):
+    """Allocations this thread makes inside carry `tag` and backup `kind` (the pool is the caller's)."""
+    from . import tag as uvm_tag
+    with uvm_tag(tag), _backup(kind):
+        yield
+
+
+@contextlib.contextmanager
+def _options_region_config(tag: str, enable_cpu_backup: bool, cpu_backup_backend=None, enable_disk_backup: bool = False):
+    """The same from a region's options (the original's _with_region_config)."""
+    with _region_config(_check_tag(tag), _backup_kind(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)):
+        yield
+
+
 def _check_tag(tag) -> str:
     if not isinstance(tag, str) or not tag:
         raise TypeError(f"a tag is a non-empty str, not {tag!r}")
@@ -68,7 +83,7 @@ def _backup_kind(enable_cpu_backup: bool, enable_disk_backup: bool, cpu_backup_b
         _ensure_disk_backup_dir()
         return "disk"
     if enable_cpu_backup:
-        return "mmap" if cpu_backup_backend == "mmap" else "host"
+        return "mmap" if (cpu_backup_backend or _default_cpu_backup_backend()) == "mmap" else "host"
     return "none"
 
 
@@ -80,6 +95,26 @@ def _ensure_disk_backup_dir() -> None:
     if disk_backup_dir() is None:
         path = os.environ.get("TMS_DISK_BACKUP_DIR") or f"/tmp/uvm-disk-backup-{os.getuid()}"
         TorchMemorySaver.set_disk_backup_dir(path)
+
+
+def _env_flag(name: str) -> bool:
+    """The original's reading of a boolean environment variable; anything else is refused by name."""
+    value = os.environ.get(name)
+    if value is None or value in ("0", "false", "FALSE", "no", "NO"):
+        return False
+    if value in ("1", "true", "TRUE", "yes", "YES"):
+        return True
+    raise ValueError(f"environment variable {name}={value!r} is not a boolean (1/true/yes or 0/false/no)")
+
+
+def _default_cpu_backup_backend() -> str:
+    """What a CPU backup with cpu_backup_backend=None uses: env TMS_INIT_CPU_BACKUP_BACKEND, as in the
+    original, else "pinned"."""
+    backend = os.environ.get("TMS_INIT_CPU_BACKUP_BACKEND") or "pinned"
+    if backend not in CPU_BACKUP_BACKENDS:
+        raise ValueError(f"environment variable TMS_INIT_CPU_BACKUP_BACKEND={backend!r} is not one of "
+                         f"{CPU_BACKUP_BACKENDS}")
+    return backend
 
 
 def _paused_count(lib, name: str) -> int:
@@ -94,8 +129,12 @@ class _State:
     keeps, uvm records with the allocation itself (uvm_pause, uvm_resume)."""
 
     def __init__(self):
+        from ._tms_internals import PoolsByRegion
         self.lock = threading.RLock()
-        self.pools: dict[tuple, object] = {}  # (purpose, tag, backup kind, device) -> torch.cuda.MemPool
+        # -> torch.cuda.MemPool, keyed as the original keys its pools: (tag, enable_cpu_backup,
+        # enable_disk_backup, cpu backup backend or "", device); cuda_graph's by (tag, backup, device).
+        self.region_pools = PoolsByRegion(self.lock)
+        self.graph_pools: dict[tuple, object] = {}
         self.tags: set[str] = set()
         # torch refuses to destroy a MemPool while any thread allocates to a pool (its assert
         # "captures_underway.empty()" aborts the process), so disable()'s pools wait here until no
@@ -103,19 +142,30 @@ class _State:
         self.open_regions = 0
         self.retired_pools: list = []
         self.backing = "releasable"
-        self.retain_cpu_backup = False
+        self.retain_read = False  # env TMS_RETAIN_CPU_BACKUP applied (at the first use of the library)
         self.memory_margin_bytes = 0
 
-    def pool(self, purpose: str, tag: str, backup: str, device: int):
+    def pool(self, pools: dict, key: tuple):
+        """The pool of `key` in `pools` (region_pools or graph_pools; key: ..., tag-first, device-last),
+        made on first use."""
         from . import torch as uvm_torch
         with self.lock:
-            key = (purpose, tag, backup, device)
-            if key not in self.pools:
+            if key not in pools:
                 create = (uvm_torch.create_releasable_mempool if self.backing == "releasable"
                           else uvm_torch.create_unified_mempool)
-                self.pools[key] = create(device)
-                self.tags.add(tag)
-            return self.pools[key]
+                pools[key] = create(key[-1])
+                self.tags.add(key[0])
+            return pools[key]
+
+    def library(self):
+        """libuvm, with the original's env TMS_RETAIN_CPU_BACKUP applied before its first use here."""
+        lib = _lib.library()
+        with self.lock:
+            if not self.retain_read:
+                self.retain_read = True
+                if _env_flag("TMS_RETAIN_CPU_BACKUP"):
+                    _lib.check(lib.uvm_set_retain_backups(1))
+        return lib
 
     @contextlib.contextmanager
     def open_region(self):
@@ -137,7 +187,7 @@ class _State:
 
     def devices(self) -> list[int]:
         with self.lock:
-            return sorted({key[3] for key in self.pools})
+            return sorted({key[-1] for pools in (self.region_pools, self.graph_pools) for key in pools})
 
 
 _state = _State()
@@ -154,11 +204,12 @@ class TorchMemorySaver:
         at resume (cpu_backup_backend="mmap"), or in files on disk (enable_disk_backup=True; not with
         enable_cpu_backup). Regions nest."""
         import torch
-        from . import tag as uvm_tag
         _check_tag(tag)
         kind = _backup_kind(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
-        pool = _state.pool("region", tag, kind, torch.cuda.current_device())
-        with _state.open_region(), uvm_tag(tag), _backup(kind), torch.cuda.use_mem_pool(pool):
+        backend = (cpu_backup_backend or _default_cpu_backup_backend()) if enable_cpu_backup else ""
+        key = (tag, bool(enable_cpu_backup), bool(enable_disk_backup), backend, torch.cuda.current_device())
+        pool = _state.pool(_state.region_pools, key)
+        with _state.open_region(), torch.cuda.use_mem_pool(pool), _region_config(tag, kind):
             yield
 
     @contextlib.contextmanager
@@ -171,7 +222,7 @@ class TorchMemorySaver:
         from . import tag as uvm_tag
         _check_tag(tag)
         kind = _backup_kind(enable_cpu_backup, False, cpu_backup_backend)
-        ours = _state.pool("graph", tag, kind, torch.cuda.current_device())
+        ours = _state.pool(_state.graph_pools, (tag, kind, torch.cuda.current_device()))
         if pool is not None and tuple(pool) != tuple(ours.id):
             raise ValueError("uvm's cuda_graph captures into the uvm pool of its tag so that the graph's memory "
                              "can pause; pass pool=None (graphs of one tag share that pool)")
@@ -201,7 +252,7 @@ class TorchMemorySaver:
         the driver; returns when it is free. Pausing a paused tag does nothing. uvm_pause waits for
         each device in C: a daemon thread pausing when the interpreter exits is ended cleanly
         there, where inside torch's bindings the process aborted (H100 run)."""
-        lib = _lib.library()
+        lib = _state.library()
         with _state.lock:
             for name in _state.selected(tag):
                 _lib.check(lib.uvm_pause(_lib.UVM_ANY_DEVICE, name.encode()))
@@ -212,7 +263,7 @@ class TorchMemorySaver:
         the others); returns when the tensors hold their data again. Resuming a resumed tag does
         nothing. Raises MemoryError (nothing resumed) when the memory would leave less than
         memory_margin_bytes free."""
-        lib = _lib.library()
+        lib = _state.library()
         with _state.lock:
             names = [name for name in _state.selected(tag) if _paused_count(lib, name)]
             if not names:
@@ -220,8 +271,8 @@ class TorchMemorySaver:
             for device in _state.devices():
                 self._check_margin(names, device)
             for name in names:
-                _lib.check(lib.uvm_resume(_lib.UVM_ANY_DEVICE, name.encode()))
-            if not _state.retain_cpu_backup:
+                _lib.check(lib.uvm_resume(_lib.UVM_ANY_DEVICE, name.encode()))  # keeps the copies if retaining
+            if not lib.uvm_get_retain_backups():
                 from . import release_staging
                 release_staging()  # the original frees its backups after a resume unless told to keep them
 
@@ -249,8 +300,10 @@ class TorchMemorySaver:
 
     def get_cpu_backup(self, x, zero_copy: bool = False):
         """The CPU copy of a paused tensor's bytes, as a CPU tensor of its dtype and shape (a clone
-        unless zero_copy=True, which views uvm's pinned memory: valid until resume). None when the
-        tensor is not paused with a CPU backup (a disk backup is not in host memory)."""
+        unless zero_copy=True, which views uvm's host memory: valid until resume, or while retained).
+        After a resume with retain_cpu_backup, the retained copy: the bytes as they were paused, at
+        the same address. None when the tensor has no CPU backup (a disk backup is not in host
+        memory)."""
         import torch
         if not isinstance(x, torch.Tensor) or not x.is_cuda:
             raise ValueError(f"get_cpu_backup takes a CUDA tensor, not {type(x).__name__}"
@@ -260,7 +313,7 @@ class TorchMemorySaver:
                              f"strides {x.stride()})")
         if x.numel() == 0:
             return torch.empty_like(x, device="cpu")
-        lib = _lib.library()
+        lib = _state.library()
         host = ctypes.c_void_p()
         _lib.check(lib.uvm_get_staged_copy(x.data_ptr(), x.nbytes, ctypes.byref(host)))
         if not host.value:
@@ -268,6 +321,12 @@ class TorchMemorySaver:
         raw = torch.frombuffer((ctypes.c_uint8 * x.nbytes).from_address(host.value), dtype=torch.uint8)
         backup = raw.view(x.dtype).view(x.shape)
         return backup if zero_copy else backup.clone()
+
+    @property
+    def _impl(self):
+        """The original's private names its own example programs reach into (_tms_internals.py)."""
+        from ._tms_internals import Internals
+        return Internals(_state, _options_region_config)
 
     @property
     def enabled(self) -> bool:
@@ -299,20 +358,22 @@ class TorchMemorySaver:
         if value not in BACKINGS:
             raise ValueError(f"backing must be one of {BACKINGS}, not {value!r}")
         with _state.lock:
-            if _state.pools and value != _state.backing:
+            if (_state.region_pools or _state.graph_pools) and value != _state.backing:
                 raise RuntimeError("set backing before the first region: pools already exist with "
                                    f"backing {_state.backing!r}")
             _state.backing = value
 
     @property
     def retain_cpu_backup(self) -> bool:
-        """Keep the pinned memory that held the CPU backups after a resume (default False: freed, as
-        the original does), so the next pause needs no new pinned allocation."""
-        return _state.retain_cpu_backup
+        """Whether a resume keeps the CPU backups it brings back (default False, or env
+        TMS_RETAIN_CPU_BACKUP: freed, as the original does). Kept, each stays readable through
+        get_cpu_backup at the same address until the next pause writes it again in place (pinned;
+        an mmap backup is replaced), its tensor is freed, or a resume without retaining."""
+        return bool(_state.library().uvm_get_retain_backups())
 
     @retain_cpu_backup.setter
     def retain_cpu_backup(self, value: bool) -> None:
-        _state.retain_cpu_backup = bool(value)
+        _lib.check(_state.library().uvm_set_retain_backups(1 if value else 0))
 
     @property
     def memory_margin_bytes(self) -> int:

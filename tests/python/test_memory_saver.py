@@ -47,9 +47,29 @@ for bad in (-1, 1.5, True):
         raise AssertionError(bad)
 saver.retain_cpu_backup = True
 assert saver.retain_cpu_backup is True
+import uvm
+assert uvm.library().uvm_get_retain_backups() == 1  # uvm's own setting: uvm_resume reads it
+saver.retain_cpu_backup = False
+assert saver.retain_cpu_backup is False
 print("ok")
 """
     assert python(code).stdout.strip().endswith("ok")
+
+
+@pytest.mark.parametrize("value, expected", [("1", True), ("yes", True), ("0", False), ("", None), ("maybe", None)])
+def test_retain_cpu_backup_starts_from_the_originals_environment_variable(value, expected):
+    code = """
+from uvm.memory_saver import torch_memory_saver
+try:
+    print(torch_memory_saver.retain_cpu_backup)
+except ValueError as error:
+    print(error)
+"""
+    out = python(code, env={"TMS_RETAIN_CPU_BACKUP": value} if value else {}).stdout.strip()
+    if value == "maybe":
+        assert "TMS_RETAIN_CPU_BACKUP='maybe' is not a boolean" in out
+    else:
+        assert out == str(bool(expected))
 
 
 @pytest.mark.parametrize("options, kind, words", [

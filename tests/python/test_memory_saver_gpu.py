@@ -219,10 +219,48 @@ with saver.region(tag="w", enable_cpu_backup=True):
     w = pattern(64 * MiB, 6)
 saver.pause("w"); saver.resume("w")
 assert uvm.staging()["capacity_bytes"] == 0, "the backup's pinned memory was kept without retain_cpu_backup"
+assert saver.get_cpu_backup(w) is None
 saver.retain_cpu_backup = True
-saver.pause("w"); saver.resume("w")
+saver.pause("w")
+first = saver.get_cpu_backup(w, zero_copy=True).data_ptr()
+saver.resume("w")
 assert uvm.staging()["capacity_bytes"] >= 64 * MiB
 assert torch.equal(w, pattern(64 * MiB, 6))
+kept = saver.get_cpu_backup(w, zero_copy=True)  # the retained copy, where it was, as it was paused
+assert kept.data_ptr() == first and torch.equal(kept, pattern(64 * MiB, 6).cpu())
+assert uvm.kept_copies(tag="w")["retained_bytes"] == 64 * MiB
+w.copy_(pattern(64 * MiB, 7))
+saver.pause("w")  # written again in place
+again = saver.get_cpu_backup(w, zero_copy=True)
+assert again.data_ptr() == first and torch.equal(again, pattern(64 * MiB, 7).cpu())
+del kept, again
+saver.retain_cpu_backup = False
+saver.resume("w")
+assert torch.equal(w, pattern(64 * MiB, 7))
+assert saver.get_cpu_backup(w) is None and uvm.staging()["capacity_bytes"] == 0
+print("ok")
+""")
+
+
+def test_a_retained_backup_goes_with_its_tensor_and_an_mmap_one_with_a_resume_that_does_not_retain():
+    run(r"""
+saver.retain_cpu_backup = True
+with saver.region(tag="p", enable_cpu_backup=True):
+    p = pattern(32 * MiB, 8)
+with saver.region(tag="m", enable_cpu_backup=True, cpu_backup_backend="mmap"):
+    m = pattern(32 * MiB, 9)
+saver.pause(); saver.resume()
+assert torch.equal(p, pattern(32 * MiB, 8)) and torch.equal(m, pattern(32 * MiB, 9))
+assert torch.equal(saver.get_cpu_backup(m), pattern(32 * MiB, 9).cpu())
+assert uvm.kept_copies("all")["retained_bytes"] == 64 * MiB
+del p
+torch.cuda.synchronize()
+assert uvm.kept_copies("all")["retained_bytes"] == 32 * MiB
+assert uvm.staging()["capacity_bytes"] == 0, "a freed tensor's retained backup kept its pinned memory"
+saver.retain_cpu_backup = False
+saver.pause("m"); saver.resume("m")
+assert saver.get_cpu_backup(m) is None and uvm.kept_copies("all")["retained_bytes"] == 0
+assert torch.equal(m, pattern(32 * MiB, 9))
 print("ok")
 """)
 

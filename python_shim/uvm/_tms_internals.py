@@ -1,0 +1,49 @@
+"""torch_memory_saver's private names that its own example programs reach into —
+`torch_memory_saver._impl._mem_pools`, `._with_region_config(...)` and `._binary_wrapper.cdll` — so
+that they run unchanged on uvm.memory_saver with only the import swapped. Not uvm's API: use
+region(), pause(), resume(), and uvm.release_pool to let a pool go."""
+from __future__ import annotations
+
+from . import _lib
+
+
+class PoolsByRegion(dict):
+    """The region pools, keyed as the original keys them: (tag, enable_cpu_backup,
+    enable_disk_backup, cpu backup backend or "", device). uvm keeps every pool alive until it is
+    released (uvm.release_pool says why); a pool taken out of here is released, so that it frees its
+    memory once its last reference goes, as the original's does."""
+
+    def __init__(self, lock):
+        super().__init__()
+        self._lock = lock
+
+    def pop(self, key, *default):
+        from .torch import release_pool
+        with self._lock:
+            if key not in self and default:
+                return default[0]
+            pool = super().pop(key)
+        release_pool(pool)
+        return pool
+
+    def __delitem__(self, key):
+        self.pop(key)
+
+
+class _BinaryWrapper:
+    """The original's handle on its C library; here libuvm (which links the CUDA runtime, so its
+    symbols resolve through it as through the original's)."""
+
+    @property
+    def cdll(self):
+        return _lib.library()
+
+
+class Internals:
+    """torch_memory_saver._impl: `region_config(tag, enable_cpu_backup, cpu_backup_backend,
+    enable_disk_backup)` is memory_saver's, a region's settings without its pool."""
+
+    def __init__(self, state, region_config):
+        self._mem_pools = state.region_pools
+        self._binary_wrapper = _BinaryWrapper()
+        self._with_region_config = region_config

@@ -193,12 +193,58 @@ uvm_status make_targets(const Call& call, const CopyLayout& layout, Kept kept, T
   return UVM_OK;
 }
 
+// UVM_MMAP_COPY=direct: the batch's pages of the mappings are populated and pinned
+// (cudaHostRegister) for its copy only, the device copies straight into them, and they are
+// unpinned: pageable again once the copy is done, with no memcpy through a bounce buffer. Sets
+// `written` false, having changed nothing, if the pages cannot be pinned (a limit on locked
+// memory): the caller then goes through the bounce buffer.
+uvm_status write_direct(const Call& call, cudaStream_t stream, const SpillBatch& batch, const Targets& targets,
+                        bool* written) {
+  *written = false;
+  std::vector<char*> pinned;
+  auto unpin = [&](uvm_status status) {
+    for (char* at : pinned) {
+      const cudaError_t e = cudaHostUnregister(at);
+      if (e != cudaSuccess && status == UVM_OK) status = fail_cuda(call, e, "cudaHostUnregister(%p) after an mmap copy", at);
+      clear_cuda_error(e);
+    }
+    return status;
+  };
+  bool refused = false;
+  const uvm_status pinning = each_io_run(batch, [&](const SpillChunk& first, size_t, uint64_t io_begin, size_t bytes) {
+    char* at = targets.mappings[first.target].get() + io_begin;
+    populate_ahead(at, bytes);
+    if (clear_cuda_error(cudaHostRegister(at, bytes, cudaHostRegisterPortable)) != cudaSuccess) {
+      refused = true;
+      return UVM_ERROR_OUT_OF_MEMORY;  // stops the runs; not a failure of the call
+    }
+    pinned.push_back(at);
+    return UVM_OK;
+  });
+  if (refused || pinning != UVM_OK) return unpin(UVM_OK);
+  for (const SpillChunk& chunk : batch.chunks) {
+    const void* from = reinterpret_cast<const void*>(chunk.span.begin);
+    if (cudaError_t e = cudaMemcpyAsync(targets.mappings[chunk.target].get() + chunk.offset, from, chunk.span.size(),
+                                        cudaMemcpyDefault, stream)) {
+      clear_cuda_error(cudaStreamSynchronize(stream));
+      return unpin(fail_cuda(call, e, "cudaMemcpyAsync(%p → mmap'ed copy, %zu bytes)", from, chunk.span.size()));
+    }
+  }
+  if (cudaError_t e = cudaStreamSynchronize(stream)) {
+    return unpin(fail_cuda(call, e, "cudaStreamSynchronize (copies into an mmap'ed copy)"));
+  }
+  *written = true;
+  return unpin(UVM_OK);
+}
+
 }  // namespace
 
 uvm_status spill_out(const Call& call, int device, cudaStream_t stream, const std::vector<HintRange>& pieces,
                      Kept kept, std::vector<StagedPiece>* out) {
   if (uvm_status s = wait_for_caller(call, stream)) return s;
-  const size_t align = kept == Kept::disk ? kDiskAlign : 64;
+  // Whole pages for a mapping too: a batch's pages may be pinned for its copy (write_direct), and
+  // two batches may not pin the same page.
+  const size_t align = kDiskAlign;
   std::vector<Span> spans;
   std::vector<uintptr_t> allocations;
   size_t total = 0;
@@ -214,6 +260,11 @@ uvm_status spill_out(const Call& call, int device, cudaStream_t stream, const st
   const std::vector<SpillBatch> batches = plan_spill(layout.items, kBounceBytes, align);
   auto write_batch = [&](const Call& c, cudaStream_t stream, char* buffer, size_t index) {
     const SpillBatch& batch = batches[index];
+    if (kept == Kept::pageable && options().mmap_direct) {
+      bool written = false;
+      if (uvm_status s = write_direct(c, stream, batch, targets, &written)) return s;
+      if (written) return UVM_OK;  // else the pages could not be pinned: through the buffer
+    }
     for (const SpillChunk& chunk : batch.chunks) {
       const void* from = reinterpret_cast<const void*>(chunk.span.begin);
       if (cudaError_t e = cudaMemcpyAsync(chunk_bytes_in(buffer, chunk), from, chunk.span.size(),

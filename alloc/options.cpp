@@ -138,14 +138,6 @@ bool parse_backup_threads(const char* text, Options* into) {
   return true;
 }
 
-bool parse_mmap_copy(const char* text, Options* into) {
-  static const char* const names[] = {"direct", "bounce"};
-  size_t index = 0;
-  if (!parse_name(text, names, &index)) return false;
-  into->mmap_direct = index == 0;
-  return true;
-}
-
 // One row of the table, as uvm_get_option hands it out, and its parser.
 struct OptionRow {
   const char* name;
@@ -191,10 +183,6 @@ const Row kRows[] = {
      parse_disk_backup_dir},
     {{"UVM_BACKUP_THREADS", "8", "1-16: threads (each with a 16 MiB pinned buffer) that move mmap and disk copies"},
      parse_backup_threads},
-    {{"UVM_MMAP_COPY", "direct",
-      "direct or bounce: how an mmap copy is written (its pages pinned while the device copies into them, or "
-      "through the threads' pinned buffers)"},
-     parse_mmap_copy},
 };
 constexpr size_t kRowCount = sizeof kRows / sizeof kRows[0];
 static_assert(kMaxOnloadStreams == 8, "UVM_ONLOAD_STREAMS's meaning says 1-8");

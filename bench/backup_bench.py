@@ -128,7 +128,6 @@ def main() -> int:
     threads = args.threads.split(",")
     runs = [("uvm", backend, {}) for backend in ("default", "pinned")]
     runs += [("uvm", "mmap", {"UVM_BACKUP_THREADS": t}) for t in threads]
-    runs += [("uvm", "mmap", {"UVM_BACKUP_THREADS": threads[0], "UVM_MMAP_COPY": "bounce"})]
     if not args.no_peer:
         runs += [("torch_memory_saver", backend, {}) for backend in ("default", "pinned", "mmap")]
     # The disk's speed drifts over minutes (burst credits, the host's cache): uvm's and the peer's

@@ -109,7 +109,6 @@ UVM_API const char* uvm_version(void);
  *   UVM_TRACE             a file for every move's phases as Chrome trace events
  *   UVM_DISK_BACKUP_DIR   a directory on a real disk for UVM_STRATEGY_DISK's files
  *   UVM_BACKUP_THREADS    1–16 (8): threads that move mmap and disk copies
- *   UVM_MMAP_COPY         direct | bounce: an mmap copy's pages pinned for the copy, or a buffer
  *
  * Read once, at the first call that needs one. Unset or empty means the default; names are
  * case-insensitive. A value uvm does not understand is never passed over for the default: uvm_malloc,
@@ -423,11 +422,9 @@ typedef enum uvm_strategy {
 UVM_API uvm_status uvm_offload_ranges(const uvm_range* ranges, size_t count, uvm_strategy strategy,
                                       cudaStream_t stream);
 
-/* MMAP and DISK copies are moved by UVM_BACKUP_THREADS threads, each with its own stream and 16 MiB
- * pinned bounce buffer: files are written through the buffer (with O_DIRECT where the file system
- * takes it); an MMAP copy's pages are pinned for the copy only, the device copies straight into
- * them, and they are pageable again once it is done (env UVM_MMAP_COPY=bounce: through the buffer,
- * as where pinning is refused). Copies back always go through the buffers. Unlike STAGED they are synchronous: the call waits for `stream`, copies, and returns
+/* MMAP and DISK copies go through pinned bounce buffers uvm keeps (env UVM_BACKUP_THREADS threads,
+ * each with its own 16 MiB buffer and stream; files are written with O_DIRECT where the file system
+ * takes it). Unlike STAGED they are synchronous: the call waits for `stream`, copies, and returns
  * once the bytes are in host memory or on disk (the discard that follows is on `stream`). If a copy
  * fails (the disk is full, the directory was removed) nothing is discarded: the bytes stay on the
  * device, and no mapping or file is left behind; UVM_ERROR_IO names the path and the errno. */

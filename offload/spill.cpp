@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -146,25 +145,6 @@ uvm_status map_pageable(const Call& call, size_t bytes, std::shared_ptr<char>* o
   return UVM_OK;
 }
 
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23  // Linux 5.14; older kernels refuse it (EINVAL) and the copy faults as before
-#endif
-
-// Maps the pages under [at, at + bytes) of a fresh mapping writable, without changing a byte, while
-// the worker's copies into its bounce buffer run: the page faults (zeroing each page) then overlap
-// the transfer instead of following it in the memcpy. Other workers may be writing into the
-// same pages at the ends (pieces lie 64 bytes apart), which populating does not disturb.
-void populate_ahead(char* at, size_t bytes) {
-  static std::atomic<bool> refused{false};
-  if (refused.load(std::memory_order_relaxed) || bytes == 0) return;
-  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(at) / page * page;
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(at) + bytes + page - 1) / page * page;
-  if (madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE) != 0 && errno == EINVAL) {
-    refused.store(true, std::memory_order_relaxed);
-  }
-}
-
 // The caller's work on `stream` (and the moves before, which begin_move ordered there) ends before
 // the workers, on streams of their own, touch the bytes.
 uvm_status wait_for_caller(const Call& call, cudaStream_t stream) {
@@ -193,58 +173,12 @@ uvm_status make_targets(const Call& call, const CopyLayout& layout, Kept kept, T
   return UVM_OK;
 }
 
-// UVM_MMAP_COPY=direct: the batch's pages of the mappings are populated and pinned
-// (cudaHostRegister) for its copy only, the device copies straight into them, and they are
-// unpinned: pageable again once the copy is done, with no memcpy through a bounce buffer. Sets
-// `written` false, having changed nothing, if the pages cannot be pinned (a limit on locked
-// memory): the caller then goes through the bounce buffer.
-uvm_status write_direct(const Call& call, cudaStream_t stream, const SpillBatch& batch, const Targets& targets,
-                        bool* written) {
-  *written = false;
-  std::vector<char*> pinned;
-  auto unpin = [&](uvm_status status) {
-    for (char* at : pinned) {
-      const cudaError_t e = cudaHostUnregister(at);
-      if (e != cudaSuccess && status == UVM_OK) status = fail_cuda(call, e, "cudaHostUnregister(%p) after an mmap copy", at);
-      clear_cuda_error(e);
-    }
-    return status;
-  };
-  bool refused = false;
-  const uvm_status pinning = each_io_run(batch, [&](const SpillChunk& first, size_t, uint64_t io_begin, size_t bytes) {
-    char* at = targets.mappings[first.target].get() + io_begin;
-    populate_ahead(at, bytes);
-    if (clear_cuda_error(cudaHostRegister(at, bytes, cudaHostRegisterPortable)) != cudaSuccess) {
-      refused = true;
-      return UVM_ERROR_OUT_OF_MEMORY;  // stops the runs; not a failure of the call
-    }
-    pinned.push_back(at);
-    return UVM_OK;
-  });
-  if (refused || pinning != UVM_OK) return unpin(UVM_OK);
-  for (const SpillChunk& chunk : batch.chunks) {
-    const void* from = reinterpret_cast<const void*>(chunk.span.begin);
-    if (cudaError_t e = cudaMemcpyAsync(targets.mappings[chunk.target].get() + chunk.offset, from, chunk.span.size(),
-                                        cudaMemcpyDefault, stream)) {
-      clear_cuda_error(cudaStreamSynchronize(stream));
-      return unpin(fail_cuda(call, e, "cudaMemcpyAsync(%p → mmap'ed copy, %zu bytes)", from, chunk.span.size()));
-    }
-  }
-  if (cudaError_t e = cudaStreamSynchronize(stream)) {
-    return unpin(fail_cuda(call, e, "cudaStreamSynchronize (copies into an mmap'ed copy)"));
-  }
-  *written = true;
-  return unpin(UVM_OK);
-}
-
 }  // namespace
 
 uvm_status spill_out(const Call& call, int device, cudaStream_t stream, const std::vector<HintRange>& pieces,
                      Kept kept, std::vector<StagedPiece>* out) {
   if (uvm_status s = wait_for_caller(call, stream)) return s;
-  // Whole pages for a mapping too: a batch's pages may be pinned for its copy (write_direct), and
-  // two batches may not pin the same page.
-  const size_t align = kDiskAlign;
+  const size_t align = kept == Kept::disk ? kDiskAlign : 64;
   std::vector<Span> spans;
   std::vector<uintptr_t> allocations;
   size_t total = 0;
@@ -260,20 +194,12 @@ uvm_status spill_out(const Call& call, int device, cudaStream_t stream, const st
   const std::vector<SpillBatch> batches = plan_spill(layout.items, kBounceBytes, align);
   auto write_batch = [&](const Call& c, cudaStream_t stream, char* buffer, size_t index) {
     const SpillBatch& batch = batches[index];
-    if (kept == Kept::pageable && options().mmap_direct) {
-      bool written = false;
-      if (uvm_status s = write_direct(c, stream, batch, targets, &written)) return s;
-      if (written) return UVM_OK;  // else the pages could not be pinned: through the buffer
-    }
     for (const SpillChunk& chunk : batch.chunks) {
       const void* from = reinterpret_cast<const void*>(chunk.span.begin);
       if (cudaError_t e = cudaMemcpyAsync(chunk_bytes_in(buffer, chunk), from, chunk.span.size(),
                                           cudaMemcpyDefault, stream)) {
         return fail_cuda(c, e, "cudaMemcpyAsync(%p → bounce buffer, %zu bytes)", from, chunk.span.size());
       }
-    }
-    if (kept == Kept::pageable) {
-      for (const SpillChunk& chunk : batch.chunks) populate_ahead(targets.mappings[chunk.target].get() + chunk.offset, chunk.span.size());
     }
     if (cudaError_t e = cudaStreamSynchronize(stream)) return fail_cuda(c, e, "cudaStreamSynchronize (copies to a bounce buffer)");
     if (kept == Kept::pageable) {

@@ -23,8 +23,7 @@ uvm::Options parsed(const std::map<std::string, std::string>& env) {
 const char* const kNames[] = {"UVM_LIMIT_BYTES",    "UVM_LIMIT_FRACTION", "UVM_DEFAULT_ADVICE",
                               "UVM_SLABS",          "UVM_PINNED",         "UVM_ONLOAD_COPY",
                               "UVM_ONLOAD_CHUNK_MIB", "UVM_ONLOAD_STREAMS", "UVM_TRACE",
-                              "UVM_DISK_BACKUP_DIR",  "UVM_BACKUP_THREADS",
-                              "UVM_MMAP_COPY"};
+                              "UVM_DISK_BACKUP_DIR",  "UVM_BACKUP_THREADS"};
 }  // namespace
 
 TEST_CASE("nothing set, or set empty, gives every default", "[options]") {
@@ -118,9 +117,6 @@ TEST_CASE("the backup threads are 1-16 and the disk directory is taken as writte
   CHECK_THAT(parsed({{"UVM_BACKUP_THREADS", "17"}}).error, Has("UVM_BACKUP_THREADS='17' is not understood; expected 1-16"));
   CHECK_THAT(parsed({{"UVM_BACKUP_THREADS", "0"}}).error, Has("UVM_BACKUP_THREADS='0'"));
   CHECK(parsed({{"UVM_DISK_BACKUP_DIR", "/data/backups"}}).disk_backup_dir == "/data/backups");
-  CHECK(parsed({}).mmap_direct);
-  CHECK_FALSE(parsed({{"UVM_MMAP_COPY", "bounce"}}).mmap_direct);
-  CHECK_THAT(parsed({{"UVM_MMAP_COPY", "pinned"}}).error, Has("UVM_MMAP_COPY='pinned' is not understood"));
 }
 
 TEST_CASE("both limit variables set is refused", "[options]") {
@@ -140,7 +136,7 @@ TEST_CASE("uvm_get_option lists the table in uvm.h's order", "[options]") {
   }
   uvm_option_info info{};
   CHECK(uvm_get_option(-1, &info) == UVM_ERROR_INVALID_ARGUMENT);
-  CHECK_THAT(last_error(), Has("uvm_get_option(): index -1 is not below uvm_option_count() = 12"));
+  CHECK_THAT(last_error(), Has("uvm_get_option(): index -1 is not below uvm_option_count() = 11"));
   CHECK(uvm_get_option(uvm_option_count(), &info) == UVM_ERROR_INVALID_ARGUMENT);
   CHECK(uvm_get_option(0, nullptr) == UVM_ERROR_INVALID_ARGUMENT);
   CHECK_THAT(last_error(), Has("info is NULL"));

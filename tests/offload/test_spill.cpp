@@ -434,26 +434,3 @@ TEST_CASE("UVM_DISK_BACKUP_DIR names the directory until a call sets another", "
   CHECK(memory.intact());
   CHECK(backup_files(from_env).empty());
 }
-
-TEST_CASE("an mmap copy pins its pages only while the device copies into them, or goes through a buffer "
-          "where pinning is refused", "[spill][mmap_copy][cuda13]") {
-  const bool refused = GENERATE(false, true);
-  CAPTURE(refused);
-  FakeMachine machine;
-  Releasable whole(40 * kMiB, 0, 5);
-  const uvm_range range = whole.whole();
-  if (refused) fake::fail_next("cudaHostRegister", cudaErrorMemoryAllocation);
-  fake::reset_ops();
-  REQUIRE(uvm_offload_ranges(&range, 1, UVM_STRATEGY_MMAP, nullptr) == UVM_OK);
-  CHECK(cudaPeekAtLastError() == cudaSuccess);
-  // One registration per batch of 16 MiB (a refused one is not logged), each undone after its copy;
-  // a refused batch goes through a bounce buffer instead.
-  const size_t registrations = FakeMachine::ops_named(fake::OpKind::host_register).size();
-  CHECK(registrations == (refused ? 2u : 3u));
-  CHECK(FakeMachine::ops_named(fake::OpKind::host_unregister).size() == registrations);
-  CHECK(FakeMachine::ops_named(fake::OpKind::copy_to_host).size() == 3u);
-  REQUIRE(uvm_release_staging() == UVM_OK);  // the idle bounce buffers go: nothing else stays pinned
-  CHECK(fake::pinned_blocks() == 0);
-  REQUIRE(uvm_onload_ranges(&range, 1, nullptr) == UVM_OK);
-  CHECK(whole.intact());
-}

@@ -346,7 +346,8 @@ for cycle in range(3):
     assert torch.equal(w, pattern(384 * MiB, 1)), f"cycle {{cycle}}: the backed-up tensor came back different"
     assert torch.equal(small, pattern(7 * MiB + 12345, 2))
     assert torch.equal(kv, pattern(64 * MiB, 3)), "another tag was touched"
-    assert uvm.kept_copies("all", "weights") == dict(pinned_bytes=0, pageable_bytes=0, disk_bytes=0, disk_files=0)
+    assert uvm.kept_copies("all", "weights") == dict(pinned_bytes=0, pageable_bytes=0, disk_bytes=0, disk_files=0,
+                                                          retained_bytes=0)
     if backend == "disk":
         assert not [f for f in os.listdir(disk_dir) if f.endswith(".backup")]
     assert rss() - rss_before < 128 * MiB, f"host memory not given back: {{(rss() - rss_before) >> 20}} MiB more"

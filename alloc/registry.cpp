@@ -88,7 +88,7 @@ void Registry::unmark(uintptr_t base, uintptr_t begin, uintptr_t end) {
   if (it != allocations_.end()) it->second.marked.remove(begin - base, end - base);
 }
 
-size_t Registry::cut_out(std::map<uintptr_t, StagedPiece>& pieces, uintptr_t begin, uintptr_t end,
+size_t Registry::cut_out(PieceMap& pieces, uintptr_t begin, uintptr_t end,
                          std::vector<StagedPiece>* dropped) {
   auto it = pieces.upper_bound(begin);
   if (it != pieces.begin() && std::prev(it)->second.span.end > begin) --it;
@@ -133,37 +133,30 @@ void Registry::stage(std::vector<StagedPiece> pieces) {
   }
 }
 
-void Registry::clipped_pieces(const std::map<uintptr_t, StagedPiece>& pieces, uintptr_t begin, uintptr_t end,
-                              std::vector<StagedPiece>* out) {
-  auto it = pieces.upper_bound(begin);
-  if (it != pieces.begin() && std::prev(it)->second.span.end > begin) --it;
-  for (; it != pieces.end() && it->first < end; ++it) {
-    const StagedPiece& piece = it->second;
-    const uintptr_t from = std::max(begin, piece.span.begin), to = std::min(end, piece.span.end);
-    if (from < to) out->push_back(piece.part(from, to));
+std::vector<StagedPiece> Registry::pieces_of(PieceMap Allocation::*which, uintptr_t begin, uintptr_t end) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<StagedPiece> pieces;
+  auto record = allocations_.upper_bound(begin);
+  if (record != allocations_.begin()) --record;
+  for (; record != allocations_.end() && record->first < end; ++record) {
+    const PieceMap& map = record->second.*which;
+    auto it = map.upper_bound(begin);
+    if (it != map.begin() && std::prev(it)->second.span.end > begin) --it;
+    for (; it != map.end() && it->first < end; ++it) {
+      const StagedPiece& piece = it->second;
+      const uintptr_t from = std::max(begin, piece.span.begin), to = std::min(end, piece.span.end);
+      if (from < to) pieces.push_back(piece.part(from, to));
+    }
   }
+  return pieces;
 }
 
 std::vector<StagedPiece> Registry::staged(uintptr_t begin, uintptr_t end) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  std::vector<StagedPiece> pieces;
-  auto record = allocations_.upper_bound(begin);
-  if (record != allocations_.begin()) --record;
-  for (; record != allocations_.end() && record->first < end; ++record) {
-    clipped_pieces(record->second.staged, begin, end, &pieces);
-  }
-  return pieces;
+  return pieces_of(&Allocation::staged, begin, end);
 }
 
 std::vector<StagedPiece> Registry::retained(uintptr_t begin, uintptr_t end) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  std::vector<StagedPiece> pieces;
-  auto record = allocations_.upper_bound(begin);
-  if (record != allocations_.begin()) --record;
-  for (; record != allocations_.end() && record->first < end; ++record) {
-    clipped_pieces(record->second.retained, begin, end, &pieces);
-  }
-  return pieces;
+  return pieces_of(&Allocation::retained, begin, end);
 }
 
 size_t Registry::unstage(uintptr_t begin, uintptr_t end, bool retain) {

@@ -60,6 +60,9 @@ struct StagedPiece {
   }
 };
 
+// Copies of an allocation's bytes, by address.
+using PieceMap = std::map<uintptr_t, StagedPiece>;
+
 // Everything uvm knows about one live allocation.
 struct Allocation {
   size_t size = 0;
@@ -83,12 +86,12 @@ struct Allocation {
   // instead of copying.
   bool blocks_reported = false;
   SpanSet blocks;
-  std::map<uintptr_t, StagedPiece> staged;  // by address; disjoint, inside `host`
+  PieceMap staged;          // disjoint, inside `host`
   // Host copies kept after their bytes came back (uvm_resume with uvm_set_retain_backups(1)): what
   // the bytes were at their last pause, readable (uvm_get_staged_copy) and, for pinned ones,
   // written again in place by the next offload that stages those bytes. Never copied back. By
   // address; disjoint; on the device (not inside `host`).
-  std::map<uintptr_t, StagedPiece> retained;
+  PieceMap retained;
   EventRef last_move;       // where its last move ends on the GPU (null: nothing pending)
   bool released() const { return backing == Backing::releasable && !mapping.mapped; }
 };
@@ -213,11 +216,9 @@ class Registry {
   static size_t unstage_locked(Allocation& allocation, uintptr_t begin, uintptr_t end,
                                std::vector<StagedPiece>* dropped);
   // The same for the pieces of one map (staged or retained).
-  static size_t cut_out(std::map<uintptr_t, StagedPiece>& pieces, uintptr_t begin, uintptr_t end,
-                        std::vector<StagedPiece>* dropped);
-  // The pieces of one map overlapping [begin, end), clipped to it.
-  static void clipped_pieces(const std::map<uintptr_t, StagedPiece>& pieces, uintptr_t begin, uintptr_t end,
-                             std::vector<StagedPiece>* out);
+  static size_t cut_out(PieceMap& pieces, uintptr_t begin, uintptr_t end, std::vector<StagedPiece>* dropped);
+  // The pieces of map `which` (staged or retained) overlapping [begin, end), clipped to it.
+  std::vector<StagedPiece> pieces_of(PieceMap Allocation::*which, uintptr_t begin, uintptr_t end) const;
 
   mutable std::mutex mutex_;
   std::map<uintptr_t, Allocation> allocations_;

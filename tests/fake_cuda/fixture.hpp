@@ -68,9 +68,11 @@ struct Releasable {
   void fill() {
     for (size_t i = 0; i < size; ++i) ptr[i] = expected(i);
   }
-  bool intact(size_t from = 0, size_t to = 0) const {
+  bool intact(size_t from = 0, size_t to = 0) const { return held_by(ptr, from, to); }
+  // Whether `bytes` (the memory, or a copy of it) hold what fill() wrote, from `from` to `to` (0: the end).
+  bool held_by(const unsigned char* bytes, size_t from = 0, size_t to = 0) const {
     for (size_t i = from; i < (to ? to : size); ++i) {
-      if (ptr[i] != expected(i)) return false;
+      if (bytes[i] != expected(i)) return false;
     }
     return true;
   }

@@ -147,14 +147,6 @@ const unsigned char* host_copy(const Releasable& memory) {
   REQUIRE(uvm_get_staged_copy(memory.ptr, memory.size, &host) == UVM_OK);
   return static_cast<const unsigned char*>(host);
 }
-
-// Whether `copy` holds what `memory` was filled with.
-bool holds(const unsigned char* copy, const Releasable& memory) {
-  for (size_t i = 0; i < memory.size; ++i) {
-    if (copy[i] != memory.expected(i)) return false;
-  }
-  return true;
-}
 }  // namespace
 
 TEST_CASE("a resume that retains keeps the pinned copy at its address; the next pause writes it there",
@@ -170,7 +162,7 @@ TEST_CASE("a resume that retains keeps the pinned copy at its address; the next 
     REQUIRE(uvm_resume(0, "weights") == UVM_OK);
     CHECK(weights->intact());
     CHECK(host_copy(*weights) == first);  // still there, at the same address, holding the bytes
-    CHECK(holds(first, *weights));
+    CHECK(weights->held_by(first));
     CHECK(residency(0, "weights").staged_bytes == 0);  // not staged: the device has the bytes
     CHECK(kept_copies(0, "weights").retained_bytes == kMiB);
 
@@ -179,7 +171,7 @@ TEST_CASE("a resume that retains keeps the pinned copy at its address; the next 
     fake::device_wrote(weights->ptr, weights->size);
     REQUIRE(uvm_pause(0, "weights") == UVM_OK);
     CHECK(host_copy(*weights) == first);  // written again in place
-    CHECK(holds(first, *weights));
+    CHECK(weights->held_by(first));
     CHECK(kept_copies(0, "weights").retained_bytes == 0);  // staged again
     CHECK(kept_copies(0, "weights").pinned_bytes == kMiB);
   }
@@ -250,7 +242,7 @@ TEST_CASE("an mmap copy is retained too and replaced at the next pause; a disk c
   CHECK(mapped->intact());
   CHECK(on_disk->intact());
   CHECK(host_copy(*mapped) == first);
-  CHECK(holds(first, *mapped));
+  CHECK(mapped->held_by(first));
   CHECK(kept_copies(0, "mapped").retained_bytes == kMiB);
   CHECK(kept_copies(0, "on disk").retained_bytes == 0);
   CHECK(backup_files(test_disk_dir()).empty());

@@ -88,8 +88,7 @@ uvm_status block_allocated(const Call& call, const void* ptr, size_t size, bool*
   const auto begin = reinterpret_cast<uintptr_t>(ptr), end = begin + size;
   const AllocationView& allocation = state.allocation;
   registry().set_last_move({allocation.base}, nullptr);  // complete: the next block need not wait
-  *dropped_pinned = registry().holds_pinned_copy(begin, end);
-  registry().unstage(begin, end);
+  registry().unstage(begin, end, false, dropped_pinned);
   const long long host_delta = registry().record_placement(allocation.base, begin, end, Move::to_device);
   record_host_change(allocation.device, host_delta);
   return state.released ? map_released(call, allocation) : UVM_OK;
@@ -105,8 +104,7 @@ uvm_status block_freed(const Call& call, const void* ptr, size_t size, bool* dro
   // copy was of the block's last owner: it goes too.
   const auto begin = reinterpret_cast<uintptr_t>(ptr), end = begin + size;
   const std::vector<StagedPiece> pieces = registry().staged(begin, end);
-  *dropped_pinned = registry().holds_pinned_copy(begin, end);
-  registry().unstage(begin, end);  // first: the books never show more bytes staged than on the host
+  registry().unstage(begin, end, false, dropped_pinned);  // first: the books never show more staged than on the host
   long long host_delta = 0;
   for (const StagedPiece& piece : pieces) {
     host_delta += registry().record_placement(block.state.allocation.base, piece.span.begin, piece.span.end, Move::discarded);

@@ -159,7 +159,7 @@ std::vector<StagedPiece> Registry::retained(uintptr_t begin, uintptr_t end) cons
   return pieces_of(&Allocation::retained, begin, end);
 }
 
-size_t Registry::unstage(uintptr_t begin, uintptr_t end, bool retain) {
+size_t Registry::unstage(uintptr_t begin, uintptr_t end, bool retain, bool* dropped_pinned) {
   std::vector<StagedPiece> dropped;  // let go after the lock (see unstage_locked)
   std::lock_guard<std::mutex> lock(mutex_);
   size_t bytes = 0;
@@ -179,16 +179,10 @@ size_t Registry::unstage(uintptr_t begin, uintptr_t end, bool retain) {
       }
     }
   }
-  return bytes;
-}
-
-bool Registry::holds_pinned_copy(uintptr_t begin, uintptr_t end) const {
-  for (const std::vector<StagedPiece>& pieces : {staged(begin, end), retained(begin, end)}) {
-    for (const StagedPiece& piece : pieces) {
-      if (piece.kept == Kept::pinned) return true;
-    }
+  if (dropped_pinned != nullptr) {
+    *dropped_pinned = std::any_of(dropped.begin(), dropped.end(), [](const StagedPiece& p) { return p.kept == Kept::pinned; });
   }
-  return false;
+  return bytes;
 }
 
 size_t Registry::staged_bytes(Kept kept) const {

@@ -94,6 +94,15 @@ struct Allocation {
   PieceMap retained;
   EventRef last_move;       // where its last move ends on the GPU (null: nothing pending)
   bool released() const { return backing == Backing::releasable && !mapping.mapped; }
+  // Whether a staged or retained copy of its bytes is in pinned staging memory.
+  bool holds_pinned_copy() const {
+    for (const PieceMap* pieces : {&staged, &retained}) {
+      for (const auto& [begin, piece] : *pieces) {
+        if (piece.kept == Kept::pinned) return true;
+      }
+    }
+    return false;
+  }
 };
 
 // What a caller outside the registry needs of an allocation: a copy of its identity.
@@ -167,9 +176,8 @@ class Registry {
   // Drops the staged copies of [begin, end) (in any allocation), and the retained ones; what lies
   // outside stays. Returns the staged bytes dropped. With `retain`, the staged copies in host
   // memory (pinned, pageable) become the retained copies of their bytes instead of going.
-  size_t unstage(uintptr_t begin, uintptr_t end, bool retain = false);
-  // Whether some staged or retained copy of a byte of [begin, end) is in pinned staging memory.
-  bool holds_pinned_copy(uintptr_t begin, uintptr_t end) const;
+  // `dropped_pinned` (if given): whether a copy in pinned staging memory went.
+  size_t unstage(uintptr_t begin, uintptr_t end, bool retain = false, bool* dropped_pinned = nullptr);
   // The retained copies overlapping [begin, end), clipped to it, by address.
   std::vector<StagedPiece> retained(uintptr_t begin, uintptr_t end) const;
   // Every byte of every allocation staged in `kept` memory.

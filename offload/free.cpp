@@ -11,20 +11,11 @@
 namespace uvm {
 namespace {
 
-bool holds_pinned_copies(const Allocation& allocation) {
-  for (const auto* pieces : {&allocation.staged, &allocation.retained}) {
-    for (const auto& [begin, piece] : *pieces) {
-      if (piece.kept == Kept::pinned) return true;
-    }
-  }
-  return false;
-}
-
 uvm_status free_with_copies(const Call& call, void* ptr, size_t size, int device) {
   std::optional<Allocation> freed;
   bool exiting = false;
   const uvm_status status = free_allocation(call, ptr, size, device, &freed, &exiting);
-  const bool held_pinned = freed && holds_pinned_copies(*freed);
+  const bool held_pinned = freed && freed->holds_pinned_copy();
   freed.reset();  // its leases on staging memory end here
   if (status != UVM_OK || !held_pinned || exiting) return status;
   return staging().free_unused(call);

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Puts the peers' code that tests/peers runs into .deps/ (ignored by git; it travels to the GPU
+# machine, which has no network): never into the repository. Pinned:
+#   torch_memory_saver   github.com/fzyzcjy/torch_memory_saver at 4a43c97 (test/examples -> .deps/tms_examples)
+#                        and its 0.0.10 wheel from PyPI (.deps/wheels)
+#   Megatron-LM          github.com/NVIDIA/Megatron-LM at f8837c04ef (head of core_r0.19.0, whose
+#                        megatron/core/inference is byte-identical to the 0.19.2 wheel's): the engine
+#                        tests and their helpers -> .deps/megatron-lm; megatron-core 0.19.2 wheel (cp312)
+#   Catch2               Debian's catch2 .deb (.deps), hypothesis and einops wheels (.whl)
+# The repositories come from local git mirrors (TMS_REPO, MEGATRON_REPO: any clone that has the pinned
+# commits; defaults are where the tool library's `fetch` puts them). Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tms_repo=${TMS_REPO:-/work/.mirror/fzyzcjy+torch_memory_saver/repo}
+megatron_repo=${MEGATRON_REPO:-/work/.mirror/NVIDIA+Megatron-LM/repo}
+tms_commit=4a43c97
+megatron_commit=f8837c04ef
+mkdir -p .deps/wheels .whl
+
+rm -rf .deps/tms_examples && mkdir -p .deps/tms_examples
+git -C "$tms_repo" archive "$tms_commit" test/examples | tar -x -C .deps/tms_examples --strip-components=2
+echo "torch_memory_saver examples at $tms_commit: $(ls .deps/tms_examples | tr '\n' ' ')"
+
+rm -rf .deps/megatron-lm && mkdir -p .deps/megatron-lm
+git -C "$megatron_repo" archive "$megatron_commit" tests/__init__.py tests/unit_tests/__init__.py \
+  tests/unit_tests/test_utilities.py tests/unit_tests/inference/__init__.py \
+  tests/unit_tests/inference/engines/__init__.py tests/unit_tests/inference/engines/test_dynamic_engine.py |
+  tar -x -C .deps/megatron-lm
+echo "$megatron_commit" >.deps/megatron-lm/COMMIT
+echo "Megatron-LM tests at $megatron_commit"
+
+python3 -m pip download -q --python-version 3.12 --only-binary=:all: --no-deps -d .deps/wheels \
+  torch_memory_saver==0.0.10 megatron-core==0.19.2
+python3 -m pip download -q --python-version 3.12 --only-binary=:all: --no-deps -d .whl \
+  hypothesis sortedcontainers attrs einops
+[ -f .deps/catch2_*.deb ] 2>/dev/null || (cd .deps && apt-get download catch2)
+ls .deps/wheels .whl

@@ -196,6 +196,23 @@ def claim(nbytes: int) -> None:
     torch.cuda.empty_cache()
 
 
+def suspend_offload_resume(engine) -> tuple[int, int]:
+    """Level 1: the engine suspended, its KV buffer offloaded by uvm and its memory taken by a plain
+    allocation, then resumed and onloaded. Returns (bytes offloaded, host bytes while offloaded)."""
+    import torch
+
+    import uvm
+    buffer = engine.context.memory_buffer
+    engine.suspend()
+    moved = uvm.offload(buffer)
+    torch.cuda.synchronize()
+    host = uvm.residency()["host_bytes"]
+    claim(buffer.nbytes)
+    engine.resume()
+    uvm.onload(buffer)
+    return moved, host
+
+
 def freed_by(action) -> int:
     import torch
     torch.cuda.synchronize()
@@ -276,13 +293,7 @@ def run_parts() -> int:
         def suspend_resume(step):
             if step != 6:
                 return
-            engine.suspend()
-            moved = uvm.offload(buffer)
-            torch.cuda.synchronize()
-            host = uvm.residency()["host_bytes"]
-            claim(buffer.nbytes)
-            engine.resume()
-            uvm.onload(buffer)
+            moved, host = suspend_offload_resume(engine)
             notes.append(f"suspended at step {step}: {moved} bytes offloaded ({host} on the host), "
                          f"{buffer.nbytes} bytes claimed by a plain allocation")
         same_tokens(generate(engine, suspend_resume), reference(), "level 1 suspended mid-generation")
@@ -380,19 +391,13 @@ def run_parts() -> int:
         engine = engine_for(*build_model(graphs=True, weights=weights), **settings)
         graphs = engine.context.cuda_graph_batch_dimensions_list
         assert graphs, "the engine captured no CUDA graph"
-        buffer = engine.context.memory_buffer
         replays = []
 
         def suspend_resume(step):
             replays.append(engine.context.using_cuda_graph_this_step())
             if step != 6:
                 return
-            engine.suspend()
-            uvm.offload(buffer)
-            torch.cuda.synchronize()
-            claim(buffer.nbytes)
-            engine.resume()
-            uvm.onload(buffer)
+            suspend_offload_resume(engine)
         same_tokens(generate(engine, suspend_resume), baseline, "graphed run suspended mid-generation")
         graphed_steps = sum(bool(r) for r in replays[6:])
         assert graphed_steps, "no step after the resume replayed a CUDA graph"

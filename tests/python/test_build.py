@@ -1,5 +1,6 @@
 """The JIT build: cache, timeout from any thread, locks across processes, recovery."""
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -276,3 +277,36 @@ def test_pip_installed_package_carries_and_builds_the_sources(cache, tmp_path, i
     assert result.returncode == 0, result.stderr
     root, version = result.stdout.split()
     assert root == str(target / "uvm" / "_csrc") and version == "0.1.0"
+
+
+def test_unity_groups_keep_the_order_and_split_evenly():
+    from uvm import _build
+    sources = [Path(f"s{i}.cpp") for i in range(44)]
+    for jobs in (1, 2, 3, 16, 44, 100):
+        groups = _build.unity_groups(sources, jobs)
+        assert [s for g in groups for s in g] == sources
+        assert len(groups) == min(jobs, len(sources))
+        assert max(map(len, groups)) - min(map(len, groups)) <= 1
+    assert _build.unity_groups(sources, 0) == [sources]
+
+
+def test_all_sources_build_as_one_unit_on_one_cpu(cache):
+    """One CPU: every source in one translation unit, so no two files may clash (names in anonymous
+    namespaces, macros)."""
+    directory, env = cache
+    code = "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); " + LOAD
+    assert python(code, env, timeout=300).stdout.strip() == "0.1.0"
+    assert builds(directory) == 1
+
+
+def test_a_compile_error_names_the_file_it_is_in(tmp_path):
+    from uvm import _build
+    root = tmp_path / "tree"
+    checkout = SHIM.parent
+    for name in ("alloc", "hints", "offload", "include"):
+        shutil.copytree(checkout / name, root / name)
+    shutil.copy(checkout / _build.SOURCE_LIST, root)
+    broken = root / "offload" / "residency.cpp"
+    broken.write_text(broken.read_text() + "\nthis is not C++;\n")
+    with pytest.raises(_build.BuildError, match=r"offload/residency\.cpp"):
+        _build.compile_library(root, _build.compiler(), _build.cuda_home(), tmp_path, timeout=300)

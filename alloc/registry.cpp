@@ -185,6 +185,25 @@ size_t Registry::unstage(uintptr_t begin, uintptr_t end, bool retain, bool* drop
   return bytes;
 }
 
+size_t Registry::restage(uintptr_t begin, uintptr_t end) {
+  std::vector<StagedPiece> dropped;  // staged copies of the same bytes, replaced (none expected)
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t bytes = 0;
+  auto record = allocations_.upper_bound(begin);
+  if (record != allocations_.begin()) --record;
+  for (; record != allocations_.end() && record->first < end; ++record) {
+    Allocation& allocation = record->second;
+    std::vector<StagedPiece> copies;
+    bytes += cut_out(allocation.retained, begin, end, &copies);
+    for (StagedPiece& piece : copies) {
+      cut_out(allocation.staged, piece.span.begin, piece.span.end, &dropped);
+      const uintptr_t at = piece.span.begin;
+      allocation.staged.emplace(at, std::move(piece));
+    }
+  }
+  return bytes;
+}
+
 size_t Registry::staged_bytes(Kept kept) const {
   std::lock_guard<std::mutex> lock(mutex_);
   size_t total = 0;

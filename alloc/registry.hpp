@@ -180,6 +180,9 @@ class Registry {
   size_t unstage(uintptr_t begin, uintptr_t end, bool retain = false, bool* dropped_pinned = nullptr);
   // The retained copies overlapping [begin, end), clipped to it, by address.
   std::vector<StagedPiece> retained(uintptr_t begin, uintptr_t end) const;
+  // The retained copies of [begin, end) become its staged copies again (uvm_drop_clean_ranges: the
+  // device bytes go, the host copy still holds them). Returns the bytes restaged.
+  size_t restage(uintptr_t begin, uintptr_t end);
   // Every byte of every allocation staged in `kept` memory.
   size_t staged_bytes(Kept kept = Kept::pinned) const;
   // The selected allocations' staged bytes in each kind of memory (uvm_get_kept_copies).

@@ -441,6 +441,31 @@ UVM_API uvm_status uvm_offload_ranges(const uvm_range* ranges, size_t count, uvm
  * bytes stay offloaded. */
 UVM_API uvm_status uvm_onload_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream);
 
+/* ------------------------------------------------------------------------------------------------
+ * Streaming — bytes that live on the host and visit the GPU (weights of a model larger than it)
+ * ---------------------------------------------------------------------------------------------- */
+
+/* uvm_onload_ranges that keeps the host copies: pinned and mmap'ed copies stay with their bytes as
+ * clean copies (counted in uvm_kept_copies' retained_bytes), so that uvm_drop_clean_ranges can let
+ * the device bytes go again without copying them out. Disk copies are read and removed as by an
+ * onload. Asynchronous on `stream` like uvm_onload_ranges; when `arrived` (an event of the stream's
+ * device, or NULL) is given it is recorded on `stream` once the bytes are issued, so that another
+ * stream can wait for exactly them (cudaStreamWaitEvent). */
+UVM_API uvm_status uvm_fetch_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream,
+                                    cudaEvent_t arrived);
+
+/* Lets the device bytes of `ranges` go, asynchronously on `stream` and with no copy: their clean
+ * host copy (kept by uvm_fetch_ranges) becomes their offloaded copy again, as after a STAGED or
+ * MMAP offload, and a releasable allocation left with no byte on its device gives its physical
+ * memory back (the call waits for `stream` first, as an offload does). The caller vouches that
+ * nothing wrote the bytes since they were fetched (the next uvm_fetch_ranges brings back the host
+ * copy, not what a kernel wrote); bytes that may have changed are offloaded instead, which writes
+ * the host copy again in place. Bytes already offloaded and free space are skipped. Every byte
+ * must have a clean copy, else UVM_ERROR_INVALID_ARGUMENT names the first one without and nothing
+ * is dropped: a copy goes when its bytes are offloaded, discarded or freed, and with its block
+ * (uvm_block_freed). Merged and ordered like uvm_offload_ranges. */
+UVM_API uvm_status uvm_drop_clean_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream);
+
 /* Sets the directory UVM_STRATEGY_DISK and UVM_BACKUP_DISK write their files to (default: env
  * UVM_DISK_BACKUP_DIR; none: a disk offload fails saying so). The directory must exist, be
  * writable, belong to this process's user and not be a tmpfs or ramfs (a copy there would hold

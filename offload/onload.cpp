@@ -267,8 +267,9 @@ uvm_status onload(const Call& call, const uvm_range* ranges, size_t count, cudaS
 
 }  // namespace
 
-uvm_status onload_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream, bool retain) {
-  const Call call = Call::of("uvm_onload_ranges").with_count(count);
+uvm_status onload_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream, bool retain,
+                         const char* name) {
+  const Call call = Call::of(name).with_count(count);
   MoveRecord record(call.name);
   return record.done(guarded(call, [&] { return onload(call, ranges, count, stream, retain); }));
 }

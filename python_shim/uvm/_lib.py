@@ -132,6 +132,8 @@ SIGNATURES = {
     "uvm_discard_ranges": (_int, [ctypes.POINTER(Range), _size, _stream]),
     "uvm_offload_ranges": (_int, [ctypes.POINTER(Range), _size, _int, _stream]),
     "uvm_onload_ranges": (_int, [ctypes.POINTER(Range), _size, _stream]),
+    "uvm_fetch_ranges": (_int, [ctypes.POINTER(Range), _size, _stream, _ptr]),
+    "uvm_drop_clean_ranges": (_int, [ctypes.POINTER(Range), _size, _stream]),
     "uvm_get_staging": (_int, [ctypes.POINTER(_size), ctypes.POINTER(_size)]),
     "uvm_get_staging_info": (_int, [ctypes.POINTER(StagingInfo)]),
     "uvm_reserve_staging": (_int, [_size]),

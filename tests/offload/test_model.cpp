@@ -64,6 +64,13 @@ struct Tensor {
   size_t block;  // its block's size, as the runtime reports it
   std::vector<unsigned char> shadow;  // what it must hold while `held` is device
   Held held;
+  // Streaming (uvm_fetch_ranges, uvm_drop_clean_ranges): whether an offload kept its bytes in host
+  // memory (away: pinned or mmap'ed, which a fetch keeps), whether uvm holds a host copy equal to
+  // what it holds on the device (a drop may let it go), and whether it was ever fetched (before
+  // that, no copy of it exists and a drop must be refused).
+  bool memory_copy = false;
+  bool clean = false;
+  bool fetched = false;
 };
 
 class Model {
@@ -210,6 +217,7 @@ class Model {
     std::memcpy(tensor.ptr, tensor.shadow.data(), tensor.size);
     fake::device_wrote(tensor.ptr, tensor.size);  // a kernel's or a copy's write, as far as the driver knows
     tensor.held = Held::device;
+    tensor.clean = false;  // a host copy uvm may hold is out of date: the model never drops it now
   }
 
   void check(const std::string& when) {
@@ -240,19 +248,43 @@ class Model {
 
   // --- moves ---
 
-  enum class Kind { offload, onload, discard };
+  enum class Kind { offload, onload, discard, fetch, drop };
 
-  // Applies what a successful move does to the tensors it covered.
-  static void moved(Tensor& tensor, Kind kind) {
+  // Applies what a successful move does to the tensors it covered, an offload's by `strategy`.
+  // `retain`: an onload keeps the host copies (a fetch, a resume retaining them).
+  static void moved(Tensor& tensor, Kind kind, uvm_strategy strategy = UVM_STRATEGY_AUTO, bool retain = false) {
     if (kind == Kind::discard) {
       tensor.held = Held::garbage;
+      tensor.clean = false;
     } else if (kind == Kind::offload) {
-      if (tensor.held == Held::device) tensor.held = Held::away;
+      if (tensor.held == Held::device) {
+        tensor.held = Held::away;
+        tensor.memory_copy = keeps_memory_copy(strategy);
+        // A migration leaves a clean copy where it was; a copying offload writes it (staged again).
+        tensor.clean = tensor.clean && strategy == UVM_STRATEGY_MIGRATE;
+      }
       if (tensor.held == Held::garbage) tensor.held = Held::away_garbage;
+    } else if (kind == Kind::drop) {
+      if (tensor.held == Held::device) {  // only clean ones are dropped: their copy becomes the staged one
+        tensor.held = Held::away;
+        tensor.memory_copy = true;
+        tensor.clean = false;
+      }
     } else {
-      if (tensor.held == Held::away) tensor.held = Held::device;
+      const bool fetch = kind == Kind::fetch || retain;
+      if (tensor.held == Held::away) {
+        tensor.held = Held::device;
+        if (tensor.memory_copy) tensor.clean = fetch;  // a copy that came back, kept or gone
+      }
       if (tensor.held == Held::away_garbage) tensor.held = Held::garbage;
+      tensor.fetched = tensor.fetched || fetch;
     }
+  }
+
+  // Whether an offload with `strategy` keeps host copies in memory (uvm allocations always stage
+  // where discard is supported, as on this fake: AUTO stages).
+  static bool keeps_memory_copy(uvm_strategy strategy) {
+    return strategy == UVM_STRATEGY_AUTO || strategy == UVM_STRATEGY_STAGED || strategy == UVM_STRATEGY_MMAP;
   }
 
   uvm_status issue(Kind kind, const std::vector<uvm_range>& ranges, uvm_strategy strategy) {
@@ -261,12 +293,20 @@ class Model {
       case Kind::offload: return uvm_offload_ranges(ranges.data(), ranges.size(), strategy, stream_);
       case Kind::onload: return uvm_onload_ranges(ranges.data(), ranges.size(), stream_);
       case Kind::discard: return uvm_discard_ranges(ranges.data(), ranges.size(), stream_);
+      case Kind::fetch: return uvm_fetch_ranges(ranges.data(), ranges.size(), stream_, nullptr);
+      case Kind::drop: return uvm_drop_clean_ranges(ranges.data(), ranges.size(), stream_);
     }
     return UVM_ERROR_INTERNAL;
   }
 
   static const char* name(Kind kind) {
-    return kind == Kind::offload ? "offload" : kind == Kind::onload ? "onload" : "discard";
+    switch (kind) {
+      case Kind::offload: return "offload";
+      case Kind::onload: return "onload";
+      case Kind::discard: return "discard";
+      case Kind::fetch: return "fetch";
+      default: return "drop_clean";
+    }
   }
   static const char* name(uvm_strategy strategy) {
     switch (strategy) {
@@ -294,7 +334,43 @@ class Model {
       return;  // refused before anything moved
     }
     expect_ok(status, name(kind));
-    for (size_t i : chosen) moved(tensors_[i], kind);
+    for (size_t i : chosen) moved(tensors_[i], kind, strategy);
+  }
+
+  // Streaming: a drop of tensors whose copy is clean (or already offloaded into host memory, which
+  // it skips) must succeed; a drop naming a tensor of which no copy ever existed must be refused
+  // before anything moves (the check after the step finds the others' bytes untouched).
+  void drop_tensors() {
+    std::vector<size_t> droppable, copyless;
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      const Tensor& t = tensors_[i];
+      if ((t.held == Held::device && t.clean) || (t.held == Held::away && t.memory_copy)) droppable.push_back(i);
+      if (t.held == Held::device && !t.fetched) copyless.push_back(i);
+    }
+    std::vector<size_t> chosen;
+    for (size_t i : droppable) {
+      if (chance(60)) chosen.push_back(i);
+    }
+    const bool refuse = !copyless.empty() && chance(25);
+    std::ostringstream what;
+    what << "drop_clean " << chosen.size() << " tensors" << (refuse ? " and one with no copy:" : ":");
+    if (refuse) chosen.push_back(copyless[pick(copyless.size())]);
+    for (size_t i : chosen) what << " " << static_cast<const void*>(tensors_[i].ptr);
+    note(what.str());
+    std::vector<uvm_range> ranges;
+    for (size_t i : chosen) ranges.push_back(uvm_range{tensors_[i].ptr, tensors_[i].block});
+    if (ranges.empty()) return;
+    const uvm_status status = issue(Kind::drop, ranges, UVM_STRATEGY_AUTO);
+    if (refuse) {
+      if (status != UVM_ERROR_INVALID_ARGUMENT) fail("a drop of bytes with no clean copy was not refused");
+      uvm_clear_last_error();
+      return;
+    }
+    expect_ok(status, "drop_clean");
+    for (size_t i : chosen) {
+      dropped_ += tensors_[i].held == Held::device ? 1 : 0;
+      moved(tensors_[i], Kind::drop);
+    }
   }
 
   // A move of whole pools (by tag or pool: every segment, free blocks included).
@@ -323,7 +399,7 @@ class Model {
     expect_ok(status, name(kind));
     for (Tensor& tensor : tensors_) {
       for (size_t p : pools) {
-        if (tensor.pool == p) moved(tensor, kind);
+        if (tensor.pool == p) moved(tensor, kind, strategy);
       }
     }
   }
@@ -353,7 +429,7 @@ class Model {
 
   void step() {
     std::ostringstream what;
-    switch (pick(22)) {
+    switch (pick(25)) {
       case 0: case 1: case 2: case 3: {
         const size_t pool = pick(pools_.size());
         const size_t size = tensor_size();
@@ -456,7 +532,7 @@ class Model {
           for (Tensor& tensor : tensors_) {
             if (tensor.pool == p && tensor.ptr >= segment.base && tensor.ptr < segment.base + segment.size) {
               const bool had_bytes = tensor.held == Held::away;
-              moved(tensor, kind);
+              moved(tensor, kind, pool.backup == UVM_BACKUP_DISK ? UVM_STRATEGY_DISK : UVM_STRATEGY_STAGED, retain);
               if (retain && copies_kept && had_bytes && alone_) check_retained(tensor);
             }
           }
@@ -466,6 +542,26 @@ class Model {
         size_t expected = 0;
         for (const Segment& segment : pool.segments) expected += segment.paused ? 1 : 0;
         if (count != expected) fail("uvm_paused_count differs from the segments paused");
+        break;
+      }
+      case 22: case 23: {
+        // Streaming: a fetch of some tensors (an onload that keeps the host copies), or a pool's.
+        const std::vector<size_t> chosen = some_tensors();
+        if (chance(30)) {
+          const size_t pool = pick(pools_.size());
+          what << "fetch the pool " << pools_[pool].tag;
+          note(what.str());
+          move_pools(Kind::fetch, {pool}, UVM_STRATEGY_AUTO, false);
+          break;
+        }
+        what << "fetch " << chosen.size() << " tensors:";
+        for (size_t i : chosen) what << " " << static_cast<const void*>(tensors_[i].ptr);
+        note(what.str());
+        move_tensors(Kind::fetch, chosen, UVM_STRATEGY_AUTO);
+        break;
+      }
+      case 24: {
+        drop_tensors();
         break;
       }
       case 16: {
@@ -522,11 +618,13 @@ class Model {
 
  public:
   size_t retained_checked() const { return retained_checked_; }
+  size_t dropped() const { return dropped_; }
 
  private:
   std::mt19937_64 rng_;
   uint64_t seed_;
   size_t retained_checked_ = 0;
+  size_t dropped_ = 0;  // tensors dropped clean
   bool alone_;
   std::vector<Pool> pools_;
   std::vector<Tensor> tensors_;
@@ -561,7 +659,7 @@ TEST_CASE("random sequences of allocation, reuse and moves keep every tensor's b
   const long sequences = replay >= 0 ? 1 : env_number("UVM_MODEL_SEQUENCES", 2000);
   FakeMachine machine;
   test_disk_dir();
-  size_t retained = 0;
+  size_t retained = 0, dropped = 0;
   for (long n = 0; n < sequences; ++n) {
     const uint64_t seed = replay >= 0 ? static_cast<uint64_t>(replay) : static_cast<uint64_t>(n);
     Model model(seed, "model", true);
@@ -570,10 +668,12 @@ TEST_CASE("random sequences of allocation, reuse and moves keep every tensor's b
     INFO(failure);
     REQUIRE(failure.empty());
     retained += model.retained_checked();
+    dropped += model.dropped();
   }
   if (sequences >= 200) CHECK(retained > 0);  // the sequences did reach retained copies
-  std::printf("model: %ld sequences of %d steps kept every tensor's bytes (%zu retained copies checked)\n",
-              sequences, kSteps, retained);
+  if (sequences >= 200) CHECK(dropped > 0);   // and clean drops
+  std::printf("model: %ld sequences of %d steps kept every tensor's bytes (%zu retained copies checked, "
+              "%zu tensors dropped clean)\n", sequences, kSteps, retained, dropped);
 }
 
 TEST_CASE("two threads running random sequences on pools of their own keep every tensor's bytes",

@@ -305,7 +305,7 @@ def _ctype(c_type: str, pointer_level: int = 0):
                "uvm_kept_copies": _lib.KeptCopies}
     scalars = {"size_t": ctypes.c_size_t, "int": ctypes.c_int, "int64_t": ctypes.c_int64,
                "uint64_t": ctypes.c_uint64, "uint32_t": ctypes.c_uint32, "double": ctypes.c_double,
-               "cudaStream_t": ctypes.c_void_p}
+               "cudaStream_t": ctypes.c_void_p, "cudaEvent_t": ctypes.c_void_p}
     enums = set(re.findall(r"typedef enum (\w+)", _header()))
     base = c_type.replace("const", "").strip()
     if base == "char" and pointer_level == 1:

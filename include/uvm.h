@@ -450,7 +450,8 @@ UVM_API uvm_status uvm_onload_ranges(const uvm_range* ranges, size_t count, cuda
  * the device bytes go again without copying them out. Disk copies are read and removed as by an
  * onload. Asynchronous on `stream` like uvm_onload_ranges; when `arrived` (an event of the stream's
  * device, or NULL) is given it is recorded on `stream` once the bytes are issued, so that another
- * stream can wait for exactly them (cudaStreamWaitEvent). */
+ * stream can wait for exactly them (cudaStreamWaitEvent). Under UVM_ONLOAD_COPY=auto its copies run
+ * on the copy engine: a fetch runs beside kernels, from which uvm's copy kernel would take SMs. */
 UVM_API uvm_status uvm_fetch_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream,
                                     cudaEvent_t arrived);
 

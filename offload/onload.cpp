@@ -180,11 +180,12 @@ void finish_copy_back(int device, const std::vector<StagedWork>& work, const Eve
 // before and after. The pieces stay staged until every copy is issued and joined, so a failure
 // loses nothing: the next onload copies them again.
 uvm_status copy_back(const Call& call, int device, const std::vector<StagedWork>& work, cudaStream_t stream,
-                     bool retain) {
+                     const OnloadMode& mode) {
   size_t releasable_bytes = 0;  // the only bytes the choice of copy applies to
   for (const StagedWork& w : work) releasable_bytes += w.range.releasable ? w.range.end - w.range.begin : 0;
   OnloadCopy how = OnloadCopy::engine;
-  if (uvm_status s = onload_copy_for(call, device, releasable_bytes, &how)) return s;
+  // Beside compute, auto weighs nothing: the engine (OnloadMode), as for bytes with no choice.
+  if (uvm_status s = onload_copy_for(call, device, mode.beside_compute ? 0 : releasable_bytes, &how)) return s;
   Workers workers;
   workers.count = options().onload_streams;
   if (uvm_status s = worker_streams(call, workers.count, workers.streams)) return s;
@@ -197,7 +198,7 @@ uvm_status copy_back(const Call& call, int device, const std::vector<StagedWork>
     settle(workers);
     return status;
   }
-  finish_copy_back(device, work, read, prefetches, retain);
+  finish_copy_back(device, work, read, prefetches, mode.retain);
   return UVM_OK;
 }
 
@@ -240,7 +241,7 @@ uvm_status copy_back_kept(const Call& call, int device, const std::vector<Staged
   return UVM_OK;
 }
 
-uvm_status onload(const Call& call, const uvm_range* ranges, size_t count, cudaStream_t stream, bool retain) {
+uvm_status onload(const Call& call, const uvm_range* ranges, size_t count, cudaStream_t stream, const OnloadMode& mode) {
   MoveScope move;
   if (uvm_status s = begin_move(call, MoveKind::onload, MoveArgs::of(ranges, count), stream, &move)) return s;
   if (move.ranges.empty()) return UVM_OK;
@@ -248,9 +249,9 @@ uvm_status onload(const Call& call, const uvm_range* ranges, size_t count, cudaS
   std::vector<HintRange> migrated;
   split_staged(move.ranges, &all_staged, &migrated);
   for (StagedWork& w : all_staged) (w.piece.kept == Kept::pinned ? staged : kept).push_back(std::move(w));
-  if (uvm_status s = copy_back_kept(call, move.device, kept, move.stream, retain)) return s;
+  if (uvm_status s = copy_back_kept(call, move.device, kept, move.stream, mode.retain)) return s;
   if (!staged.empty()) {
-    if (uvm_status s = copy_back(call, move.device, staged, stream, retain)) return s;
+    if (uvm_status s = copy_back(call, move.device, staged, stream, mode)) return s;
   }
   // Every released allocation is mapped again (those with staged bytes already are), so that bytes
   // that were not staged (discarded, or never moved) are device memory again: nothing to prefetch.
@@ -267,15 +268,14 @@ uvm_status onload(const Call& call, const uvm_range* ranges, size_t count, cudaS
 
 }  // namespace
 
-uvm_status onload_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream, bool retain,
-                         const char* name) {
-  const Call call = Call::of(name).with_count(count);
+uvm_status onload_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream, const OnloadMode& mode) {
+  const Call call = Call::of(mode.name).with_count(count);
   MoveRecord record(call.name);
-  return record.done(guarded(call, [&] { return onload(call, ranges, count, stream, retain); }));
+  return record.done(guarded(call, [&] { return onload(call, ranges, count, stream, mode); }));
 }
 
 }  // namespace uvm
 
 extern "C" uvm_status uvm_onload_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream) {
-  return uvm::onload_ranges(ranges, count, stream, false);
+  return uvm::onload_ranges(ranges, count, stream);
 }

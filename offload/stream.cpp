@@ -80,7 +80,7 @@ uvm_status drop_clean(const Call& call, const uvm_range* ranges, size_t count, c
 
 extern "C" uvm_status uvm_fetch_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream,
                                        cudaEvent_t arrived) {
-  const uvm_status status = uvm::onload_ranges(ranges, count, stream, true, "uvm_fetch_ranges");
+  const uvm_status status = uvm::onload_ranges(ranges, count, stream, uvm::OnloadMode{"uvm_fetch_ranges", true, true});
   if (status != UVM_OK || arrived == nullptr) return status;
   const uvm::Call call = uvm::Call::of("uvm_fetch_ranges").with_count(count);
   if (cudaError_t e = cudaEventRecord(arrived, stream)) return uvm::fail_cuda(call, e, "cudaEventRecord(arrived)");

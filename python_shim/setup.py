@@ -22,7 +22,7 @@ class BuildWithSources(build_py):
         for directory in sorted(_listed_folders(listing) | {"include"}):
             shutil.copytree(HERE.parent / directory, target / directory, dirs_exist_ok=True)
         (target / "bench").mkdir(parents=True, exist_ok=True)
-        for script in ("offload_bench.py", "rl_bench.py", "bench_all.py"):
+        for script in ("offload_bench.py", "rl_bench.py", "bench_all.py", "stream_bench.py"):
             shutil.copy2(HERE.parent / "bench" / script, target / "bench" / script)
 
 

@@ -14,6 +14,8 @@
 #   PINNED_PROBE="4 8 [first]"  runs bench/pinned_probe.cpp with those arguments
 #   GATHER_PROBE="4096 [--before DIR]"  runs bench/gather_probe.py (the shim's per-tensor costs)
 #   JIT_BENCH=1                  runs the JIT build benchmark
+#   STREAM_BENCH=1               runs the streaming benchmark (python -m uvm bench stream) with
+#                                STREAM_ARGS (default: 12 GiB of layers, a 4 GiB budget)
 #   LIFETIME_BENCH=1             runs bench/lifetime_bench.py (what learning of a block's death costs)
 #   PEERS=1                      runs torch_memory_saver's examples on uvm.memory_saver
 #   BACKUP_BENCH=1               runs bench/backup_bench.py (BACKUP_DIR, BACKUP_GIB, BACKUP_THREADS)
@@ -113,6 +115,11 @@ fi
 if [ "${JIT_BENCH:-0}" = 1 ]; then
   echo "== JIT build bench"
   PYTHONPATH=python_shim python3 bench/jit_bench.py
+fi
+
+if [ "${STREAM_BENCH:-0}" = 1 ]; then
+  echo "== streaming bench"
+  PYTHONPATH=python_shim python3 -m uvm bench stream ${STREAM_ARGS:-} --json "$OUT/stream.json" | tee "$OUT/stream.txt" || status=1
 fi
 
 if [ "${LIFETIME_BENCH:-0}" = 1 ]; then

@@ -17,6 +17,7 @@ from .torch import (advise_managed_module_parameters_preferred_location, advise_
                     create_unified_mempool, discard, release_pool,
                     discard_managed_tensor, offload, onload, prefetch_managed_module_parameters,
                     prefetch_managed_tensor, where)
+from .streaming import Streamed, stream
 
 __version__ = "0.1.0"
 
@@ -205,5 +206,5 @@ __all__ = [
     "discard_managed_tensor", "where", "stats", "set_limit", "library", "UVM_LOCATION_CPU",
     "UVM_LOCATION_NONE", "offload", "onload", "discard", "tag", "tags", "residency", "kept_copies",
     "set_disk_backup_dir", "disk_backup_dir", "staging",
-    "release_staging", "reserve_staging", "mem_get_info", "last_move", "trace_flush",
+    "release_staging", "reserve_staging", "mem_get_info", "last_move", "trace_flush", "stream", "Streamed",
 ]

@@ -1,7 +1,8 @@
 """python -m uvm doctor — what uvm sees here, and whether a pool can be created (exit 0) or why not.
 python -m uvm bench [args] — the offload/onload benchmark (bench/offload_bench.py; --help).
 python -m uvm bench rl [args] — the sleep/wake cycle benchmark (bench/rl_bench.py; --help).
-python -m uvm bench all [--quick] [--out DIR] — both, one after the other (bench/bench_all.py)."""
+python -m uvm bench all [--quick] [--out DIR] — both, one after the other (bench/bench_all.py).
+python -m uvm bench stream [args] — a model larger than its GPU budget, streamed (bench/stream_bench.py)."""
 from __future__ import annotations
 
 import ctypes
@@ -117,18 +118,20 @@ def staging_line() -> str:
 USAGE = """usage: python -m uvm doctor          what uvm sees here; exit 0 if a pool can be created
        python -m uvm bench [--help]    the offload/onload benchmark (needs torch and a GPU)
        python -m uvm bench rl [--help] the RL sleep/wake cycle benchmark, uvm against its peers
-       python -m uvm bench all [--quick] [--out DIR]  both: every row of the two tables in one run"""
+       python -m uvm bench all [--quick] [--out DIR]  both: every row of the two tables in one run
+       python -m uvm bench stream [--help]  streaming a model larger than its GPU budget"""
 
 
 def bench(argv: list[str]) -> int:
     """Runs bench/offload_bench.py (or, for `bench rl`, bench/rl_bench.py; for `bench all`,
-    bench/bench_all.py) from the source tree, or the copy installed with the package. --help works
+    bench/bench_all.py; for `bench stream`, bench/stream_bench.py) from the source tree, or the copy installed with the package. --help works
     without torch (it prints the script's own description)."""
     import ast
     import runpy
     name = "offload_bench.py"
-    if argv[:1] in (["rl"], ["all"]):
-        name, argv = {"rl": "rl_bench.py", "all": "bench_all.py"}[argv[0]], argv[1:]
+    runners = {"rl": "rl_bench.py", "all": "bench_all.py", "stream": "stream_bench.py"}
+    if argv[:1] and argv[0] in runners:
+        name, argv = runners[argv[0]], argv[1:]
     here = pathlib.Path(__file__).resolve().parent
     found = [s for s in (here.parents[1] / "bench" / name, here / "_csrc" / "bench" / name) if s.is_file()]
     if not found:

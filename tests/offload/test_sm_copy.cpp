@@ -221,3 +221,22 @@ TEST_CASE("auto copies by kernel while the device has room, by engine when it is
   uvm_free(managed, kMiB, 0, nullptr);
   REQUIRE(uvm_release_staging() == UVM_OK);
 }
+
+TEST_CASE("a fetch copies by engine under auto where an onload would take the kernel: it runs beside compute",
+          "[scenario][sm_copy_auto][cuda13]") {
+  FakeMachine machine;  // device 0 has 1 GiB: room for the kernel
+  Releasable a(32 * kMiB, 0, 37);
+  cudaStream_t stream = fake::make_stream();
+  const uvm_range range = a.whole();
+  REQUIRE(uvm_offload_ranges(&range, 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  fake::reset_ops();
+  REQUIRE(uvm_fetch_ranges(&range, 1, stream, nullptr) == UVM_OK);
+  CHECK(FakeMachine::ops_named(fake::OpKind::sm_copy).empty());
+  CHECK(FakeMachine::bytes_of(fake::OpKind::copy_to_device) == a.size);
+  CHECK(a.intact());
+  REQUIRE(uvm_drop_clean_ranges(&range, 1, stream) == UVM_OK);
+  fake::reset_ops();
+  REQUIRE(uvm_onload_ranges(&range, 1, stream) == UVM_OK);  // the same bytes, onloaded: the kernel
+  CHECK(FakeMachine::bytes_of(fake::OpKind::sm_copy) == a.size);
+  CHECK(a.intact());
+}

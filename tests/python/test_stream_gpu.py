@@ -1,0 +1,189 @@
+"""GPU: uvm.stream — a module whose layers visit the GPU within a budget. Outputs must equal the
+resident module's bit for bit (a Sequential, a decoder's blocks, Hugging Face's generate()), the
+bytes on the GPU must stay within the budget by uvm's own books after every layer, the memory must
+really leave, and pointers must not move. Needs torch with CUDA (skipped otherwise). No managed
+memory: the layers live in releasable allocations, at most 128 MiB of weights."""
+import copy
+import sys
+
+import pytest
+from conftest import SHIM
+
+sys.path.insert(0, str(SHIM))
+import uvm  # noqa: E402
+
+torch = pytest.importorskip("torch", reason="torch is not installed here")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device visible to torch", allow_module_level=True)
+
+MiB = 1 << 20
+
+
+def linear_stack(layers=8, hidden=2048, dtype=torch.float16):
+    torch.manual_seed(0)
+    blocks = []
+    for _ in range(layers):  # 8 MiB of weights a layer (hidden 2048): whole 2 MiB granules, no bias
+        blocks.append(torch.nn.Sequential(torch.nn.Linear(hidden, hidden, bias=False, dtype=dtype, device="cuda"),
+                                          torch.nn.GELU()))
+    return torch.nn.Sequential(*blocks)
+
+
+def watch_budget(streamed, budget):
+    """After every layer's forward, uvm's count of the streamed bytes on the GPU, plus the rest."""
+    seen = []
+    for layer in streamed.layers:
+        layer.register_forward_hook(lambda *_: seen.append(streamed.resident_bytes() + streamed.rest_bytes))
+    return seen
+
+
+def test_sequential_outputs_match_and_the_budget_holds():
+    model = linear_stack()
+    x = torch.randn(64, 2048, dtype=torch.float16, device="cuda")
+    with torch.no_grad():
+        expected = model(x)
+    budget = 3 * 8 * MiB
+    with torch.no_grad(), uvm.stream(model, budget_bytes=budget) as streamed:
+        seen = watch_budget(streamed, budget)
+        for _ in range(3):  # the second forward starts on layers the first one fetched ahead
+            assert torch.equal(model(x), expected)
+        assert len(seen) == 3 * 8
+        assert max(seen) <= budget
+        assert streamed.peak_resident_bytes <= budget
+        assert min(seen) > 0
+    # Undone: ordinary memory, same outputs, uvm holds nothing of it.
+    lib = uvm.library()
+    assert all(lib.uvm_allocation_info(p.data_ptr(), None, None, None) != 0 for p in model.parameters())
+    lib.uvm_clear_last_error()
+    assert uvm.residency(tag=streamed.tag)["allocations"] == 0
+    with torch.no_grad():
+        assert torch.equal(model(x), expected)
+
+
+def test_the_memory_really_leaves_and_pointers_stay():
+    model = linear_stack(layers=8, hidden=4096)  # 32 MiB a layer, 256 MiB in all
+    torch.cuda.synchronize()
+    free_resident, _ = torch.cuda.mem_get_info()
+    x = torch.randn(8, 4096, dtype=torch.float16, device="cuda")
+    with torch.no_grad(), uvm.stream(model, budget_bytes=3 * 32 * MiB) as streamed:
+        torch.cuda.empty_cache()  # the original weights' blocks
+        torch.cuda.synchronize()
+        free_streamed, _ = torch.cuda.mem_get_info()
+        assert free_streamed - free_resident >= 200 * MiB  # released to the driver, not cached
+        pointers = [p.data_ptr() for p in model.parameters()]
+        model(x)
+        model(x)
+        assert [p.data_ptr() for p in model.parameters()] == pointers
+
+
+def test_a_cuda_graph_of_a_streamed_layer_stays_valid():
+    model = linear_stack()
+    x = torch.randn(16, 2048, dtype=torch.float16, device="cuda")
+    with torch.no_grad():
+        expected = model[0](x)
+    with torch.no_grad(), uvm.stream(model, budget_bytes=3 * 8 * MiB) as streamed:
+        model(x)  # layer 0 is fetched ahead again for the next forward
+        assert 0 in streamed._resident
+        torch.cuda.current_stream().wait_event(streamed._arrived[0])
+        graph = torch.cuda.CUDAGraph()
+        static_x = x.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            model[0].forward(static_x)  # warm-up, without the hook
+            with torch.cuda.graph(graph):
+                static_y = model[0].forward(static_x)
+        torch.cuda.current_stream().wait_stream(side)
+        model(x)
+        model(x)  # layer 0 dropped and fetched again, at the same address
+        torch.cuda.current_stream().wait_event(streamed._arrived[0])
+        graph.replay()
+        assert torch.equal(static_y, expected)
+
+
+class Block(torch.nn.Module):
+    def __init__(self, hidden):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(hidden, dtype=torch.bfloat16, device="cuda")
+        self.up = torch.nn.Linear(hidden, 4 * hidden, dtype=torch.bfloat16, device="cuda")
+        self.down = torch.nn.Linear(4 * hidden, hidden, dtype=torch.bfloat16, device="cuda")
+
+    def forward(self, h):
+        return h + self.down(torch.nn.functional.gelu(self.up(self.norm(h))))
+
+
+class Decoder(torch.nn.Module):
+    """Embedding, a ModuleList of blocks, a head tied to the embedding (which stays resident)."""
+
+    def __init__(self, vocab=1000, hidden=1024, layers=6):
+        super().__init__()
+        torch.manual_seed(1)
+        self.embed = torch.nn.Embedding(vocab, hidden, dtype=torch.bfloat16, device="cuda")
+        self.blocks = torch.nn.ModuleList(Block(hidden) for _ in range(layers))
+        self.head = torch.nn.Linear(hidden, vocab, bias=False, dtype=torch.bfloat16, device="cuda")
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens):
+        h = self.embed(tokens)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+
+def greedy(model, tokens, steps):
+    for _ in range(steps):
+        nxt = model(tokens)[:, -1].argmax(-1, keepdim=True)
+        tokens = torch.cat([tokens, nxt], dim=1)
+    return tokens
+
+
+def test_a_decoders_blocks_stream_and_generation_matches():
+    model = Decoder()
+    prompt = torch.randint(0, 1000, (4, 32), device="cuda")
+    with torch.no_grad():
+        expected = greedy(model, prompt, 12)
+    block_bytes = sum(p.numel() * p.element_size() for p in model.blocks[0].parameters())
+    rest = model.embed.weight.numel() * 2
+    budget = rest + 3 * (block_bytes + 2 * MiB)
+    with torch.no_grad(), uvm.stream(model, budget_bytes=budget) as streamed:
+        assert streamed.layers == list(model.blocks)
+        assert streamed.rest_bytes == rest  # the tied embedding and head, counted once
+        seen = watch_budget(streamed, budget)
+        assert torch.equal(greedy(model, prompt, 12), expected)
+        assert max(seen) <= budget
+
+
+def test_hugging_face_generate_matches_the_resident_model():
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed here")
+    config = transformers.LlamaConfig(vocab_size=512, hidden_size=512, intermediate_size=1536, num_hidden_layers=6,
+                                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=256)
+    torch.manual_seed(2)
+    model = transformers.LlamaForCausalLM(config).to(device="cuda", dtype=torch.bfloat16).eval()
+    prompt = torch.randint(0, 512, (2, 24), device="cuda")
+    settings = dict(max_new_tokens=16, do_sample=False, pad_token_id=0)
+    expected = model.generate(prompt, **settings)
+    layer_bytes = sum(p.numel() * p.element_size() for p in model.model.layers[0].parameters())
+    rest = sum(p.numel() * p.element_size() for p in model.parameters()) - 6 * layer_bytes
+    budget = rest + 3 * (layer_bytes + 2 * MiB)
+    with uvm.stream(model, budget_bytes=budget) as streamed:
+        assert len(streamed.layers) == 6
+        seen = watch_budget(streamed, budget)
+        assert torch.equal(model.generate(prompt, **settings), expected)  # prefill, then decode steps
+        assert max(seen) <= budget
+    assert torch.equal(model.generate(prompt, **settings), expected)
+
+
+def test_bad_use_fails_clearly():
+    model = linear_stack(layers=4)
+    with pytest.raises(ValueError, match="budget_bytes=1048576 cannot hold"):
+        uvm.stream(model, budget_bytes=MiB)
+    with pytest.raises(ValueError, match="positive int"):
+        uvm.stream(model, budget_bytes=0)
+    with pytest.raises(ValueError, match="no torch.nn.ModuleList"):
+        uvm.stream(torch.nn.Linear(8, 8, device="cuda"), budget_bytes=64 * MiB)
+    reference = copy.deepcopy(model)
+    x = torch.randn(4, 2048, dtype=torch.float16, device="cuda")
+    with uvm.stream(model, budget_bytes=2 * 8 * MiB):
+        with pytest.raises(RuntimeError, match="inference only"):
+            model(x)  # autograd would keep the weights for a backward after they are gone
+        with torch.no_grad():
+            assert torch.equal(model(x), reference(x))

@@ -451,7 +451,9 @@ UVM_API uvm_status uvm_onload_ranges(const uvm_range* ranges, size_t count, cuda
  * onload. Asynchronous on `stream` like uvm_onload_ranges; when `arrived` (an event of the stream's
  * device, or NULL) is given it is recorded on `stream` once the bytes are issued, so that another
  * stream can wait for exactly them (cudaStreamWaitEvent). Under UVM_ONLOAD_COPY=auto its copies run
- * on the copy engine: a fetch runs beside kernels, from which uvm's copy kernel would take SMs. */
+ * on the copy engine: a fetch runs beside kernels, from which uvm's copy kernel would take SMs.
+ * They run on one of uvm's streams (not UVM_ONLOAD_STREAMS), in chunks of UVM_ONLOAD_CHUNK_MIB but
+ * at least 256 MiB: fetches are queued ahead of use, and more streams only interleave them. */
 UVM_API uvm_status uvm_fetch_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream,
                                     cudaEvent_t arrived);
 

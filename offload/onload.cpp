@@ -187,12 +187,14 @@ uvm_status copy_back(const Call& call, int device, const std::vector<StagedWork>
   // Beside compute, auto weighs nothing: the engine (OnloadMode), as for bytes with no choice.
   if (uvm_status s = onload_copy_for(call, device, mode.beside_compute ? 0 : releasable_bytes, &how)) return s;
   Workers workers;
-  workers.count = options().onload_streams;
+  workers.count = mode.beside_compute ? 1 : options().onload_streams;
   if (uvm_status s = worker_streams(call, workers.count, workers.streams)) return s;
   if (uvm_status s = start_workers(call, work, stream, workers)) return s;
   uint64_t prefetches = 0;
   EventRef read;
-  uvm_status status = issue_chunks(call, device, work, options().onload_chunk_bytes, how, &workers, &prefetches);
+  const size_t chunk_bytes = mode.beside_compute ? std::max(options().onload_chunk_bytes, kFetchChunkBytes)
+                                                 : options().onload_chunk_bytes;
+  uvm_status status = issue_chunks(call, device, work, chunk_bytes, how, &workers, &prefetches);
   if (status == UVM_OK) status = join_workers(call, workers, stream, &read);
   if (status != UVM_OK) {
     settle(workers);

@@ -14,9 +14,14 @@ struct OnloadMode {
   bool retain = false;
   // It runs beside the kernels of the layers before it (streaming): under UVM_ONLOAD_COPY=auto it
   // copies with the copy engine, whose copies take no SMs from them (the kernel's did: a 12 GiB
-  // model streamed 1.39× the link's time in prefill against 1.16× by engine, H100).
+  // model streamed 1.39× the link's time in prefill against 1.16× by engine, H100). And it copies
+  // on one stream in chunks of at least kFetchChunkBytes: fetches are queued ahead of use, so
+  // more streams only interleave them (4 streams of 64 MiB: 1.14–1.25× the link's time; one of
+  // 256 MiB: 1.14 in every shape, H100, docs/performance.md).
   bool beside_compute = false;
 };
+
+constexpr size_t kFetchChunkBytes = size_t{256} << 20;
 
 // uvm_onload_ranges, as `mode` says.
 uvm_status onload_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream, const OnloadMode& mode = {});

@@ -4,6 +4,7 @@
 // refused before anything moves. Random sequences mixing them with everything else:
 // test_model.cpp.
 #include <cstring>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -241,4 +242,30 @@ TEST_CASE("drops and fetches of the same bytes on two threads serialize: the byt
   const uvm_range r = range;
   REQUIRE(uvm_fetch_ranges(&r, 1, fake::make_stream(), nullptr) == UVM_OK);
   CHECK(weights.intact());
+}
+
+TEST_CASE("a fetch copies on one stream, in chunks of at least 256 MiB, where an onload uses several",
+          "[stream][releasable]") {
+  FakeMachine machine;
+  Releasable a(4 << 20, 0, 3), b(4 << 20, 0, 5), c(4 << 20, 0, 7);
+  cudaStream_t stream = fake::make_stream();
+  const uvm_range all[] = {a.whole(), b.whole(), c.whole()};
+  const auto copy_streams = [] {
+    std::set<cudaStream_t> streams;
+    for (const fake::OpKind kind : {fake::OpKind::copy_to_device, fake::OpKind::sm_copy}) {
+      for (const fake::Op& op : FakeMachine::ops_named(kind)) streams.insert(op.stream);
+    }
+    return streams;
+  };
+  REQUIRE(uvm_offload_ranges(all, 3, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  fake::reset_ops();
+  REQUIRE(uvm_onload_ranges(all, 3, stream) == UVM_OK);  // a chunk per allocation, a worker each
+  CHECK(copy_streams().size() == 3);
+  REQUIRE(uvm_offload_ranges(all, 3, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  fake::reset_ops();
+  REQUIRE(uvm_fetch_ranges(all, 3, stream, nullptr) == UVM_OK);
+  CHECK(copy_streams().size() == 1);
+  CHECK(a.intact());
+  CHECK(b.intact());
+  CHECK(c.intact());
 }

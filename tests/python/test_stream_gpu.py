@@ -187,3 +187,49 @@ def test_bad_use_fails_clearly():
             model(x)  # autograd would keep the weights for a backward after they are gone
         with torch.no_grad():
             assert torch.equal(model(x), reference(x))
+
+
+def test_a_kv_cache_larger_than_its_budget_pages_requests_ahead_of_use():
+    """The unified-memory level-1 use: 8 requests own 8 blocks of 1 MiB each in one cache of 64 MiB
+    (managed); 2 run at a time, and 2 more come back while they run: 32 MiB of the cache on the GPU
+    at most, half of it. Each step brings the next
+    pair's blocks back on a side stream while the current pair decodes (writes its blocks), then
+    sends the current pair's blocks away (offload: they changed, so they are copied). uvm's books
+    must stay within the budget, and every block must hold every write made to it."""
+    pool = uvm.create_unified_mempool()
+    blocks, block_elems, per_request = 64, (1 << 20) // 2, 8
+    with uvm.tag("kv-paged"), torch.cuda.use_mem_pool(pool):
+        cache = torch.zeros(blocks, block_elems, dtype=torch.bfloat16, device="cuda")
+    owned = [list(range(r * per_request, (r + 1) * per_request)) for r in range(8)]
+    writes = [0] * blocks
+    pairs = [(0, 1), (2, 3), (4, 5), (6, 7)] * 3
+    budget = 32 * MiB  # the pair decoding and the pair coming back
+    side = torch.cuda.Stream()
+    main = torch.cuda.current_stream()
+    uvm.offload([cache[b] for b in range(blocks)], stream=main)  # every request starts paused
+    ready = torch.cuda.Event()
+    uvm.onload([cache[b] for r in pairs[0] for b in owned[r]], stream=side)
+    ready.record(side)
+    seen = []
+    for step, pair in enumerate(pairs):
+        main.wait_event(ready)
+        if step + 1 < len(pairs):  # the next pair, ahead of use, while this one decodes
+            nxt = [cache[b] for r in pairs[step + 1] for b in owned[r]]
+            side.wait_stream(main)  # its blocks were sent away on main: after that, not before
+            uvm.onload(nxt, stream=side)
+            ready = torch.cuda.Event()
+            ready.record(side)
+        for r in pair:  # decode: each request writes its blocks
+            for b in owned[r]:
+                cache[b].add_(1)
+                writes[b] += 1
+        seen.append(uvm.residency(tag="kv-paged")["device_bytes"])
+        uvm.offload([cache[b] for r in pair for b in owned[r]], stream=main)
+        seen.append(uvm.residency(tag="kv-paged")["device_bytes"])
+    uvm.onload([cache[b] for b in range(blocks)], stream=main)
+    torch.cuda.synchronize()
+    assert max(seen) <= budget, [s // MiB for s in seen]
+    for b in range(blocks):
+        assert torch.all(cache[b] == writes[b]), f"block {b}: {cache[b][0].item()} instead of {writes[b]}"
+    del cache
+    uvm.release_pool(pool)

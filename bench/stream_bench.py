@@ -186,7 +186,7 @@ def main() -> int:
             torch.cuda.empty_cache()
             cpu_offload(model, execution_device=torch.device("cuda:0"))
             for name in shapes:
-                seconds, out = timed(model, tokens[name], 1)
+                seconds, out = timed(model, tokens[name], args.repeats)
                 row = report["rows"][name]
                 row["accelerate_s"] = seconds
                 row["accelerate_identical"] = bool(torch.equal(out, reference[name]))

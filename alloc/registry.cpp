@@ -159,14 +159,18 @@ std::vector<StagedPiece> Registry::retained(uintptr_t begin, uintptr_t end) cons
   return pieces_of(&Allocation::retained, begin, end);
 }
 
+template <class Visit>
+void Registry::each_overlapping(uintptr_t begin, uintptr_t end, Visit&& visit) {
+  auto record = allocations_.upper_bound(begin);
+  if (record != allocations_.begin()) --record;
+  for (; record != allocations_.end() && record->first < end; ++record) visit(record->second);
+}
+
 size_t Registry::unstage(uintptr_t begin, uintptr_t end, bool retain, bool* dropped_pinned) {
   std::vector<StagedPiece> dropped;  // let go after the lock (see unstage_locked)
   std::lock_guard<std::mutex> lock(mutex_);
   size_t bytes = 0;
-  auto record = allocations_.upper_bound(begin);
-  if (record != allocations_.begin()) --record;
-  for (; record != allocations_.end() && record->first < end; ++record) {
-    Allocation& allocation = record->second;
+  each_overlapping(begin, end, [&](Allocation& allocation) {
     cut_out(allocation.retained, begin, end, &dropped);
     std::vector<StagedPiece> unstaged;
     bytes += cut_out(allocation.staged, begin, end, &unstaged);
@@ -178,7 +182,7 @@ size_t Registry::unstage(uintptr_t begin, uintptr_t end, bool retain, bool* drop
         dropped.push_back(std::move(piece));
       }
     }
-  }
+  });
   if (dropped_pinned != nullptr) {
     *dropped_pinned = std::any_of(dropped.begin(), dropped.end(), [](const StagedPiece& p) { return p.kept == Kept::pinned; });
   }
@@ -189,10 +193,7 @@ size_t Registry::restage(uintptr_t begin, uintptr_t end) {
   std::vector<StagedPiece> dropped;  // staged copies of the same bytes, replaced (none expected)
   std::lock_guard<std::mutex> lock(mutex_);
   size_t bytes = 0;
-  auto record = allocations_.upper_bound(begin);
-  if (record != allocations_.begin()) --record;
-  for (; record != allocations_.end() && record->first < end; ++record) {
-    Allocation& allocation = record->second;
+  each_overlapping(begin, end, [&](Allocation& allocation) {
     std::vector<StagedPiece> copies;
     bytes += cut_out(allocation.retained, begin, end, &copies);
     for (StagedPiece& piece : copies) {
@@ -200,7 +201,7 @@ size_t Registry::restage(uintptr_t begin, uintptr_t end) {
       const uintptr_t at = piece.span.begin;
       allocation.staged.emplace(at, std::move(piece));
     }
-  }
+  });
   return bytes;
 }
 

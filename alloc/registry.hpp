@@ -221,6 +221,9 @@ class Registry {
   static AllocationView view_of(uintptr_t base, const Allocation& allocation);
   // The record holding byte `address`, or null. Under mutex_.
   Allocation* holding(uintptr_t address);
+  // Calls `visit` with each record that may hold bytes of [begin, end), by address. Under mutex_.
+  template <class Visit>
+  void each_overlapping(uintptr_t begin, uintptr_t end, Visit&& visit);
   // Moves the staged pieces of `allocation` inside [begin, end) into `dropped`, keeping what lies
   // outside; returns the bytes moved. Under mutex_; the caller lets the pieces go after unlocking
   // (the end of a lease takes the staging store's lock).

@@ -40,15 +40,19 @@ void stage_and_fetch(const uvm_range& range, cudaStream_t stream) {
   REQUIRE(uvm_fetch_ranges(&range, 1, stream, nullptr) == UVM_OK);
 }
 
-}  // namespace
-
-TEST_CASE("a fetch keeps the host copy and a drop lets the device bytes go without copying them out",
-          "[stream][cuda13]") {
+// A fake machine with one managed allocation offloaded and fetched: uvm holds a clean copy of it.
+struct Fetched {
   FakeMachine machine;
   Managed weights;
   cudaStream_t stream = fake::make_stream();
-  const uvm_range range = weights.whole();
-  stage_and_fetch(range, stream);
+  uvm_range range = weights.whole();
+  Fetched() { stage_and_fetch(range, stream); }
+};
+
+}  // namespace
+
+TEST_CASE_METHOD(Fetched, "a fetch keeps the host copy and a drop lets the device bytes go without copying them out",
+                 "[stream][cuda13]") {
   CHECK(weights.intact());
   CHECK(residency().device_bytes == kSize);
   CHECK(kept_copies().retained_bytes == kSize);  // the clean copy
@@ -131,13 +135,8 @@ TEST_CASE("a drop of bytes without a clean copy is refused, naming them, and mov
   uvm_clear_last_error();
 }
 
-TEST_CASE("bytes written after a fetch are offloaded, not dropped: the copy is written again in place",
-          "[stream][cuda13]") {
-  FakeMachine machine;
-  Managed weights;
-  cudaStream_t stream = fake::make_stream();
-  const uvm_range range = weights.whole();
-  stage_and_fetch(range, stream);
+TEST_CASE_METHOD(Fetched, "bytes written after a fetch are offloaded, not dropped: the copy is written again in place",
+                 "[stream][cuda13]") {
   const void* copy = nullptr;
   REQUIRE(uvm_get_staged_copy(weights.ptr, kSize, &copy) == UVM_OK);
   REQUIRE(copy != nullptr);

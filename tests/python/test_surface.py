@@ -118,6 +118,19 @@ except (uvm.UnifiedMemoryUnsupportedError, ValueError) as e:
     assert lines[5] == "device ok" or "no usable CUDA device" in lines[5], lines[5]
 
 
+def test_stream_without_torch_says_so_and_checks_its_budget_first():
+    code = NO_TORCH + """import uvm
+for budget in (0, 1 << 30):
+    try:
+        uvm.stream(object(), budget_bytes=budget)
+    except (TypeError, ValueError) as e:
+        print(type(e).__name__, e)
+"""
+    lines = python(code).stdout.splitlines()
+    assert lines[0] == "ValueError uvm.stream: budget_bytes must be a positive int, not 0"
+    assert lines[1].startswith("TypeError uvm.stream needs torch, which is not installed"), lines[1]
+
+
 def test_the_command_line_helps_and_says_what_is_missing():
     helped = python("import sys, uvm.__main__ as m; sys.exit(m.main(['--help']))", check=False)
     assert helped.returncode == 0 and "python -m uvm doctor" in helped.stdout
@@ -126,6 +139,9 @@ def test_the_command_line_helps_and_says_what_is_missing():
     assert bench_help.returncode == 0 and "Offload/onload benchmark" in bench_help.stdout, bench_help.stderr
     no_torch = python(NO_TORCH + "import sys, uvm.__main__ as m; sys.exit(m.main(['bench']))", check=False)
     assert no_torch.returncode == 2 and "needs torch" in no_torch.stderr and "Traceback" not in no_torch.stderr
+    stream_help = python(NO_TORCH + "import sys, uvm.__main__ as m; sys.exit(m.main(['bench', 'stream', '--help']))",
+                         check=False)
+    assert stream_help.returncode == 0 and "Streaming benchmark" in stream_help.stdout, stream_help.stderr
 
 
 def test_bench_all_runs_both_benchmarks_in_processes_of_their_own_and_keeps_the_first_failure():

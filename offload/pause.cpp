@@ -95,7 +95,9 @@ uvm_status resume_device(const Call& call, int device, const std::vector<Allocat
   ContextScope scope;
   if (uvm_status s = scope.enter(call, device, ContextScope::When::always)) return s;
   const auto ranges = ranges_of(paused);
-  if (uvm_status s = run(call, onload_ranges(ranges.data(), ranges.size(), nullptr, OnloadMode{"uvm_onload_ranges", retain_backups.load()}))) return s;
+  OnloadMode mode;
+  mode.retain = retain_backups.load();
+  if (uvm_status s = run(call, onload_ranges(ranges.data(), ranges.size(), nullptr, mode))) return s;
   if (uvm_status s = run(call, uvm_device_synchronize(device))) return s;
   registry().set_paused(bases_of(paused), false);
   return UVM_OK;

@@ -34,9 +34,9 @@ uvm_status check_clean_copies(const Call& call, const std::vector<HintRange>& pi
                   "the range at %p (%zu bytes) is managed memory not allocated by uvm, which keeps no host copy of it",
                   reinterpret_cast<void*>(piece.begin), static_cast<size_t>(piece.end - piece.begin));
     }
-    std::vector<Span> kept;
+    std::vector<Span> kept;  // by address, disjoint
     for (const StagedPiece& copy : registry().retained(piece.begin, piece.end)) kept.push_back(copy.span);
-    const std::vector<Span> uncovered = split_range(Span{piece.begin, piece.end}, std::move(kept), {}).rest;
+    const std::vector<Span> uncovered = subtract(Span{piece.begin, piece.end}, kept);
     if (!uncovered.empty()) {
       return fail(call, UVM_ERROR_INVALID_ARGUMENT,
                   "%zu bytes at %p have no clean host copy (only bytes brought back by uvm_fetch_ranges have "

@@ -92,14 +92,11 @@ class Streamed:
 
     def _adopt(self, i: int) -> None:
         """Moves layer i's weights into one releasable allocation, then stages it on the host."""
+        from . import tag  # uvm's own package: loaded by the time a module is streamed
         torch = _torch("uvm.stream")
-        previous = self.lib.uvm_get_thread_tag()
-        _lib.check(self.lib.uvm_set_thread_tag(self.tag.encode()))
-        try:
-            stream = torch.cuda.current_stream(self.device)
+        stream = torch.cuda.current_stream(self.device)
+        with tag(self.tag):
             base = self.lib.uvm_malloc_releasable(self.layer_bytes[i], self.device, stream.cuda_stream)
-        finally:
-            self.lib.uvm_set_thread_tag(previous)
         if not base:
             _lib.check(self.lib.uvm_last_status(), f"uvm.stream: allocating layer {i} ({self.layer_bytes[i]} bytes)")
         self._bases.append(base)

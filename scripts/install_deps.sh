@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what building and testing uvm needs, when it is missing: Meson (>= 1.0), Ninja,
-# pkg-config, a C/C++ compiler, binutils and Catch2 (Debian's header-only package), the Python
+# pkg-config, a C/C++ compiler, binutils, Catch2 (Debian's header-only package), e2fsprogs, the Python
 # environment the tests run in (.venv: see below), and the CUDA 12 runtime headers the
 # cuda-12.x-headers tests build against (from PyPI, into .deps/). The CUDA toolkit itself must
 # already be there ($CUDA_HOME, $CUDA_PATH or /usr/local/cuda).
@@ -26,6 +26,7 @@ command -v nm >/dev/null && command -v readelf >/dev/null || missing+=(binutils)
 command -v python3 >/dev/null || missing+=(python3)
 have_catch2 || missing+=(catch2)
 meson_ok || missing+=(meson)
+command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)  # the small file system of the disk-full test
 
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""

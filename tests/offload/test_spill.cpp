@@ -7,6 +7,7 @@
 #include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/vfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -433,4 +434,90 @@ TEST_CASE("UVM_DISK_BACKUP_DIR names the directory until a call sets another", "
   REQUIRE(uvm_onload_ranges(&range, 1, nullptr) == UVM_OK);
   CHECK(memory.intact());
   CHECK(backup_files(from_env).empty());
+}
+
+// Run by tests/offload/small_fs.sh (meson test offload-small-fs) with env UVM_TEST_SMALL_FS naming
+// a directory on a small file system of its own: the disk really fills (ENOSPC from the kernel, not
+// a stand-in), part-way through a run of offloads and within one call.
+TEST_CASE("a full disk fails the offload and the pause by name; bytes stay on the device, no file, space back",
+          "[small_fs][cuda13]") {
+  const char* dir = std::getenv("UVM_TEST_SMALL_FS");
+  REQUIRE(dir != nullptr);
+  REQUIRE(uvm_set_disk_backup_dir(dir) == UVM_OK);
+  auto free_bytes = [&] {
+    struct statvfs about {};
+    REQUIRE(statvfs(dir, &about) == 0);
+    return static_cast<size_t>(about.f_bavail) * about.f_frsize;
+  };
+  FakeMachine machine;
+  const size_t free_before = free_bytes();
+  INFO("free on the small file system: " << free_before);
+  REQUIRE(free_before > 4 * kMiB);
+  const size_t mapped_before = fake::mapped_reservations();
+
+  SECTION("one call that cannot fit: nothing moves, not even the part that fits") {
+    Releasable fits(kMiB, 0, 1), too_big(free_before + 4 * kMiB, 0, 2);
+    const size_t mapped = fake::mapped_reservations();
+    const uvm_range ranges[] = {fits.whole(), too_big.whole()};
+    CHECK(uvm_offload_ranges(ranges, 2, UVM_STRATEGY_DISK, nullptr) == UVM_ERROR_IO);
+    CHECK_THAT(last_error(), Has("uvm_offload_ranges(count=2)") && Has(dir) && Has("(ENOSPC)"));
+    CHECK(fake::mapped_reservations() == mapped);  // nothing released
+    CHECK(fits.intact());
+    CHECK(too_big.intact());
+    CHECK(backup_files(dir).empty());
+    CHECK(kept_copies().disk_bytes == 0);
+    CHECK(free_bytes() == free_before);
+    CHECK(cudaPeekAtLastError() == cudaSuccess);
+  }
+
+  SECTION("offloads one after another until the disk is full: the first ones come back whole") {
+    constexpr size_t kEach = 2 * kMiB;
+    std::vector<std::unique_ptr<Releasable>> made;
+    for (size_t i = 0; i < free_before / kEach + 2; ++i) made.push_back(std::make_unique<Releasable>(kEach, 0, i));
+    size_t offloaded = 0;
+    for (const auto& memory : made) {
+      const uvm_range range = memory->whole();
+      const size_t mapped = fake::mapped_reservations();
+      const uvm_status status = uvm_offload_ranges(&range, 1, UVM_STRATEGY_DISK, nullptr);
+      if (status == UVM_OK) {
+        CHECK(offloaded == static_cast<size_t>(&memory - &made.front()));  // no success after a failure
+        ++offloaded;
+        continue;
+      }
+      CHECK(status == UVM_ERROR_IO);
+      CHECK_THAT(last_error(), Has(dir) && Has("(ENOSPC)"));
+      CHECK(fake::mapped_reservations() == mapped);
+      CHECK(memory->intact());
+    }
+    CHECK(offloaded >= 1);
+    CHECK(offloaded < made.size());  // the disk did fill
+    CHECK(backup_files(dir).size() == offloaded);
+    for (size_t i = 0; i < offloaded; ++i) {
+      const uvm_range range = made[i]->whole();
+      REQUIRE(uvm_onload_ranges(&range, 1, nullptr) == UVM_OK);
+    }
+    for (const auto& memory : made) CHECK(memory->intact());
+    CHECK(backup_files(dir).empty());
+    CHECK(free_bytes() == free_before);
+    CHECK(fake::mapped_reservations() == mapped_before + made.size());
+  }
+
+  SECTION("a pause to a full disk fails naming the directory and leaves every allocation unpaused") {
+    REQUIRE(uvm_set_thread_backup(UVM_BACKUP_DISK) == UVM_OK);
+    REQUIRE(uvm_set_thread_tag("weights") == UVM_OK);
+    Releasable first(kMiB, 0, 3), second(free_before, 0, 4);
+    REQUIRE(uvm_set_thread_tag(nullptr) == UVM_OK);
+    REQUIRE(uvm_set_thread_backup(UVM_BACKUP_NONE) == UVM_OK);
+    const size_t mapped = fake::mapped_reservations();
+    CHECK(uvm_pause(UVM_ANY_DEVICE, "weights") == UVM_ERROR_IO);
+    CHECK_THAT(last_error(), Has("uvm_pause(device=any)") && Has(dir) && Has("(ENOSPC)"));
+    size_t paused = 1;
+    REQUIRE(uvm_paused_count(UVM_ANY_DEVICE, "weights", &paused) == UVM_OK);
+    CHECK(paused == 0);
+    CHECK(fake::mapped_reservations() == mapped);
+    CHECK(first.intact());
+    CHECK(second.intact());
+    CHECK(backup_files(dir).empty());
+    CHECK(free_bytes() == free_before);
+  }
 }

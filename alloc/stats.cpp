@@ -4,6 +4,7 @@
 
 #include "devices.hpp"
 #include "limits.hpp"
+#include "vmm.hpp"
 
 namespace uvm {
 namespace {
@@ -109,6 +110,7 @@ uvm_status uvm_get_stats(int device, uvm_stats* stats) {
     if (stats == nullptr) return uvm::fail(call, UVM_ERROR_INVALID_ARGUMENT, "stats is NULL");
     if (uvm_status s = uvm::check_device(call, device, false)) return s;
     uvm_stats result = uvm::snapshot(device);
+    result.spare_bytes = uvm::vmm_spare_bytes(device);
     if (uvm_status s = uvm::effective_limit(call, device, &result.limit_bytes)) return s;
     *stats = result;
     return UVM_OK;

@@ -1,5 +1,9 @@
 #include "vmm.hpp"
 
+#include <mutex>
+#include <vector>
+
+#include "devices.hpp"
 #include "driver_api.hpp"
 
 namespace uvm {
@@ -39,15 +43,100 @@ CUmemAllocationProp device_memory(int device) {
   return prop;
 }
 
-// Creates physical memory on `device` for `m` and maps it at `base`, read-write for that device; on
-// failure nothing stays created or mapped.
+// Physical memory kept for the next map (vmm.hpp, "Spare memory"). Its own lock: maps and unmaps
+// run under the moves lock, new allocations outside it.
+struct Spare {
+  int device;
+  size_t bytes;
+  CUmemGenericAllocationHandle handle;
+};
+
+struct SparePool {
+  std::mutex mutex;
+  std::vector<Spare> kept;  // oldest first
+  size_t limit[kMaxDevices] = {};
+  size_t held[kMaxDevices] = {};
+};
+
+SparePool& spare_pool() {
+  static auto* pool = new SparePool();  // never destroyed: no CUDA calls from static destructors
+  return *pool;
+}
+
+// Gives spare memory of `device` back, oldest first, until at most `keep` bytes are held; the
+// first failure is the call's (its handle is forgotten: the driver would not take it either).
+uvm_status trim_spares(const Call& call, SparePool& pool, int device, size_t keep) {
+  uvm_status status = UVM_OK;
+  for (auto it = pool.kept.begin(); it != pool.kept.end() && pool.held[device] > keep;) {
+    if (it->device != device) {
+      ++it;
+      continue;
+    }
+    pool.held[device] -= it->bytes;
+    if (CUresult r = vmm_api().release(it->handle)) {
+      if (status == UVM_OK) status = fail_driver(call, r, "cuMemRelease(%zu bytes of spare memory on device %d)", it->bytes, device);
+    }
+    it = pool.kept.erase(it);
+  }
+  return status;
+}
+
+// A spare handle of exactly `bytes` on `device`, or 0.
+CUmemGenericAllocationHandle take_spare(int device, size_t bytes) {
+  SparePool& pool = spare_pool();
+  std::lock_guard<std::mutex> lock(pool.mutex);
+  for (auto it = pool.kept.begin(); it != pool.kept.end(); ++it) {
+    if (it->device == device && it->bytes == bytes) {
+      const CUmemGenericAllocationHandle handle = it->handle;
+      pool.held[device] -= bytes;
+      pool.kept.erase(it);
+      return handle;
+    }
+  }
+  return 0;
+}
+
+// Keeps `handle` (unmapped) as spare memory if the device's limit has room for it, giving back
+// older spares to make room; else gives it back.
+uvm_status keep_or_release(const Call& call, uintptr_t base, const Mapping& m) {
+  SparePool& pool = spare_pool();
+  std::lock_guard<std::mutex> lock(pool.mutex);
+  if (m.device >= 0 && m.device < kMaxDevices && m.reserved <= pool.limit[m.device]) {
+    const uvm_status trimmed = trim_spares(call, pool, m.device, pool.limit[m.device] - m.reserved);
+    pool.kept.push_back(Spare{m.device, m.reserved, m.handle});
+    pool.held[m.device] += m.reserved;
+    return trimmed;
+  }
+  if (CUresult r = vmm_api().release(m.handle)) {
+    return fail_driver(call, r, "cuMemRelease(physical memory of %p)", reinterpret_cast<void*>(base));
+  }
+  return UVM_OK;
+}
+
+// Physical memory for `m` on `device`: spare memory of its size, else new.
+uvm_status create_physical(const Call& call, int device, const Mapping& m, CUmemGenericAllocationHandle* out) {
+  if ((*out = take_spare(device, m.reserved)) != 0) return UVM_OK;
+  const CUmemAllocationProp prop = device_memory(device);
+  CUresult r = vmm_api().create(out, m.reserved, &prop, 0);
+  if (r == CUDA_ERROR_OUT_OF_MEMORY && vmm_spare_bytes(device) > 0) {  // spare memory of other sizes
+    {
+      SparePool& pool = spare_pool();
+      std::lock_guard<std::mutex> lock(pool.mutex);
+      if (uvm_status s = trim_spares(call, pool, device, 0)) return s;
+    }
+    r = vmm_api().create(out, m.reserved, &prop, 0);
+  }
+  if (r != CUDA_SUCCESS) return fail_driver(call, r, "cuMemCreate(%zu bytes on device %d)", m.reserved, device);
+  return UVM_OK;
+}
+
+// Maps physical memory on `device` for `m` at `base`, read-write for that device; on failure
+// nothing stays created or mapped.
 uvm_status map_physical(const Call& call, uintptr_t base, int device, Mapping* m) {
   const VmmApi& api = vmm_api();
   const CUmemAllocationProp prop = device_memory(device);
   CUmemGenericAllocationHandle handle = 0;
-  if (CUresult r = api.create(&handle, m->reserved, &prop, 0)) {
-    return fail_driver(call, r, "cuMemCreate(%zu bytes on device %d)", m->reserved, device);
-  }
+  if (uvm_status s = create_physical(call, device, *m, &handle)) return s;
   if (CUresult r = api.map(base, m->reserved, 0, handle, 0)) {
     api.release(handle);
     return fail_driver(call, r, "cuMemMap(%p, %zu bytes)", reinterpret_cast<void*>(base), m->reserved);
@@ -63,15 +152,22 @@ uvm_status map_physical(const Call& call, uintptr_t base, int device, Mapping* m
   }
   m->handle = handle;
   m->mapped = true;
+  m->device = device;
   return UVM_OK;
 }
 
-uvm_status unmap_physical(const Call& call, uintptr_t base, Mapping* m) {
+// Unmaps `m` at `base`; its physical memory is given back, or kept as spare memory if `may_keep`.
+uvm_status unmap_physical(const Call& call, uintptr_t base, Mapping* m, bool may_keep) {
   const VmmApi& api = vmm_api();
   if (CUresult r = api.unmap(base, m->reserved)) {
     return fail_driver(call, r, "cuMemUnmap(%p, %zu bytes)", reinterpret_cast<void*>(base), m->reserved);
   }
   m->mapped = false;
+  if (may_keep) {
+    const uvm_status status = keep_or_release(call, base, *m);
+    m->handle = 0;  // kept or given back: no longer this allocation's either way
+    return status;
+  }
   if (CUresult r = api.release(m->handle)) {
     return fail_driver(call, r, "cuMemRelease(physical memory of %p)", reinterpret_cast<void*>(base));
   }
@@ -109,7 +205,7 @@ uvm_status vmm_allocate(const Call& call, size_t size, int device, void** out, M
 }
 
 uvm_status vmm_unmap(const Call& call, uintptr_t base, Mapping* mapping) {
-  return mapping->mapped ? unmap_physical(call, base, mapping) : UVM_OK;
+  return mapping->mapped ? unmap_physical(call, base, mapping, true) : UVM_OK;
 }
 
 uvm_status vmm_map(const Call& call, uintptr_t base, int device, Mapping* mapping) {
@@ -118,7 +214,7 @@ uvm_status vmm_map(const Call& call, uintptr_t base, int device, Mapping* mappin
 
 uvm_status vmm_free(const Call& call, uintptr_t base, Mapping* mapping) {
   if (mapping->mapped) {
-    if (uvm_status s = unmap_physical(call, base, mapping)) return s;
+    if (uvm_status s = unmap_physical(call, base, mapping, false)) return s;
   } else if (mapping->handle != 0) {  // unmapped but its release failed before: try again
     if (CUresult r = vmm_api().release(mapping->handle)) {
       return fail_driver(call, r, "cuMemRelease(physical memory of %p)", reinterpret_cast<void*>(base));
@@ -132,4 +228,41 @@ uvm_status vmm_free(const Call& call, uintptr_t base, Mapping* mapping) {
   return UVM_OK;
 }
 
+uvm_status vmm_set_spare_limit(const Call& call, int device, size_t bytes) {
+  SparePool& pool = spare_pool();
+  std::lock_guard<std::mutex> lock(pool.mutex);
+  pool.limit[device] = bytes;
+  return trim_spares(call, pool, device, bytes);
+}
+
+size_t vmm_spare_limit(int device) {
+  SparePool& pool = spare_pool();
+  std::lock_guard<std::mutex> lock(pool.mutex);
+  return pool.limit[device];
+}
+
+size_t vmm_spare_bytes(int device) {
+  SparePool& pool = spare_pool();
+  std::lock_guard<std::mutex> lock(pool.mutex);
+  return pool.held[device];
+}
+
 }  // namespace uvm
+
+extern "C" uvm_status uvm_set_spare_limit(int device, size_t bytes) {
+  const uvm::Call call = uvm::Call::of("uvm_set_spare_limit").with_device(device);
+  return uvm::guarded(call, [&] {
+    if (uvm_status s = uvm::check_device(call, device, false)) return s;
+    return uvm::vmm_set_spare_limit(call, device, bytes);
+  });
+}
+
+extern "C" uvm_status uvm_get_spare_limit(int device, size_t* bytes) {
+  const uvm::Call call = uvm::Call::of("uvm_get_spare_limit").with_device(device);
+  return uvm::guarded(call, [&] {
+    if (bytes == nullptr) return uvm::fail(call, UVM_ERROR_INVALID_ARGUMENT, "bytes is NULL");
+    if (uvm_status s = uvm::check_device(call, device, false)) return s;
+    *bytes = uvm::vmm_spare_limit(device);
+    return UVM_OK;
+  });
+}

@@ -23,20 +23,33 @@ struct Mapping {
   size_t reserved = 0;                // bytes of address space, and of physical memory while mapped
   unsigned long long handle = 0;      // CUmemGenericAllocationHandle of the physical memory
   bool mapped = false;
+  int device = -1;                    // where the physical memory is made
 };
 
 // Reserves round_up(size, granularity) bytes of address space, creates physical memory on
 // `device` and maps it read-write for that device. The caller has made `device`'s context current.
 uvm_status vmm_allocate(const Call& call, size_t size, int device, void** out, Mapping* mapping);
 
-// Unmaps and releases the physical memory mapped at `base` (a no-op if it is not mapped). The
-// caller has made sure no work touching it is still running.
+// Unmaps the physical memory mapped at `base` (a no-op if it is not mapped) and gives it back to
+// the driver, or keeps it as spare memory where the device's spare limit has room. The caller has
+// made sure no work touching it is still running.
 uvm_status vmm_unmap(const Call& call, uintptr_t base, Mapping* mapping);
 
-// Maps new physical memory (contents undefined) on `device` at `base` (a no-op if mapped).
+// Maps physical memory (contents undefined) on `device` at `base` (a no-op if mapped): spare memory
+// of the same size where there is some, else new; a device out of memory first gives its spare
+// memory back and asks again.
 uvm_status vmm_map(const Call& call, uintptr_t base, int device, Mapping* mapping);
 
 // Releases everything of the allocation at `base`: physical memory and address range.
 uvm_status vmm_free(const Call& call, uintptr_t base, Mapping* mapping);
+
+// Spare memory (uvm_set_spare_limit): physical memory an unmap kept for the next map of the same
+// size on the same device. Giving physical memory back to the driver (cuMemRelease) while a copy
+// into other memory runs slows that copy by 11 % (bench/map_probe.cu); streaming unmaps one layer
+// and maps the next every step, so it keeps the memory instead. Lowering the limit gives back what
+// is above it, oldest first.
+uvm_status vmm_set_spare_limit(const Call& call, int device, size_t bytes);
+size_t vmm_spare_limit(int device);
+size_t vmm_spare_bytes(int device);  // kept now
 
 }  // namespace uvm

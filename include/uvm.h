@@ -49,7 +49,7 @@ extern "C" {
  *     UVM_LOCATION_NONE (-2)  reported only: unset, or mixed over the range       printed "none"
  *   a selection (uvm_allocation_ranges, uvm_list_allocations, uvm_get_residency): an ordinal, or
  *     UVM_ANY_DEVICE    (-1)  every device                                        printed "any"
- *   anything else (allocation, limits, stats, capabilities, uvm_mem_get_info): an ordinal only. */
+ *   anything else (allocation, limits, spare limits, stats, capabilities, uvm_mem_get_info): an ordinal only. */
 #define UVM_LOCATION_CPU (-1)
 #define UVM_LOCATION_NONE (-2)
 #define UVM_ANY_DEVICE (-1)
@@ -319,6 +319,8 @@ typedef struct uvm_stats {
   uint64_t bytes_to_host;       /* bytes uvm prefetched to the CPU, in total */
   uint64_t bytes_discarded;     /* bytes uvm discarded, in total */
   uint64_t prefetch_calls;      /* cudaMemPrefetchAsync calls uvm issued, in total */
+  size_t spare_bytes;           /* physical memory kept for releasable allocations to map again
+                                   (uvm_set_spare_limit); cudaMemGetInfo counts it used */
 } uvm_stats;
 
 /* Fills `stats` for `device`. Touches no CUDA context. */
@@ -469,6 +471,21 @@ UVM_API uvm_status uvm_fetch_ranges(const uvm_range* ranges, size_t count, cudaS
  * (uvm_block_freed). Merged and ordered like uvm_offload_ranges. */
 UVM_API uvm_status uvm_drop_clean_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream);
 
+/* Lets releasable allocations of `device` keep up to `bytes` of the physical memory that offloads
+ * and drops give back, as spare memory: the next allocation of the same size that needs physical
+ * memory there (an onload, a fetch, uvm_malloc_releasable) maps it again instead of asking the
+ * driver. Streaming gives back one layer's memory and takes the next one's at every step, and
+ * giving memory back to the driver while a copy runs slows that copy by 11 % (docs/performance.md).
+ * Spare memory is not free for other allocations (uvm_stats' spare_bytes; cudaMemGetInfo counts it
+ * used), but uvm gives it back when the device is out of memory for one of its own. Default 0:
+ * every byte goes back at once. Lowering the limit gives back what is above it now, oldest first;
+ * 0 gives back all (uvm.stream sets it while it streams and puts it back after). Touches no CUDA
+ * context unless memory is given back. */
+UVM_API uvm_status uvm_set_spare_limit(int device, size_t bytes);
+
+/* The spare limit of `device` (see uvm_set_spare_limit). */
+UVM_API uvm_status uvm_get_spare_limit(int device, size_t* bytes);
+
 /* Sets the directory UVM_STRATEGY_DISK and UVM_BACKUP_DISK write their files to (default: env
  * UVM_DISK_BACKUP_DIR; none: a disk offload fails saying so). The directory must exist, be
  * writable, belong to this process's user and not be a tmpfs or ramfs (a copy there would hold
@@ -600,7 +617,8 @@ typedef struct uvm_residency {
   size_t staged_bytes;    /* held in uvm's pinned staging memory */
   size_t discarded_bytes; /* discarded, with no copy kept */
   size_t released_bytes;  /* of releasable allocations whose physical memory uvm gave back to the
-                             driver (cudaMemGetInfo counts it free) */
+                             driver (cudaMemGetInfo counts it free) or keeps as spare memory
+                             (uvm_set_spare_limit) */
 } uvm_residency;
 
 /* Fills `residency` for the allocations of `device` (or UVM_ANY_DEVICE) with tag `tag` (NULL: any;

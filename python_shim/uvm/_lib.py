@@ -38,7 +38,7 @@ class Stats(ctypes.Structure):
                 ("total_frees", ctypes.c_uint64), ("limit_bytes", ctypes.c_size_t),
                 ("host_resident_bytes", ctypes.c_size_t), ("bytes_to_device", ctypes.c_uint64),
                 ("bytes_to_host", ctypes.c_uint64), ("bytes_discarded", ctypes.c_uint64),
-                ("prefetch_calls", ctypes.c_uint64)]
+                ("prefetch_calls", ctypes.c_uint64), ("spare_bytes", ctypes.c_size_t)]
 
 
 class DeviceCaps(ctypes.Structure):
@@ -134,6 +134,8 @@ SIGNATURES = {
     "uvm_onload_ranges": (_int, [ctypes.POINTER(Range), _size, _stream]),
     "uvm_fetch_ranges": (_int, [ctypes.POINTER(Range), _size, _stream, _ptr]),
     "uvm_drop_clean_ranges": (_int, [ctypes.POINTER(Range), _size, _stream]),
+    "uvm_set_spare_limit": (_int, [_int, _size]),
+    "uvm_get_spare_limit": (_int, [_int, ctypes.POINTER(_size)]),
     "uvm_get_staging": (_int, [ctypes.POINTER(_size), ctypes.POINTER(_size)]),
     "uvm_get_staging_info": (_int, [ctypes.POINTER(StagingInfo)]),
     "uvm_reserve_staging": (_int, [_size]),

@@ -105,3 +105,153 @@ TEST_CASE("without driver entry points releasable allocation is unsupported, by 
   CHECK(std::string(uvm_last_error()).find("cuMemCreate") != std::string::npos);
   CHECK(stats_of(0).live_bytes == 0);
 }
+
+// Spare memory (uvm_set_spare_limit): physical memory an unmap keeps for the next map of its size.
+namespace {
+constexpr size_t kGranule = size_t{64} << 10;  // the fake driver's granularity
+size_t reserved_of(size_t size) { return (size + kGranule - 1) / kGranule * kGranule; }
+
+// Sets `device`'s spare limit for the scope, and back to 0 after (giving back what is kept).
+struct SpareLimit {
+  SpareLimit(int device, size_t bytes) : device(device) { REQUIRE(uvm_set_spare_limit(device, bytes) == UVM_OK); }
+  ~SpareLimit() { uvm_set_spare_limit(device, 0); }
+  int device;
+};
+}  // namespace
+
+TEST_CASE("with a spare limit, an offload keeps the physical memory and the next onload maps it again", "[releasable][spare]") {
+  FakeMachine machine;
+  Releasable a(kSize, 0, 1), b(kSize, 0, 2);
+  const size_t reserved = reserved_of(kSize);
+  const uvm_range ra = a.whole(), rb = b.whole();
+
+  // Limit 0 (the default): the offload gives the memory back to the driver.
+  fake::reset_ops();
+  REQUIRE(uvm_offload_ranges(&ra, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
+  CHECK(FakeMachine::ops_named(fake::OpKind::vmm_release).size() == 1);
+  CHECK(fake::physical_handles() == 1);
+  REQUIRE(uvm_onload_ranges(&ra, 1, nullptr) == UVM_OK);
+
+  SpareLimit limit(0, reserved);
+  size_t got = 0;
+  REQUIRE(uvm_get_spare_limit(0, &got) == UVM_OK);
+  CHECK(got == reserved);
+  fake::reset_ops();
+  REQUIRE(uvm_offload_ranges(&ra, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
+  CHECK(FakeMachine::ops_named(fake::OpKind::vmm_release).empty());
+  CHECK(fake::physical_handles() == 2);  // b's, and a's kept
+  CHECK(fake::mapped_reservations() == 1);
+  CHECK(stats_of(0).spare_bytes == reserved);
+  CHECK(residency().released_bytes == kSize);  // a is released all the same: unmapped, not its memory
+  // The onload maps the spare memory: nothing created, nothing given back.
+  fake::reset_ops();
+  REQUIRE(uvm_onload_ranges(&ra, 1, nullptr) == UVM_OK);
+  CHECK(FakeMachine::ops_named(fake::OpKind::vmm_create).empty());
+  CHECK(FakeMachine::ops_named(fake::OpKind::vmm_map).size() == 1);
+  CHECK(stats_of(0).spare_bytes == 0);
+  CHECK(fake::physical_handles() == 2);
+  CHECK(a.intact());
+  CHECK(b.intact());
+
+  // Two offloads, room for one: the newer is kept, the older given back.
+  fake::reset_ops();
+  REQUIRE(uvm_offload_ranges(&ra, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
+  REQUIRE(uvm_offload_ranges(&rb, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
+  CHECK(FakeMachine::ops_named(fake::OpKind::vmm_release).size() == 1);
+  CHECK(fake::physical_handles() == 1);
+  CHECK(stats_of(0).spare_bytes == reserved);
+  // A new allocation of the same size takes it too.
+  fake::reset_ops();
+  Releasable c(kSize, 0, 3);
+  CHECK(FakeMachine::ops_named(fake::OpKind::vmm_create).empty());
+  CHECK(stats_of(0).spare_bytes == 0);
+  REQUIRE(uvm_onload_ranges(&ra, 1, nullptr) == UVM_OK);
+  REQUIRE(uvm_onload_ranges(&rb, 1, nullptr) == UVM_OK);
+  CHECK(a.intact());
+  CHECK(b.intact());
+  CHECK(c.intact());
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+}
+
+TEST_CASE("spare memory is mapped only at its own size and device, and goes back when the limit falls", "[releasable][spare]") {
+  FakeMachine machine;
+  Releasable small(kSize, 0, 1), large(3 * kSize, 0, 2), other(kSize, 1, 3);
+  SpareLimit limit0(0, 8 * reserved_of(kSize));
+  const uvm_range rs = small.whole(), rl = large.whole(), ro = other.whole();
+  REQUIRE(uvm_offload_ranges(&rs, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
+  REQUIRE(uvm_offload_ranges(&ro, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);  // device 1: limit 0
+  CHECK(stats_of(0).spare_bytes == reserved_of(kSize));
+  CHECK(stats_of(1).spare_bytes == 0);
+  REQUIRE(uvm_offload_ranges(&rl, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
+  CHECK(stats_of(0).spare_bytes == reserved_of(kSize) + reserved_of(3 * kSize));
+  // Back in the other order: each maps the spare of its own size.
+  REQUIRE(uvm_onload_ranges(&rs, 1, nullptr) == UVM_OK);
+  CHECK(stats_of(0).spare_bytes == reserved_of(3 * kSize));
+  REQUIRE(uvm_offload_ranges(&rs, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
+  fake::reset_ops();
+  REQUIRE(uvm_set_spare_limit(0, reserved_of(3 * kSize)) == UVM_OK);  // the oldest (large) goes
+  const auto released = FakeMachine::ops_named(fake::OpKind::vmm_release);
+  REQUIRE(released.size() == 1);
+  CHECK(released[0].size == reserved_of(3 * kSize));
+  CHECK(stats_of(0).spare_bytes == reserved_of(kSize));
+  fake::reset_ops();
+  REQUIRE(uvm_onload_ranges(&rl, 1, nullptr) == UVM_OK);
+  CHECK(FakeMachine::ops_named(fake::OpKind::vmm_create).size() == 1);  // no spare of its size
+  REQUIRE(uvm_onload_ranges(&rs, 1, nullptr) == UVM_OK);
+  REQUIRE(uvm_onload_ranges(&ro, 1, nullptr) == UVM_OK);
+  CHECK(small.intact());
+  CHECK(large.intact());
+  CHECK(other.intact());
+  REQUIRE(uvm_set_spare_limit(0, 0) == UVM_OK);
+  CHECK(stats_of(0).spare_bytes == 0);
+  CHECK(fake::physical_handles() == 3);  // exactly the three mapped
+}
+
+TEST_CASE("a device out of memory gives its spare memory back and asks again", "[releasable][spare]") {
+  FakeMachine machine;
+  Releasable small(kSize, 0, 1), large(3 * kSize, 0, 2);
+  SpareLimit limit(0, reserved_of(kSize));
+  const uvm_range rs = small.whole(), rl = large.whole();
+  REQUIRE(uvm_offload_ranges(&rl, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);  // above the limit: given back
+  REQUIRE(uvm_offload_ranges(&rs, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);  // kept
+  CHECK(stats_of(0).spare_bytes == reserved_of(kSize));
+  fake::reset_ops();
+  fake::fail_next("cuMemCreate", cudaErrorMemoryAllocation);
+  REQUIRE(uvm_onload_ranges(&rl, 1, nullptr) == UVM_OK);
+  const auto ops = fake::ops();
+  size_t release_at = ops.size(), create_at = ops.size();
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].call == fake::OpKind::vmm_release && release_at == ops.size()) release_at = i;
+    if (ops[i].call == fake::OpKind::vmm_create) create_at = i;
+  }
+  CHECK(release_at < create_at);  // the spare went before the second ask
+  CHECK(create_at < ops.size());
+  CHECK(stats_of(0).spare_bytes == 0);
+  CHECK(large.intact());
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  // Out of memory with no spare memory to give: the onload fails as before, nothing lost.
+  REQUIRE(uvm_offload_ranges(&rl, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);  // above the limit: given back
+  fake::fail_next("cuMemCreate", cudaErrorMemoryAllocation);
+  CHECK(uvm_onload_ranges(&rl, 1, nullptr) == UVM_ERROR_OUT_OF_MEMORY);
+  CHECK_THAT(last_error(), Has("cuMemCreate") && Has("CUDA_ERROR_OUT_OF_MEMORY"));
+  REQUIRE(uvm_onload_ranges(&rl, 1, nullptr) == UVM_OK);
+  REQUIRE(uvm_onload_ranges(&rs, 1, nullptr) == UVM_OK);
+  CHECK(large.intact());
+  CHECK(small.intact());
+}
+
+TEST_CASE("a free gives its memory back whatever the spare limit; bad arguments are refused by name", "[releasable][spare]") {
+  FakeMachine machine;
+  SpareLimit limit(0, 16 * reserved_of(kSize));
+  {
+    Releasable a(kSize, 0, 1);
+  }
+  CHECK(stats_of(0).spare_bytes == 0);
+  CHECK(fake::physical_handles() == 0);
+  CHECK(uvm_set_spare_limit(7, 0) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Has("uvm_set_spare_limit(device=7)") && Has("device 7 is not a CUDA device"));
+  CHECK(uvm_set_spare_limit(UVM_ANY_DEVICE, 0) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK(uvm_get_spare_limit(0, nullptr) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Has("uvm_get_spare_limit(device=0)") && Has("bytes is NULL"));
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+}

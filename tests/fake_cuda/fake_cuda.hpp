@@ -32,6 +32,9 @@ constexpr unsigned char kFreshPhysical = 0xA5;
 // Live virtual-memory reservations (releasable allocations) and how many are mapped.
 size_t live_reservations();
 size_t mapped_reservations();
+// Physical memory created (cuMemCreate) and not given back, mapped or not: handles and bytes.
+size_t physical_handles();
+size_t physical_bytes();
 
 // What a logged call did. An enum, not a string, so that a test naming an op that does not exist
 // fails to compile instead of finding none (and passing a check that none happened).
@@ -41,7 +44,8 @@ enum class OpKind {
   host_alloc, host_free, host_register, host_unregister, event_record, event_sync, wait_event,  // event ops: ptr is the event
   stream_sync, device_sync, vmm_create, vmm_map, vmm_unmap,
   timing_mark,  // a record of a timing event (cudaEventCreate); fail_next("cudaEventRecord(timing)") fails one
-  sm_copy       // uvm's copy kernel launched (cuLaunchKernel): ptr is the device side, size the bytes
+  sm_copy,      // uvm's copy kernel launched (cuLaunchKernel): ptr is the device side, size the bytes
+  vmm_release   // physical memory given back to the driver (cuMemRelease): size its bytes
 };
 
 // How fast the virtual clock that timing events read says copies and prefetches run (every op

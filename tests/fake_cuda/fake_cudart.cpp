@@ -373,7 +373,11 @@ CUresult fake_mem_release(CUmemGenericAllocationHandle handle) {
   for (const auto& r : w.reservations) {
     if (r.second.mapped == handle) return CUDA_ERROR_INVALID_VALUE;  // still mapped (the fake is strict)
   }
-  return w.handles.erase(handle) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+  auto it = w.handles.find(handle);
+  if (it == w.handles.end()) return CUDA_ERROR_INVALID_VALUE;
+  log(w, fake::OpKind::vmm_release, nullptr, it->second, -2, nullptr);
+  w.handles.erase(it);
+  return CUDA_SUCCESS;
 }
 
 CUresult fake_mem_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
@@ -511,8 +515,8 @@ const char* name(OpKind kind) {
                                       "free", "copy:to_host", "copy:to_device", "host_alloc", "host_free",
                                       "host_register", "host_unregister",
                                       "event_record", "event_sync", "wait_event", "stream_sync", "device_sync",
-                                      "vmm_create", "vmm_map", "vmm_unmap", "timing_mark", "sm_copy"};
-  static_assert(sizeof names / sizeof names[0] == static_cast<size_t>(OpKind::sm_copy) + 1, "a name per kind");
+                                      "vmm_create", "vmm_map", "vmm_unmap", "timing_mark", "sm_copy", "vmm_release"};
+  static_assert(sizeof names / sizeof names[0] == static_cast<size_t>(OpKind::vmm_release) + 1, "a name per kind");
   return names[static_cast<size_t>(kind)];
 }
 
@@ -623,6 +627,18 @@ size_t pinned_blocks() {
 size_t live_reservations() {
   std::lock_guard<std::mutex> lock(world().mutex);
   return world().reservations.size();
+}
+
+size_t physical_handles() {
+  std::lock_guard<std::mutex> lock(world().mutex);
+  return world().handles.size();
+}
+
+size_t physical_bytes() {
+  std::lock_guard<std::mutex> lock(world().mutex);
+  size_t bytes = 0;
+  for (const auto& h : world().handles) bytes += h.second;
+  return bytes;
 }
 
 size_t mapped_reservations() {

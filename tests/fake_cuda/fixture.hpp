@@ -16,6 +16,7 @@
 
 struct FakeMachine {
   FakeMachine() {
+    give_back_spares();
     fake::reset();
     for (int device = 0; device < 3; ++device) uvm_set_limit(device, 0);
     uvm_set_default_advice(UVM_ADVICE_DEVICE);
@@ -23,7 +24,15 @@ struct FakeMachine {
     fake::set_thread_context(0);
     uvm_clear_last_error();
   }
-  ~FakeMachine() { fake::reset(); }
+  ~FakeMachine() {
+    give_back_spares();
+    fake::reset();
+  }
+  // uvm keeps spare physical memory across calls (uvm_set_spare_limit); the fake forgets its
+  // handles at reset, so it goes back first and no test inherits another's.
+  static void give_back_spares() {
+    for (int device = 0; device < 3; ++device) uvm_set_spare_limit(device, 0);
+  }
 
   // How many blocks of host memory were pinned (cudaHostAlloc or cudaHostRegister) since the ops
   // were last reset.

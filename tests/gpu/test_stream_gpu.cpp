@@ -99,3 +99,61 @@ TEST_CASE("a releasable allocation streams, and its memory goes back to the driv
   CHECK(r.released_bytes >= size);
   uvm_free(base, size, 0, nullptr);
 }
+
+TEST_CASE("with a spare limit, two releasable layers stream through the same physical memory; it goes back at 0",
+          "[gpu][stream][spare]") {
+  // Two 32 MiB "layers" in turn: each drop keeps its memory and the other's fetch maps it, so the
+  // GPU holds one layer's memory plus one spare, and the bytes read are always the layer's own.
+  const size_t size = 32 * MiB;
+  unsigned char* layers[2];
+  std::vector<unsigned char> weights[2] = {pattern(size, 3), pattern(size, 9)};
+  for (int l = 0; l < 2; ++l) {
+    layers[l] = static_cast<unsigned char*>(uvm_malloc_releasable(size, 0, nullptr));
+    INFO(uvm_last_error());
+    REQUIRE(layers[l] != nullptr);
+    CUDA_REQUIRE(cudaMemcpy(layers[l], weights[l].data(), size, cudaMemcpyDefault));
+    const uvm_range range{layers[l], size};
+    REQUIRE(uvm_offload_ranges(&range, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
+  }
+  REQUIRE(uvm_set_spare_limit(0, size) == UVM_OK);
+  cudaStream_t copy_stream, compute;
+  CUDA_REQUIRE(cudaStreamCreateWithFlags(&copy_stream, cudaStreamNonBlocking));
+  CUDA_REQUIRE(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+  cudaEvent_t arrived;
+  CUDA_REQUIRE(cudaEventCreateWithFlags(&arrived, cudaEventDisableTiming));
+  unsigned char* reads = nullptr;
+  constexpr int kSteps = 12;
+  CUDA_REQUIRE(cudaMalloc(reinterpret_cast<void**>(&reads), size * kSteps));
+  for (int step = 0; step < kSteps; ++step) {
+    INFO("step " << step << ": " << uvm_last_error());
+    const uvm_range range{layers[step % 2], size};
+    REQUIRE(uvm_fetch_ranges(&range, 1, copy_stream, arrived) == UVM_OK);
+    CUDA_REQUIRE(cudaStreamWaitEvent(compute, arrived, 0));
+    CUDA_REQUIRE(cudaMemcpyAsync(reads + step * size, layers[step % 2], size, cudaMemcpyDeviceToDevice, compute));
+    REQUIRE(uvm_drop_clean_ranges(&range, 1, compute) == UVM_OK);
+    uvm_stats stats{};
+    REQUIRE(uvm_get_stats(0, &stats) == UVM_OK);
+    CHECK(stats.spare_bytes == size);  // kept for the next fetch
+  }
+  CUDA_REQUIRE(cudaStreamSynchronize(compute));
+  std::vector<unsigned char> got(size);
+  for (int step = 0; step < kSteps; ++step) {
+    CUDA_REQUIRE(cudaMemcpy(got.data(), reads + step * size, size, cudaMemcpyDefault));
+    INFO("step " << step);
+    CHECK(got == weights[step % 2]);
+  }
+  size_t before = 0, after = 0, total = 0;
+  CUDA_REQUIRE(cudaMemGetInfo(&before, &total));
+  REQUIRE(uvm_set_spare_limit(0, 0) == UVM_OK);
+  CUDA_REQUIRE(cudaMemGetInfo(&after, &total));
+  CHECK(after >= before + size);  // the spare went back to the driver
+  uvm_stats stats{};
+  REQUIRE(uvm_get_stats(0, &stats) == UVM_OK);
+  CHECK(stats.spare_bytes == 0);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  CUDA_REQUIRE(cudaFree(reads));
+  CUDA_REQUIRE(cudaEventDestroy(arrived));
+  CUDA_REQUIRE(cudaStreamDestroy(copy_stream));
+  CUDA_REQUIRE(cudaStreamDestroy(compute));
+  for (unsigned char* layer : layers) uvm_free(layer, size, 0, nullptr);
+}

@@ -573,9 +573,14 @@ class Model {
         uvm_stats stats{};
         expect_ok(uvm_get_stats(0, &stats), "uvm_get_stats");
         const size_t limit = pick(2) ? 0 : stats.live_bytes + pick(4) * kSmallSegment;
-        what << "set_limit " << limit;
+        // Spare memory: released segments keep their physical memory for the next map of their
+        // size (the fake fills every map with kFreshPhysical, spare or new).
+        const size_t spare_limits[] = {0, 2 * kMiB, 8 * kMiB, 64 * kMiB};
+        const size_t spare = spare_limits[pick(4)];
+        what << "set_limit " << limit << ", spare limit " << spare;
         note(what.str());
         expect_ok(uvm_set_limit(0, limit), "uvm_set_limit");
+        expect_ok(uvm_set_spare_limit(0, spare), "uvm_set_spare_limit");
         break;
       }
       case 18: {
@@ -603,6 +608,14 @@ class Model {
     while (!tensors_.empty()) free_tensor(tensors_.size() - 1);
     empty_cache();
     expect_ok(uvm_set_limit(0, 0), "uvm_set_limit");
+    expect_ok(uvm_set_spare_limit(0, 0), "uvm_set_spare_limit");
+    uvm_stats stats{};
+    expect_ok(uvm_get_stats(0, &stats), "uvm_get_stats");
+    // Beside another model, its thread may set a spare limit of its own meanwhile.
+    if (alone_ && stats.spare_bytes != 0) fail("spare memory left after the spare limit went to 0");
+    if (alone_ && fake::physical_handles() != fake::mapped_reservations()) {
+      fail("physical memory neither mapped nor spare was not given back");
+    }
     for (const Pool& pool : pools_) {
       uvm_residency r{};
       expect_ok(uvm_get_residency(UVM_ANY_DEVICE, pool.tag.c_str(), &r), "uvm_get_residency");

@@ -4,6 +4,7 @@ bytes on the GPU must stay within the budget by uvm's own books after every laye
 really leave, and pointers must not move. Needs torch with CUDA (skipped otherwise). No managed
 memory: the layers live in releasable allocations, at most 128 MiB of weights."""
 import copy
+import ctypes
 import sys
 
 import pytest
@@ -29,10 +30,12 @@ def linear_stack(layers=8, hidden=2048, dtype=torch.float16):
 
 
 def watch_budget(streamed, budget):
-    """After every layer's forward, uvm's count of the streamed bytes on the GPU, plus the rest."""
+    """After every layer's forward, uvm's count of the streamed bytes on the GPU, plus the spare
+    memory uvm keeps for the next fetch, plus the rest."""
     seen = []
     for layer in streamed.layers:
-        layer.register_forward_hook(lambda *_: seen.append(streamed.resident_bytes() + streamed.rest_bytes))
+        layer.register_forward_hook(lambda *_: seen.append(streamed.resident_bytes() + uvm.stats()["spare_bytes"] +
+                                                           streamed.rest_bytes))
     return seen
 
 
@@ -73,6 +76,15 @@ def test_the_memory_really_leaves_and_pointers_stay():
         model(x)
         model(x)
         assert [p.data_ptr() for p in model.parameters()] == pointers
+        # Streaming keeps a dropped layer's memory for the next fetch (spare memory): at most one
+        # layer of it, and with it no more than the budget on the GPU (16 MiB for activations).
+        torch.cuda.synchronize()
+        assert uvm.stats()["spare_bytes"] <= 32 * MiB
+        free_forward, _ = torch.cuda.mem_get_info()
+        assert free_forward - free_resident >= (256 - 3 * 32 - 16) * MiB
+    assert uvm.stats()["spare_bytes"] == 0  # undone: given back
+    limit = ctypes.c_size_t(1)
+    assert uvm.library().uvm_get_spare_limit(0, ctypes.byref(limit)) == 0 and limit.value == 0
 
 
 def test_a_cuda_graph_of_a_streamed_layer_stays_valid():

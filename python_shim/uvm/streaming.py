@@ -43,7 +43,7 @@ class Streamed:
     """What uvm.stream returns: the streamed module's state. A context manager; undo() (also on
     leaving the with block) brings every weight back to ordinary GPU memory and removes the hooks."""
 
-    def __init__(self, module, budget_bytes: int, layers, device, stream_tag: str | None):
+    def __init__(self, module, budget_bytes: int, layers, device, stream_tag: str | None, keep_layers: bool = True):
         torch = _torch("uvm.stream")
         self.module, self.lib = module, _lib.library()
         self.device = _lib.device_ordinal(device)
@@ -65,6 +65,8 @@ class Streamed:
         if self.layer_budget < max(self.layer_bytes):
             raise ValueError(f"uvm.stream: budget_bytes={budget_bytes} cannot hold the module's resident parameters "
                              f"({self.rest_bytes} bytes) and its largest layer ({max(self.layer_bytes)} bytes)")
+        self.kept_layers = self._layers_to_keep() if keep_layers else []
+        self._kept = set(self.kept_layers)
         self.peak_resident_bytes = 0
         self._resident: set[int] = set()
         self._previous: int | None = None
@@ -92,6 +94,23 @@ class Streamed:
         _lib.check(self.lib.uvm_set_spare_limit(self.device, max(limit.value, max(self.layer_bytes))))
 
     # --- set-up and undo ---
+
+    def _layers_to_keep(self) -> list:
+        """The first layers, as many as the budget holds beside a window of four of the largest
+        (the one running, the one before it, one arriving and one queued behind it): they are
+        fetched once and stay. When every layer rotates through the budget, each is dropped before
+        it comes round again (the one needed farthest ahead is the one just used), so a forward
+        moves every byte; keeping what fits moves only the rest."""
+        if sum(self.layer_bytes) <= self.layer_budget:
+            return list(range(len(self.layers)))
+        room = self.layer_budget - 4 * max(self.layer_bytes)
+        kept = []
+        for i, nbytes in enumerate(self.layer_bytes):
+            if nbytes > room:
+                break
+            kept.append(i)
+            room -= nbytes
+        return kept
 
     def _ranges(self, indices) -> ctypes.Array:
         ranges = (_lib.Range * len(indices))()
@@ -187,7 +206,8 @@ class Streamed:
         budget; False (nothing dropped) if it cannot."""
         torch = _torch("uvm.stream")
         need = self.resident_bytes() + self.layer_bytes[j] - self.layer_budget
-        later = sorted((k for k in self._resident if k not in protected and self._distance(i, k) > self._distance(i, j)),
+        later = sorted((k for k in self._resident
+                        if k not in protected and k not in self._kept and self._distance(i, k) > self._distance(i, j)),
                        key=lambda k: -self._distance(i, k))
         if need > sum(self.layer_bytes[k] for k in later):
             return False
@@ -224,14 +244,18 @@ class Streamed:
         self.peak_resident_bytes = max(self.peak_resident_bytes, self.resident_bytes())
 
 
-def stream(module, *, budget_bytes: int, layers=None, device=None, tag: str | None = None) -> Streamed:
+def stream(module, *, budget_bytes: int, layers=None, device=None, tag: str | None = None,
+           keep_layers: bool = True) -> Streamed:
     """Streams `module`'s layers through the GPU so that at most `budget_bytes` of its parameters are
     on it at once: the layers' weights move to uvm (host copies in pinned memory), and each layer's
     forward fetches the next ones on a side stream and lets the ones behind go without copying them
     out (weights must not change while streamed: undo() first to train). `layers`: the blocks, in
     the order the forward runs them (default: a Sequential's children, or the module's largest
-    ModuleList); the other parameters stay where they are and count against the budget. Use as a
-    context manager, or call undo(). Outputs are those of the resident module, bit for bit."""
+    ModuleList); the other parameters stay where they are and count against the budget.
+    `keep_layers`: the first layers that fit the budget beside a window of four stay on the GPU
+    once fetched (`kept_layers` lists them), so a forward moves only the others; False: every layer
+    rotates through the budget. Use as a context manager, or call undo(). Outputs are those of the
+    resident module, bit for bit."""
     if not isinstance(budget_bytes, int) or budget_bytes <= 0:
         raise ValueError(f"uvm.stream: budget_bytes must be a positive int, not {budget_bytes!r}")
-    return Streamed(module, budget_bytes, layers, device, tag)
+    return Streamed(module, budget_bytes, layers, device, tag, keep_layers)

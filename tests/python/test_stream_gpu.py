@@ -112,6 +112,30 @@ def test_a_cuda_graph_of_a_streamed_layer_stays_valid():
         assert torch.equal(static_y, expected)
 
 
+@pytest.mark.parametrize("keep", [True, False])
+def test_the_first_layers_the_budget_holds_stay_and_a_forward_fetches_only_the_rest(keep):
+    """8 layers of 8 MiB in a budget of 6: beside a window of 4, layers 0 and 1 stay once fetched,
+    so a forward fetches 6 layers, not 8; with keep_layers=False every layer rotates through."""
+    model = linear_stack()
+    x = torch.randn(64, 2048, dtype=torch.float16, device="cuda")
+    with torch.no_grad():
+        expected = model(x)
+    budget = 6 * 8 * MiB
+    with torch.no_grad(), uvm.stream(model, budget_bytes=budget, keep_layers=keep) as streamed:
+        assert streamed.kept_layers == ([0, 1] if keep else [])
+        fetched = []
+        fetch = streamed._fetch
+        streamed._fetch = lambda j: (fetched.append(j), fetch(j))
+        seen = watch_budget(streamed, budget)
+        assert torch.equal(model(x), expected)  # the first forward fetches every layer once
+        for _ in range(3):
+            fetched.clear()
+            assert torch.equal(model(x), expected)
+            assert sorted(fetched) == (list(range(2, 8)) if keep else list(range(8)))
+            assert all(k in streamed._resident for k in streamed.kept_layers)
+        assert max(seen) <= budget
+
+
 class Block(torch.nn.Module):
     def __init__(self, hidden):
         super().__init__()

@@ -131,6 +131,22 @@ for budget in (0, 1 << 30):
     assert lines[1].startswith("TypeError uvm.stream needs torch, which is not installed"), lines[1]
 
 
+def test_stream_keeps_the_first_layers_that_fit_beside_a_window_of_four():
+    """No GPU needed: which layers uvm.stream keeps on the GPU, by their sizes and the budget."""
+    code = NO_TORCH + """from uvm.streaming import Streamed
+def kept(sizes, budget):
+    s = object.__new__(Streamed)
+    s.layers, s.layer_bytes, s.layer_budget = list(sizes), list(sizes), budget
+    return s._layers_to_keep()
+print(kept([8] * 8, 48))          # 6 layers of room: 4 for the window, 2 kept
+print(kept([8] * 8, 24))          # less than a window: all rotate
+print(kept([8] * 8, 64))          # all fit: all kept
+print(kept([8, 8, 16, 8, 8], 47)) # the window is 4 of the largest (64): none
+print(kept([1, 1, 3] + [1] * 12, 16))  # window 12, 4 left: 1, 1, then 3 does not fit: stop there
+"""
+    assert python(code).stdout.splitlines() == ["[0, 1]", "[]", "[0, 1, 2, 3, 4, 5, 6, 7]", "[]", "[0, 1]"]
+
+
 def test_the_command_line_helps_and_says_what_is_missing():
     helped = python("import sys, uvm.__main__ as m; sys.exit(m.main(['--help']))", check=False)
     assert helped.returncode == 0 and "python -m uvm doctor" in helped.stdout

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 
 namespace uvm {
@@ -133,6 +134,10 @@ bool parse_disk_backup_dir(const char* text, Options* into) {
 
 bool parse_backup_threads(const char* text, Options* into) {
   long threads = 0;
+  if (std::strcmp(text, "auto") == 0) {
+    into->backup_threads = 0;
+    return true;
+  }
   if (!parse_int_in(text, 1, kMaxBackupThreads, &threads)) return false;
   into->backup_threads = static_cast<int>(threads);
   return true;
@@ -181,7 +186,11 @@ const Row kRows[] = {
     {{"UVM_DISK_BACKUP_DIR", "", "a directory on a real disk for UVM_STRATEGY_DISK's files (uvm_set_disk_backup_dir "
       "overrides)"},
      parse_disk_backup_dir},
-    {{"UVM_BACKUP_THREADS", "8", "1-16: threads (each with a 16 MiB pinned buffer) that move mmap and disk copies"},
+    // mmap copies are CPU work (page faults, memcpy): 16 threads ran them at the pinned backup's
+    // speed on an H100 host, 8 at 0.73 of it (bench/mmap_probe.cpp). 16 paused to disk slower.
+    {{"UVM_BACKUP_THREADS", "auto",
+      "auto or 1-16: threads (each with a 16 MiB pinned buffer) that move mmap and disk copies; auto: 8 for "
+      "disk copies, for mmap copies one per CPU uvm may run on, 8 to 16"},
      parse_backup_threads},
 };
 constexpr size_t kRowCount = sizeof kRows / sizeof kRows[0];

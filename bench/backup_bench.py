@@ -81,7 +81,7 @@ def disk_bandwidth(directory: str, gib: float) -> dict:
     path = os.path.join(directory, "dd-probe")
     count = int(gib * 64)
     result = {}
-    for name, args in (("write", [f"if=/dev/zero", f"of={path}", "oflag=direct", "conv=fsync"]),
+    for name, args in (("write", ["if=/dev/zero", f"of={path}", "oflag=direct", "conv=fsync"]),
                        ("read", [f"if={path}", "of=/dev/null", "iflag=direct"])):
         out = subprocess.run(["dd", *args, "bs=16M", f"count={count}"], capture_output=True, text=True)
         match = re.search(r"copied, ([\d.]+) s", out.stderr)
@@ -116,23 +116,29 @@ def main() -> int:
     parser.add_argument("--dir", default="/var/tmp/uvm-backup-bench", help="a directory on the disk to measure")
     parser.add_argument("--gib", type=float, default=4.0)
     parser.add_argument("--cycles", type=int, default=3)
-    parser.add_argument("--threads", default="8", help="UVM_BACKUP_THREADS settings to run uvm's mmap and disk backups with")
+    parser.add_argument("--threads", default="auto", help="UVM_BACKUP_THREADS settings to run uvm's mmap and disk "
+                        "backups with (comma-separated)")
     parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--no-disk", action="store_true", help="CPU backups only (no dd, no disk runs)")
+    parser.add_argument("--rounds", type=int, default=1, help="times the CPU-backup runs take turns")
     parser.add_argument("--json")
     args = parser.parse_args()
     os.makedirs(args.dir, mode=0o700, exist_ok=True)
     report = {"versions": versions(), "gib": args.gib, "dir": args.dir,
               "filesystem": subprocess.run(["stat", "-f", "-c", "%T", args.dir], capture_output=True,
                                            text=True).stdout.strip(),
-              "disk": disk_bandwidth(args.dir, args.gib), "pinned": child(PINNED, [str(args.gib)]), "runs": []}
+              "disk": None if args.no_disk else disk_bandwidth(args.dir, args.gib),
+              "pinned": child(PINNED, [str(args.gib)]), "runs": []}
     threads = args.threads.split(",")
-    runs = [("uvm", backend, {}) for backend in ("default", "pinned")]
-    runs += [("uvm", "mmap", {"UVM_BACKUP_THREADS": t}) for t in threads]
-    if not args.no_peer:
-        runs += [("torch_memory_saver", backend, {}) for backend in ("default", "pinned", "mmap")]
+    runs = []
+    for _ in range(args.rounds):
+        runs += [("uvm", backend, {}) for backend in ("default", "pinned")]
+        runs += [("uvm", "mmap", {"UVM_BACKUP_THREADS": t}) for t in threads]
+        if not args.no_peer:
+            runs += [("torch_memory_saver", backend, {}) for backend in ("default", "pinned", "mmap")]
     # The disk's speed drifts over minutes (burst credits, the host's cache): uvm's and the peer's
     # disk backups take turns, twice, and dd runs again after them.
-    for _ in range(2):
+    for _ in range(0 if args.no_disk else 2):
         runs += [("uvm", "disk", {"UVM_BACKUP_THREADS": t}) for t in threads]
         runs += [] if args.no_peer else [("torch_memory_saver", "disk", {})]
     for which, backend, env in runs:
@@ -141,16 +147,17 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
         result.update(which=which, backend=backend, env=env)
         report["runs"].append(result)
-    report["disk_after"] = disk_bandwidth(args.dir, args.gib)
+    report["disk_after"] = None if args.no_disk else disk_bandwidth(args.dir, args.gib)
     pinned = report["pinned"]
     limit_out = pinned["bytes"] / min(pinned["d2h_s"]) / 1e9 if "bytes" in pinned else None
     limit_in = pinned["bytes"] / min(pinned["h2d_s"]) / 1e9 if "bytes" in pinned else None
     disk = report["disk"]
     print(f"device: {report['versions']}; {args.gib} GiB in 64 MiB tensors; dir {args.dir} ({report['filesystem']})")
     after = report["disk_after"]
-    print(f"disk (dd, O_DIRECT, 16 MiB): write {disk['write_gbps']:.2f} GB/s, read {disk['read_gbps']:.2f} GB/s "
-          f"(after the runs: {after['write_gbps']:.2f}, {after['read_gbps']:.2f}); "
-          f"pinned cudaMemcpy: D2H {limit_out:.1f} GB/s, H2D {limit_in:.1f} GB/s")
+    if disk:
+        print(f"disk (dd, O_DIRECT, 16 MiB): write {disk['write_gbps']:.2f} GB/s, read {disk['read_gbps']:.2f} GB/s "
+              f"(after the runs: {after['write_gbps']:.2f}, {after['read_gbps']:.2f})")
+    print(f"pinned cudaMemcpy: D2H {limit_out:.1f} GB/s, H2D {limit_in:.1f} GB/s")
     print("| library | backup | env | pause GB/s | resume GB/s | pause / limit | resume / limit | RSS after resume − before (MiB) | intact |")
     print("|---|---|---|---|---|---|---|---|---|")
     for run in report["runs"]:

@@ -1,5 +1,7 @@
 #include "spill.hpp"
 
+#include <pthread.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -15,19 +17,38 @@
 #include "../alloc/stats.hpp"
 #include "../hints/moves/trace.hpp"
 #include "disk.hpp"
+#include "pinned.hpp"
 #include "plan.hpp"
 
 namespace uvm {
 namespace {
 
 // Pinned buffers kept between moves: pinning 16 MiB takes milliseconds, a move of a few MiB less.
+// They are carved from blocks pinned the registered way (pinned.hpp), one block for all the
+// buffers a move lacks: cudaHostAlloc faults 16 MiB in at about 2 GiB/s, so 16 buffers pinned that
+// way added 130 ms to every 4 GiB mmap pause that followed a uvm_release_staging (a pause after a
+// resume that gave its staging back), more than half of the copy's own time.
 struct BouncePool {
   std::mutex mutex;
   std::vector<char*> idle;
+  std::vector<PinnedMemory> blocks;  // every buffer lies in one of them
 };
 
 BouncePool& bounce_pool() {
-  static auto* pool = new BouncePool();  // never destroyed: no CUDA calls from static destructors
+  static auto* pool = [] {
+    auto* made = new BouncePool();  // never destroyed: no CUDA calls from static destructors
+    // The blocks are not inherited by a child process (MADV_DONTFORK: pinned pages would be
+    // copied at every fork), so a child starts with none; the lock is held across the fork so
+    // that the child's copy of it is free.
+    pthread_atfork([] { bounce_pool().mutex.lock(); }, [] { bounce_pool().mutex.unlock(); },
+                   [] {
+                     BouncePool& child = bounce_pool();
+                     child.idle.clear();
+                     child.blocks.clear();
+                     child.mutex.unlock();
+                   });
+    return made;
+  }();
   return *pool;
 }
 
@@ -40,13 +61,15 @@ uvm_status take_buffers(const Call& call, size_t count, std::vector<char*>* out)
       pool.idle.pop_back();
     }
   }
-  while (out->size() < count) {
-    void* buffer = nullptr;
-    if (cudaError_t e = cudaHostAlloc(&buffer, kBounceBytes, cudaHostAllocPortable)) {
-      return fail_cuda(call, e, "cudaHostAlloc(%zu bytes) for a bounce buffer", kBounceBytes);
-    }
-    out->push_back(static_cast<char*>(buffer));
-  }
+  const size_t missing = count - out->size();
+  if (missing == 0) return UVM_OK;
+  // Pinned memory either way; UVM_PINNED=hostalloc asks for cudaHostAlloc.
+  const PinnedKind kind = configured_pinned_kind() == PinnedKind::host_alloc ? PinnedKind::host_alloc : PinnedKind::registered;
+  PinnedMemory block;
+  if (uvm_status s = pin_host_memory(call, missing * kBounceBytes, kind, &block)) return s;
+  for (size_t i = 0; i < missing; ++i) out->push_back(block.host + i * kBounceBytes);
+  std::lock_guard<std::mutex> lock(pool.mutex);
+  pool.blocks.push_back(block);
   return UVM_OK;
 }
 
@@ -56,13 +79,27 @@ void give_back(const std::vector<char*>& buffers) {
   pool.idle.insert(pool.idle.end(), buffers.begin(), buffers.end());
 }
 
-// Runs `per_batch(call, stream, buffer, index)` for every batch index on up to UVM_BACKUP_THREADS
-// threads, each in `device`'s context with a stream and a bounce buffer of its own. The first
-// failure stops the batches not begun and becomes the call's.
+// The worker threads of a spill: UVM_BACKUP_THREADS, else by what they copy. Copies in memory are
+// CPU work (the kernel faulting in and zeroing the mapping's pages, memcpy): on a 16-core H100 host
+// 16 threads wrote a fresh mapping at the speed of the pinned backup's pause and 8 at 0.73 of it
+// (bench/mmap_probe.cpp), so one per CPU this process may run on, 8 to 16. Disk copies wait on
+// the disk: 8 (16 paused slower, docs/performance.md).
+size_t worker_threads(bool in_memory) {
+  if (options().backup_threads > 0) return static_cast<size_t>(options().backup_threads);
+  constexpr size_t kDiskThreads = 8;
+  if (!in_memory) return kDiskThreads;
+  cpu_set_t cpus;
+  const size_t usable = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? static_cast<size_t>(CPU_COUNT(&cpus)) : 0;
+  return std::clamp<size_t>(usable, kDiskThreads, kMaxBackupThreads);
+}
+
+// Runs `per_batch(call, stream, buffer, index)` for every batch index on up to `threads` threads,
+// each in `device`'s context with a stream and a bounce buffer of its own. The first failure stops
+// the batches not begun and becomes the call's.
 template <typename PerBatch>
-uvm_status run_workers(const Call& call, int device, size_t batches, PerBatch per_batch) {
+uvm_status run_workers(const Call& call, int device, size_t batches, size_t most_threads, PerBatch per_batch) {
   if (batches == 0) return UVM_OK;
-  const size_t threads = std::min<size_t>(batches, static_cast<size_t>(options().backup_threads));
+  const size_t threads = std::min(batches, most_threads);
   std::vector<char*> buffers;
   const uvm_status took = take_buffers(call, threads, &buffers);
   if (took != UVM_OK) {
@@ -217,7 +254,9 @@ uvm_status spill_out(const Call& call, int device, cudaStream_t stream, const st
       return write_file(c, file, file.fd(), buffer + bounce, bytes, io_begin);
     });
   };
-  if (uvm_status s = run_workers(call, device, batches.size(), write_batch)) return s;
+  if (uvm_status s = run_workers(call, device, batches.size(), worker_threads(kept == Kept::pageable), write_batch)) {
+    return s;
+  }
   for (const std::shared_ptr<BackupFile>& file : targets.files) {
     if (uvm_status s = file->seal(call)) return s;
   }
@@ -313,7 +352,7 @@ uvm_status spill_in(const Call& call, int device, cudaStream_t stream, const std
     if (cudaError_t e = cudaStreamSynchronize(stream)) return fail_cuda(c, e, "cudaStreamSynchronize (copies from a bounce buffer)");
     return UVM_OK;
   };
-  const uvm_status status = run_workers(call, device, batches.size(), read_batch);
+  const uvm_status status = run_workers(call, device, batches.size(), worker_threads(!in_memory.empty()), read_batch);
   close_all();
   record_prefetch_calls(device, prefetches);
   if (status == UVM_OK) phase.finish(total);
@@ -321,17 +360,26 @@ uvm_status spill_in(const Call& call, int device, cudaStream_t stream, const std
 }
 
 uvm_status free_bounce_buffers(const Call& call) {
-  std::vector<char*> idle;
+  std::vector<PinnedMemory> unused;  // blocks none of whose buffers is in use
   {
     BouncePool& pool = bounce_pool();
     std::lock_guard<std::mutex> lock(pool.mutex);
-    idle.swap(pool.idle);
+    for (auto block = pool.blocks.begin(); block != pool.blocks.end();) {
+      auto inside = [&](char* buffer) { return buffer >= block->host && buffer < block->host + block->bytes; };
+      const size_t idle = static_cast<size_t>(std::count_if(pool.idle.begin(), pool.idle.end(), inside));
+      if (idle * kBounceBytes < block->bytes) {
+        ++block;
+        continue;
+      }
+      pool.idle.erase(std::remove_if(pool.idle.begin(), pool.idle.end(), inside), pool.idle.end());
+      unused.push_back(*block);
+      block = pool.blocks.erase(block);
+    }
   }
   uvm_status status = UVM_OK;
-  for (char* buffer : idle) {
-    if (cudaError_t e = cudaFreeHost(buffer)) {
-      if (status == UVM_OK) status = fail_cuda(call, e, "cudaFreeHost(%p) of a bounce buffer", static_cast<void*>(buffer));
-    }
+  for (const PinnedMemory& block : unused) {
+    const uvm_status freed = unpin_host_memory(call, block);
+    if (status == UVM_OK) status = freed;
   }
   return status;
 }

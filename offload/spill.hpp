@@ -33,7 +33,8 @@ uvm_status spill_out(const Call& call, int device, cudaStream_t stream, const st
 uvm_status spill_in(const Call& call, int device, cudaStream_t stream, const std::vector<StagedPiece>& pieces,
                     const std::vector<bool>& managed);
 
-// Frees the bounce buffers not in use (uvm_release_staging); the next spill pins them again.
+// Frees the bounce buffers not in use (uvm_release_staging): each block of them whose buffers are
+// all idle; the next spill pins what it lacks again, as one block.
 uvm_status free_bounce_buffers(const Call& call);
 
 }  // namespace uvm

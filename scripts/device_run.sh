@@ -18,8 +18,9 @@
 #                                STREAM_ARGS (default: 12 GiB of layers, a 4 GiB budget)
 #   LIFETIME_BENCH=1             runs bench/lifetime_bench.py (what learning of a block's death costs)
 #   PEERS=1                      runs torch_memory_saver's examples on uvm.memory_saver
-#   BACKUP_BENCH=1               runs bench/backup_bench.py (BACKUP_DIR, BACKUP_GIB, BACKUP_THREADS)
 #                                (tests/peers/run_tms_examples.sh) and the Megatron-Core harness
+#   BACKUP_BENCH=1               runs bench/backup_bench.py (BACKUP_DIR, BACKUP_GIB, BACKUP_THREADS,
+#                                BACKUP_ARGS: more arguments, e.g. "--no-disk --rounds 2")
 #   RL_BENCH=1                   runs the sleep/wake cycle benchmark (python -m uvm bench rl);
 #                                RL_ALSO="VAR=x;VAR=y" runs it again with each environment
 #   BEFORE=DIR                   also benchmarks the uvm tree in DIR (an older commit's files,
@@ -145,7 +146,7 @@ if [ "${BACKUP_BENCH:-0}" = 1 ]; then
     python3 -m pip install -q --no-deps --target /tmp/peer-site .deps/wheels/torch_memory_saver-*.whl
   fi
   PYTHONPATH=python_shim:/tmp/peer-site python3 bench/backup_bench.py --dir "${BACKUP_DIR:-/var/tmp/uvm-backup-bench}" \
-    --gib "${BACKUP_GIB:-4}" --threads "${BACKUP_THREADS:-2,8,16}" --json "$OUT/backup.json" | tee "$OUT/backup.txt" || status=1
+    --gib "${BACKUP_GIB:-4}" --threads "${BACKUP_THREADS:-auto}" ${BACKUP_ARGS:-} --json "$OUT/backup.json" | tee "$OUT/backup.txt" || status=1
 fi
 
 if [ "${RL_BENCH:-0}" = 1 ]; then

@@ -111,10 +111,12 @@ TEST_CASE("the first refused variable is named; the others are still read", "[op
   CHECK_FALSE(options.slabs);
 }
 
-TEST_CASE("the backup threads are 1-16 and the disk directory is taken as written", "[options]") {
+TEST_CASE("the backup threads are auto or 1-16 and the disk directory is taken as written", "[options]") {
   CHECK(parsed({{"UVM_BACKUP_THREADS", "16"}}).backup_threads == 16);
-  CHECK(parsed({}).backup_threads == 8);
-  CHECK_THAT(parsed({{"UVM_BACKUP_THREADS", "17"}}).error, Has("UVM_BACKUP_THREADS='17' is not understood; expected 1-16"));
+  CHECK(parsed({}).backup_threads == 0);  // auto
+  CHECK(parsed({{"UVM_BACKUP_THREADS", "auto"}}).backup_threads == 0);
+  CHECK_THAT(parsed({{"UVM_BACKUP_THREADS", "Auto"}}).error, Has("UVM_BACKUP_THREADS='Auto'"));
+  CHECK_THAT(parsed({{"UVM_BACKUP_THREADS", "17"}}).error, Has("UVM_BACKUP_THREADS='17' is not understood; expected auto or 1-16"));
   CHECK_THAT(parsed({{"UVM_BACKUP_THREADS", "0"}}).error, Has("UVM_BACKUP_THREADS='0'"));
   CHECK(parsed({{"UVM_DISK_BACKUP_DIR", "/data/backups"}}).disk_backup_dir == "/data/backups");
 }

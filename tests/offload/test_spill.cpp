@@ -3,6 +3,7 @@
 // a bad directory, a full disk, a file changed while offloaded, a dead process's files — failing
 // clearly with the device bytes kept.
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/resource.h>
@@ -12,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -519,5 +521,29 @@ TEST_CASE("a full disk fails the offload and the pause by name; bytes stay on th
     CHECK(second.intact());
     CHECK(backup_files(dir).empty());
     CHECK(free_bytes() == free_before);
+  }
+}
+
+TEST_CASE("mmap copies move on one thread per CPU, 8 to 16; disk copies on 8", "[spill][cuda13]") {
+  test_disk_dir();
+  cpu_set_t cpus;
+  REQUIRE(sched_getaffinity(0, sizeof cpus, &cpus) == 0);
+  const size_t expected_mmap = std::clamp<size_t>(CPU_COUNT(&cpus), 8, 16);
+  // 17 bounce buffers' worth: enough batches for every thread either way could start.
+  for (const uvm_strategy strategy : kKeptStrategies) {
+    CAPTURE(name_of(strategy));
+    FakeMachine machine;
+    Releasable memory(17 * 16 * kMiB, 0, 4);
+    REQUIRE(uvm_release_staging() == UVM_OK);  // the bounce buffers too: each thread pins its own anew
+    fake::reset_ops();
+    const uvm_range range = memory.whole();
+    REQUIRE(uvm_offload_ranges(&range, 1, strategy, nullptr) == UVM_OK);
+    // The buffers are pinned as one block: registered, or cudaHostAlloc'ed (UVM_PINNED=hostalloc).
+    auto pinned = FakeMachine::ops_named(fake::OpKind::host_alloc);
+    for (const fake::Op& op : FakeMachine::ops_named(fake::OpKind::host_register)) pinned.push_back(op);
+    REQUIRE(pinned.size() == 1);
+    CHECK(pinned[0].size == (strategy == UVM_STRATEGY_MMAP ? expected_mmap : 8u) * 16 * kMiB);
+    REQUIRE(uvm_onload_ranges(&range, 1, nullptr) == UVM_OK);
+    CHECK(memory.intact());
   }
 }

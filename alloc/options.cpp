@@ -189,8 +189,8 @@ const Row kRows[] = {
     // mmap copies are CPU work (page faults, memcpy): 16 threads ran them at the pinned backup's
     // speed on an H100 host, 8 at 0.73 of it (bench/mmap_probe.cpp). 16 paused to disk slower.
     {{"UVM_BACKUP_THREADS", "auto",
-      "auto or 1-16: threads (each with a 16 MiB pinned buffer) that move mmap and disk copies; auto: 8 for "
-      "disk copies, for mmap copies one per CPU uvm may run on, 8 to 16"},
+      "auto or 1-16: threads (each with a pinned buffer, 16 MiB or 64 MiB for disk reads) that move mmap and "
+      "disk copies; auto: 8 for disk writes, 4 for disk reads, for mmap copies one per CPU uvm may run on, 8 to 16"},
      parse_backup_threads},
 };
 constexpr size_t kRowCount = sizeof kRows / sizeof kRows[0];

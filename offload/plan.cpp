@@ -96,7 +96,9 @@ std::vector<SpillBatch> plan_spill(const std::vector<SpillItem>& items, size_t b
       chunk.item = i;
       chunk.target = item.target;
       chunk.offset = item.offset + (at - item.span.begin);
-      const size_t bytes = std::min<size_t>(longest, item.span.end - at);
+      // A chunk starting aligned fills the buffer; one that does not leaves room for its widening.
+      const size_t room = chunk.offset % align == 0 ? buffer_bytes : longest;
+      const size_t bytes = std::min<size_t>(room, item.span.end - at);
       chunk.span = Span{at, at + bytes};
       chunk.io_begin = align_down(chunk.offset, align);
       chunk.io_bytes = static_cast<size_t>(align_up(chunk.offset + bytes, align) - chunk.io_begin);

@@ -110,8 +110,10 @@ struct SpillBatch {
 
 // Cuts `items` into chunks that fit a `buffer_bytes` buffer with their I/O widened to `align`
 // (a power of two dividing buffer_bytes), and packs chunks that follow each other into batches.
-// Items written at aligned offsets stay aligned: an item's chunks are buffer_bytes - align long but
-// its last, whose I/O runs into the padding lay_out_copies leaves after every item.
+// Items written at aligned offsets stay aligned: an item's chunks fill the buffer but its last,
+// whose I/O runs into the padding lay_out_copies leaves after every item (a chunk starting
+// unaligned is buffer_bytes - align long, the room its widening needs). A 64 MiB item moves in
+// four 16 MiB batches, not four of 16 MiB - 64 bytes and a fifth of 256 bytes.
 std::vector<SpillBatch> plan_spill(const std::vector<SpillItem>& items, size_t buffer_bytes, size_t align);
 
 // Where an offload's pieces (sorted by address; `allocations[i]` holds piece i) go: one copy per

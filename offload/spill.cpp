@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -29,9 +30,13 @@ namespace {
 // way added 130 ms to every 4 GiB mmap pause that followed a uvm_release_staging (a pause after a
 // resume that gave its staging back), more than half of the copy's own time.
 struct BouncePool {
+  struct Block {
+    PinnedMemory memory;
+    size_t buffer_bytes;  // the size of each buffer carved from it
+  };
   std::mutex mutex;
-  std::vector<char*> idle;
-  std::vector<PinnedMemory> blocks;  // every buffer lies in one of them
+  std::map<size_t, std::vector<char*>> idle;  // by buffer size
+  std::vector<Block> blocks;                  // every buffer lies in one of them
 };
 
 BouncePool& bounce_pool() {
@@ -52,13 +57,15 @@ BouncePool& bounce_pool() {
   return *pool;
 }
 
-uvm_status take_buffers(const Call& call, size_t count, std::vector<char*>* out) {
+// `count` idle buffers of `bytes` each, pinning one block for those the pool lacks.
+uvm_status take_buffers(const Call& call, size_t count, size_t bytes, std::vector<char*>* out) {
   BouncePool& pool = bounce_pool();
   {
     std::lock_guard<std::mutex> lock(pool.mutex);
-    while (out->size() < count && !pool.idle.empty()) {
-      out->push_back(pool.idle.back());
-      pool.idle.pop_back();
+    std::vector<char*>& idle = pool.idle[bytes];
+    while (out->size() < count && !idle.empty()) {
+      out->push_back(idle.back());
+      idle.pop_back();
     }
   }
   const size_t missing = count - out->size();
@@ -66,44 +73,54 @@ uvm_status take_buffers(const Call& call, size_t count, std::vector<char*>* out)
   // Pinned memory either way; UVM_PINNED=hostalloc asks for cudaHostAlloc.
   const PinnedKind kind = configured_pinned_kind() == PinnedKind::host_alloc ? PinnedKind::host_alloc : PinnedKind::registered;
   PinnedMemory block;
-  if (uvm_status s = pin_host_memory(call, missing * kBounceBytes, kind, &block)) return s;
-  for (size_t i = 0; i < missing; ++i) out->push_back(block.host + i * kBounceBytes);
+  if (uvm_status s = pin_host_memory(call, missing * bytes, kind, &block)) return s;
+  for (size_t i = 0; i < missing; ++i) out->push_back(block.host + i * bytes);
   std::lock_guard<std::mutex> lock(pool.mutex);
-  pool.blocks.push_back(block);
+  pool.blocks.push_back(BouncePool::Block{block, bytes});
   return UVM_OK;
 }
 
-void give_back(const std::vector<char*>& buffers) {
+void give_back(const std::vector<char*>& buffers, size_t bytes) {
   BouncePool& pool = bounce_pool();
   std::lock_guard<std::mutex> lock(pool.mutex);
-  pool.idle.insert(pool.idle.end(), buffers.begin(), buffers.end());
+  std::vector<char*>& idle = pool.idle[bytes];
+  idle.insert(idle.end(), buffers.begin(), buffers.end());
 }
 
-// The worker threads of a spill: UVM_BACKUP_THREADS, else by what they copy. Copies in memory are
-// CPU work (the kernel faulting in and zeroing the mapping's pages, memcpy): on a 16-core H100 host
+// What a spill's workers do, which decides how many there are and how big their buffers.
+enum class SpillWork { memory, disk_write, disk_read };
+
+// The worker threads of a spill: UVM_BACKUP_THREADS, else by their work. Copies in memory are CPU
+// work (the kernel faulting in and zeroing the mapping's pages, memcpy): on a 16-core H100 host
 // 16 threads wrote a fresh mapping at the speed of the pinned backup's pause and 8 at 0.73 of it
-// (bench/mmap_probe.cpp), so one per CPU this process may run on, 8 to 16. Disk copies wait on
-// the disk: 8 (16 paused slower, docs/performance.md).
-size_t worker_threads(bool in_memory) {
+// (bench/mmap_probe.cpp), so one per CPU this process may run on, 8 to 16. Disk writes: 8 (16
+// paused slower, docs/performance.md). Disk reads: 4 requests of kDiskReadBytes in flight.
+size_t worker_threads(SpillWork work) {
   if (options().backup_threads > 0) return static_cast<size_t>(options().backup_threads);
-  constexpr size_t kDiskThreads = 8;
-  if (!in_memory) return kDiskThreads;
+  constexpr size_t kDiskWriteThreads = 8, kDiskReadThreads = 4;
+  if (work == SpillWork::disk_write) return kDiskWriteThreads;
+  if (work == SpillWork::disk_read) return kDiskReadThreads;
   cpu_set_t cpus;
   const size_t usable = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? static_cast<size_t>(CPU_COUNT(&cpus)) : 0;
-  return std::clamp<size_t>(usable, kDiskThreads, kMaxBackupThreads);
+  return std::clamp<size_t>(usable, 8, kMaxBackupThreads);
 }
+
+// The bounce buffer of each worker: disk reads take bigger requests (bench/disk_probe.py: 4 × 64
+// MiB read 1.35 GB/s where 8 × 16 MiB read 1.14, same file, same run).
+size_t buffer_bytes(SpillWork work) { return work == SpillWork::disk_read ? kDiskReadBytes : kBounceBytes; }
 
 // Runs `per_batch(call, stream, buffer, index)` for every batch index on up to `threads` threads,
 // each in `device`'s context with a stream and a bounce buffer of its own. The first failure stops
 // the batches not begun and becomes the call's.
 template <typename PerBatch>
-uvm_status run_workers(const Call& call, int device, size_t batches, size_t most_threads, PerBatch per_batch) {
+uvm_status run_workers(const Call& call, int device, size_t batches, SpillWork kind, PerBatch per_batch) {
   if (batches == 0) return UVM_OK;
-  const size_t threads = std::min(batches, most_threads);
+  const size_t threads = std::min(batches, worker_threads(kind));
+  const size_t bytes = buffer_bytes(kind);
   std::vector<char*> buffers;
-  const uvm_status took = take_buffers(call, threads, &buffers);
+  const uvm_status took = take_buffers(call, threads, bytes, &buffers);
   if (took != UVM_OK) {
-    give_back(buffers);
+    give_back(buffers, bytes);
     return took;
   }
   std::atomic<size_t> next{0};
@@ -139,12 +156,12 @@ uvm_status run_workers(const Call& call, int device, size_t batches, size_t most
   } catch (...) {
     failed = true;  // the threads started stop at their next batch
     for (std::thread& worker : workers) worker.join();
-    give_back(buffers);
+    give_back(buffers, bytes);
     return fail(call, UVM_ERROR_INTERNAL, "could not start %zu backup threads", threads);
   }
   work(buffers[0]);  // the calling thread is a worker too
   for (std::thread& worker : workers) worker.join();
-  give_back(buffers);
+  give_back(buffers, bytes);
   return failed ? adopt(first) : UVM_OK;
 }
 
@@ -254,9 +271,8 @@ uvm_status spill_out(const Call& call, int device, cudaStream_t stream, const st
       return write_file(c, file, file.fd(), buffer + bounce, bytes, io_begin);
     });
   };
-  if (uvm_status s = run_workers(call, device, batches.size(), worker_threads(kept == Kept::pageable), write_batch)) {
-    return s;
-  }
+  const SpillWork work = kept == Kept::pageable ? SpillWork::memory : SpillWork::disk_write;
+  if (uvm_status s = run_workers(call, device, batches.size(), work, write_batch)) return s;
   for (const std::shared_ptr<BackupFile>& file : targets.files) {
     if (uvm_status s = file->seal(call)) return s;
   }
@@ -313,14 +329,12 @@ uvm_status spill_in(const Call& call, int device, cudaStream_t stream, const std
     disk_piece.push_back(i);
     on_disk.push_back(SpillItem{piece.span, static_cast<size_t>(known - files.begin()), piece.file_offset});
   }
-  std::vector<SpillBatch> batches = plan_spill(in_memory, kBounceBytes, 1);
-  const size_t first_disk_batch = batches.size();
-  for (SpillBatch& batch : plan_spill(on_disk, kBounceBytes, kDiskAlign)) batches.push_back(std::move(batch));
+  // Apart: memory copies on many threads with small buffers, then file reads on a few with big ones.
+  const std::vector<SpillBatch> memory_batches = plan_spill(in_memory, buffer_bytes(SpillWork::memory), 1);
+  const std::vector<SpillBatch> disk_batches = plan_spill(on_disk, buffer_bytes(SpillWork::disk_read), kDiskAlign);
   HostPhase phase(Phase::read);
   std::atomic<uint64_t> prefetches{0};
-  auto read_batch = [&](const Call& c, cudaStream_t stream, char* buffer, size_t index) {
-    const SpillBatch& batch = batches[index];
-    const bool from_disk = index >= first_disk_batch;
+  auto read_batch = [&](const Call& c, cudaStream_t stream, char* buffer, const SpillBatch& batch, bool from_disk) {
     const std::vector<size_t>& piece_of = from_disk ? disk_piece : memory_piece;
     uvm_status read = each_io_run(batch, [&](const SpillChunk& first, size_t bounce, uint64_t io_begin, size_t bytes) {
       if (!from_disk) {
@@ -352,7 +366,16 @@ uvm_status spill_in(const Call& call, int device, cudaStream_t stream, const std
     if (cudaError_t e = cudaStreamSynchronize(stream)) return fail_cuda(c, e, "cudaStreamSynchronize (copies from a bounce buffer)");
     return UVM_OK;
   };
-  const uvm_status status = run_workers(call, device, batches.size(), worker_threads(!in_memory.empty()), read_batch);
+  uvm_status status = run_workers(call, device, memory_batches.size(), SpillWork::memory,
+                                  [&](const Call& c, cudaStream_t stream, char* buffer, size_t index) {
+                                    return read_batch(c, stream, buffer, memory_batches[index], false);
+                                  });
+  if (status == UVM_OK) {
+    status = run_workers(call, device, disk_batches.size(), SpillWork::disk_read,
+                         [&](const Call& c, cudaStream_t stream, char* buffer, size_t index) {
+                           return read_batch(c, stream, buffer, disk_batches[index], true);
+                         });
+  }
   close_all();
   record_prefetch_calls(device, prefetches);
   if (status == UVM_OK) phase.finish(total);
@@ -365,14 +388,16 @@ uvm_status free_bounce_buffers(const Call& call) {
     BouncePool& pool = bounce_pool();
     std::lock_guard<std::mutex> lock(pool.mutex);
     for (auto block = pool.blocks.begin(); block != pool.blocks.end();) {
-      auto inside = [&](char* buffer) { return buffer >= block->host && buffer < block->host + block->bytes; };
-      const size_t idle = static_cast<size_t>(std::count_if(pool.idle.begin(), pool.idle.end(), inside));
-      if (idle * kBounceBytes < block->bytes) {
+      std::vector<char*>& idle = pool.idle[block->buffer_bytes];
+      const PinnedMemory& memory = block->memory;
+      auto inside = [&](char* buffer) { return buffer >= memory.host && buffer < memory.host + memory.bytes; };
+      const size_t idle_here = static_cast<size_t>(std::count_if(idle.begin(), idle.end(), inside));
+      if (idle_here * block->buffer_bytes < memory.bytes) {
         ++block;
         continue;
       }
-      pool.idle.erase(std::remove_if(pool.idle.begin(), pool.idle.end(), inside), pool.idle.end());
-      unused.push_back(*block);
+      idle.erase(std::remove_if(idle.begin(), idle.end(), inside), idle.end());
+      unused.push_back(memory);
       block = pool.blocks.erase(block);
     }
   }

@@ -13,8 +13,9 @@
 
 namespace uvm {
 
-// The pinned buffer each worker thread copies through.
+// The pinned buffer each worker thread copies through, and the bigger one of a disk read.
 constexpr size_t kBounceBytes = size_t{16} << 20;
+constexpr size_t kDiskReadBytes = size_t{64} << 20;
 
 // Both wait first for `stream` (the caller's work on the bytes), then copy on uvm's threads and
 // return once done.

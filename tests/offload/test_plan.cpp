@@ -148,9 +148,14 @@ TEST_CASE("plan_spill cuts items into chunks that fit a buffer with their I/O wi
     CHECK(used <= kBuffer);
   }
   CHECK(covered == 150000 + 100 + 10);
-  // The long item: chunks of buffer - align, each starting aligned, so that writes never overlap.
-  CHECK(batches[0].chunks[0].span.size() == kBuffer - kAlign);
-  CHECK(batches[1].chunks[0].offset == kBuffer - kAlign);
+  // The long item: starting aligned, its chunks fill the buffer and the next ones start aligned.
+  CHECK(batches[0].chunks[0].span.size() == kBuffer);
+  CHECK(batches[1].chunks[0].offset == kBuffer);
+  CHECK(batches[2].chunks[0].span.size() == 150000 - 2 * kBuffer);
+  // An item starting unaligned takes buffer - align at most: room for its widening.
+  const auto unaligned = uvm::plan_spill({{uvm::Span{0x100000, 0x100000 + 150000}, 0, 100}}, kBuffer, kAlign);
+  CHECK(unaligned[0].chunks[0].span.size() == kBuffer - kAlign);
+  CHECK(unaligned[0].chunks[0].io_bytes == kBuffer);
   CHECK(batches.back().chunks.back().io_begin == 4096);
   CHECK(batches.back().chunks.back().io_bytes == 8192);
   // Without alignment (pageable copies) the I/O is the chunk itself.

@@ -524,11 +524,17 @@ TEST_CASE("a full disk fails the offload and the pause by name; bytes stay on th
   }
 }
 
-TEST_CASE("mmap copies move on one thread per CPU, 8 to 16; disk copies on 8", "[spill][cuda13]") {
+TEST_CASE("mmap copies move on one thread per CPU, 8 to 16; disk writes on 8, disk reads 4 x 64 MiB", "[spill][cuda13]") {
   test_disk_dir();
   cpu_set_t cpus;
   REQUIRE(sched_getaffinity(0, sizeof cpus, &cpus) == 0);
   const size_t expected_mmap = std::clamp<size_t>(CPU_COUNT(&cpus), 8, 16);
+  // The buffers are pinned as one block: registered, or cudaHostAlloc'ed (UVM_PINNED=hostalloc).
+  auto pinned_blocks = [] {
+    auto pinned = FakeMachine::ops_named(fake::OpKind::host_alloc);
+    for (const fake::Op& op : FakeMachine::ops_named(fake::OpKind::host_register)) pinned.push_back(op);
+    return pinned;
+  };
   // 17 bounce buffers' worth: enough batches for every thread either way could start.
   for (const uvm_strategy strategy : kKeptStrategies) {
     CAPTURE(name_of(strategy));
@@ -538,12 +544,20 @@ TEST_CASE("mmap copies move on one thread per CPU, 8 to 16; disk copies on 8", "
     fake::reset_ops();
     const uvm_range range = memory.whole();
     REQUIRE(uvm_offload_ranges(&range, 1, strategy, nullptr) == UVM_OK);
-    // The buffers are pinned as one block: registered, or cudaHostAlloc'ed (UVM_PINNED=hostalloc).
-    auto pinned = FakeMachine::ops_named(fake::OpKind::host_alloc);
-    for (const fake::Op& op : FakeMachine::ops_named(fake::OpKind::host_register)) pinned.push_back(op);
+    auto pinned = pinned_blocks();
     REQUIRE(pinned.size() == 1);
     CHECK(pinned[0].size == (strategy == UVM_STRATEGY_MMAP ? expected_mmap : 8u) * 16 * kMiB);
+    fake::reset_ops();
     REQUIRE(uvm_onload_ranges(&range, 1, nullptr) == UVM_OK);
     CHECK(memory.intact());
+    pinned = pinned_blocks();
+    if (strategy == UVM_STRATEGY_MMAP) {
+      CHECK(pinned.empty());  // the offload's buffers again
+    } else {
+      REQUIRE(pinned.size() == 1);
+      CHECK(pinned[0].size == 4 * 64 * kMiB);
+    }
+    REQUIRE(uvm_release_staging() == UVM_OK);
+    CHECK(fake::pinned_blocks() == 0);  // every block given back, whatever its buffers' size
   }
 }

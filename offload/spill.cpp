@@ -109,9 +109,9 @@ size_t worker_threads(SpillWork work) {
 // MiB read 1.35 GB/s where 8 × 16 MiB read 1.14, same file, same run).
 size_t buffer_bytes(SpillWork work) { return work == SpillWork::disk_read ? kDiskReadBytes : kBounceBytes; }
 
-// Runs `per_batch(call, stream, buffer, index)` for every batch index on up to `threads` threads,
-// each in `device`'s context with a stream and a bounce buffer of its own. The first failure stops
-// the batches not begun and becomes the call's.
+// Runs `per_batch(call, stream, buffer, index)` for every batch index on the threads `kind` gets
+// (no more than there are batches), each in `device`'s context with a stream and a bounce buffer
+// of its own. The first failure stops the batches not begun and becomes the call's.
 template <typename PerBatch>
 uvm_status run_workers(const Call& call, int device, size_t batches, SpillWork kind, PerBatch per_batch) {
   if (batches == 0) return UVM_OK;

@@ -108,7 +108,8 @@ UVM_API const char* uvm_version(void);
  *   UVM_ONLOAD_STREAMS    1–8 (4): streams an onload copies on
  *   UVM_TRACE             a file for every move's phases as Chrome trace events
  *   UVM_DISK_BACKUP_DIR   a directory on a real disk for UVM_STRATEGY_DISK's files
- *   UVM_BACKUP_THREADS    1–16 (8): threads that move mmap and disk copies
+ *   UVM_BACKUP_THREADS    auto | 1–16 (auto: 8 disk writes, 4 disk reads, mmap one per CPU, 8–16):
+ *                         threads that move mmap and disk copies
  *
  * Read once, at the first call that needs one. Unset or empty means the default; names are
  * case-insensitive. A value uvm does not understand is never passed over for the default: uvm_malloc,
@@ -425,8 +426,8 @@ UVM_API uvm_status uvm_offload_ranges(const uvm_range* ranges, size_t count, uvm
                                       cudaStream_t stream);
 
 /* MMAP and DISK copies go through pinned bounce buffers uvm keeps (env UVM_BACKUP_THREADS threads,
- * each with its own 16 MiB buffer and stream; files are written with O_DIRECT where the file system
- * takes it). Unlike STAGED they are synchronous: the call waits for `stream`, copies, and returns
+ * each with its own buffer (16 MiB; 64 MiB reading a disk) and stream; files are written with
+ * O_DIRECT where the file system takes it). Unlike STAGED they are synchronous: the call waits for `stream`, copies, and returns
  * once the bytes are in host memory or on disk (the discard that follows is on `stream`). If a copy
  * fails (the disk is full, the directory was removed) nothing is discarded: the bytes stay on the
  * device, and no mapping or file is left behind; UVM_ERROR_IO names the path and the errno. */

@@ -478,7 +478,8 @@ UVM_API uvm_status uvm_drop_clean_ranges(const uvm_range* ranges, size_t count, 
  * driver. Streaming gives back one layer's memory and takes the next one's at every step, and
  * giving memory back to the driver while a copy runs slows that copy by 11 % (docs/performance.md).
  * Spare memory is not free for other allocations (uvm_stats' spare_bytes; cudaMemGetInfo counts it
- * used), but uvm gives it back when the device is out of memory for one of its own. Default 0:
+ * used), but uvm gives it back when the device is out of memory for one of its releasable
+ * allocations (cuMemCreate fails), then asks again. Default 0:
  * every byte goes back at once. Lowering the limit gives back what is above it now, oldest first;
  * 0 gives back all (uvm.stream sets it while it streams and puts it back after). Touches no CUDA
  * context unless memory is given back. */

@@ -279,15 +279,22 @@ def test_pip_installed_package_carries_and_builds_the_sources(cache, tmp_path, i
     assert root == str(target / "uvm" / "_csrc") and version == "0.1.0"
 
 
-def test_unity_groups_keep_the_order_and_split_evenly():
+def test_unity_groups_share_the_cost_and_keep_the_order():
     from uvm import _build
     sources = [Path(f"s{i}.cpp") for i in range(44)]
+    costs = {s: (i * 37) % 11 + 1 for i, s in enumerate(sources)}  # uneven, as the real files are
     for jobs in (1, 2, 3, 16, 44, 100):
-        groups = _build.unity_groups(sources, jobs)
-        assert [s for g in groups for s in g] == sources
+        groups = _build.unity_groups(sources, jobs, cost=costs.__getitem__)
+        assert sorted(s for g in groups for s in g) == sorted(sources)  # each file once
+        assert all(g == sorted(g, key=sources.index) for g in groups)  # sources.txt's order in each
         assert len(groups) == min(jobs, len(sources))
-        assert max(map(len, groups)) - min(map(len, groups)) <= 1
-    assert _build.unity_groups(sources, 0) == [sources]
+        loads = [sum(costs[s] for s in g) for g in groups]
+        # Costliest first to the lightest unit: no unit passes the even share by more than one file.
+        assert max(loads) <= sum(costs.values()) / len(groups) + max(costs.values())
+    assert _build.unity_groups(sources, 0, cost=costs.__getitem__) == [sources]
+    # One big file and five small ones in two units: the big one alone, not three files each.
+    few = [Path(f"f{i}.cpp") for i in range(6)]
+    assert _build.unity_groups(few, 2, cost=lambda p: 5 if p.name == "f0.cpp" else 1) == [few[:1], few[1:]]
 
 
 def test_all_sources_build_as_one_unit_on_one_cpu(cache):

@@ -236,7 +236,7 @@ def usable_cpus() -> int:
 
 def unity_groups(sources: list[Path], jobs: int, cost=lambda path: path.stat().st_size) -> list[list[Path]]:
     """`sources` shared among `jobs` translation units, one compiler each parsing the shared headers
-    once (on 2 cores the 44 files built one compiler each took 8.7 s, two units 4.3 s). The build
+    once (on 2 cores the files built one compiler each took 8.7 s, two units 4.3 s). The build
     lasts as long as its slowest unit: each file, costliest first (by size), goes to the unit with the
     least so far, and each unit keeps sources.txt's order. With 16 units the slowest took 1.24 s
     where consecutive runs of files took 1.62 (each unit compiled alone on the 2-core machine,

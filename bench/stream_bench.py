@@ -167,8 +167,8 @@ def main() -> int:
     # then uvm.stream's default, which keeps the first layers the budget holds beside its window.
     for key, keep in (("uvm_all", False), ("uvm_stream", True)):
         with uvm.stream(model, budget_bytes=budget, keep_layers=keep) as streamed:
-            kept = [p for i in streamed.kept_layers for p in streamed.layers[i].parameters()]
-            moved = streamed_bytes - sum(p.numel() * p.element_size() for p in kept)
+            kept_params = [p for i in streamed.kept_layers for p in streamed.layers[i].parameters()]
+            moved = streamed_bytes - sum(p.numel() * p.element_size() for p in kept_params)
             report[f"{key}_kept_layers"] = len(streamed.kept_layers)
             report[f"{key}_moved_gib"] = moved / GiB
             for name in shapes:

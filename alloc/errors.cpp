@@ -66,6 +66,11 @@ std::string Call::describe() const {
   if (device_arg != DeviceArg::none) {
     text += separator;
     text += "device=" + device_text(device, device_arg);
+    separator = ", ";
+  }
+  if (has_tag) {
+    text += separator;
+    text += tag == nullptr ? std::string("tag=any") : "tag=\"" + std::string(tag) + '"';
   }
   return text + ')';
 }

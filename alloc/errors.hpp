@@ -34,6 +34,8 @@ struct Call {
   bool has_size = false;
   bool size_is_count = false;
   long long range_index = -1;  // the range of a batched call that failed, if one did
+  const char* tag = nullptr;   // a selection's tag (the caller's string, alive for the call)
+  bool has_tag = false;
 
   static Call of(const char* name) { return Call{name}; }
   Call& with_ptr(const void* p) { ptr = p; has_ptr = true; return *this; }
@@ -42,9 +44,11 @@ struct Call {
   Call& with_device(int d) { device = d; device_arg = DeviceArg::ordinal; return *this; }
   Call& with_location(int d) { device = d; device_arg = DeviceArg::location; return *this; }
   Call& with_selection(int d) { device = d; device_arg = DeviceArg::selection; return *this; }
+  // A selection's tag: printed quoted, or "any" for NULL.
+  Call& with_tag(const char* t) { tag = t; has_tag = true; return *this; }
   // The same call, its failure tied to range `index` of the batch (uvm_last_error_index).
   Call at_range(size_t index) const { Call c = *this; c.range_index = static_cast<long long>(index); return c; }
-  std::string describe() const;  // e.g. "uvm_prefetch_ranges(count=3, device=cpu)"
+  std::string describe() const;  // e.g. "uvm_prefetch_ranges(count=3, device=cpu)", "uvm_pause(device=0, tag=\"kv\")"
 };
 
 // A device argument as messages print it: "cpu", "none", "any" or the ordinal.

@@ -332,7 +332,9 @@ AllocationView Registry::view_of(uintptr_t base, const Allocation& allocation) {
 
 bool Registry::selected(const Allocation& allocation, const Selection& selection) {
   return !selection.none && (selection.device == UVM_ANY_DEVICE || allocation.device == selection.device) &&
-         (selection.any_tag || allocation.tag == selection.tag);
+         (selection.any_tag || allocation.tag == selection.tag) &&
+         (!selection.backup || allocation.backup == *selection.backup) &&
+         (!selection.paused || allocation.paused == *selection.paused);
 }
 
 std::vector<AllocationView> Registry::select(const Selection& selection) const {
@@ -381,7 +383,7 @@ uvm_status select_arguments(const Call& call, int device, const char* tag, Selec
   if (device != UVM_ANY_DEVICE) {
     if (uvm_status s = check_device(call, device, false)) return s;
   }
-  *out = Selection{device, tag == nullptr, kUntagged, false};
+  *out = Selection{device, tag == nullptr, kUntagged, false, {}, {}};
   out->none = !out->any_tag && !find_tag(tag, &out->tag);
   return UVM_OK;
 }

@@ -125,6 +125,10 @@ struct Selection {
   bool any_tag = true;
   TagId tag = kUntagged;
   bool none = false;
+  // Narrower, for uvm_pause and uvm_resume: only allocations with this backup, only those paused
+  // (or not).
+  std::optional<uvm_backup> backup;
+  std::optional<bool> paused;
 };
 
 // Reads a C call's (device, tag) arguments, as uvm.h's "Registry queries" define them: the device

@@ -44,19 +44,16 @@ uvm_status discard_batch(const Call& call, const std::vector<HintRange>& ranges,
 #endif
 }
 
-namespace {
-
-uvm_status discard(const Call& call, const MoveArgs& args, cudaStream_t stream) {
+uvm_status discard_moves(const Call& call, const MoveArgs& args, cudaStream_t stream) {
   MoveScope move;
   if (uvm_status s = begin_move(call, MoveKind::discard, args, stream, &move)) return s;
   if (move.ranges.empty()) return UVM_OK;
   if (uvm_status s = discard_batch(call, move.ranges, move.stream)) return s;
   for (const HintRange& range : move.ranges) account_discard(range);
   if (uvm_status s = set_last_moves(call, move.ranges, move.stream)) return s;
-  return release_emptied(call, move.ranges, move.stream);
+  return finish_move(release_emptied(call, move.ranges, move.stream), args, move);
 }
 
-}  // namespace
 }  // namespace uvm
 
 extern "C" {
@@ -64,13 +61,13 @@ extern "C" {
 uvm_status uvm_discard(const void* ptr, size_t size, cudaStream_t stream) {
   const uvm::Call call = uvm::Call::of("uvm_discard").with_ptr(ptr).with_size(size);
   uvm::MoveRecord record(call.name);
-  return record.done(uvm::guarded(call, [&] { return uvm::discard(call, uvm::MoveArgs::one(ptr, size), stream); }));
+  return record.done(uvm::guarded(call, [&] { return uvm::discard_moves(call, uvm::MoveArgs::one(ptr, size), stream); }));
 }
 
 uvm_status uvm_discard_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream) {
   const uvm::Call call = uvm::Call::of("uvm_discard_ranges").with_count(count);
   uvm::MoveRecord record(call.name);
-  return record.done(uvm::guarded(call, [&] { return uvm::discard(call, uvm::MoveArgs::of(ranges, count), stream); }));
+  return record.done(uvm::guarded(call, [&] { return uvm::discard_moves(call, uvm::MoveArgs::of(ranges, count), stream); }));
 }
 
 }  // extern "C"

@@ -47,7 +47,7 @@ extern "C" {
  *   a location (prefetch, advise, uvm_query_location):  an ordinal, or
  *     UVM_LOCATION_CPU  (-1)  host memory (cudaCpuDeviceId)                       printed "cpu"
  *     UVM_LOCATION_NONE (-2)  reported only: unset, or mixed over the range       printed "none"
- *   a selection (uvm_allocation_ranges, uvm_list_allocations, uvm_get_residency): an ordinal, or
+ *   a selection (uvm_allocation_ranges, uvm_list_allocations, uvm_get_residency, uvm_offload_selection…): an ordinal, or
  *     UVM_ANY_DEVICE    (-1)  every device                                        printed "any"
  *   anything else (allocation, limits, spare limits, stats, capabilities, uvm_mem_get_info): an ordinal only. */
 #define UVM_LOCATION_CPU (-1)
@@ -271,7 +271,7 @@ UVM_API uvm_status uvm_allocation_info(const void* ptr, void** base, size_t* siz
 /* The live uvm allocations of `device` (or UVM_ANY_DEVICE) whose tag is `tag` (NULL: any tag; "":
  * untagged), by address. Writes at most `capacity` of them to `out` (which may be NULL when
  * capacity is 0) and sets `*count` to how many there are, so a first call with capacity 0 sizes the
- * array. Feed the result to uvm_offload_ranges, uvm_onload_ranges or uvm_discard_ranges. */
+ * array. To move them, uvm_offload_selection and its siblings select and move in one step. */
 UVM_API uvm_status uvm_allocation_ranges(int device, const char* tag, uvm_range* out, size_t capacity,
                                          size_t* count);
 
@@ -443,6 +443,22 @@ UVM_API uvm_status uvm_offload_ranges(const uvm_range* ranges, size_t count, uvm
  * truncated or removed while its bytes were offloaded fails with UVM_ERROR_IO naming it, and those
  * bytes stay offloaded. */
 UVM_API uvm_status uvm_onload_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream);
+
+/* Whole allocations by device and tag: the live allocations of `device` (or UVM_ANY_DEVICE) with
+ * `tag` (NULL: any; "": untagged), moved as uvm_offload_ranges, uvm_onload_ranges and
+ * uvm_discard_ranges move their ranges, each device's in one move of its own (in its context,
+ * recorded for uvm_last_move of that device). They are chosen where the move begins, under the lock
+ * uvm_free takes: an allocation another thread frees or makes meanwhile is moved whole or not at
+ * all, and bytes at an address freed and given to another allocation are never moved for the old
+ * one (listing them with uvm_allocation_ranges first leaves that window open). `stream`: a stream
+ * of `device`; with UVM_ANY_DEVICE only a handle naming each device's own stream (NULL,
+ * cudaStreamLegacy, cudaStreamPerThread), else UVM_ERROR_INVALID_ARGUMENT. `bytes` (may be NULL):
+ * the bytes of the allocations moved. Nothing selected is not an error: nothing is done, and no
+ * device is touched. A failure on one device stops the call there (earlier devices stay moved). */
+UVM_API uvm_status uvm_offload_selection(int device, const char* tag, uvm_strategy strategy, cudaStream_t stream,
+                                         size_t* bytes);
+UVM_API uvm_status uvm_onload_selection(int device, const char* tag, cudaStream_t stream, size_t* bytes);
+UVM_API uvm_status uvm_discard_selection(int device, const char* tag, cudaStream_t stream, size_t* bytes);
 
 /* ------------------------------------------------------------------------------------------------
  * Streaming — bytes that live on the host and visit the GPU (weights of a model larger than it)

@@ -10,6 +10,7 @@
 #include "../hints/moves/release.hpp"
 #include "../hints/moves/trace.hpp"
 #include "../hints/prefetch.hpp"
+#include "offload.hpp"
 #include "plan.hpp"
 #include "spill.hpp"
 #include "staging.hpp"
@@ -201,10 +202,10 @@ uvm_status issue_offload(const Call& call, const MoveScope& move, const OffloadP
 // UVM_STRATEGY_MMAP and UVM_STRATEGY_DISK: once `stream` has reached the call, the bytes are copied
 // out through bounce buffers (spill.hpp) while the call waits; only then, on `stream`, are they
 // discarded and their releasable memory given back. A copy that fails leaves the device as it was.
-uvm_status offload_kept(const Call& call, const uvm_range* ranges, size_t count, Kept kept, cudaStream_t stream) {
+uvm_status offload_kept(const Call& call, const MoveArgs& args, Kept kept, cudaStream_t stream) {
   const uvm_strategy strategy = kept == Kept::disk ? UVM_STRATEGY_DISK : UVM_STRATEGY_MMAP;
   MoveScope move;
-  if (uvm_status s = begin_move(call, MoveKind::offload, MoveArgs::of(ranges, count), stream, &move)) return s;
+  if (uvm_status s = begin_move(call, MoveKind::offload, args, stream, &move)) return s;
   if (move.ranges.empty()) return UVM_OK;
   if (uvm_status s = check_strategy_fits(call, strategy, strategy, move)) return s;
   const OffloadPieces pieces = pieces_to_move(move.ranges, true, move.caps.discard_supported);
@@ -221,7 +222,7 @@ uvm_status offload_kept(const Call& call, const uvm_range* ranges, size_t count,
     if (uvm_status s = set_last_moves(call, pieces.staged, move.stream)) return s;
   }
   if (uvm_status s = drop_free_space(call, pieces.free, move.stream)) return s;
-  return release_emptied(call, move.ranges, move.stream);
+  return finish_move(release_emptied(call, move.ranges, move.stream), args, move);
 }
 
 // Host bytes for the pieces that a retained pinned copy covers exactly (uvm_set_retain_backups):
@@ -239,20 +240,18 @@ Reservation retained_room(const std::vector<HintRange>& pieces) {
   return room;
 }
 
-uvm_status offload_in_rounds(const Call& call, const uvm_range* ranges, size_t count, int requested,
-                             cudaStream_t stream, bool* staged) {
-  if (requested == UVM_STRATEGY_MMAP) return offload_kept(call, ranges, count, Kept::pageable, stream);
-  if (requested == UVM_STRATEGY_DISK) return offload_kept(call, ranges, count, Kept::disk, stream);
-  if (requested != UVM_STRATEGY_AUTO && requested != UVM_STRATEGY_MIGRATE && requested != UVM_STRATEGY_STAGED) {
-    return fail(call, UVM_ERROR_INVALID_ARGUMENT, "strategy %d is not a uvm_strategy", requested);
-  }
+uvm_status offload_in_rounds(const Call& call, const MoveArgs& args, int requested, cudaStream_t stream,
+                             bool* staged) {
+  if (requested == UVM_STRATEGY_MMAP) return offload_kept(call, args, Kept::pageable, stream);
+  if (requested == UVM_STRATEGY_DISK) return offload_kept(call, args, Kept::disk, stream);
+  if (!is_strategy(requested)) return fail(call, UVM_ERROR_INVALID_ARGUMENT, "strategy %d is not a uvm_strategy", requested);
   // The room made for this offload stays until it is reserved: a release_staging loop on another
   // thread would take it every time before the offload's next round.
   const Staging::RoomClaim claim(staging());
   int device = -1;
   for (;;) {
     MoveScope move;
-    if (uvm_status s = begin_move(call, MoveKind::offload, MoveArgs::of(ranges, count), stream, &move)) return s;
+    if (uvm_status s = begin_move(call, MoveKind::offload, args, stream, &move)) return s;
     if (move.ranges.empty()) return UVM_OK;
     if (device >= 0 && move.device != device) {  // a round after the first, the lock let go between
       return fail(call, UVM_ERROR_INVALID_ARGUMENT, "the ranges were freed and reallocated on device %d meanwhile",
@@ -285,7 +284,7 @@ uvm_status offload_in_rounds(const Call& call, const uvm_range* ranges, size_t c
     const bool all_placed = placed_bytes(reserved.spans) == placed_bytes(wanted);
     pieces.staged = pieces_placed(pieces.staged, reserved.spans);
     *staged = *staged || !pieces.staged.empty();
-    if (all_placed) return issue_offload(call, move, pieces, reserved);
+    if (all_placed) return finish_move(issue_offload(call, move, pieces, reserved), args, move);
     if (!reserved.spans.empty()) {
       // The steps pinned so far hold these: copy them now; the next round takes the rest.
       pieces.migrated.clear();
@@ -300,23 +299,35 @@ uvm_status offload_in_rounds(const Call& call, const uvm_range* ranges, size_t c
   }
 }
 
+}  // namespace
+
+bool is_strategy(int strategy) {
+  switch (strategy) {
+    case UVM_STRATEGY_AUTO: case UVM_STRATEGY_MIGRATE: case UVM_STRATEGY_STAGED: case UVM_STRATEGY_MMAP:
+    case UVM_STRATEGY_DISK:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // Host memory stays near what is offloaded: once an offload has staged its pieces, staging blocks
 // left with nothing in them are freed (in the background). An offload that staged nothing (a
 // migration) leaves them for the next staged one.
-uvm_status offload(const Call& call, const uvm_range* ranges, size_t count, int requested, cudaStream_t stream) {
+uvm_status offload_moves(const Call& call, const MoveArgs& args, int strategy, cudaStream_t stream) {
   bool staged = false;
-  const uvm_status status = offload_in_rounds(call, ranges, count, requested, stream, &staged);
+  const uvm_status status = offload_in_rounds(call, args, strategy, stream, &staged);
   if (status == UVM_OK && staged) staging().free_unused_in_background();
   return status;
 }
 
-}  // namespace
 }  // namespace uvm
 
 extern "C" uvm_status uvm_offload_ranges(const uvm_range* ranges, size_t count, uvm_strategy strategy,
                                          cudaStream_t stream) {
   const uvm::Call call = uvm::Call::of("uvm_offload_ranges").with_count(count);
   uvm::MoveRecord record(call.name);
-  return record.done(
-      uvm::guarded(call, [&] { return uvm::offload(call, ranges, count, uvm::raw_enum(strategy), stream); }));
+  return record.done(uvm::guarded(call, [&] {
+    return uvm::offload_moves(call, uvm::MoveArgs::of(ranges, count), uvm::raw_enum(strategy), stream);
+  }));
 }

@@ -243,9 +243,9 @@ uvm_status copy_back_kept(const Call& call, int device, const std::vector<Staged
   return UVM_OK;
 }
 
-uvm_status onload(const Call& call, const uvm_range* ranges, size_t count, cudaStream_t stream, const OnloadMode& mode) {
+uvm_status onload(const Call& call, const MoveArgs& args, cudaStream_t stream, const OnloadMode& mode) {
   MoveScope move;
-  if (uvm_status s = begin_move(call, MoveKind::onload, MoveArgs::of(ranges, count), stream, &move)) return s;
+  if (uvm_status s = begin_move(call, MoveKind::onload, args, stream, &move)) return s;
   if (move.ranges.empty()) return UVM_OK;
   std::vector<StagedWork> all_staged, staged, kept;
   std::vector<HintRange> migrated;
@@ -263,17 +263,21 @@ uvm_status onload(const Call& call, const uvm_range* ranges, size_t count, cudaS
     if (range.releasable) account_move(range, Move::to_device, 0);
     else to_prefetch.push_back(range);
   }
-  if (to_prefetch.empty()) return UVM_OK;
+  if (to_prefetch.empty()) return finish_move(UVM_OK, args, move);
   if (uvm_status s = prefetch_each(call, to_prefetch, move.device, stream)) return s;
-  return set_last_moves(call, to_prefetch, stream);
+  return finish_move(set_last_moves(call, to_prefetch, stream), args, move);
 }
 
 }  // namespace
 
+uvm_status onload_moves(const Call& call, const MoveArgs& args, cudaStream_t stream, const OnloadMode& mode) {
+  return onload(call, args, stream, mode);
+}
+
 uvm_status onload_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream, const OnloadMode& mode) {
   const Call call = Call::of(mode.name).with_count(count);
   MoveRecord record(call.name);
-  return record.done(guarded(call, [&] { return onload(call, ranges, count, stream, mode); }));
+  return record.done(guarded(call, [&] { return onload(call, MoveArgs::of(ranges, count), stream, mode); }));
 }
 
 }  // namespace uvm

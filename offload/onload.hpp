@@ -1,6 +1,8 @@
-// The onload behind uvm_onload_ranges, for uvm_resume, which may keep the host copies it brings back.
+// The onload behind uvm_onload_ranges, for uvm_resume (which may keep the host copies it brings
+// back), uvm_fetch_ranges and the selection entries.
 #pragma once
 
+#include "../hints/moves/begin.hpp"
 #include "uvm.h"
 
 namespace uvm {
@@ -25,5 +27,8 @@ constexpr size_t kFetchChunkBytes = size_t{256} << 20;
 
 // uvm_onload_ranges, as `mode` says.
 uvm_status onload_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream, const OnloadMode& mode = {});
+
+// Its body, for what `args` names (a selection: selection.cpp, uvm_resume), recorded by the caller.
+uvm_status onload_moves(const Call& call, const MoveArgs& args, cudaStream_t stream, const OnloadMode& mode = {});
 
 }  // namespace uvm

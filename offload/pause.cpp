@@ -3,13 +3,16 @@
 // runtime on top (uvm.memory_saver) keeps no state of its own, and a freed allocation takes its
 // mark with it.
 #include <atomic>
-#include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "../alloc/devices.hpp"
 #include "../alloc/registry.hpp"
+#include "../hints/discard_batch.hpp"
+#include "../hints/moves/trace.hpp"
+#include "offload.hpp"
 #include "onload.hpp"
 
 namespace uvm {
@@ -23,26 +26,6 @@ std::mutex& pause_turns() {
 
 // uvm_set_retain_backups: whether a resume keeps the host copies it brought back.
 std::atomic<bool> retain_backups{false};
-
-// The live allocations of the selection, by device.
-uvm_status select(const Call& call, int device, const char* tag, std::map<int, std::vector<AllocationView>>* out) {
-  Selection selection;
-  if (uvm_status s = select_arguments(call, device, tag, &selection)) return s;
-  for (const AllocationView& found : registry().select(selection)) (*out)[found.device].push_back(found);
-  return UVM_OK;
-}
-
-std::vector<uvm_range> ranges_of(const std::vector<AllocationView>& allocations) {
-  std::vector<uvm_range> ranges;
-  for (const AllocationView& a : allocations) ranges.push_back(uvm_range{reinterpret_cast<void*>(a.base), a.size});
-  return ranges;
-}
-
-std::vector<uintptr_t> bases_of(const std::vector<AllocationView>& allocations) {
-  std::vector<uintptr_t> bases;
-  for (const AllocationView& a : allocations) bases.push_back(a.base);
-  return bases;
-}
 
 // Runs one of uvm's own entries; its failure becomes `call`'s, its message kept after `call`'s name.
 uvm_status run(const Call& call, uvm_status status) {
@@ -59,57 +42,73 @@ struct KeptBackup {
 constexpr KeptBackup kKeptBackups[] = {
     {UVM_BACKUP_HOST, UVM_STRATEGY_AUTO}, {UVM_BACKUP_MMAP, UVM_STRATEGY_MMAP}, {UVM_BACKUP_DISK, UVM_STRATEGY_DISK}};
 
-// Each group is marked paused once its move is issued, so that a later group's failure leaves
-// the earlier ones paused (resume brings them back) and its own on the device.
-uvm_status pause_device(const Call& call, int device, const std::vector<AllocationView>& selected) {
-  std::map<uvm_backup, std::vector<AllocationView>> by_backup;
-  for (const AllocationView& a : selected) {
-    if (!a.paused) by_backup[a.backup].push_back(a);
-  }
-  if (by_backup.empty()) return UVM_OK;
+// The backups that allocations of `selection` have, read without the moves lock: only whether,
+// and which, moves to begin. Each move selects again, under the lock, and marks what it moved.
+std::set<uvm_backup> backups_of(const Selection& selection) {
+  std::set<uvm_backup> backups;
+  for (const AllocationView& found : registry().select(selection)) backups.insert(found.backup);
+  return backups;
+}
+
+// One device: each backup's allocations in one move, marked paused by it once it is issued, so that
+// a later group's failure leaves the earlier ones paused (resume brings them back) and its own on
+// the device. An allocation freed meanwhile is not moved, and one made at its address is not taken
+// for it (begin.hpp).
+uvm_status pause_device(const Call& call, const Selection& of_device) {
+  Selection unpaused = of_device;
+  unpaused.paused = false;
+  const std::set<uvm_backup> backups = backups_of(unpaused);
+  if (backups.empty()) return UVM_OK;
   ContextScope scope;  // the legacy stream below is this device's
-  if (uvm_status s = scope.enter(call, device, ContextScope::When::always)) return s;
-  if (uvm_status s = run(call, uvm_device_synchronize(device))) return s;  // kernels may still use them
-  const auto dropped = by_backup.find(UVM_BACKUP_NONE);
-  if (dropped != by_backup.end()) {  // first: nothing to copy, so its memory is free at once
-    const auto ranges = ranges_of(dropped->second);
-    if (uvm_status s = run(call, uvm_discard_ranges(ranges.data(), ranges.size(), nullptr))) return s;
-    registry().set_paused(bases_of(dropped->second), true);
+  if (uvm_status s = scope.enter(call, of_device.device, ContextScope::When::always)) return s;
+  if (uvm_status s = run(call, uvm_device_synchronize(of_device.device))) return s;  // kernels may still use them
+  MoveRecord record(call.name);
+  Selection group = unpaused;
+  if (backups.count(UVM_BACKUP_NONE)) {  // first: nothing to copy, so its memory is free at once
+    group.backup = UVM_BACKUP_NONE;
+    if (uvm_status s = discard_moves(call, MoveArgs::selected(group).marking_paused(true), nullptr)) {
+      return record.done(s);
+    }
   }
   for (const KeptBackup& kept : kKeptBackups) {
-    const auto group = by_backup.find(kept.backup);
-    if (group == by_backup.end()) continue;
-    const auto ranges = ranges_of(group->second);
-    if (uvm_status s = run(call, uvm_offload_ranges(ranges.data(), ranges.size(), kept.strategy, nullptr))) return s;
-    registry().set_paused(bases_of(group->second), true);
+    if (!backups.count(kept.backup)) continue;
+    group.backup = kept.backup;
+    const MoveArgs args = MoveArgs::selected(group).marking_paused(true);
+    if (uvm_status s = offload_moves(call, args, kept.strategy, nullptr)) return record.done(s);
   }
-  return run(call, uvm_device_synchronize(device));
+  record.done(UVM_OK);
+  return run(call, uvm_device_synchronize(of_device.device));
 }
 
-uvm_status resume_device(const Call& call, int device, const std::vector<AllocationView>& selected) {
-  std::vector<AllocationView> paused;
-  for (const AllocationView& a : selected) {
-    if (a.paused) paused.push_back(a);
-  }
-  if (paused.empty()) return UVM_OK;
+uvm_status resume_device(const Call& call, const Selection& of_device) {
+  Selection paused = of_device;
+  paused.paused = true;
+  if (registry().select(paused).empty()) return UVM_OK;
   ContextScope scope;
-  if (uvm_status s = scope.enter(call, device, ContextScope::When::always)) return s;
-  const auto ranges = ranges_of(paused);
+  if (uvm_status s = scope.enter(call, of_device.device, ContextScope::When::always)) return s;
   OnloadMode mode;
+  mode.name = call.name;
   mode.retain = retain_backups.load();
-  if (uvm_status s = run(call, onload_ranges(ranges.data(), ranges.size(), nullptr, mode))) return s;
-  if (uvm_status s = run(call, uvm_device_synchronize(device))) return s;
-  registry().set_paused(bases_of(paused), false);
-  return UVM_OK;
+  MoveRecord record(call.name);
+  // Marked not paused once issued: a resume whose onload fails leaves them all paused.
+  if (uvm_status s = record.done(onload_moves(call, MoveArgs::selected(paused).marking_paused(false), nullptr, mode))) {
+    return s;
+  }
+  return run(call, uvm_device_synchronize(of_device.device));
 }
 
+// The devices holding allocations of the selection, each with the selection narrowed to it.
 template <typename PerDevice>
 uvm_status for_each_device(const Call& call, int device, const char* tag, PerDevice per_device) {
   std::lock_guard<std::mutex> turn(pause_turns());
-  std::map<int, std::vector<AllocationView>> by_device;
-  if (uvm_status s = select(call, device, tag, &by_device)) return s;
-  for (const auto& [on, allocations] : by_device) {
-    if (uvm_status s = per_device(call, on, allocations)) return s;
+  Selection selection;
+  if (uvm_status s = select_arguments(call, device, tag, &selection)) return s;
+  std::set<int> devices;
+  for (const AllocationView& found : registry().select(selection)) devices.insert(found.device);
+  for (int on : devices) {
+    Selection of_device = selection;
+    of_device.device = on;
+    if (uvm_status s = per_device(call, of_device)) return s;
   }
   return UVM_OK;
 }
@@ -120,12 +119,12 @@ uvm_status for_each_device(const Call& call, int device, const char* tag, PerDev
 extern "C" {
 
 uvm_status uvm_pause(int device, const char* tag) {
-  const uvm::Call call = uvm::Call::of("uvm_pause").with_selection(device);
+  const uvm::Call call = uvm::Call::of("uvm_pause").with_selection(device).with_tag(tag);
   return uvm::guarded(call, [&] { return uvm::for_each_device(call, device, tag, uvm::pause_device); });
 }
 
 uvm_status uvm_resume(int device, const char* tag) {
-  const uvm::Call call = uvm::Call::of("uvm_resume").with_selection(device);
+  const uvm::Call call = uvm::Call::of("uvm_resume").with_selection(device).with_tag(tag);
   return uvm::guarded(call, [&] { return uvm::for_each_device(call, device, tag, uvm::resume_device); });
 }
 
@@ -141,15 +140,13 @@ uvm_status uvm_set_retain_backups(int retain) {
 int uvm_get_retain_backups(void) { return uvm::retain_backups.load() ? 1 : 0; }
 
 uvm_status uvm_paused_count(int device, const char* tag, size_t* count) {
-  const uvm::Call call = uvm::Call::of("uvm_paused_count").with_selection(device);
+  const uvm::Call call = uvm::Call::of("uvm_paused_count").with_selection(device).with_tag(tag);
   return uvm::guarded(call, [&] {
     if (count == nullptr) return uvm::fail(call, UVM_ERROR_INVALID_ARGUMENT, "count is NULL");
-    std::map<int, std::vector<uvm::AllocationView>> by_device;
-    if (uvm_status s = uvm::select(call, device, tag, &by_device)) return s;
-    *count = 0;
-    for (const auto& [on, allocations] : by_device) {
-      for (const uvm::AllocationView& a : allocations) *count += a.paused ? 1 : 0;
-    }
+    uvm::Selection paused;
+    if (uvm_status s = uvm::select_arguments(call, device, tag, &paused)) return s;
+    paused.paused = true;
+    *count = uvm::registry().select(paused).size();
     return UVM_OK;
   });
 }

@@ -13,7 +13,21 @@
 namespace uvm {
 namespace {
 
-uvm_status resolve(const Call& call, const MoveArgs& args, std::vector<HintRange>* merged) {
+uvm_status resolve_selection(const Call& call, const MoveArgs& args, MoveScope* move) {
+  std::vector<uvm_range> ranges;
+  size_t bytes = 0;
+  for (const AllocationView& found : registry().select(*args.selection)) {
+    ranges.push_back(uvm_range{reinterpret_cast<const void*>(found.base), found.size});
+    move->selected.push_back(found.base);
+    bytes += found.size;
+  }
+  if (args.selected_bytes != nullptr) *args.selected_bytes = bytes;
+  return resolve_and_coalesce(call, ranges.data(), ranges.size(), &move->ranges);
+}
+
+uvm_status resolve(const Call& call, const MoveArgs& args, MoveScope* move) {
+  std::vector<HintRange>* merged = &move->ranges;
+  if (args.selection != nullptr) return resolve_selection(call, args, move);
   if (args.batch) return resolve_and_coalesce(call, args.ranges, args.count, merged);
   if (args.size == 0) return UVM_OK;
   HintRange range;
@@ -73,7 +87,7 @@ uvm_status check_one_device(const Call& call, MoveScope* move) {
 uvm_status begin_move(const Call& call, MoveKind kind, const MoveArgs& args, cudaStream_t stream, MoveScope* move) {
   if (uvm_status s = check_options(call)) return s;
   move->lock_ = lock_moves();
-  if (uvm_status s = resolve(call, args, &move->ranges)) return s;
+  if (uvm_status s = resolve(call, args, move)) return s;
   if (move->ranges.empty()) return UVM_OK;
   const bool one_device = kind == MoveKind::offload || kind == MoveKind::onload;
   uvm_status checked = UVM_OK;
@@ -95,6 +109,11 @@ uvm_status begin_move(const Call& call, MoveKind kind, const MoveArgs& args, cud
   // A move of bytes another move still works on, on another stream (an onload copying back on
   // uvm's worker streams), would meet it on the GPU: it waits for it.
   return wait_for_last_moves(call, move->ranges, stream);
+}
+
+uvm_status finish_move(uvm_status status, const MoveArgs& args, const MoveScope& move) {
+  if (status == UVM_OK && args.mark_paused) registry().set_paused(move.selected, *args.mark_paused);
+  return status;
 }
 
 HintRange clipped(const HintRange& range, const Span& span) {

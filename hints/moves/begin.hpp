@@ -14,9 +14,11 @@
 #include <cuda_runtime_api.h>
 
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "../../alloc/devices.hpp"
+#include "../../alloc/registry.hpp"
 #include "../../alloc/span_set.hpp"
 #include "hint_range.hpp"
 
@@ -37,7 +39,8 @@ enum class MoveKind {
   onload,
 };
 
-// A call's ranges as the caller gave them: one (uvm_prefetch, uvm_discard) or a batch.
+// What a call moves: one range (uvm_prefetch, uvm_discard), a batch, or a selection of whole
+// allocations (uvm_offload_selection…, uvm_pause, uvm_resume).
 struct MoveArgs {
   const void* ptr = nullptr;
   size_t size = 0;
@@ -45,10 +48,35 @@ struct MoveArgs {
   size_t count = 0;
   bool batch = false;
   int location = 0;  // prefetch only
+  // The allocations are chosen at step 3, under the moves lock that uvm_free takes too: one freed
+  // or made by another thread meanwhile is moved whole or not at all, and an address freed and
+  // handed to another allocation is never moved for the old one.
+  const Selection* selection = nullptr;
+  size_t* selected_bytes = nullptr;  // if set, the bytes of the allocations selected
+  // On success, still under the lock, the selected allocations are marked paused or not.
+  std::optional<bool> mark_paused;
 
-  static MoveArgs one(const void* ptr, size_t size) { return MoveArgs{ptr, size, nullptr, 0, false}; }
-  static MoveArgs of(const uvm_range* ranges, size_t count) { return MoveArgs{nullptr, 0, ranges, count, true}; }
+  static MoveArgs one(const void* ptr, size_t size) {
+    MoveArgs args;
+    args.ptr = ptr;
+    args.size = size;
+    return args;
+  }
+  static MoveArgs of(const uvm_range* ranges, size_t count) {
+    MoveArgs args;
+    args.ranges = ranges;
+    args.count = count;
+    args.batch = true;
+    return args;
+  }
+  static MoveArgs selected(const Selection& selection, size_t* bytes = nullptr) {
+    MoveArgs args;
+    args.selection = &selection;
+    args.selected_bytes = bytes;
+    return args;
+  }
   MoveArgs& to(int where) { location = where; return *this; }
+  MoveArgs& marking_paused(bool paused) { mark_paused = paused; return *this; }
 };
 
 // A move begun: held for the call, it holds the moves lock and the context it entered.
@@ -58,6 +86,7 @@ class MoveScope {
   int device = 0;                 // the device whose capabilities decided, and whose context it entered
   DeviceCaps caps;                // that device's (offload, onload)
   cudaStream_t stream = nullptr;  // the stream the move issues on (a discard's legacy stream replaced)
+  std::vector<uintptr_t> selected; // a selection's allocations, by base
 
   // Lets go of the moves lock, keeping the context: an offload pins staging memory (seconds for
   // GiBs) with no lock held, then begins again.
@@ -73,6 +102,10 @@ class MoveScope {
 // Runs the steps above for a move of `kind`; `move` is fresh. On UVM_OK with `move->ranges` empty
 // there is nothing to move (steps 4–8 were skipped).
 uvm_status begin_move(const Call& call, MoveKind kind, const MoveArgs& args, cudaStream_t stream, MoveScope* move);
+
+// A move's last step, with its lock still held: once `status` is UVM_OK, marks a selection's
+// allocations paused or not when `args` asks to. Returns `status`.
+uvm_status finish_move(uvm_status status, const MoveArgs& args, const MoveScope& move);
 
 // `range` cut down to `span` (which lies inside it).
 HintRange clipped(const HintRange& range, const Span& span);

@@ -2,7 +2,7 @@
 // allocations and reuses freed ones without uvm_free (as PyTorch's does, reporting its blocks with
 // uvm_block_allocated / uvm_block_freed as the Python shim does for PyTorch), driven through random
 // sequences of allocate, free, write, offload / onload / discard by tensor, by a set of tensors (a
-// module), by tag, by pool and by device, uvm_pause and uvm_resume (retaining the host copies or not) of pools made with and without a backup, release_staging,
+// module), by tag and by device (listed, or selected in one call), by pool, uvm_pause and uvm_resume (retaining the host copies or not) of pools made with and without a backup, release_staging,
 // set_limit and empty_cache, on managed (slab and driver allocations) and releasable pools — against
 // a shadow of what every live tensor must hold. After every step each tensor the model says is on
 // the device must hold exactly its bytes.
@@ -373,8 +373,26 @@ class Model {
     }
   }
 
-  // A move of whole pools (by tag or pool: every segment, free blocks included).
-  void move_pools(Kind kind, const std::vector<size_t>& pools, uvm_strategy strategy, bool by_tag) {
+  // How a move of whole pools names them.
+  enum class Whole { pool, listed_tag, selected_tag };
+
+  // The selection entries (uvm.offload(tag), uvm.offload(device)): `tag` nullptr is the device.
+  uvm_status issue_selection(Kind kind, const char* tag, uvm_strategy strategy, size_t* bytes) {
+    switch (kind) {
+      case Kind::offload: return uvm_offload_selection(0, tag, strategy, stream_, bytes);
+      case Kind::onload: return uvm_onload_selection(0, tag, stream_, bytes);
+      default: return uvm_discard_selection(0, tag, stream_, bytes);
+    }
+  }
+
+  // A move of whole pools (every segment, free blocks included): by their segments, by the ranges
+  // their tag lists, or by their tag in one call.
+  void move_pools(Kind kind, const std::vector<size_t>& pools, uvm_strategy strategy, Whole whole) {
+    if (whole == Whole::selected_tag) {
+      for (size_t p : pools) move_selected(kind, pools_[p].tag.c_str(), strategy);
+      return;
+    }
+    const bool by_tag = whole == Whole::listed_tag;
     std::vector<uvm_range> ranges;
     bool any_releasable = false;
     for (size_t p : pools) {
@@ -401,6 +419,30 @@ class Model {
       for (size_t p : pools) {
         if (tensor.pool == p) moved(tensor, kind, strategy);
       }
+    }
+  }
+
+  // One selection call: the tag's pool (or with `tag` nullptr every pool: the model owns the
+  // device), whose segments' bytes it must report.
+  void move_selected(Kind kind, const char* tag, uvm_strategy strategy) {
+    size_t expected = 0;
+    bool any_releasable = false;
+    for (const Pool& pool : pools_) {
+      if (tag != nullptr && pool.tag != tag) continue;
+      for (const Segment& segment : pool.segments) expected += segment.size;
+      any_releasable = any_releasable || (pool.releasable && !pool.segments.empty());
+    }
+    size_t bytes = 0;
+    const uvm_status status = issue_selection(kind, tag, strategy, &bytes);
+    if (kind == Kind::offload && strategy == UVM_STRATEGY_MIGRATE && any_releasable) {
+      if (status != UVM_ERROR_INVALID_ARGUMENT) fail("a migrate of a releasable pool was not refused");
+      uvm_clear_last_error();
+      return;
+    }
+    expect_ok(status, name(kind));
+    if (bytes != expected) fail("a selection reported another number of bytes than its pools' segments hold");
+    for (Tensor& tensor : tensors_) {
+      if (tag == nullptr || pools_[tensor.pool].tag == tag) moved(tensor, kind, strategy);
     }
   }
 
@@ -478,10 +520,11 @@ class Model {
         const Kind kind = pick(5) == 0 ? Kind::discard : pick(2) ? Kind::offload : Kind::onload;
         const uvm_strategy strategy = any_strategy();
         const size_t pool = pick(pools_.size());
-        const bool by_tag = pick(2) == 0;
-        what << name(kind) << " (" << name(strategy) << ") the " << (by_tag ? "tag " : "pool ") << pools_[pool].tag;
+        const Whole whole = static_cast<Whole>(pick(3));
+        const char* how[] = {"pool ", "listed tag ", "selected tag "};
+        what << name(kind) << " (" << name(strategy) << ") the " << how[static_cast<int>(whole)] << pools_[pool].tag;
         note(what.str());
-        move_pools(kind, {pool}, strategy, by_tag);
+        move_pools(kind, {pool}, strategy, whole);
         break;
       }
       case 14: {
@@ -491,10 +534,16 @@ class Model {
         if (!alone_) {  // another thread's model owns the rest of the device: its own pools only
           what << name(kind) << " every pool of this thread (auto)";
           note(what.str());
-          move_pools(kind, all, UVM_STRATEGY_AUTO, false);
+          move_pools(kind, all, UVM_STRATEGY_AUTO, Whole::pool);
           break;
         }
-        // uvm.offload(device): every allocation uvm lists on it, in one call.
+        if (pick(2) == 0) {  // uvm.offload(device): one selection call
+          what << name(kind) << " the device's selection (auto)";
+          note(what.str());
+          move_selected(kind, nullptr, UVM_STRATEGY_AUTO);
+          break;
+        }
+        // Every allocation uvm lists on it, in one call of their ranges.
         what << name(kind) << " everything on the device (auto)";
         note(what.str());
         size_t count = 0;
@@ -551,7 +600,7 @@ class Model {
           const size_t pool = pick(pools_.size());
           what << "fetch the pool " << pools_[pool].tag;
           note(what.str());
-          move_pools(Kind::fetch, {pool}, UVM_STRATEGY_AUTO, false);
+          move_pools(Kind::fetch, {pool}, UVM_STRATEGY_AUTO, Whole::pool);
           break;
         }
         what << "fetch " << chosen.size() << " tensors:";

@@ -2,6 +2,7 @@
 // kept or dropped as the backup recorded with it says.
 #include <cstring>
 #include <memory>
+#include <thread>
 
 #include "fixture.hpp"
 
@@ -109,7 +110,7 @@ TEST_CASE("a pause whose copy fails names it, keeps those bytes on the device an
   auto dropped = made("weights", UVM_BACKUP_NONE, 2);
   fake::fail_next("cudaMemcpyAsync", cudaErrorInvalidValue);
   CHECK(uvm_pause(0, "weights") == UVM_ERROR_CUDA);
-  CHECK_THAT(last_error(), Has("uvm_pause(device=0): uvm_offload_ranges(count=1)"));
+  CHECK_THAT(last_error(), Has("uvm_pause(device=0, tag=\"weights\")"));
   CHECK_THAT(last_error(), Has("cudaMemcpyAsync"));
   CHECK(cudaPeekAtLastError() == cudaSuccess);
   CHECK(paused(0, "weights") == 1);  // the dropped one: its bytes are gone either way
@@ -123,7 +124,7 @@ TEST_CASE("a pause whose copy fails names it, keeps those bytes on the device an
 TEST_CASE("bad arguments are refused by name", "[pause]") {
   FakeMachine machine;
   CHECK(uvm_pause(7, nullptr) == UVM_ERROR_INVALID_ARGUMENT);
-  CHECK_THAT(last_error(), Has("uvm_pause(device=7)"));
+  CHECK_THAT(last_error(), Has("uvm_pause(device=7, tag=any)"));
   CHECK(uvm_resume(-5, nullptr) == UVM_ERROR_INVALID_ARGUMENT);
   CHECK(uvm_paused_count(0, nullptr, nullptr) == UVM_ERROR_INVALID_ARGUMENT);
   CHECK_THAT(last_error(), Has("count is NULL"));
@@ -260,4 +261,45 @@ TEST_CASE("uvm_set_retain_backups takes 0 or 1", "[pause][retain]") {
   CHECK(uvm_set_retain_backups(2) == UVM_ERROR_INVALID_ARGUMENT);
   CHECK_THAT(last_error(), Has("uvm_set_retain_backups(): retain is 2, not 0 or 1"));
   CHECK(uvm_get_retain_backups() == 0);
+}
+
+TEST_CASE("a pause never drops an allocation made, while it waits, at the address of one freed", "[pause][cuda13]") {
+  // uvm_pause waits for the device before it moves anything. If, meanwhile, another thread frees an
+  // allocation of the paused tag and the address goes to an allocation of another tag, the pause
+  // must not drop the new one's bytes: it chooses what to move where the move begins.
+  FakeMachine machine;
+  // Small-pool segments (2 MiB) are slots of a slab (alloc/slabs.hpp): a freed slot, in a slab that a
+  // neighbour keeps, is the next one handed out.
+  constexpr size_t kSlot = 2 * kMiB;
+  REQUIRE(uvm_set_thread_tag("scratch") == UVM_OK);
+  void* freed = uvm_malloc(kSlot, 0, nullptr);
+  REQUIRE(uvm_set_thread_tag(nullptr) == UVM_OK);
+  REQUIRE(freed != nullptr);
+  void* neighbour = uvm_malloc(kSlot, 0, nullptr);
+  REQUIRE(neighbour != nullptr);
+  fake::hold_next("cudaDeviceSynchronize");
+  uvm_status paused_status = UVM_ERROR_CUDA;
+  std::thread pauser([&] {
+    fake::set_thread_context(0);
+    paused_status = uvm_pause(0, "scratch");
+  });
+  REQUIRE(fake::wait_until_held(5000));
+  uvm_free(freed, kSlot, 0, nullptr);
+  REQUIRE(uvm_set_thread_tag("weights") == UVM_OK);
+  auto* kept = static_cast<unsigned char*>(uvm_malloc(kSlot, 0, nullptr));
+  REQUIRE(uvm_set_thread_tag(nullptr) == UVM_OK);
+  REQUIRE(kept != nullptr);
+  INFO("the new allocation took the freed address: " << (kept == freed));
+  std::memset(kept, 0x5a, kSlot);
+  fake::release_held();
+  pauser.join();
+  CHECK(paused_status == UVM_OK);
+  size_t wrong = 0;
+  for (size_t i = 0; i < kSlot; ++i) wrong += kept[i] != 0x5a;
+  CHECK(wrong == 0);
+  CHECK(paused(0, "weights") == 0);
+  CHECK(residency(0, "weights").discarded_bytes == 0);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  uvm_free(kept, kSlot, 0, nullptr);
+  uvm_free(neighbour, kSlot, 0, nullptr);
 }

@@ -416,7 +416,7 @@ TEST_CASE("a disk offload with no directory set fails saying how to set one; not
   REQUIRE(uvm_set_thread_tag(nullptr) == UVM_OK);
   REQUIRE(uvm_set_thread_backup(UVM_BACKUP_NONE) == UVM_OK);
   CHECK(uvm_pause(UVM_ANY_DEVICE, "weights") == UVM_ERROR_INVALID_ARGUMENT);
-  CHECK_THAT(last_error(), Has("uvm_pause(device=any)") && Has("no disk backup directory"));
+  CHECK_THAT(last_error(), Has("uvm_pause(device=any, tag=\"weights\")") && Has("no disk backup directory"));
   size_t paused = 1;
   REQUIRE(uvm_paused_count(UVM_ANY_DEVICE, "weights", &paused) == UVM_OK);
   CHECK(paused == 0);
@@ -512,7 +512,7 @@ TEST_CASE("a full disk fails the offload and the pause by name; bytes stay on th
     REQUIRE(uvm_set_thread_backup(UVM_BACKUP_NONE) == UVM_OK);
     const size_t mapped = fake::mapped_reservations();
     CHECK(uvm_pause(UVM_ANY_DEVICE, "weights") == UVM_ERROR_IO);
-    CHECK_THAT(last_error(), Has("uvm_pause(device=any)") && Has(dir) && Has("(ENOSPC)"));
+    CHECK_THAT(last_error(), Has("uvm_pause(device=any, tag=\"weights\")") && Has(dir) && Has("(ENOSPC)"));
     size_t paused = 1;
     REQUIRE(uvm_paused_count(UVM_ANY_DEVICE, "weights", &paused) == UVM_OK);
     CHECK(paused == 0);

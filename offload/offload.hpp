@@ -1,0 +1,15 @@
+// The body of uvm_offload_ranges, for every entry that offloads: ranges, a selection
+// (selection.cpp) and uvm_pause.
+#pragma once
+
+#include "../hints/moves/begin.hpp"
+
+namespace uvm {
+
+// Whether `strategy` is a uvm_strategy.
+bool is_strategy(int strategy);
+
+// Offloads what `args` names with `strategy` on `stream`.
+uvm_status offload_moves(const Call& call, const MoveArgs& args, int strategy, cudaStream_t stream);
+
+}  // namespace uvm

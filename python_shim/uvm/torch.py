@@ -6,6 +6,7 @@ from __future__ import annotations
 import array
 import ctypes
 import itertools
+import sys
 
 from . import _errors, _lib, _state
 
@@ -327,35 +328,12 @@ def _check_batch(status: int, spans: list, whats: list, index: int | None = None
     _lib.check(status, about)
 
 
-def _allocations(device: int, tag: str | None) -> list:
-    """The live uvm allocations of `device` (or UVM_ANY_DEVICE) with `tag` (None: any), each with its
-    device."""
-    lib = _lib.library()
-    encoded = None if tag is None else tag.encode()
-    count = ctypes.c_size_t()
-    _lib.check(lib.uvm_list_allocations(device, encoded, None, 0, ctypes.byref(count)))
-    found = (_lib.Allocation * count.value)()
-    _lib.check(lib.uvm_list_allocations(device, encoded, found, count.value, ctypes.byref(count)))
-    return found[:min(count.value, len(found))]  # fewer if some were freed in between
-
-
 def _ranges_by_device(obj, include_buffers: bool, into: dict | None = None) -> dict[int, dict]:
     """The byte ranges `obj` covers, grouped by the device that owns them: a tensor, a module, a
-    MemPool, a tag (str), a device (int or torch.device: every uvm allocation on it), or an iterable
-    of these. Tags and device ordinals need no torch."""
+    MemPool, or an iterable of these."""
     into = {} if into is None else into
     if obj is None:
         raise TypeError("nothing to move: pass tensors, a module, a MemPool, a tag or a device, not None")
-    if isinstance(obj, str):
-        for found in _allocations(_lib.UVM_ANY_DEVICE, obj):
-            into.setdefault(found.device, {})[(found.ptr, found.size)] = (f"allocation tagged {obj!r}", found.size)
-        return into
-    if isinstance(obj, int) and not isinstance(obj, bool):
-        if obj < 0:
-            raise ValueError("offload and onload act on CUDA devices, not the CPU")
-        for found in _allocations(obj, None):
-            into.setdefault(obj, {})[(found.ptr, found.size)] = (f"allocation on device {obj}", found.size)
-        return into
     torch = _torch(f"finding managed memory in a {type(obj).__name__}")
     if isinstance(obj, (torch.Tensor, torch.nn.Module)):
         for what, tensor in _members(obj, include_buffers):
@@ -369,8 +347,6 @@ def _ranges_by_device(obj, include_buffers: bool, into: dict | None = None) -> d
         for segment in obj.snapshot():
             span = (segment["address"], segment["total_size"])
             into.setdefault(segment["device"], {})[span] = ("pool segment", span[1])
-    elif isinstance(obj, torch.device):
-        _ranges_by_device(_lib.device_ordinal(obj), include_buffers, into)
     elif hasattr(obj, "__iter__"):
         for item in obj:
             _ranges_by_device(item, include_buffers, into)
@@ -380,17 +356,69 @@ def _ranges_by_device(obj, include_buffers: bool, into: dict | None = None) -> d
     return into
 
 
-def _move(entry, obj, stream, include_buffers: bool, *extra) -> int:
-    """Calls the batched C `entry` once per device that owns part of `obj`, on that device's stream."""
+def _split(obj, selections: list, rest: list) -> None:
+    """Sorts what a move names into selections, (device, tag) pairs that uvm moves whole (a tag on
+    every device, or a device: an int or torch.device), and the rest, whose ranges the shim finds."""
+    torch = sys.modules.get("torch")  # a tensor, module or torch.device means torch is imported
+    if isinstance(obj, str):
+        selections.append((_lib.UVM_ANY_DEVICE, obj))
+    elif isinstance(obj, int) and not isinstance(obj, bool):
+        if obj < 0:
+            raise ValueError("offload and onload act on CUDA devices, not the CPU")
+        selections.append((obj, None))
+    elif torch is not None and isinstance(obj, torch.device):
+        selections.append((_lib.device_ordinal(obj), None))
+    elif torch is not None and isinstance(obj, (torch.Tensor, torch.nn.Module, torch.cuda.MemPool)):
+        rest.append(obj)
+    elif obj is not None and hasattr(obj, "__iter__"):
+        for item in obj:
+            _split(item, selections, rest)
+    else:
+        rest.append(obj)  # _ranges_by_device says what is wrong with it
+
+
+def _move_selection(entry, device: int, tag: str | None, stream, extra: tuple, moved_on: set) -> int:
+    """The C `entry` for a selection, once per device on that device's stream: uvm chooses the
+    allocations where each device's move begins, so one freed by another thread meanwhile, and its
+    address given to another allocation, is never moved for it. Returns the bytes moved; adds the
+    devices that moved (or failed) to `moved_on`."""
+    lib = _lib.library()
+    devices = range(lib.uvm_device_count()) if device == _lib.UVM_ANY_DEVICE else [device]
+    encoded = None if tag is None else tag.encode()
     moved = 0
-    by_device = _ranges_by_device(obj, include_buffers)
-    _lib.note_moved(list(by_device))
-    for device, named in by_device.items():
-        spans = list(named)
-        status = entry(_range_array(spans), len(spans), *extra, _stream_handle(stream, device))
-        if status != _lib.UVM_OK:
-            _check_batch(status, spans, [what for what, _ in named.values()])
-        moved += sum(asked for _, asked in named.values())
+    for index in devices:
+        nbytes = ctypes.c_size_t()
+        status = entry(index, encoded, *extra, _stream_handle(stream, index), ctypes.byref(nbytes))
+        if status != _lib.UVM_OK or nbytes.value:
+            moved_on.add(index)
+        _lib.check(status)
+        moved += nbytes.value
+    return moved
+
+
+def _move(entries, obj, stream, include_buffers: bool, *extra) -> int:
+    """Moves what `obj` names: its selections through the C selection entry (entries[1]), the
+    ranges of the rest through the batched entry (entries[0]), once per device that owns part of
+    it, on that device's stream. Returns the bytes asked for."""
+    by_ranges, by_selection = entries
+    selections, rest = [], []
+    _split(obj, selections, rest)
+    moved, moved_on = 0, set()
+    try:
+        for device, tag in selections:
+            moved += _move_selection(by_selection, device, tag, stream, extra, moved_on)
+        by_device: dict = {}
+        for item in rest:
+            _ranges_by_device(item, include_buffers, by_device)
+        for device, named in by_device.items():
+            moved_on.add(device)
+            spans = list(named)
+            status = by_ranges(_range_array(spans), len(spans), *extra, _stream_handle(stream, device))
+            if status != _lib.UVM_OK:
+                _check_batch(status, spans, [what for what, _ in named.values()])
+            moved += sum(asked for _, asked in named.values())
+    finally:
+        _lib.note_moved(sorted(moved_on))  # for last_move(): the devices moved on, a failed one too
     return moved
 
 
@@ -416,19 +444,23 @@ def offload(obj, *, stream=None, strategy: str = "auto", include_buffers: bool =
     shared tensors counted once."""
     if strategy not in _lib.STRATEGIES:
         raise ValueError(f"strategy must be one of {sorted(_lib.STRATEGIES)}, not {strategy!r}")
-    return _move(_lib.library().uvm_offload_ranges, obj, stream, include_buffers, _lib.STRATEGIES[strategy])
+    lib = _lib.library()
+    return _move((lib.uvm_offload_ranges, lib.uvm_offload_selection), obj, stream, include_buffers,
+                 _lib.STRATEGIES[strategy])
 
 
 def onload(obj, *, stream=None, include_buffers: bool = True) -> int:
     """Brings what `offload` moved back to its GPU: staged bytes are copied back, migrated ones
     prefetched. Same `obj` forms as offload; asynchronous on `stream`. Returns the bytes asked for."""
-    return _move(_lib.library().uvm_onload_ranges, obj, stream, include_buffers)
+    lib = _lib.library()
+    return _move((lib.uvm_onload_ranges, lib.uvm_onload_selection), obj, stream, include_buffers)
 
 
 def discard(obj, *, stream=None, include_buffers: bool = True) -> int:
     """cudaMemDiscardBatchAsync over everything `obj` covers (e.g. a "kv_cache" tag): the contents
     become indeterminate and the pages are reclaimable without a copy. CUDA 13 only."""
-    return _move(_lib.library().uvm_discard_ranges, obj, stream, include_buffers)
+    lib = _lib.library()
+    return _move((lib.uvm_discard_ranges, lib.uvm_discard_selection), obj, stream, include_buffers)
 
 
 def where(tensor) -> dict:

@@ -191,3 +191,46 @@ TEST_CASE("uvm_pause keeps what has a backup, drops the rest and frees both; uvm
   }
   CHECK(cudaGetLastError() == cudaSuccess);
 }
+
+TEST_CASE("a tag moves in one call: offload frees its memory, onload brings every byte back, others untouched",
+          "[gpu][release][selection]") {
+  REQUIRE(uvm_set_thread_tag("gpu-selection") == UVM_OK);
+  Releasable weights(96 * MiB + 512), more(32 * MiB);
+  gpu::Managed managed(16 * MiB);
+  REQUIRE(uvm_set_thread_tag(nullptr) == UVM_OK);
+  Releasable neighbour(8 * MiB);  // untagged
+  const auto expect_weights = weights.fill(8), expect_more = more.fill(9), expect_neighbour = neighbour.fill(10);
+  std::vector<unsigned char> expect_managed(managed.size);
+  for (size_t i = 0; i < expect_managed.size(); ++i) expect_managed[i] = static_cast<unsigned char>(i * 5 + 2);
+  CUDA_REQUIRE(cudaMemcpy(managed.ptr, expect_managed.data(), managed.size, cudaMemcpyDefault));
+  cudaStream_t stream = nullptr;
+  CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (int cycle = 0; cycle < 2; ++cycle) {
+    INFO("cycle " << cycle << ": " << uvm_last_error());
+    const size_t free_before = free_now();
+    size_t bytes = 0;
+    REQUIRE(uvm_offload_selection(0, "gpu-selection", UVM_STRATEGY_AUTO, stream, &bytes) == UVM_OK);
+    CHECK(bytes == weights.size + more.size + managed.size);
+    CUDA_REQUIRE(cudaStreamSynchronize(stream));
+    CHECK(free_now() - free_before >= (weights.size + more.size) / 10 * 9);  // releasable memory given back
+    uvm_move_report report{};
+    REQUIRE(uvm_last_move(0, &report) == UVM_OK);
+    CHECK(std::string(report.call) == "uvm_offload_selection");
+    REQUIRE(uvm_onload_selection(UVM_ANY_DEVICE, "gpu-selection", nullptr, &bytes) == UVM_OK);
+    CHECK(bytes == weights.size + more.size + managed.size);
+    CUDA_REQUIRE(cudaDeviceSynchronize());
+    CHECK(weights.holds(expect_weights));
+    CHECK(more.holds(expect_more));
+    std::vector<unsigned char> now(managed.size);
+    CUDA_REQUIRE(cudaMemcpy(now.data(), managed.ptr, managed.size, cudaMemcpyDefault));
+    CHECK(now == expect_managed);
+    CHECK(neighbour.holds(expect_neighbour));
+  }
+  size_t bytes = 0;
+  REQUIRE(uvm_discard_selection(0, "gpu-selection", stream, &bytes) == UVM_OK);
+  CHECK(bytes == weights.size + more.size + managed.size);
+  CUDA_REQUIRE(cudaStreamSynchronize(stream));
+  CHECK(neighbour.holds(expect_neighbour));
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+}

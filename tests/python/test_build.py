@@ -317,3 +317,34 @@ def test_a_compile_error_names_the_file_it_is_in(tmp_path):
     broken.write_text(broken.read_text() + "\nthis is not C++;\n")
     with pytest.raises(_build.BuildError, match=r"offload/residency\.cpp"):
         _build.compile_library(root, _build.compiler(), _build.cuda_home(), tmp_path, timeout=300)
+
+
+def test_a_cache_hit_hashes_no_file_and_any_edit_changes_the_key(tmp_path, monkeypatch):
+    """The key is remembered under the files' stat fingerprint: a second call reads no file's bytes,
+    and an edit that keeps the size and the mtime still changes the key (ctime)."""
+    from uvm import _build as b
+    root = tmp_path / "tree"
+    (root / "alloc").mkdir(parents=True)
+    (root / "include").mkdir()
+    (root / "sources.txt").write_text("std c++17\nalloc/a.cpp\n")
+    source = root / "alloc" / "a.cpp"
+    source.write_text("int a = 1;\n")
+    (root / "include" / "uvm.h").write_text("/* header */\n")
+    monkeypatch.setenv("UVM_CACHE_DIR", str(tmp_path / "cache"))
+    cxx, home = b.compiler(), b.cuda_home()
+    first = b.build_key(root, cxx, home)
+    with monkeypatch.context() as patched:
+        def refuse(path):
+            raise AssertionError(f"read {path} on a cache hit")
+        patched.setattr(Path, "read_bytes", refuse)
+        assert b.build_key(root, cxx, home) == first
+    before = source.stat()
+    source.write_text("int a = 2;\n")  # same size
+    os.utime(source, ns=(before.st_atime_ns, before.st_mtime_ns))  # same mtime
+    edited = b.build_key(root, cxx, home)
+    assert edited != first
+    source.write_text("int a = 1;\n")
+    assert b.build_key(root, cxx, home) == first  # the content decides the key, not the stat
+    for memo in (tmp_path / "cache" / "keys").iterdir():
+        memo.write_text("not a key\n")  # a damaged memo is not believed
+    assert b.build_key(root, cxx, home) == first

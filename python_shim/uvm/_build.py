@@ -139,9 +139,14 @@ def build_key(root: Path, cxx: str, home: Path) -> str:
     system), so the key is remembered under the files' stat fingerprint (size, mtime, ctime, inode:
     any write changes ctime) and hashed again only when one of them differs."""
     listed = SourceList(root)
-    files = [root / SOURCE_LIST] + sorted(p for d in listed.folders(root) for p in d.rglob("*") if p.is_file())
+    stats = {root / SOURCE_LIST: (root / SOURCE_LIST).stat()}
+    for folder in listed.folders(root):
+        _stat_files(folder, stats)
+    files = [root / SOURCE_LIST] + sorted(path for path in stats if path != root / SOURCE_LIST)
     identity = [cxx, _compiler_identity(cxx), cuda_version(home)]
-    fingerprint = hashlib.sha256(repr([str(root), identity] + [_stat_of(path) for path in files]).encode())
+    fingerprint = hashlib.sha256(repr([str(root), identity] + [
+        (str(path), info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino) for path, info in stats.items()
+    ]).encode())
     memo = configured_cache_dir() / "keys" / fingerprint.hexdigest()[:32]
     remembered = _read_memo(memo)
     if remembered is not None:
@@ -157,9 +162,14 @@ def build_key(root: Path, cxx: str, home: Path) -> str:
     return key
 
 
-def _stat_of(path: Path) -> tuple:
-    info = path.stat()
-    return path.name, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino
+def _stat_files(folder: Path, into: dict) -> None:
+    """Every file under `folder`, with its stat: one system call a file (rglob and is_file take two)."""
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                _stat_files(Path(entry.path), into)
+            elif entry.is_file():
+                into[Path(entry.path)] = entry.stat()
 
 
 def _read_memo(memo: Path) -> str | None:

@@ -72,6 +72,16 @@ std::string Call::describe() const {
     text += separator;
     text += tag == nullptr ? std::string("tag=any") : "tag=\"" + std::string(tag) + '"';
   }
+  if (has_tags) {
+    text += separator;
+    text += "tags=";
+    if (tags == nullptr || tag_count == 0) text += "any";
+    for (size_t i = 0; tags != nullptr && i < tag_count && i < 4; ++i) {
+      text += i > 0 ? ", " : "";
+      text += tags[i] == nullptr ? std::string("NULL") : '"' + std::string(tags[i]) + '"';
+    }
+    if (tags != nullptr && tag_count > 4) text += " and " + std::to_string(tag_count - 4) + " more";
+  }
   return text + ')';
 }
 

@@ -36,6 +36,9 @@ struct Call {
   long long range_index = -1;  // the range of a batched call that failed, if one did
   const char* tag = nullptr;   // a selection's tag (the caller's string, alive for the call)
   bool has_tag = false;
+  const char* const* tags = nullptr;  // or its tags (the caller's array, alive for the call)
+  size_t tag_count = 0;
+  bool has_tags = false;
 
   static Call of(const char* name) { return Call{name}; }
   Call& with_ptr(const void* p) { ptr = p; has_ptr = true; return *this; }
@@ -46,6 +49,13 @@ struct Call {
   Call& with_selection(int d) { device = d; device_arg = DeviceArg::selection; return *this; }
   // A selection's tag: printed quoted, or "any" for NULL.
   Call& with_tag(const char* t) { tag = t; has_tag = true; return *this; }
+  // A selection's tags: printed quoted (at most four, then how many more), or "any" for none.
+  Call& with_tags(const char* const* list, size_t count) {
+    tags = list;
+    tag_count = count;
+    has_tags = true;
+    return *this;
+  }
   // The same call, its failure tied to range `index` of the batch (uvm_last_error_index).
   Call at_range(size_t index) const { Call c = *this; c.range_index = static_cast<long long>(index); return c; }
   std::string describe() const;  // e.g. "uvm_prefetch_ranges(count=3, device=cpu)", "uvm_pause(device=0, tag=\"kv\")"

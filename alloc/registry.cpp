@@ -331,8 +331,9 @@ AllocationView Registry::view_of(uintptr_t base, const Allocation& allocation) {
 }
 
 bool Registry::selected(const Allocation& allocation, const Selection& selection) {
-  return !selection.none && (selection.device == UVM_ANY_DEVICE || allocation.device == selection.device) &&
-         (selection.any_tag || allocation.tag == selection.tag) &&
+  return (selection.device == UVM_ANY_DEVICE || allocation.device == selection.device) &&
+         (selection.any_tag ||
+          std::find(selection.tags.begin(), selection.tags.end(), allocation.tag) != selection.tags.end()) &&
          (!selection.backup || allocation.backup == *selection.backup) &&
          (!selection.paused || allocation.paused == *selection.paused);
 }
@@ -383,8 +384,22 @@ uvm_status select_arguments(const Call& call, int device, const char* tag, Selec
   if (device != UVM_ANY_DEVICE) {
     if (uvm_status s = check_device(call, device, false)) return s;
   }
-  *out = Selection{device, tag == nullptr, kUntagged, false, {}, {}};
-  out->none = !out->any_tag && !find_tag(tag, &out->tag);
+  return select_arguments(call, device, tag == nullptr ? nullptr : &tag, tag == nullptr ? 0 : 1, out);
+}
+
+uvm_status select_arguments(const Call& call, int device, const char* const* tags, size_t count, Selection* out) {
+  if (device != UVM_ANY_DEVICE) {
+    if (uvm_status s = check_device(call, device, false)) return s;
+  }
+  if (tags == nullptr && count > 0) return fail(call, UVM_ERROR_INVALID_ARGUMENT, "tags is NULL but tag_count is %zu", count);
+  *out = Selection{};
+  out->device = device;
+  out->any_tag = count == 0;
+  for (size_t i = 0; i < count; ++i) {
+    if (tags[i] == nullptr) return fail(call, UVM_ERROR_INVALID_ARGUMENT, "tags[%zu] is NULL", i);
+    TagId id = kUntagged;
+    if (find_tag(tags[i], &id)) out->tags.push_back(id);
+  }
   return UVM_OK;
 }
 

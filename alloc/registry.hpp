@@ -118,13 +118,13 @@ struct AllocationView {
   uintptr_t memory() const { return slab != 0 ? slab : base; }
 };
 
-// The allocations a C call selects: those of `device` (UVM_ANY_DEVICE: all) with `tag` (any_tag:
-// any). `none`: the call named a tag never set, which nothing carries.
+// The allocations a C call selects: those of `device` (UVM_ANY_DEVICE: all) with one of `tags`
+// (any_tag: any). Tags never set are left out of `tags`, since nothing carries them: with none left,
+// nothing is selected.
 struct Selection {
   int device = UVM_ANY_DEVICE;
   bool any_tag = true;
-  TagId tag = kUntagged;
-  bool none = false;
+  std::vector<TagId> tags;
   // Narrower, for uvm_pause and uvm_resume: only allocations with this backup, only those paused
   // (or not).
   std::optional<uvm_backup> backup;
@@ -134,6 +134,10 @@ struct Selection {
 // Reads a C call's (device, tag) arguments, as uvm.h's "Registry queries" define them: the device
 // is checked unless it is UVM_ANY_DEVICE; tag NULL means any tag, "" untagged.
 uvm_status select_arguments(const Call& call, int device, const char* tag, Selection* out);
+
+// The same with a list of tags (the selection moves): `count` of them at `tags`, "" for untagged;
+// none (tags NULL, count 0) means any tag.
+uvm_status select_arguments(const Call& call, int device, const char* const* tags, size_t count, Selection* out);
 
 // A block a runtime hands out or takes back (blocks.cpp), as the registry records it.
 enum class BlockChange : uint8_t { none, allocated, freed };

@@ -444,21 +444,24 @@ UVM_API uvm_status uvm_offload_ranges(const uvm_range* ranges, size_t count, uvm
  * bytes stay offloaded. */
 UVM_API uvm_status uvm_onload_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream);
 
-/* Whole allocations by device and tag: the live allocations of `device` (or UVM_ANY_DEVICE) with
- * `tag` (NULL: any; "": untagged), moved as uvm_offload_ranges, uvm_onload_ranges and
- * uvm_discard_ranges move their ranges, each device's in one move of its own (in its context,
- * recorded for uvm_last_move of that device). They are chosen where the move begins, under the lock
- * uvm_free takes: an allocation another thread frees or makes meanwhile is moved whole or not at
- * all, and bytes at an address freed and given to another allocation are never moved for the old
- * one (listing them with uvm_allocation_ranges first leaves that window open). `stream`: a stream
- * of `device`; with UVM_ANY_DEVICE only a handle naming each device's own stream (NULL,
+/* Whole allocations by device and tags: the live allocations of `device` (or UVM_ANY_DEVICE) with
+ * any of the `tag_count` tags at `tags` ("" for untagged; tags NULL and tag_count 0: any tag), moved
+ * as uvm_offload_ranges, uvm_onload_ranges and uvm_discard_ranges move their ranges, each device's
+ * in one move of its own (in its context, recorded for uvm_last_move of that device). They are
+ * chosen where the move begins, under the lock uvm_free takes: an allocation another thread frees
+ * or makes meanwhile is moved whole or not at all, and bytes at an address freed and given to
+ * another allocation are never moved for the old one (listing them with uvm_allocation_ranges
+ * first leaves that window open). A tag never set selects nothing. `stream`: a stream of
+ * `device`; with UVM_ANY_DEVICE only a handle naming each device's own stream (NULL,
  * cudaStreamLegacy, cudaStreamPerThread), else UVM_ERROR_INVALID_ARGUMENT. `bytes` (may be NULL):
  * the bytes of the allocations moved. Nothing selected is not an error: nothing is done, and no
  * device is touched. A failure on one device stops the call there (earlier devices stay moved). */
-UVM_API uvm_status uvm_offload_selection(int device, const char* tag, uvm_strategy strategy, cudaStream_t stream,
+UVM_API uvm_status uvm_offload_selection(int device, const char* const* tags, size_t tag_count, uvm_strategy strategy,
+                                         cudaStream_t stream, size_t* bytes);
+UVM_API uvm_status uvm_onload_selection(int device, const char* const* tags, size_t tag_count, cudaStream_t stream,
+                                        size_t* bytes);
+UVM_API uvm_status uvm_discard_selection(int device, const char* const* tags, size_t tag_count, cudaStream_t stream,
                                          size_t* bytes);
-UVM_API uvm_status uvm_onload_selection(int device, const char* tag, cudaStream_t stream, size_t* bytes);
-UVM_API uvm_status uvm_discard_selection(int device, const char* tag, cudaStream_t stream, size_t* bytes);
 
 /* ------------------------------------------------------------------------------------------------
  * Streaming — bytes that live on the host and visit the GPU (weights of a model larger than it)

@@ -1,5 +1,5 @@
 // uvm_offload_selection, uvm_onload_selection and uvm_discard_selection: whole allocations, chosen
-// by device and tag where the move begins (under the moves lock that uvm_free takes too), each
+// by device and tags where the move begins (under the moves lock that uvm_free takes too), each
 // device's in one move. A caller that listed the allocations first and then moved their ranges
 // could move bytes at an address that another thread had freed and handed to another allocation.
 #include <set>
@@ -28,18 +28,18 @@ std::vector<int> devices_of(const Selection& selection) {
   return std::vector<int>(devices.begin(), devices.end());
 }
 
-// Moves the selection of `device` and `tag`, one device at a time, each in its own context and
+// Moves the selection of `device` and `tags`, one device at a time, each in its own context and
 // recorded as its own move (uvm_last_move of that device). `move` runs one device's part; a
 // strategy is checked first, so that a bad one fails where nothing is selected too.
 template <typename Move>
-uvm_status move_selection(const char* name, int device, const char* tag, cudaStream_t stream, size_t* bytes,
-                          Move move, int strategy = UVM_STRATEGY_AUTO) {
-  const Call call = Call::of(name).with_selection(device).with_tag(tag);
+uvm_status move_selection(const char* name, int device, const char* const* tags, size_t tag_count,
+                          cudaStream_t stream, size_t* bytes, Move move, int strategy = UVM_STRATEGY_AUTO) {
+  const Call call = Call::of(name).with_selection(device).with_tags(tags, tag_count);
   return guarded(call, [&] {
     if (bytes != nullptr) *bytes = 0;
     if (!is_strategy(strategy)) return fail(call, UVM_ERROR_INVALID_ARGUMENT, "strategy %d is not a uvm_strategy", strategy);
     Selection selection;
-    if (uvm_status s = select_arguments(call, device, tag, &selection)) return s;
+    if (uvm_status s = select_arguments(call, device, tags, tag_count, &selection)) return s;
     if (device == UVM_ANY_DEVICE && !names_no_device(stream)) {
       return fail(call, UVM_ERROR_INVALID_ARGUMENT,
                   "stream %p belongs to one device; with UVM_ANY_DEVICE pass NULL, cudaStreamLegacy or "
@@ -66,18 +66,19 @@ uvm_status move_selection(const char* name, int device, const char* tag, cudaStr
 
 extern "C" {
 
-uvm_status uvm_offload_selection(int device, const char* tag, uvm_strategy strategy, cudaStream_t stream,
-                                 size_t* bytes) {
+uvm_status uvm_offload_selection(int device, const char* const* tags, size_t tag_count, uvm_strategy strategy,
+                                 cudaStream_t stream, size_t* bytes) {
   const int requested = uvm::raw_enum(strategy);
-  return uvm::move_selection("uvm_offload_selection", device, tag, stream, bytes,
+  return uvm::move_selection("uvm_offload_selection", device, tags, tag_count, stream, bytes,
                              [&](const uvm::Call& call, const uvm::MoveArgs& args, cudaStream_t on) {
                                return uvm::offload_moves(call, args, requested, on);
                              },
                              requested);
 }
 
-uvm_status uvm_onload_selection(int device, const char* tag, cudaStream_t stream, size_t* bytes) {
-  return uvm::move_selection("uvm_onload_selection", device, tag, stream, bytes,
+uvm_status uvm_onload_selection(int device, const char* const* tags, size_t tag_count, cudaStream_t stream,
+                                size_t* bytes) {
+  return uvm::move_selection("uvm_onload_selection", device, tags, tag_count, stream, bytes,
                              [](const uvm::Call& call, const uvm::MoveArgs& args, cudaStream_t on) {
                                uvm::OnloadMode mode;
                                mode.name = "uvm_onload_selection";
@@ -85,8 +86,9 @@ uvm_status uvm_onload_selection(int device, const char* tag, cudaStream_t stream
                              });
 }
 
-uvm_status uvm_discard_selection(int device, const char* tag, cudaStream_t stream, size_t* bytes) {
-  return uvm::move_selection("uvm_discard_selection", device, tag, stream, bytes, uvm::discard_moves);
+uvm_status uvm_discard_selection(int device, const char* const* tags, size_t tag_count, cudaStream_t stream,
+                                 size_t* bytes) {
+  return uvm::move_selection("uvm_discard_selection", device, tags, tag_count, stream, bytes, uvm::discard_moves);
 }
 
 }  // extern "C"

@@ -356,39 +356,40 @@ def _ranges_by_device(obj, include_buffers: bool, into: dict | None = None) -> d
     return into
 
 
-def _split(obj, selections: list, rest: list) -> None:
-    """Sorts what a move names into selections, (device, tag) pairs that uvm moves whole (a tag on
-    every device, or a device: an int or torch.device), and the rest, whose ranges the shim finds."""
+def _split(obj, tags: list, devices: list, rest: list) -> None:
+    """Sorts what a move names into what uvm moves whole, tags (on every device) and devices (an int
+    or torch.device), and the rest, whose ranges the shim finds."""
     torch = sys.modules.get("torch")  # a tensor, module or torch.device means torch is imported
     if isinstance(obj, str):
-        selections.append((_lib.UVM_ANY_DEVICE, obj))
+        tags.append(obj)
     elif isinstance(obj, int) and not isinstance(obj, bool):
         if obj < 0:
             raise ValueError("offload and onload act on CUDA devices, not the CPU")
-        selections.append((obj, None))
+        devices.append(obj)
     elif torch is not None and isinstance(obj, torch.device):
-        selections.append((_lib.device_ordinal(obj), None))
+        devices.append(_lib.device_ordinal(obj))
     elif torch is not None and isinstance(obj, (torch.Tensor, torch.nn.Module, torch.cuda.MemPool)):
         rest.append(obj)
     elif obj is not None and hasattr(obj, "__iter__"):
         for item in obj:
-            _split(item, selections, rest)
+            _split(item, tags, devices, rest)
     else:
         rest.append(obj)  # _ranges_by_device says what is wrong with it
 
 
-def _move_selection(entry, device: int, tag: str | None, stream, extra: tuple, moved_on: set) -> int:
-    """The C `entry` for a selection, once per device on that device's stream: uvm chooses the
-    allocations where each device's move begins, so one freed by another thread meanwhile, and its
-    address given to another allocation, is never moved for it. Returns the bytes moved; adds the
-    devices that moved (or failed) to `moved_on`."""
+def _move_selection(entry, device: int, tags: list[str], stream, extra: tuple, moved_on: set) -> int:
+    """The C `entry` for the allocations of `device` (UVM_ANY_DEVICE: every device) with any of
+    `tags` ([]: any tag), once per device on that device's stream, each device's in one move: uvm
+    chooses the allocations where the move begins, so one freed by another thread meanwhile, and
+    its address given to another allocation, is never moved for it. Returns the bytes moved; adds
+    the devices that moved (or failed) to `moved_on`."""
     lib = _lib.library()
     devices = range(lib.uvm_device_count()) if device == _lib.UVM_ANY_DEVICE else [device]
-    encoded = None if tag is None else tag.encode()
+    encoded = (ctypes.c_char_p * len(tags))(*(tag.encode() for tag in tags)) if tags else None
     moved = 0
     for index in devices:
         nbytes = ctypes.c_size_t()
-        status = entry(index, encoded, *extra, _stream_handle(stream, index), ctypes.byref(nbytes))
+        status = entry(index, encoded, len(tags), *extra, _stream_handle(stream, index), ctypes.byref(nbytes))
         if status != _lib.UVM_OK or nbytes.value:
             moved_on.add(index)
         _lib.check(status)
@@ -397,16 +398,19 @@ def _move_selection(entry, device: int, tag: str | None, stream, extra: tuple, m
 
 
 def _move(entries, obj, stream, include_buffers: bool, *extra) -> int:
-    """Moves what `obj` names: its selections through the C selection entry (entries[1]), the
+    """Moves what `obj` names: its tags and devices through the C selection entry (entries[1]), the
     ranges of the rest through the batched entry (entries[0]), once per device that owns part of
     it, on that device's stream. Returns the bytes asked for."""
     by_ranges, by_selection = entries
-    selections, rest = [], []
-    _split(obj, selections, rest)
+    tags, devices, rest = [], [], []
+    _split(obj, tags, devices, rest)
     moved, moved_on = 0, set()
     try:
-        for device, tag in selections:
-            moved += _move_selection(by_selection, device, tag, stream, extra, moved_on)
+        if tags:  # every tag in one call per device
+            moved += _move_selection(by_selection, _lib.UVM_ANY_DEVICE, list(dict.fromkeys(tags)), stream, extra,
+                                     moved_on)
+        for device in dict.fromkeys(devices):
+            moved += _move_selection(by_selection, device, [], stream, extra, moved_on)
         by_device: dict = {}
         for item in rest:
             _ranges_by_device(item, include_buffers, by_device)

@@ -194,7 +194,8 @@ TEST_CASE("uvm_pause keeps what has a backup, drops the rest and frees both; uvm
 
 TEST_CASE("a tag moves in one call: offload frees its memory, onload brings every byte back, others untouched",
           "[gpu][release][selection]") {
-  REQUIRE(uvm_set_thread_tag("gpu-selection") == UVM_OK);
+  static const char* const kTag = "gpu-selection";
+  REQUIRE(uvm_set_thread_tag(kTag) == UVM_OK);
   Releasable weights(96 * MiB + 512), more(32 * MiB);
   gpu::Managed managed(16 * MiB);
   REQUIRE(uvm_set_thread_tag(nullptr) == UVM_OK);
@@ -209,14 +210,14 @@ TEST_CASE("a tag moves in one call: offload frees its memory, onload brings ever
     INFO("cycle " << cycle << ": " << uvm_last_error());
     const size_t free_before = free_now();
     size_t bytes = 0;
-    REQUIRE(uvm_offload_selection(0, "gpu-selection", UVM_STRATEGY_AUTO, stream, &bytes) == UVM_OK);
+    REQUIRE(uvm_offload_selection(0, &kTag, 1, UVM_STRATEGY_AUTO, stream, &bytes) == UVM_OK);
     CHECK(bytes == weights.size + more.size + managed.size);
     CUDA_REQUIRE(cudaStreamSynchronize(stream));
     CHECK(free_now() - free_before >= (weights.size + more.size) / 10 * 9);  // releasable memory given back
     uvm_move_report report{};
     REQUIRE(uvm_last_move(0, &report) == UVM_OK);
     CHECK(std::string(report.call) == "uvm_offload_selection");
-    REQUIRE(uvm_onload_selection(UVM_ANY_DEVICE, "gpu-selection", nullptr, &bytes) == UVM_OK);
+    REQUIRE(uvm_onload_selection(UVM_ANY_DEVICE, &kTag, 1, nullptr, &bytes) == UVM_OK);
     CHECK(bytes == weights.size + more.size + managed.size);
     CUDA_REQUIRE(cudaDeviceSynchronize());
     CHECK(weights.holds(expect_weights));
@@ -227,7 +228,7 @@ TEST_CASE("a tag moves in one call: offload frees its memory, onload brings ever
     CHECK(neighbour.holds(expect_neighbour));
   }
   size_t bytes = 0;
-  REQUIRE(uvm_discard_selection(0, "gpu-selection", stream, &bytes) == UVM_OK);
+  REQUIRE(uvm_discard_selection(0, &kTag, 1, stream, &bytes) == UVM_OK);
   CHECK(bytes == weights.size + more.size + managed.size);
   CUDA_REQUIRE(cudaStreamSynchronize(stream));
   CHECK(neighbour.holds(expect_neighbour));

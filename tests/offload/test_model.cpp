@@ -376,12 +376,13 @@ class Model {
   // How a move of whole pools names them.
   enum class Whole { pool, listed_tag, selected_tag };
 
-  // The selection entries (uvm.offload(tag), uvm.offload(device)): `tag` nullptr is the device.
-  uvm_status issue_selection(Kind kind, const char* tag, uvm_strategy strategy, size_t* bytes) {
+  // The selection entries (uvm.offload(tags), uvm.offload(device)): no tags is the whole device.
+  uvm_status issue_selection(Kind kind, const std::vector<const char*>& tags, uvm_strategy strategy, size_t* bytes) {
+    const char* const* list = tags.empty() ? nullptr : tags.data();
     switch (kind) {
-      case Kind::offload: return uvm_offload_selection(0, tag, strategy, stream_, bytes);
-      case Kind::onload: return uvm_onload_selection(0, tag, stream_, bytes);
-      default: return uvm_discard_selection(0, tag, stream_, bytes);
+      case Kind::offload: return uvm_offload_selection(0, list, tags.size(), strategy, stream_, bytes);
+      case Kind::onload: return uvm_onload_selection(0, list, tags.size(), stream_, bytes);
+      default: return uvm_discard_selection(0, list, tags.size(), stream_, bytes);
     }
   }
 
@@ -389,7 +390,9 @@ class Model {
   // their tag lists, or by their tag in one call.
   void move_pools(Kind kind, const std::vector<size_t>& pools, uvm_strategy strategy, Whole whole) {
     if (whole == Whole::selected_tag) {
-      for (size_t p : pools) move_selected(kind, pools_[p].tag.c_str(), strategy);
+      std::vector<const char*> tags;
+      for (size_t p : pools) tags.push_back(pools_[p].tag.c_str());
+      move_selected(kind, tags, strategy);
       return;
     }
     const bool by_tag = whole == Whole::listed_tag;
@@ -422,18 +425,25 @@ class Model {
     }
   }
 
-  // One selection call: the tag's pool (or with `tag` nullptr every pool: the model owns the
-  // device), whose segments' bytes it must report.
-  void move_selected(Kind kind, const char* tag, uvm_strategy strategy) {
+  // One selection call: the pools of `tags` (none: every pool, as the model owns the device),
+  // whose segments' bytes it must report.
+  void move_selected(Kind kind, const std::vector<const char*>& tags, uvm_strategy strategy) {
+    const auto chosen = [&](const Pool& pool) {
+      if (tags.empty()) return true;
+      for (const char* tag : tags) {
+        if (pool.tag == tag) return true;
+      }
+      return false;
+    };
     size_t expected = 0;
     bool any_releasable = false;
     for (const Pool& pool : pools_) {
-      if (tag != nullptr && pool.tag != tag) continue;
+      if (!chosen(pool)) continue;
       for (const Segment& segment : pool.segments) expected += segment.size;
       any_releasable = any_releasable || (pool.releasable && !pool.segments.empty());
     }
     size_t bytes = 0;
-    const uvm_status status = issue_selection(kind, tag, strategy, &bytes);
+    const uvm_status status = issue_selection(kind, tags, strategy, &bytes);
     if (kind == Kind::offload && strategy == UVM_STRATEGY_MIGRATE && any_releasable) {
       if (status != UVM_ERROR_INVALID_ARGUMENT) fail("a migrate of a releasable pool was not refused");
       uvm_clear_last_error();
@@ -442,7 +452,7 @@ class Model {
     expect_ok(status, name(kind));
     if (bytes != expected) fail("a selection reported another number of bytes than its pools' segments hold");
     for (Tensor& tensor : tensors_) {
-      if (tag == nullptr || pools_[tensor.pool].tag == tag) moved(tensor, kind, strategy);
+      if (chosen(pools_[tensor.pool])) moved(tensor, kind, strategy);
     }
   }
 
@@ -519,12 +529,15 @@ class Model {
       case 11: case 12: case 13: {
         const Kind kind = pick(5) == 0 ? Kind::discard : pick(2) ? Kind::offload : Kind::onload;
         const uvm_strategy strategy = any_strategy();
-        const size_t pool = pick(pools_.size());
+        std::vector<size_t> pools = {pick(pools_.size())};
         const Whole whole = static_cast<Whole>(pick(3));
-        const char* how[] = {"pool ", "listed tag ", "selected tag "};
-        what << name(kind) << " (" << name(strategy) << ") the " << how[static_cast<int>(whole)] << pools_[pool].tag;
+        const size_t other = pick(pools_.size());
+        if (whole == Whole::selected_tag && other != pools[0] && chance(50)) pools.push_back(other);  // one call, two tags
+        const char* how[] = {"pool ", "listed tag ", "selected tags "};
+        what << name(kind) << " (" << name(strategy) << ") the " << how[static_cast<int>(whole)];
+        for (size_t p : pools) what << pools_[p].tag << " ";
         note(what.str());
-        move_pools(kind, {pool}, strategy, whole);
+        move_pools(kind, pools, strategy, whole);
         break;
       }
       case 14: {
@@ -540,7 +553,7 @@ class Model {
         if (pick(2) == 0) {  // uvm.offload(device): one selection call
           what << name(kind) << " the device's selection (auto)";
           note(what.str());
-          move_selected(kind, nullptr, UVM_STRATEGY_AUTO);
+          move_selected(kind, {}, UVM_STRATEGY_AUTO);
           break;
         }
         // Every allocation uvm lists on it, in one call of their ranges.

@@ -44,6 +44,12 @@ std::unique_ptr<Releasable> releasable_tagged(const char* tag, int device, unsig
   return memory;
 }
 
+// One tag, as the selection calls take a list of them.
+struct Tags {
+  const char* tag;
+  const char* const* list() const { return &tag; }
+};
+
 std::string last_call(int device) {
   uvm_move_report report{};
   REQUIRE(uvm_last_move(device, &report) == UVM_OK);
@@ -58,7 +64,7 @@ TEST_CASE("a tag's allocations go off the device and come back whole; other tags
   auto mapped = releasable_tagged("weights", 0, 4);
   cudaStream_t stream = fake::make_stream();
   size_t bytes = 0;
-  REQUIRE(uvm_offload_selection(0, "weights", UVM_STRATEGY_STAGED, stream, &bytes) == UVM_OK);
+  REQUIRE(uvm_offload_selection(0, Tags{"weights"}.list(), 1, UVM_STRATEGY_STAGED, stream, &bytes) == UVM_OK);
   CHECK(bytes == 5 * kMiB);
   CHECK(residency(0, "weights").staged_bytes == 5 * kMiB);
   CHECK(residency(0, "weights").released_bytes == kMiB);
@@ -66,7 +72,7 @@ TEST_CASE("a tag's allocations go off the device and come back whole; other tags
   CHECK(cache.intact());
   for (const fake::Op& op : FakeMachine::ops_named(fake::OpKind::copy_to_host)) CHECK(op.ptr != cache.ptr);
 
-  REQUIRE(uvm_onload_selection(0, "weights", stream, &bytes) == UVM_OK);
+  REQUIRE(uvm_onload_selection(0, Tags{"weights"}.list(), 1, stream, &bytes) == UVM_OK);
   CHECK(bytes == 5 * kMiB);
   CHECK(weights.intact());
   CHECK(more_weights.intact());
@@ -77,6 +83,29 @@ TEST_CASE("a tag's allocations go off the device and come back whole; other tags
   CHECK(cudaPeekAtLastError() == cudaSuccess);
 }
 
+TEST_CASE("several tags move in one call, one move per device: untagged and unknown tags included",
+          "[selection][cuda13]") {
+  FakeMachine machine;
+  Tagged weights("weights", kMiB, 0, 20), cache("kv", 2 * kMiB, 0, 21), untagged(nullptr, kMiB, 0, 22),
+      other("other", kMiB, 0, 23);
+  const char* tags[] = {"weights", "kv", "", "never-used-tag"};
+  fake::reset_ops();
+  size_t bytes = 0;
+  REQUIRE(uvm_offload_selection(0, tags, 4, UVM_STRATEGY_STAGED, nullptr, &bytes) == UVM_OK);
+  CHECK(bytes == 4 * kMiB);
+  uvm_move_report report{};
+  REQUIRE(uvm_last_move(0, &report) == UVM_OK);
+  CHECK(report.bytes == 4 * kMiB);  // one move for all three tags
+  CHECK(residency(0, "other").device_bytes == kMiB);
+  CHECK(other.intact());
+  REQUIRE(uvm_onload_selection(0, tags, 3, nullptr, &bytes) == UVM_OK);
+  CHECK(bytes == 4 * kMiB);
+  CHECK(weights.intact());
+  CHECK(cache.intact());
+  CHECK(untagged.intact());
+  CHECK(residency(0).staged_bytes == 0);
+}
+
 TEST_CASE("every strategy moves a selection, and a discard drops only the selection", "[selection][cuda13]") {
   FakeMachine machine;
   test_disk_dir();
@@ -84,14 +113,14 @@ TEST_CASE("every strategy moves a selection, and a discard drops only the select
   for (uvm_strategy strategy :
        {UVM_STRATEGY_AUTO, UVM_STRATEGY_STAGED, UVM_STRATEGY_MIGRATE, UVM_STRATEGY_MMAP, UVM_STRATEGY_DISK}) {
     INFO("strategy " << static_cast<int>(strategy));
-    REQUIRE(uvm_offload_selection(0, "kept", strategy, nullptr, nullptr) == UVM_OK);
+    REQUIRE(uvm_offload_selection(0, Tags{"kept"}.list(), 1, strategy, nullptr, nullptr) == UVM_OK);
     CHECK(residency(0, "kept").host_bytes == kMiB);
-    REQUIRE(uvm_onload_selection(0, "kept", nullptr, nullptr) == UVM_OK);
+    REQUIRE(uvm_onload_selection(0, Tags{"kept"}.list(), 1, nullptr, nullptr) == UVM_OK);
     CHECK(kept.intact());
     CHECK(kept_copies(0, "kept").disk_files == 0);
   }
   size_t bytes = 0;
-  REQUIRE(uvm_discard_selection(0, "kept", nullptr, &bytes) == UVM_OK);
+  REQUIRE(uvm_discard_selection(0, Tags{"kept"}.list(), 1, nullptr, &bytes) == UVM_OK);
   CHECK(bytes == kMiB);
   CHECK(residency(0, "kept").discarded_bytes == kMiB);
   CHECK(neighbour.intact());
@@ -105,21 +134,21 @@ TEST_CASE("a device's selection moves that device's allocations, each device in 
   Tagged on0("layers", kMiB, 0, 7), on1("layers", 2 * kMiB, 1, 8), untagged(nullptr, kMiB, 1, 9);
   size_t bytes = 0;
   SECTION("one device, any tag") {
-    REQUIRE(uvm_offload_selection(1, nullptr, UVM_STRATEGY_AUTO, nullptr, &bytes) == UVM_OK);
+    REQUIRE(uvm_offload_selection(1, nullptr, 0, UVM_STRATEGY_AUTO, nullptr, &bytes) == UVM_OK);
     CHECK(bytes == 3 * kMiB);
     CHECK(residency(1).staged_bytes == 3 * kMiB);
     CHECK(residency(0).device_bytes == kMiB);
     CHECK(last_call(1) == "uvm_offload_selection");
   }
   SECTION("untagged only") {
-    REQUIRE(uvm_offload_selection(1, "", UVM_STRATEGY_AUTO, nullptr, &bytes) == UVM_OK);
+    REQUIRE(uvm_offload_selection(1, Tags{""}.list(), 1, UVM_STRATEGY_AUTO, nullptr, &bytes) == UVM_OK);
     CHECK(bytes == kMiB);
     CHECK(residency(1, "").staged_bytes == kMiB);
     CHECK(residency(1, "layers").device_bytes == 2 * kMiB);
   }
   SECTION("every device: one move each, in its context, on its own legacy stream") {
     fake::set_thread_context(2);  // the caller's context is neither device's
-    REQUIRE(uvm_offload_selection(UVM_ANY_DEVICE, "layers", UVM_STRATEGY_STAGED, nullptr, &bytes) == UVM_OK);
+    REQUIRE(uvm_offload_selection(UVM_ANY_DEVICE, Tags{"layers"}.list(), 1, UVM_STRATEGY_STAGED, nullptr, &bytes) == UVM_OK);
     CHECK(bytes == 3 * kMiB);
     const auto copies = FakeMachine::ops_named(fake::OpKind::copy_to_host);
     REQUIRE(copies.size() == 2);
@@ -127,10 +156,10 @@ TEST_CASE("a device's selection moves that device's allocations, each device in 
     CHECK(fake::current_context() == 2);  // given back
     CHECK(last_call(0) == "uvm_offload_selection");
     CHECK(last_call(1) == "uvm_offload_selection");
-    REQUIRE(uvm_onload_selection(UVM_ANY_DEVICE, "layers", cudaStreamPerThread, &bytes) == UVM_OK);
+    REQUIRE(uvm_onload_selection(UVM_ANY_DEVICE, Tags{"layers"}.list(), 1, cudaStreamPerThread, &bytes) == UVM_OK);
     CHECK(bytes == 3 * kMiB);
   }
-  REQUIRE(uvm_onload_selection(UVM_ANY_DEVICE, nullptr, nullptr, nullptr) == UVM_OK);
+  REQUIRE(uvm_onload_selection(UVM_ANY_DEVICE, nullptr, 0, nullptr, nullptr) == UVM_OK);
   CHECK(on0.intact());
   CHECK(on1.intact());
   CHECK(untagged.intact());
@@ -141,10 +170,10 @@ TEST_CASE("a selection of nothing does nothing and touches no device", "[selecti
   Tagged elsewhere("weights", kMiB, 0, 10);
   fake::reset_ops();
   size_t bytes = 99;
-  CHECK(uvm_offload_selection(UVM_ANY_DEVICE, "never-used-tag", UVM_STRATEGY_AUTO, nullptr, &bytes) == UVM_OK);
+  CHECK(uvm_offload_selection(UVM_ANY_DEVICE, Tags{"never-used-tag"}.list(), 1, UVM_STRATEGY_AUTO, nullptr, &bytes) == UVM_OK);
   CHECK(bytes == 0);
-  CHECK(uvm_onload_selection(1, "weights", nullptr, &bytes) == UVM_OK);  // none of it on device 1
-  CHECK(uvm_discard_selection(2, nullptr, nullptr, nullptr) == UVM_OK);
+  CHECK(uvm_onload_selection(1, Tags{"weights"}.list(), 1, nullptr, &bytes) == UVM_OK);  // none of it on device 1
+  CHECK(uvm_discard_selection(2, nullptr, 0, nullptr, nullptr) == UVM_OK);
   CHECK(fake::ops().empty());
   CHECK(elsewhere.intact());
 }
@@ -154,16 +183,21 @@ TEST_CASE("bad selection arguments are refused by name before anything moves", "
   Tagged weights("weights", kMiB, 0, 11);
   fake::reset_ops();
   const cudaStream_t stream = fake::make_stream();
-  CHECK(uvm_offload_selection(UVM_ANY_DEVICE, "weights", UVM_STRATEGY_AUTO, stream, nullptr) ==
+  CHECK(uvm_offload_selection(UVM_ANY_DEVICE, Tags{"weights"}.list(), 1, UVM_STRATEGY_AUTO, stream, nullptr) ==
         UVM_ERROR_INVALID_ARGUMENT);
-  CHECK_THAT(last_error(), Has("uvm_offload_selection(device=any, tag=\"weights\")"));
+  CHECK_THAT(last_error(), Has("uvm_offload_selection(device=any, tags=\"weights\")"));
   CHECK_THAT(last_error(), Has("belongs to one device"));
-  CHECK(uvm_onload_selection(7, nullptr, nullptr, nullptr) == UVM_ERROR_INVALID_ARGUMENT);
-  CHECK_THAT(last_error(), Has("uvm_onload_selection(device=7, tag=any)"));
+  CHECK(uvm_onload_selection(7, nullptr, 0, nullptr, nullptr) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Has("uvm_onload_selection(device=7, tags=any)"));
   size_t bytes = 5;
-  CHECK(uvm_offload_selection(0, "no-such-tag", static_cast<uvm_strategy>(9), nullptr, &bytes) ==
+  CHECK(uvm_offload_selection(0, Tags{"no-such-tag"}.list(), 1, static_cast<uvm_strategy>(9), nullptr, &bytes) ==
         UVM_ERROR_INVALID_ARGUMENT);
   CHECK_THAT(last_error(), Has("strategy 9 is not a uvm_strategy"));
+  CHECK(uvm_onload_selection(0, nullptr, 2, nullptr, nullptr) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Has("tags is NULL but tag_count is 2"));
+  const char* with_null[] = {"weights", nullptr};
+  CHECK(uvm_discard_selection(0, with_null, 2, nullptr, nullptr) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Has("uvm_discard_selection(device=0, tags=\"weights\", NULL)") && Has("tags[1] is NULL"));
   CHECK(bytes == 0);
   CHECK(fake::ops().empty());
   CHECK(weights.intact());
@@ -188,7 +222,7 @@ TEST_CASE("an offload of a tag takes no allocation made at a freed address while
   uvm_status offloaded = UVM_ERROR_CUDA;
   std::thread offloader([&] {
     fake::set_thread_context(0);
-    offloaded = uvm_offload_selection(0, "scratch", UVM_STRATEGY_STAGED, nullptr, nullptr);
+    offloaded = uvm_offload_selection(0, Tags{"scratch"}.list(), 1, UVM_STRATEGY_STAGED, nullptr, nullptr);
   });
   REQUIRE(fake::wait_until_held(5000));
   unsigned char* const address = freed->ptr;
@@ -201,7 +235,7 @@ TEST_CASE("an offload of a tag takes no allocation made at a freed address while
   CHECK(taken.intact());
   CHECK(residency(0, "weights").device_bytes == kSlot);
   CHECK(residency(0, "scratch").staged_bytes == kMiB);
-  REQUIRE(uvm_onload_selection(0, "scratch", nullptr, nullptr) == UVM_OK);
+  REQUIRE(uvm_onload_selection(0, Tags{"scratch"}.list(), 1, nullptr, nullptr) == UVM_OK);
   CHECK(stays.intact());
   CHECK(neighbour.intact());
 }

@@ -340,8 +340,11 @@ def _ctype(c_type: str, pointer_level: int = 0):
                "cudaStream_t": ctypes.c_void_p, "cudaEvent_t": ctypes.c_void_p}
     enums = set(re.findall(r"typedef enum (\w+)", _header()))
     base = c_type.replace("const", "").strip()
-    if base == "char" and pointer_level == 1:
-        return ctypes.c_char_p
+    if base == "char" and pointer_level >= 1:  # a string, or an array of them
+        found = ctypes.c_char_p
+        for _ in range(pointer_level - 1):
+            found = ctypes.POINTER(found)
+        return found
     if base == "void":
         return None if pointer_level == 0 else (ctypes.c_void_p if pointer_level == 1 else ctypes.POINTER(ctypes.c_void_p))
     found = ctypes.c_int if base in enums else scalars.get(base) or mirrors[base]

@@ -48,6 +48,12 @@ TEST_CASE("device 1's memory is handled in device 1's context only", "[multi_gpu
     REQUIRE(uvm_offload_ranges(&r, 1, strategy, nullptr) == UVM_OK);
     REQUIRE(uvm_onload_ranges(&r, 1, nullptr) == UVM_OK);
   }
+  // Every device's allocations in one call: only device 1 holds any, so only its context is used.
+  size_t moved = 0;
+  REQUIRE(uvm_offload_selection(UVM_ANY_DEVICE, nullptr, 0, UVM_STRATEGY_STAGED, nullptr, &moved) == UVM_OK);
+  CHECK(moved == size);
+  REQUIRE(uvm_onload_selection(UVM_ANY_DEVICE, nullptr, 0, nullptr, &moved) == UVM_OK);
+  CHECK(moved == size);
   uvm_residency residency{};
   REQUIRE(uvm_get_residency(1, nullptr, &residency) == UVM_OK);
   CHECK(residency.device_bytes == size);

@@ -43,10 +43,24 @@ for strategy in ("staged", "migrate"):
         torch.cuda.synchronize(i)
         assert torch.equal(t, torch.full_like(t, float(i + 1))), f"device {i} data changed ({strategy})"
 assert torch.cuda.current_device() == 0 and runtime_device() == 0, "offload changed the current device"
-# One call may not mix devices: each device's ranges go on a stream of that device.
+# A tag on both devices moves in one call, one move per device on that device's stream; the current
+# device is kept and both devices' moves are reported.
+tagged = []
+for i, pool in enumerate(pools):
+    with uvm.tag("both-devices"), torch.cuda.use_mem_pool(pool, device=i):
+        tagged.append(torch.full((16 * MiB // 4,), float(10 + i), device=f"cuda:{i}"))
+assert uvm.offload("both-devices") >= sum(t.numel() * 4 for t in tagged)
+assert sorted(move["device"] for move in uvm.last_move()) == list(range(count)), uvm.last_move()
+assert all(move["call"] == "uvm_offload_selection" for move in uvm.last_move())
+uvm.onload("both-devices")
+for i, t in enumerate(tagged):
+    torch.cuda.synchronize(i)
+    assert torch.equal(t, torch.full_like(t, float(10 + i))), f"device {i}: a tag's bytes changed"
+assert torch.cuda.current_device() == 0 and runtime_device() == 0, "a tag's move changed the current device"
+# One call of ranges may not mix devices: each device's ranges go on a stream of that device.
 lib_ranges = (uvm._lib.Range * 2)(uvm._lib.Range(tensors[0].data_ptr(), 4096), uvm._lib.Range(tensors[1].data_ptr(), 4096))
 assert lib.uvm_offload_ranges(lib_ranges, 2, 0, None) == uvm._lib.UVM_ERROR_INVALID_ARGUMENT
 message = lib.uvm_last_error().decode()
 # The devices are named in address order, which the driver picks.
 assert re.search(r"belong to devices [01] and [01]", message), message
-print(f"ok: {count} pools, one per device; current device kept; offload/onload per device")
+print(f"ok: {count} pools, one per device; current device kept; offload/onload per device and by tag")

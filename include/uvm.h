@@ -584,6 +584,12 @@ UVM_API uvm_status uvm_reserve_staging(size_t bytes);
  * an offload started in the background has ended too. */
 UVM_API uvm_status uvm_release_staging(void);
 
+/* uvm_release_staging's free of staging memory, started on a thread of uvm's: returns at once
+ * (unpinning and unmapping GiBs takes about 0.1 s that a caller need not wait for, e.g. a resume
+ * that gives its backups back). Bounce buffers are freed before it returns. A later
+ * uvm_release_staging waits for it; an offload meanwhile pins what it needs. */
+UVM_API uvm_status uvm_release_staging_async(void);
+
 /* ------------------------------------------------------------------------------------------------
  * Pause and resume — whole tags off the GPU and back, torch_memory_saver's model
  * ---------------------------------------------------------------------------------------------- */

@@ -291,15 +291,25 @@ void Staging::free_unused_in_background() {
     const bool any_to_free = std::any_of(blocks_.begin(), blocks_.end(), [](const auto& b) {
       return b->live == 0 || unused_step_bytes(*b) != 0;
     });
-    if (!any_to_free || freeing_in_background_) return;
+    if (!any_to_free) return;
+    if (freeing_in_background_) {  // the running thread frees once more: these blocks may have emptied after its look
+      free_again_ = true;
+      return;
+    }
     freeing_in_background_ = true;
   }
   // A failure keeps the block, as free_unused does; the next offload or uvm_release_staging tries again.
   std::thread([this] {
-    (void)free_unused_now(Call::of("uvm_offload_ranges (freeing staging left empty)"));
-    std::lock_guard<std::mutex> lock(mutex_);
-    freeing_in_background_ = false;
-    background_done_.notify_all();
+    for (;;) {
+      (void)free_unused_now(Call::of("uvm_release_staging (in the background)"));
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!free_again_) {
+        freeing_in_background_ = false;
+        background_done_.notify_all();
+        return;
+      }
+      free_again_ = false;
+    }
   }).detach();
 }
 
@@ -389,6 +399,14 @@ uvm_status uvm_release_staging(void) {
     const uvm_status staging = uvm::staging().free_unused(call);
     const uvm_status bounce = uvm::free_bounce_buffers(call);
     return staging != UVM_OK ? staging : bounce;
+  });
+}
+
+uvm_status uvm_release_staging_async(void) {
+  const uvm::Call call = uvm::Call::of("uvm_release_staging_async");
+  return uvm::guarded(call, [&] {
+    uvm::staging().free_unused_in_background();
+    return uvm::free_bounce_buffers(call);
   });
 }
 

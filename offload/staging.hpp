@@ -69,7 +69,8 @@ class Staging {
   // Keeps what is held near what is staged: after an offload, blocks that hold nothing (the set
   // offloaded shrank, so fewer blocks hold it) and the unused steps of a block bigger than the set
   // it now holds are freed on a thread of their own, since unpinning GiBs takes hundreds of ms.
-  // Starts nothing when there is nothing to free.
+  // Starts nothing when there is nothing to free; while a thread runs, it frees once more.
+  // uvm_release_staging_async is this.
   void free_unused_in_background();
 
   // Held by an offload from making room (ensure_capacity) until it has reserved it: the room is
@@ -125,6 +126,7 @@ class Staging {
   int room_claims_ = 0;                  // RoomClaims alive
   bool step_pinning_failed_ = false;     // then growth pins at once
   bool freeing_in_background_ = false;   // a free_unused_in_background thread runs
+  bool free_again_ = false;              // asked again while it ran: it frees once more
   std::condition_variable background_done_;
 };
 

@@ -143,6 +143,7 @@ SIGNATURES = {
     "uvm_get_staging_info": (_int, [ctypes.POINTER(StagingInfo)]),
     "uvm_reserve_staging": (_int, [_size]),
     "uvm_release_staging": (_int, []),
+    "uvm_release_staging_async": (_int, []),
     "uvm_pause": (_int, [_int, ctypes.c_char_p]),
     "uvm_resume": (_int, [_int, ctypes.c_char_p]),
     "uvm_paused_count": (_int, [_int, ctypes.c_char_p, ctypes.POINTER(_size)]),

@@ -200,3 +200,30 @@ TEST_CASE("release_staging does not take the room an offload made before the off
   CHECK(uvm_release_staging() == UVM_OK);
   CHECK(fake::pinned_blocks() == blocks_before);
 }
+
+TEST_CASE("uvm_release_staging_async returns while uvm's thread frees; a block emptied meanwhile goes too",
+          "[staging][threads]") {
+  FakeMachine machine;
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  uvm_staging_info info{};
+  REQUIRE(uvm_get_staging_info(&info) == UVM_OK);
+  const char* unpin = info.configured_kind == UVM_PINNED_HOST_ALLOC ? "cudaFreeHost" : "cudaHostUnregister";
+  REQUIRE(uvm_reserve_staging(kMiB) == UVM_OK);  // a block that holds nothing
+  REQUIRE(fake::pinned_blocks() == 1);
+  fake::hold_next(unpin);
+  // Returns with the free held in the driver on uvm's thread.
+  CHECK(finishes_in_time([] { CHECK(uvm_release_staging_async() == UVM_OK); }, [] {}));
+  REQUIRE(fake::wait_until_held(5000));
+  CHECK(fake::pinned_blocks() == 1);
+  REQUIRE(uvm_reserve_staging(2 * kMiB) == UVM_OK);  // a second empty block, made while the first is freed
+  CHECK(uvm_release_staging_async() == UVM_OK);      // asks the running thread for one more round
+  fake::release_held();
+  bool freed = false;
+  for (int i = 0; i < 500 && !freed; ++i) {  // without a uvm_release_staging, which would free it itself
+    freed = fake::pinned_blocks() == 0;
+    if (!freed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(freed);
+  CHECK(uvm_release_staging() == UVM_OK);  // waits for the thread, if it still ran
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+}

@@ -347,6 +347,15 @@ std::vector<AllocationView> Registry::select(const Selection& selection) const {
   return found;
 }
 
+std::vector<int> Registry::devices_of(const Selection& selection) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::set<int> devices;
+  for (const auto& [base, allocation] : allocations_) {
+    if (selected(allocation, selection)) devices.insert(allocation.device);
+  }
+  return std::vector<int>(devices.begin(), devices.end());
+}
+
 uvm_residency Registry::residency(const Selection& selection) const {
   std::lock_guard<std::mutex> lock(mutex_);
   uvm_residency total{};
@@ -381,9 +390,6 @@ Registry& registry() {
 }
 
 uvm_status select_arguments(const Call& call, int device, const char* tag, Selection* out) {
-  if (device != UVM_ANY_DEVICE) {
-    if (uvm_status s = check_device(call, device, false)) return s;
-  }
   return select_arguments(call, device, tag == nullptr ? nullptr : &tag, tag == nullptr ? 0 : 1, out);
 }
 

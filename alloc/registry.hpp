@@ -162,6 +162,8 @@ class Registry {
   bool find(const void* ptr, AllocationView* found) const;
   // The selected allocations, by address.
   std::vector<AllocationView> select(const Selection& selection) const;
+  // The devices holding selected allocations, in order.
+  std::vector<int> devices_of(const Selection& selection) const;
 
   // Where bytes are. Records that [begin, end) of the allocation at `base` moved (nothing if it
   // was freed meanwhile); returns the signed change in its host-resident bytes. Staged copies are

@@ -243,7 +243,9 @@ uvm_status copy_back_kept(const Call& call, int device, const std::vector<Staged
   return UVM_OK;
 }
 
-uvm_status onload(const Call& call, const MoveArgs& args, cudaStream_t stream, const OnloadMode& mode) {
+}  // namespace
+
+uvm_status onload_moves(const Call& call, const MoveArgs& args, cudaStream_t stream, const OnloadMode& mode) {
   MoveScope move;
   if (uvm_status s = begin_move(call, MoveKind::onload, args, stream, &move)) return s;
   if (move.ranges.empty()) return UVM_OK;
@@ -268,16 +270,10 @@ uvm_status onload(const Call& call, const MoveArgs& args, cudaStream_t stream, c
   return finish_move(set_last_moves(call, to_prefetch, stream), args, move);
 }
 
-}  // namespace
-
-uvm_status onload_moves(const Call& call, const MoveArgs& args, cudaStream_t stream, const OnloadMode& mode) {
-  return onload(call, args, stream, mode);
-}
-
 uvm_status onload_ranges(const uvm_range* ranges, size_t count, cudaStream_t stream, const OnloadMode& mode) {
   const Call call = Call::of(mode.name).with_count(count);
   MoveRecord record(call.name);
-  return record.done(guarded(call, [&] { return onload(call, MoveArgs::of(ranges, count), stream, mode); }));
+  return record.done(guarded(call, [&] { return onload_moves(call, MoveArgs::of(ranges, count), stream, mode); }));
 }
 
 }  // namespace uvm

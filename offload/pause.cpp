@@ -103,9 +103,7 @@ uvm_status for_each_device(const Call& call, int device, const char* tag, PerDev
   std::lock_guard<std::mutex> turn(pause_turns());
   Selection selection;
   if (uvm_status s = select_arguments(call, device, tag, &selection)) return s;
-  std::set<int> devices;
-  for (const AllocationView& found : registry().select(selection)) devices.insert(found.device);
-  for (int on : devices) {
+  for (int on : registry().devices_of(selection)) {
     Selection of_device = selection;
     of_device.device = on;
     if (uvm_status s = per_device(call, of_device)) return s;

@@ -2,7 +2,6 @@
 // by device and tags where the move begins (under the moves lock that uvm_free takes too), each
 // device's in one move. A caller that listed the allocations first and then moved their ranges
 // could move bytes at an address that another thread had freed and handed to another allocation.
-#include <set>
 #include <vector>
 
 #include "../alloc/registry.hpp"
@@ -18,14 +17,6 @@ namespace {
 // its context): the only ones a move of every device can take.
 bool names_no_device(cudaStream_t stream) {
   return stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread;
-}
-
-// The devices holding allocations of `selection`, in order. Read without the moves lock: it only
-// says which devices to begin a move on; each move selects again under the lock.
-std::vector<int> devices_of(const Selection& selection) {
-  std::set<int> devices;
-  for (const AllocationView& found : registry().select(selection)) devices.insert(found.device);
-  return std::vector<int>(devices.begin(), devices.end());
 }
 
 // Moves the selection of `device` and `tags`, one device at a time, each in its own context and
@@ -46,7 +37,8 @@ uvm_status move_selection(const char* name, int device, const char* const* tags,
                   "cudaStreamPerThread (each device's own), or move each device in a call of its own",
                   static_cast<void*>(stream));
     }
-    for (int on : devices_of(selection)) {
+    // Read without the moves lock: which devices to begin a move on; each move selects again under it.
+    for (int on : registry().devices_of(selection)) {
       Selection of_device = selection;
       of_device.device = on;
       size_t moved = 0;

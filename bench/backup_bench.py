@@ -5,6 +5,9 @@ bytes. Each backend runs in a child process of its own (each library keeps proce
 
     python bench/backup_bench.py --dir /var/tmp/uvm-bench --gib 4 --json out.json
 
+--ram-disk GIB (root) measures the disk backups on a faster disk than the device machine's virtual
+one (bench/ram_disk.py: a loop-mounted ext4 image in /dev/shm, standing in for a local NVMe drive).
+
 Memory is releasable device memory (not managed); it never exceeds --gib on the GPU."""
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+
+from ram_disk import ram_disk
 
 CHILD = r"""
 import json, os, sys, time, torch
@@ -120,26 +125,41 @@ def main() -> int:
                         "backups with (comma-separated)")
     parser.add_argument("--no-peer", action="store_true")
     parser.add_argument("--no-disk", action="store_true", help="CPU backups only (no dd, no disk runs)")
+    parser.add_argument("--disk-only", action="store_true", help="disk backups only (no CPU-backup runs)")
+    parser.add_argument("--ram-disk", type=float, metavar="GIB",
+                        help="measure on a loop-mounted ext4 image of GIB GiB in /dev/shm instead of --dir (root)")
     parser.add_argument("--rounds", type=int, default=1, help="times the CPU-backup runs take turns")
+    parser.add_argument("--variant", action="append", default=[], metavar="VAR=x[,VAR=y]",
+                        help="one more uvm disk run per round with this environment (repeatable)")
+    parser.add_argument("--disk-rounds", type=int, default=2, help="times the disk runs take turns")
     parser.add_argument("--json")
     args = parser.parse_args()
+    if args.ram_disk:
+        with ram_disk(args.ram_disk) as mount:
+            args.dir = mount
+            return run(args)
     os.makedirs(args.dir, mode=0o700, exist_ok=True)
-    report = {"versions": versions(), "gib": args.gib, "dir": args.dir,
+    return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    report = {"versions": versions(), "gib": args.gib, "dir": args.dir, "ram_disk_gib": args.ram_disk,
               "filesystem": subprocess.run(["stat", "-f", "-c", "%T", args.dir], capture_output=True,
                                            text=True).stdout.strip(),
               "disk": None if args.no_disk else disk_bandwidth(args.dir, args.gib),
               "pinned": child(PINNED, [str(args.gib)]), "runs": []}
     threads = args.threads.split(",")
     runs = []
-    for _ in range(args.rounds):
+    for _ in range(0 if args.disk_only else args.rounds):
         runs += [("uvm", backend, {}) for backend in ("default", "pinned")]
         runs += [("uvm", "mmap", {"UVM_BACKUP_THREADS": t}) for t in threads]
         if not args.no_peer:
             runs += [("torch_memory_saver", backend, {}) for backend in ("default", "pinned", "mmap")]
     # The disk's speed drifts over minutes (burst credits, the host's cache): uvm's and the peer's
-    # disk backups take turns, twice, and dd runs again after them.
-    for _ in range(0 if args.no_disk else 2):
+    # disk backups take turns, and dd runs again after them.
+    for _ in range(0 if args.no_disk else args.disk_rounds):
         runs += [("uvm", "disk", {"UVM_BACKUP_THREADS": t}) for t in threads]
+        runs += [("uvm", "disk", dict(pair.split("=", 1) for pair in v.split(","))) for v in args.variant]
         runs += [] if args.no_peer else [("torch_memory_saver", "disk", {})]
     for which, backend, env in runs:
         work = tempfile.mkdtemp(dir=args.dir)
@@ -152,7 +172,8 @@ def main() -> int:
     limit_out = pinned["bytes"] / min(pinned["d2h_s"]) / 1e9 if "bytes" in pinned else None
     limit_in = pinned["bytes"] / min(pinned["h2d_s"]) / 1e9 if "bytes" in pinned else None
     disk = report["disk"]
-    print(f"device: {report['versions']}; {args.gib} GiB in 64 MiB tensors; dir {args.dir} ({report['filesystem']})")
+    where = f"a RAM-backed loop disk of {args.ram_disk} GiB" if args.ram_disk else "the machine's disk"
+    print(f"device: {report['versions']}; {args.gib} GiB in 64 MiB tensors; dir {args.dir} ({report['filesystem']}, {where})")
     after = report["disk_after"]
     if disk:
         print(f"disk (dd, O_DIRECT, 16 MiB): write {disk['write_gbps']:.2f} GB/s, read {disk['read_gbps']:.2f} GB/s "
@@ -172,10 +193,41 @@ def main() -> int:
         grown = (run["rss_after"][-1] - run["rss_start"]) / (1 << 20)
         print(f"| {run['which']} | {run['backend']} | {run['env'] or ''} | {pause:.2f} | {resume:.2f} | "
               f"{pause / out_limit:.2f} | {resume / in_limit:.2f} | {grown:.0f} | {run['intact']} |")
+    disk_summary(report)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
     return 0
+
+
+def disk_summary(report: dict) -> None:
+    """uvm's disk backup against the peer's over every cycle of every round: single cycles on a
+    drifting disk say little, so the medians of all of them and the rounds each side won."""
+    cycles: dict[str, dict[str, list[float]]] = {}
+    rounds: dict[str, list[float]] = {}
+    for run in report["runs"]:
+        default = run["env"] == ({"UVM_BACKUP_THREADS": "auto"} if run["which"] == "uvm" else {})
+        if run["backend"] != "disk" or "error" in run or not default:
+            continue
+        mine = cycles.setdefault(run["which"], {"pause": [], "resume": []})
+        for phase in ("pause", "resume"):
+            mine[phase] += [run["bytes"] / seconds / 1e9 for seconds in run[f"{phase}_s"]]
+        rounds.setdefault(run["which"], []).append(run["resume_gbps"])
+    if set(cycles) != {"uvm", "torch_memory_saver"}:
+        return
+    summary = {}
+    for phase in ("pause", "resume"):
+        ours, theirs = (statistics.median(cycles[w][phase]) for w in ("uvm", "torch_memory_saver"))
+        summary[phase] = dict(uvm_gbps=ours, peer_gbps=theirs, ratio=ours / theirs,
+                              uvm_cycles=cycles["uvm"][phase], peer_cycles=cycles["torch_memory_saver"][phase])
+        print(f"disk {phase}, every cycle: uvm median {ours:.2f} GB/s "
+              f"({min(cycles['uvm'][phase]):.2f}-{max(cycles['uvm'][phase]):.2f}), torch_memory_saver {theirs:.2f} "
+              f"({min(cycles['torch_memory_saver'][phase]):.2f}-{max(cycles['torch_memory_saver'][phase]):.2f}): "
+              f"{ours / theirs:.2f}x")
+    won = sum(a > b for a, b in zip(rounds["uvm"], rounds["torch_memory_saver"]))
+    summary["resume_rounds_won"] = [won, len(rounds["uvm"])]
+    print(f"disk resume: uvm's median ahead in {won} of {len(rounds['uvm'])} rounds")
+    report["disk_summary"] = summary
 
 
 if __name__ == "__main__":

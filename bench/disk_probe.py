@@ -10,6 +10,8 @@ where writable), in rounds so that the disk's drift touches every way alike:
   buffered T×M + seq   T threads, buffered, the file advised POSIX_FADV_SEQUENTIAL
   willneed T×M  the whole file advised POSIX_FADV_WILLNEED first, then T threads read it buffered
 
+--ram-disk GIB probes a loop-mounted ext4 image in /dev/shm instead of --dir (bench/ram_disk.py).
+
 Prints GB/s per way and round, and the median; --json writes them. Needs no GPU.
 """
 from __future__ import annotations
@@ -21,6 +23,8 @@ import os
 import statistics
 import threading
 import time
+
+from ram_disk import ram_disk
 
 MiB = 1 << 20
 
@@ -101,6 +105,8 @@ def read_threads(path: str, size: int, threads: int, request: int, direct: bool,
 
 
 WAYS = {
+    "direct 1x64": dict(threads=1, request=64 * MiB, direct=True, advice=None, willneed=False),
+    "direct 2x64": dict(threads=2, request=64 * MiB, direct=True, advice=None, willneed=False),
     "direct 1x16": dict(threads=1, request=16 * MiB, direct=True, advice=None, willneed=False),
     "direct 8x16 (uvm)": dict(threads=8, request=16 * MiB, direct=True, advice=None, willneed=False),
     "direct 16x16": dict(threads=16, request=16 * MiB, direct=True, advice=None, willneed=False),
@@ -121,9 +127,19 @@ def main() -> None:
     parser.add_argument("--dir", default="/var/tmp/uvm-disk-probe")
     parser.add_argument("--gib", type=float, default=4.0)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--ram-disk", type=float, metavar="GIB", help="probe a RAM-backed loop disk of GIB GiB (root)")
     parser.add_argument("--json")
     args = parser.parse_args()
-    os.makedirs(args.dir, exist_ok=True)
+    if args.ram_disk:
+        with ram_disk(args.ram_disk) as mount:
+            args.dir = mount
+            probe(args)
+    else:
+        os.makedirs(args.dir, exist_ok=True)
+        probe(args)
+
+
+def probe(args: argparse.Namespace) -> None:
     path = os.path.join(args.dir, "probe.bin")
     size = int(args.gib * (1 << 30))
     results: dict[str, list[float]] = {"write direct 1x64": [write_file(path, size)]}
@@ -140,7 +156,7 @@ def main() -> None:
         print(f"{name:24s} {statistics.median(values):11.2f}  {' '.join(f'{v:.2f}' for v in values)}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"gib": args.gib, "dir": args.dir, "results": results}, f, indent=1)
+            json.dump({"gib": args.gib, "dir": args.dir, "ram_disk_gib": args.ram_disk, "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 // How fast can pinned host memory be had? Times, side by side in one run, the ways to get N GiB of
 // page-locked memory a GPU copies into at full speed, and the copy speed into each:
 //   cudaHostAlloc, cudaMallocHost, and mmap + fault-in (1 or T threads, 4 KiB or transparent huge
-//   pages) + cudaHostRegister; then how long each takes to give back.
+//   pages) + cudaHostRegister, and a memory pool of the host's NUMA node (the driver allocating and
+//   pinning the pages itself, CUDA 12.2+); then how long each takes to give back.
 // Plain C++ against cudart, no kernel (arguments: GiB, threads):
 //   g++ -O2 -std=c++17 bench/pinned_probe.cpp -I$CUDA_HOME/include -L$CUDA_HOME/lib64 -lcudart
 //       -lpthread -o pinned_probe && ./pinned_probe 4 8
@@ -211,7 +212,44 @@ int main(int argc, char** argv) {
     check(cudaHostUnregister(p), "cudaHostUnregister");
     munmap(p, bytes);
   };
+  // Host memory the driver allocates and pins itself: a pool located on the device's host NUMA node,
+  // accessible by the device, that gives everything back when trimmed.
+  int numa = 0;
+  if (cudaDeviceGetAttribute(&numa, cudaDevAttrHostNumaId, 0) != cudaSuccess || numa < 0) {
+    cudaGetLastError();
+    numa = 0;
+  }
+  cudaMemPool_t host_pool = nullptr;
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeHostNuma;
+  props.location.id = numa;
+  if (cudaMemPoolCreate(&host_pool, &props) == cudaSuccess) {
+    cudaMemAccessDesc access{};
+    access.location.type = cudaMemLocationTypeDevice;
+    access.location.id = 0;
+    access.flags = cudaMemAccessFlagsProtReadWrite;
+    check(cudaMemPoolSetAccess(host_pool, &access, 1), "cudaMemPoolSetAccess");
+  } else {
+    std::fprintf(stderr, "cudaMemPoolCreate(host NUMA %d): %s\n", numa, cudaGetErrorName(cudaGetLastError()));
+    host_pool = nullptr;
+  }
+  auto from_host_pool = [&]() -> void* {
+    void* p = nullptr;
+    if (host_pool == nullptr || cudaMallocFromPoolAsync(&p, bytes, host_pool, stream) != cudaSuccess ||
+        cudaStreamSynchronize(stream) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    return p;
+  };
+  auto to_host_pool = [&](void* p) {
+    check(cudaFreeAsync(p, stream), "cudaFreeAsync");
+    check(cudaMemPoolTrimTo(host_pool, 0), "cudaMemPoolTrimTo");
+    check(cudaStreamSynchronize(stream), "sync");
+  };
   std::vector<Result> results;
+  constexpr size_t kWays = 8;
   for (int round = 0; round < 2; ++round) {  // the first round also pays first-touch costs of the driver
     results.push_back(measure("cudaHostAlloc(Portable)", bytes, device, stream, [&]() -> void* {
       void* p = nullptr;
@@ -228,6 +266,8 @@ int main(int argc, char** argv) {
     results.push_back(measure("mmap + THP + register (driver faults in)", bytes, device, stream, registered(true, 0), unregister));
     results.push_back(measure("mmap + THP + " + std::to_string(threads) + " threads fault in + register", bytes, device,
                               stream, registered(true, threads), unregister));
+    results.push_back(measure("pool on host NUMA node " + std::to_string(numa) + " (driver allocates)", bytes, device,
+                              stream, from_host_pool, to_host_pool));
   }
   cudaDeviceProp prop{};
   check(cudaGetDeviceProperties(&prop, 0), "props");
@@ -246,10 +286,10 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     if (!r.ok) {
-      std::printf("| %zu | %s | failed | | | | |\n", i / 7 + 1, r.name.c_str());
+      std::printf("| %zu | %s | failed | | | | |\n", i / kWays + 1, r.name.c_str());
       continue;
     }
-    std::printf("| %zu | %s | %.3f | %.1f | %.3f | %.1f | %.1f |\n", i / 7 + 1, r.name.c_str(), r.get_s,
+    std::printf("| %zu | %s | %.3f | %.1f | %.3f | %.1f | %.1f |\n", i / kWays + 1, r.name.c_str(), r.get_s,
                 gib / r.get_s, r.free_s, r.d2h_gbps, r.h2d_gbps);
   }
   return 0;

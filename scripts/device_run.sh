@@ -20,7 +20,8 @@
 #   PEERS=1                      runs torch_memory_saver's examples on uvm.memory_saver
 #                                (tests/peers/run_tms_examples.sh) and the Megatron-Core harness
 #   BACKUP_BENCH=1               runs bench/backup_bench.py (BACKUP_DIR, BACKUP_GIB, BACKUP_THREADS,
-#                                BACKUP_ARGS: more arguments, e.g. "--no-disk --rounds 2")
+#                                BACKUP_ARGS: more arguments, e.g. "--no-disk --rounds 2" or
+#                                "--ram-disk 12 --disk-only --disk-rounds 4": a RAM-backed loop disk)
 #   RL_BENCH=1                   runs the sleep/wake cycle benchmark (python -m uvm bench rl);
 #                                RL_ALSO="VAR=x;VAR=y" runs it again with each environment
 #   BEFORE=DIR                   also benchmarks the uvm tree in DIR (an older commit's files,

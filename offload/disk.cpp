@@ -20,6 +20,7 @@
 #include <set>
 
 #include "../alloc/options.hpp"
+#include "closer.hpp"
 
 namespace uvm {
 namespace {
@@ -212,7 +213,12 @@ uvm_status BackupFile::create(const Call& call, uint64_t bytes, std::shared_ptr<
     }
     return fail_errno(call, error, "creating a disk backup file in %s", dir.c_str());
   }
-  if (int error = posix_fallocate(file->fd_, 0, static_cast<off_t>(bytes))) {
+  int error = posix_fallocate(file->fd_, 0, static_cast<off_t>(bytes));
+  if (error == ENOSPC) {  // files removed just before may still be giving their blocks back
+    wait_for_closed_files();
+    error = posix_fallocate(file->fd_, 0, static_cast<off_t>(bytes));
+  }
+  if (error != 0) {
     if (error != EOPNOTSUPP && error != EINVAL) {
       return fail_errno(call, error, "allocating %llu bytes for %s", static_cast<unsigned long long>(bytes),
                         file->path_.c_str());
@@ -226,15 +232,24 @@ uvm_status BackupFile::create(const Call& call, uint64_t bytes, std::shared_ptr<
 }
 
 BackupFile::~BackupFile() {
-  if (fd_ >= 0) close(fd_);
-  if (!path_.empty()) unlink(path_.c_str());
+  if (path_.empty()) {
+    if (fd_ >= 0) close(fd_);
+    return;
+  }
+  // The name goes now; the blocks go with the last descriptor, closed on uvm's closing thread
+  // (closer.hpp: freeing them here cost a second of a 4 GiB resume). With none to be had, the
+  // unlink frees them here, as it always did.
+  const int holding = fd_ >= 0 ? fd_ : open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  unlink(path_.c_str());
+  if (holding >= 0) close_in_background(holding);
 }
 
 uvm_status BackupFile::seal(const Call& call) {
   // Through the page cache, the bytes would hold host memory until written back: write them back
   // and drop them. With O_DIRECT nothing is cached; the file is not kept across a crash, so it
   // needs no flush for durability.
-  if (!direct_) {
+  static const bool experiment_flush = std::getenv("UVM_EXPERIMENT_FLUSH") != nullptr;
+  if (!direct_ || experiment_flush) {
     if (fdatasync(fd_) != 0) return fail_errno(call, errno, "writing %s back to the disk", path_.c_str());
     posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);
   }

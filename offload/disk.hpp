@@ -1,6 +1,8 @@
 // Disk backups: the directory offloaded bytes are written to, and the files that hold them. One
 // file per allocation an offload moves, created owner-only, removed with the last staged piece
-// holding it (onloaded, discarded or freed), so a file never outlives the bytes it describes.
+// holding it (onloaded, discarded or freed), so a file never outlives the bytes it describes. Its
+// name goes at once; its blocks are given back on uvm's closing thread (closer.hpp), which a disk
+// offload that finds the disk full waits for before it fails.
 //
 // A process killed while paused cannot remove its files; the next process that uses the directory
 // does. Each process holds an exclusive lock on uvm-<pid>.lock there while it lives (the kernel
@@ -37,7 +39,7 @@ class BackupFile {
   // A new file of `bytes` (a multiple of kDiskAlign) in the backup directory, its blocks allocated
   // up front so that a full disk fails here and not half-way through the copies.
   static uvm_status create(const Call& call, uint64_t bytes, std::shared_ptr<BackupFile>* out);
-  ~BackupFile();  // removes the file
+  ~BackupFile();  // removes the name now and gives the blocks back on uvm's closing thread
   BackupFile(const BackupFile&) = delete;
   BackupFile& operator=(const BackupFile&) = delete;
 

@@ -21,6 +21,7 @@
 #include <fstream>
 #include <thread>
 
+#include "../../offload/closer.hpp"
 #include "fixture.hpp"
 
 namespace {
@@ -438,6 +439,52 @@ TEST_CASE("UVM_DISK_BACKUP_DIR names the directory until a call sets another", "
   CHECK(backup_files(from_env).empty());
 }
 
+TEST_CASE("a removed file's descriptor closes on uvm's closing thread; past 64 waiting, and in a fork's child, at once",
+          "[spill][disk]") {
+  auto open_removed = [] {
+    char name[] = "uvm-closer-test-XXXXXX";
+    const int fd = mkstemp(name);
+    REQUIRE(fd >= 0);
+    REQUIRE(unlink(name) == 0);
+    return fd;
+  };
+  auto is_open = [](int fd) { return fcntl(fd, F_GETFD) != -1; };
+  uvm::hold_closing_for_test(true);
+  std::vector<int> fds;
+  for (int i = 0; i < 65; ++i) fds.push_back(open_removed());
+  for (int fd : fds) uvm::close_in_background(fd);
+  for (int i = 0; i < 64; ++i) CHECK(is_open(fds[i]));  // waiting on the held thread
+  CHECK_FALSE(is_open(fds[64]));                          // the 65th: closed by its caller
+
+  SECTION("the thread closes them all, and waiting returns after") {
+    uvm::hold_closing_for_test(false);
+    uvm::wait_for_closed_files();
+    for (int i = 0; i < 64; ++i) CHECK_FALSE(is_open(fds[i]));
+  }
+  SECTION("a child made by fork closes its copies itself and closes new ones on a thread of its own") {
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      for (int i = 0; i < 64; ++i) {
+        if (is_open(fds[i])) _exit(1);  // the parent's thread does not run here
+      }
+      uvm::hold_closing_for_test(false);
+      const int fd = open_removed();
+      uvm::close_in_background(fd);
+      uvm::wait_for_closed_files();
+      _exit(is_open(fd) ? 2 : 0);
+    }
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    for (int i = 0; i < 64; ++i) CHECK(is_open(fds[i]));  // the parent's stay held
+    uvm::hold_closing_for_test(false);
+    uvm::wait_for_closed_files();
+    for (int i = 0; i < 64; ++i) CHECK_FALSE(is_open(fds[i]));
+  }
+}
+
 // Run by tests/offload/small_fs.sh (meson test offload-small-fs) with env UVM_TEST_SMALL_FS naming
 // a directory on a small file system of its own: the disk really fills (ENOSPC from the kernel, not
 // a stand-in), part-way through a run of offloads and within one call.
@@ -468,6 +515,7 @@ TEST_CASE("a full disk fails the offload and the pause by name; bytes stay on th
     CHECK(too_big.intact());
     CHECK(backup_files(dir).empty());
     CHECK(kept_copies().disk_bytes == 0);
+    uvm::wait_for_closed_files();  // the names went at once, the blocks on uvm's closing thread
     CHECK(free_bytes() == free_before);
     CHECK(cudaPeekAtLastError() == cudaSuccess);
   }
@@ -500,8 +548,33 @@ TEST_CASE("a full disk fails the offload and the pause by name; bytes stay on th
     }
     for (const auto& memory : made) CHECK(memory->intact());
     CHECK(backup_files(dir).empty());
+    uvm::wait_for_closed_files();  // the names went at once, the blocks on uvm's closing thread
     CHECK(free_bytes() == free_before);
     CHECK(fake::mapped_reservations() == mapped_before + made.size());
+  }
+
+  SECTION("an offload right after an onload waits for the blocks of the files the onload removed") {
+    const size_t each = free_before * 3 / 5 / 4096 * 4096;  // two copies cannot be on the disk at once
+    Releasable first(each, 0, 5), second(each, 0, 6);
+    const uvm_range a = first.whole(), b = second.whole();
+    REQUIRE(uvm_offload_ranges(&a, 1, UVM_STRATEGY_DISK, nullptr) == UVM_OK);
+    uvm::hold_closing_for_test(true);
+    REQUIRE(uvm_onload_ranges(&a, 1, nullptr) == UVM_OK);
+    CHECK(first.intact());
+    CHECK(backup_files(dir).empty());     // the name went at once
+    CHECK(free_bytes() < free_before);    // the blocks are still held
+    std::thread let_go([] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      uvm::hold_closing_for_test(false);
+    });
+    const uvm_status offloaded = uvm_offload_ranges(&b, 1, UVM_STRATEGY_DISK, nullptr);
+    let_go.join();
+    INFO(last_error());
+    CHECK(offloaded == UVM_OK);  // it waited for the closing thread instead of failing with ENOSPC
+    REQUIRE(uvm_onload_ranges(&b, 1, nullptr) == UVM_OK);
+    CHECK(second.intact());
+    uvm::wait_for_closed_files();
+    CHECK(free_bytes() == free_before);
   }
 
   SECTION("a pause to a full disk fails naming the directory and leaves every allocation unpaused") {
@@ -520,6 +593,7 @@ TEST_CASE("a full disk fails the offload and the pause by name; bytes stay on th
     CHECK(first.intact());
     CHECK(second.intact());
     CHECK(backup_files(dir).empty());
+    uvm::wait_for_closed_files();  // the names went at once, the blocks on uvm's closing thread
     CHECK(free_bytes() == free_before);
   }
 }

@@ -248,8 +248,7 @@ uvm_status BackupFile::seal(const Call& call) {
   // Through the page cache, the bytes would hold host memory until written back: write them back
   // and drop them. With O_DIRECT nothing is cached; the file is not kept across a crash, so it
   // needs no flush for durability.
-  static const bool experiment_flush = std::getenv("UVM_EXPERIMENT_FLUSH") != nullptr;
-  if (!direct_ || experiment_flush) {
+  if (!direct_) {
     if (fdatasync(fd_) != 0) return fail_errno(call, errno, "writing %s back to the disk", path_.c_str());
     posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);
   }

@@ -1,8 +1,10 @@
 #include "closer.hpp"
 
 #include <pthread.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <condition_variable>
 #include <cstddef>
@@ -15,8 +17,15 @@ namespace uvm {
 namespace {
 
 // A 4 GiB model in 64 MiB tensors removes 64 files at once; more than this many waiting are
-// closed by their caller.
+// closed by their caller, and no more than a sixteenth of the process's descriptor limit (64 of
+// the default 1,024), so that waiting descriptors never starve the moves that need new ones.
 constexpr size_t kMaxWaiting = 64;
+
+size_t most_waiting() {
+  struct rlimit limit {};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return kMaxWaiting;
+  return std::min<size_t>(kMaxWaiting, static_cast<size_t>(limit.rlim_cur) / 16);
+}
 
 struct Closer {
   std::mutex mutex;
@@ -71,7 +80,7 @@ void close_in_background(int fd) noexcept {
   Closer& state = closer();
   {
     std::lock_guard<std::mutex> lock(state.mutex);
-    if (state.count < kMaxWaiting) {
+    if (state.count < most_waiting()) {
       state.waiting[state.count++] = fd;
       if (state.running) return;
       try {

@@ -9,8 +9,8 @@
 namespace uvm {
 
 // Takes `fd`, a descriptor of a file whose name is already gone, and closes it on uvm's closing
-// thread; closes it here instead when many wait already (descriptors are a limited resource: 1,024
-// a process by default) or no thread can be started. Never throws.
+// thread; closes it here instead when many wait already (64, or a sixteenth of the process's
+// descriptor limit if that is less) or no thread can be started. Never throws.
 void close_in_background(int fd) noexcept;
 
 // Returns once every descriptor handed to close_in_background is closed: their blocks are free.

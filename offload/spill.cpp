@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -214,8 +215,10 @@ struct Targets {
   std::vector<std::shared_ptr<BackupFile>> files;
 };
 
-uvm_status make_targets(const Call& call, const CopyLayout& layout, Kept kept, Targets* out) {
-  for (uint64_t bytes : layout.target_bytes) {
+// Makes the targets [first, end) of `layout`, appended to `out` (which holds those before).
+uvm_status make_targets(const Call& call, const CopyLayout& layout, size_t first, size_t end, Kept kept, Targets* out) {
+  for (size_t target = first; target < end; ++target) {
+    const uint64_t bytes = layout.target_bytes[target];
     if (kept == Kept::pageable) {
       out->mappings.emplace_back();
       if (uvm_status s = map_pageable(call, bytes, &out->mappings.back())) return s;
@@ -225,6 +228,26 @@ uvm_status make_targets(const Call& call, const CopyLayout& layout, Kept kept, T
     }
   }
   return UVM_OK;
+}
+
+// How many backup files a move holds open at once. An open file takes a descriptor (from its
+// creation until sealed, and while it is read back), a process may hold no more than its limit
+// (1,024 by default), and a model may have thousands of tensors, each with a file of its own: a
+// quarter of the limit, at most 256, the rest left to the caller.
+size_t files_at_once() {
+  constexpr size_t kMost = 256;
+  struct rlimit limit {};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return kMost;
+  return std::clamp<size_t>(static_cast<size_t>(limit.rlim_cur) / 4, 1, kMost);
+}
+
+// The items of `items` whose targets lie in [first, end).
+std::vector<SpillItem> items_of(const std::vector<SpillItem>& items, size_t first, size_t end) {
+  std::vector<SpillItem> found;
+  for (const SpillItem& item : items) {
+    if (item.target >= first && item.target < end) found.push_back(item);
+  }
+  return found;
 }
 
 }  // namespace
@@ -243,9 +266,8 @@ uvm_status spill_out(const Call& call, int device, cudaStream_t stream, const st
   }
   const CopyLayout layout = lay_out_copies(spans, allocations, align);
   HostPhase phase(Phase::write);
-  Targets targets;
-  if (uvm_status s = make_targets(call, layout, kept, &targets)) return s;  // what was made goes with `targets`
-  const std::vector<SpillBatch> batches = plan_spill(layout.items, kBounceBytes, align);
+  Targets targets;  // what was made goes with it on a failure: no mapping or file is left
+  std::vector<SpillBatch> batches;  // of the group of targets being written
   auto write_batch = [&](const Call& c, cudaStream_t stream, char* buffer, size_t index) {
     const SpillBatch& batch = batches[index];
     for (const SpillChunk& chunk : batch.chunks) {
@@ -272,9 +294,17 @@ uvm_status spill_out(const Call& call, int device, cudaStream_t stream, const st
     });
   };
   const SpillWork work = kept == Kept::pageable ? SpillWork::memory : SpillWork::disk_write;
-  if (uvm_status s = run_workers(call, device, batches.size(), work, write_batch)) return s;
-  for (const std::shared_ptr<BackupFile>& file : targets.files) {
-    if (uvm_status s = file->seal(call)) return s;
+  // Files a group at a time: each is open from its creation until sealed (files_at_once).
+  const size_t targets_count = layout.target_bytes.size();
+  const size_t group = kept == Kept::disk ? files_at_once() : targets_count;
+  for (size_t first = 0; first < targets_count; first += group) {
+    const size_t end = std::min(first + group, targets_count);
+    if (uvm_status s = make_targets(call, layout, first, end, kept, &targets)) return s;
+    batches = plan_spill(items_of(layout.items, first, end), kBounceBytes, align);
+    if (uvm_status s = run_workers(call, device, batches.size(), work, write_batch)) return s;
+    for (size_t target = first; target < end && kept == Kept::disk; ++target) {
+      if (uvm_status s = targets.files[target]->seal(call)) return s;
+    }
   }
   phase.finish(total);
   out->clear();
@@ -297,15 +327,13 @@ uvm_status spill_out(const Call& call, int device, cudaStream_t stream, const st
 uvm_status spill_in(const Call& call, int device, cudaStream_t stream, const std::vector<StagedPiece>& pieces,
                     const std::vector<bool>& managed) {
   if (uvm_status s = wait_for_caller(call, stream)) return s;
-  // Disk pieces read their files (opened and checked here, before anything moves); pageable
-  // pieces read their own host bytes, each its own target at offset 0.
-  std::vector<const BackupFile*> files;
-  std::vector<int> fds;
-  auto close_all = [&] {
-    for (int fd : fds) close(fd);
-  };
-  std::vector<SpillItem> in_memory, on_disk;  // planned apart: only file I/O is widened to kDiskAlign
-  std::vector<size_t> memory_piece, disk_piece;
+  // Disk pieces read their files; pageable pieces read their own host bytes, each its own target
+  // at offset 0. Every file is checked before anything moves, then read a group at a time
+  // (files_at_once): a changed file fails the onload with nothing moved.
+  std::vector<const BackupFile*> files;         // each file once, in the order first met
+  std::vector<size_t> file_of(pieces.size());   // a disk piece's index in `files`
+  std::vector<SpillItem> in_memory;             // planned apart: only file I/O is widened to kDiskAlign
+  std::vector<size_t> memory_piece;
   size_t total = 0;
   for (size_t i = 0; i < pieces.size(); ++i) {
     const StagedPiece& piece = pieces[i];
@@ -318,30 +346,24 @@ uvm_status spill_in(const Call& call, int device, cudaStream_t stream, const std
     auto known = std::find(files.begin(), files.end(), piece.file.get());
     if (known == files.end()) {
       int fd = -1;
-      if (uvm_status s = piece.file->open_unchanged(call, &fd)) {
-        close_all();
-        return s;
-      }
+      if (uvm_status s = piece.file->open_unchanged(call, &fd)) return s;
+      close(fd);
       files.push_back(piece.file.get());
-      fds.push_back(fd);
       known = files.end() - 1;
     }
-    disk_piece.push_back(i);
-    on_disk.push_back(SpillItem{piece.span, static_cast<size_t>(known - files.begin()), piece.file_offset});
+    file_of[i] = static_cast<size_t>(known - files.begin());
   }
-  // Apart: memory copies on many threads with small buffers, then file reads on a few with big ones.
-  const std::vector<SpillBatch> memory_batches = plan_spill(in_memory, buffer_bytes(SpillWork::memory), 1);
-  const std::vector<SpillBatch> disk_batches = plan_spill(on_disk, buffer_bytes(SpillWork::disk_read), kDiskAlign);
   HostPhase phase(Phase::read);
   std::atomic<uint64_t> prefetches{0};
-  auto read_batch = [&](const Call& c, cudaStream_t stream, char* buffer, const SpillBatch& batch, bool from_disk) {
-    const std::vector<size_t>& piece_of = from_disk ? disk_piece : memory_piece;
+  // `piece_of` maps the batch's items to pieces; a disk batch's targets index `fds`.
+  auto read_batch = [&](const Call& c, cudaStream_t stream, char* buffer, const SpillBatch& batch,
+                        const std::vector<size_t>& piece_of, const std::vector<int>* fds, size_t first_file) {
     uvm_status read = each_io_run(batch, [&](const SpillChunk& first, size_t bounce, uint64_t io_begin, size_t bytes) {
-      if (!from_disk) {
+      if (fds == nullptr) {
         std::memcpy(buffer + bounce, pieces[first.target].host + io_begin, bytes);
         return UVM_OK;
       }
-      return read_file(c, *files[first.target], fds[first.target], buffer + bounce, bytes, io_begin);
+      return read_file(c, *files[first_file + first.target], (*fds)[first.target], buffer + bounce, bytes, io_begin);
     });
     if (read != UVM_OK) return read;
     for (const SpillChunk& chunk : batch.chunks) {
@@ -366,17 +388,37 @@ uvm_status spill_in(const Call& call, int device, cudaStream_t stream, const std
     if (cudaError_t e = cudaStreamSynchronize(stream)) return fail_cuda(c, e, "cudaStreamSynchronize (copies from a bounce buffer)");
     return UVM_OK;
   };
+  // Apart: memory copies on many threads with small buffers, then file reads on a few with big ones.
+  const std::vector<SpillBatch> memory_batches = plan_spill(in_memory, buffer_bytes(SpillWork::memory), 1);
   uvm_status status = run_workers(call, device, memory_batches.size(), SpillWork::memory,
                                   [&](const Call& c, cudaStream_t stream, char* buffer, size_t index) {
-                                    return read_batch(c, stream, buffer, memory_batches[index], false);
+                                    return read_batch(c, stream, buffer, memory_batches[index], memory_piece, nullptr, 0);
                                   });
-  if (status == UVM_OK) {
-    status = run_workers(call, device, disk_batches.size(), SpillWork::disk_read,
-                         [&](const Call& c, cudaStream_t stream, char* buffer, size_t index) {
-                           return read_batch(c, stream, buffer, disk_batches[index], true);
-                         });
+  const size_t group = files_at_once();
+  for (size_t first = 0; status == UVM_OK && first < files.size(); first += group) {
+    const size_t end = std::min(first + group, files.size());
+    std::vector<int> fds;
+    for (size_t f = first; f < end && status == UVM_OK; ++f) {
+      fds.push_back(-1);
+      status = files[f]->open_unchanged(call, &fds.back());
+      if (status != UVM_OK) fds.pop_back();
+    }
+    std::vector<SpillItem> on_disk;
+    std::vector<size_t> disk_piece;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      if (pieces[i].kept != Kept::disk || file_of[i] < first || file_of[i] >= end) continue;
+      disk_piece.push_back(i);
+      on_disk.push_back(SpillItem{pieces[i].span, file_of[i] - first, pieces[i].file_offset});
+    }
+    if (status == UVM_OK) {
+      const std::vector<SpillBatch> batches = plan_spill(on_disk, buffer_bytes(SpillWork::disk_read), kDiskAlign);
+      status = run_workers(call, device, batches.size(), SpillWork::disk_read,
+                           [&](const Call& c, cudaStream_t stream, char* buffer, size_t index) {
+                             return read_batch(c, stream, buffer, batches[index], disk_piece, &fds, first);
+                           });
+    }
+    for (int fd : fds) close(fd);
   }
-  close_all();
   record_prefetch_calls(device, prefetches);
   if (status == UVM_OK) phase.finish(total);
   return status;

@@ -381,6 +381,38 @@ TEST_CASE("threads moving their own allocations to disk and mmap at once lose no
   CHECK(backup_files(test_disk_dir()).empty());
 }
 
+// A process may hold no more descriptors than its limit (1,024 by default), and a model may have
+// more tensors than that, each with a file of its own.
+TEST_CASE("a disk onload of more files than the process may hold open at once brings every byte back",
+          "[spill][disk][cuda13]") {
+  test_disk_dir();
+  FakeMachine machine;
+  struct rlimit before {};
+  REQUIRE(getrlimit(RLIMIT_NOFILE, &before) == 0);
+  struct rlimit lowered = before;
+  lowered.rlim_cur = 64;
+  REQUIRE(setrlimit(RLIMIT_NOFILE, &lowered) == 0);
+  std::vector<std::unique_ptr<Releasable>> memory;
+  std::vector<uvm_range> ranges;
+  for (unsigned i = 0; i < 150; ++i) {
+    memory.push_back(std::make_unique<Releasable>(64 * 1024 + i * 4096, 0, i));
+    ranges.push_back(memory.back()->whole());
+  }
+  const uvm_status offloaded = uvm_offload_ranges(ranges.data(), ranges.size(), UVM_STRATEGY_DISK, nullptr);
+  const std::string offload_error = last_error();
+  const uvm_status onloaded = uvm_onload_ranges(ranges.data(), ranges.size(), nullptr);
+  const std::string onload_error = last_error();
+  REQUIRE(setrlimit(RLIMIT_NOFILE, &before) == 0);
+  INFO(offload_error << " / " << onload_error);
+  CHECK(offloaded == UVM_OK);
+  CHECK(onloaded == UVM_OK);
+  size_t wrong = 0;
+  for (const auto& each : memory) wrong += each->intact() ? 0 : 1;
+  CHECK(wrong == 0);
+  if (onloaded != UVM_OK) REQUIRE(uvm_onload_ranges(ranges.data(), ranges.size(), nullptr) == UVM_OK);
+  CHECK(backup_files(test_disk_dir()).size() == 0);
+}
+
 TEST_CASE("strategies outside the enum, and managed memory uvm did not allocate, are refused", "[spill][cuda13]") {
   test_disk_dir();
   FakeMachine machine;
@@ -439,7 +471,7 @@ TEST_CASE("UVM_DISK_BACKUP_DIR names the directory until a call sets another", "
   CHECK(backup_files(from_env).empty());
 }
 
-TEST_CASE("a removed file's descriptor closes on uvm's closing thread; past 64 waiting, and in a fork's child, at once",
+TEST_CASE("a removed file's descriptor closes on uvm's closing thread; past the most that may wait, and in a fork's child, at once",
           "[spill][disk]") {
   auto open_removed = [] {
     char name[] = "uvm-closer-test-XXXXXX";
@@ -449,23 +481,27 @@ TEST_CASE("a removed file's descriptor closes on uvm's closing thread; past 64 w
     return fd;
   };
   auto is_open = [](int fd) { return fcntl(fd, F_GETFD) != -1; };
+  struct rlimit limit {};
+  REQUIRE(getrlimit(RLIMIT_NOFILE, &limit) == 0);  // at most 64 wait, and a sixteenth of the limit
+  const size_t most = limit.rlim_cur == RLIM_INFINITY ? 64 : std::min<size_t>(64, limit.rlim_cur / 16);
+  REQUIRE(most > 0);
   uvm::hold_closing_for_test(true);
   std::vector<int> fds;
-  for (int i = 0; i < 65; ++i) fds.push_back(open_removed());
+  for (size_t i = 0; i <= most; ++i) fds.push_back(open_removed());
   for (int fd : fds) uvm::close_in_background(fd);
-  for (int i = 0; i < 64; ++i) CHECK(is_open(fds[i]));  // waiting on the held thread
-  CHECK_FALSE(is_open(fds[64]));                          // the 65th: closed by its caller
+  for (size_t i = 0; i < most; ++i) CHECK(is_open(fds[i]));  // waiting on the held thread
+  CHECK_FALSE(is_open(fds[most]));                             // one more: closed by its caller
 
   SECTION("the thread closes them all, and waiting returns after") {
     uvm::hold_closing_for_test(false);
     uvm::wait_for_closed_files();
-    for (int i = 0; i < 64; ++i) CHECK_FALSE(is_open(fds[i]));
+    for (size_t i = 0; i < most; ++i) CHECK_FALSE(is_open(fds[i]));
   }
   SECTION("a child made by fork closes its copies itself and closes new ones on a thread of its own") {
     const pid_t child = fork();
     REQUIRE(child >= 0);
     if (child == 0) {
-      for (int i = 0; i < 64; ++i) {
+      for (size_t i = 0; i < most; ++i) {
         if (is_open(fds[i])) _exit(1);  // the parent's thread does not run here
       }
       uvm::hold_closing_for_test(false);
@@ -478,10 +514,10 @@ TEST_CASE("a removed file's descriptor closes on uvm's closing thread; past 64 w
     REQUIRE(waitpid(child, &status, 0) == child);
     CHECK(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 0);
-    for (int i = 0; i < 64; ++i) CHECK(is_open(fds[i]));  // the parent's stay held
+    for (size_t i = 0; i < most; ++i) CHECK(is_open(fds[i]));  // the parent's stay held
     uvm::hold_closing_for_test(false);
     uvm::wait_for_closed_files();
-    for (int i = 0; i < 64; ++i) CHECK_FALSE(is_open(fds[i]));
+    for (size_t i = 0; i < most; ++i) CHECK_FALSE(is_open(fds[i]));
   }
 }
 

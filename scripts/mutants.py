@@ -25,6 +25,14 @@ MUTANTS = [
   "offload_tests", "[plan]"),
  ("offload/onload.cpp", "    registry().unstage(w.piece.span.begin, w.piece.span.end, retain);\n", "",
   "offload_tests", "[spill]"),
+ # Disk moves of more allocations than descriptors (every file open at once, writing or reading);
+ # the closing thread's waiting descriptors left open in a fork's child.
+ ("offload/spill.cpp", "  const size_t group = kept == Kept::disk ? files_at_once() : targets_count;",
+  "  const size_t group = targets_count;", "offload_tests", "[spill]"),
+ ("offload/spill.cpp", "  const size_t group = files_at_once();\n  for (size_t first = 0; status",
+  "  const size_t group = files.size() + 1;\n  for (size_t first = 0; status", "offload_tests", "[spill]"),
+ ("offload/closer.cpp", "                     for (size_t i = 0; i < child.count; ++i) close(child.waiting[i]);\n", "",
+  "offload_tests", "[spill]"),
  # Retained copies (retain_cpu_backup): one that outlives the block it was of; a resume that keeps
  # nothing; a pause that writes elsewhere than the retained copy; a free that leaves the pinned
  # staging its copies held.

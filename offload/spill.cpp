@@ -331,6 +331,7 @@ uvm_status spill_in(const Call& call, int device, cudaStream_t stream, const std
   // at offset 0. Every file is checked before anything moves, then read a group at a time
   // (files_at_once): a changed file fails the onload with nothing moved.
   std::vector<const BackupFile*> files;         // each file once, in the order first met
+  std::map<const BackupFile*, size_t> index_of;  // its index there
   std::vector<size_t> file_of(pieces.size());   // a disk piece's index in `files`
   std::vector<SpillItem> in_memory;             // planned apart: only file I/O is widened to kDiskAlign
   std::vector<size_t> memory_piece;
@@ -343,15 +344,15 @@ uvm_status spill_in(const Call& call, int device, cudaStream_t stream, const std
       in_memory.push_back(SpillItem{piece.span, i, 0});
       continue;
     }
-    auto known = std::find(files.begin(), files.end(), piece.file.get());
-    if (known == files.end()) {
+    auto known = index_of.find(piece.file.get());
+    if (known == index_of.end()) {
       int fd = -1;
       if (uvm_status s = piece.file->open_unchanged(call, &fd)) return s;
       close(fd);
+      known = index_of.emplace(piece.file.get(), files.size()).first;
       files.push_back(piece.file.get());
-      known = files.end() - 1;
     }
-    file_of[i] = static_cast<size_t>(known - files.begin());
+    file_of[i] = known->second;
   }
   HostPhase phase(Phase::read);
   std::atomic<uint64_t> prefetches{0};

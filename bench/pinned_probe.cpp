@@ -249,8 +249,8 @@ int main(int argc, char** argv) {
     check(cudaStreamSynchronize(stream), "sync");
   };
   std::vector<Result> results;
-  constexpr size_t kWays = 8;
-  for (int round = 0; round < 2; ++round) {  // the first round also pays first-touch costs of the driver
+  constexpr size_t kRounds = 2;
+  for (size_t round = 0; round < kRounds; ++round) {  // the first round also pays first-touch costs of the driver
     results.push_back(measure("cudaHostAlloc(Portable)", bytes, device, stream, [&]() -> void* {
       void* p = nullptr;
       return cudaHostAlloc(&p, bytes, cudaHostAllocPortable) == cudaSuccess ? p : nullptr;
@@ -283,13 +283,14 @@ int main(int argc, char** argv) {
   }
   std::printf("%s, driver %d, runtime %d, %zu GiB, THP: %s\n", prop.name, driver, runtime, gib, thp_mode);
   std::printf("| round | how | get (s) | GiB/s to get | free (s) | D2H GB/s | H2D GB/s |\n|---|---|---|---|---|---|---|\n");
+  const size_t per_round = results.size() / kRounds;
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     if (!r.ok) {
-      std::printf("| %zu | %s | failed | | | | |\n", i / kWays + 1, r.name.c_str());
+      std::printf("| %zu | %s | failed | | | | |\n", i / per_round + 1, r.name.c_str());
       continue;
     }
-    std::printf("| %zu | %s | %.3f | %.1f | %.3f | %.1f | %.1f |\n", i / kWays + 1, r.name.c_str(), r.get_s,
+    std::printf("| %zu | %s | %.3f | %.1f | %.3f | %.1f | %.1f |\n", i / per_round + 1, r.name.c_str(), r.get_s,
                 gib / r.get_s, r.free_s, r.d2h_gbps, r.h2d_gbps);
   }
   return 0;

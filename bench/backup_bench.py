@@ -26,7 +26,7 @@ from ram_disk import ram_disk
 
 CHILD = r"""
 import json, os, sys, time, torch
-which, backend, gib, cycles, disk_dir, gap = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), sys.argv[5], float(sys.argv[6])
+which, backend, gib, cycles, disk_dir, gap, awake = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), sys.argv[5], float(sys.argv[6]), float(sys.argv[7])
 if which == "uvm":
     from uvm.memory_saver import torch_memory_saver as saver
 else:
@@ -50,6 +50,8 @@ nbytes = count * tensor_bytes
 rss_start = rss()
 pauses, resumes, rss_paused, rss_after = [], [], [], []
 for cycle in range(cycles):
+    if cycle:
+        time.sleep(awake)  # the rollouts between a resume and the next pause: freed blocks settle (not timed)
     torch.cuda.synchronize()
     t0 = time.perf_counter(); saver.pause("bench"); torch.cuda.synchronize(); pauses.append(time.perf_counter() - t0)
     rss_paused.append(rss())
@@ -133,6 +135,8 @@ def main() -> int:
                         help="one more uvm disk run per round with this environment (repeatable)")
     parser.add_argument("--gap", type=float, default=0.0, metavar="S",
                         help="seconds between each pause and its resume, not timed (a training step's length)")
+    parser.add_argument("--awake", type=float, default=0.0, metavar="S",
+                        help="seconds between each resume and the next pause, not timed (the rollouts' length)")
     parser.add_argument("--disk-rounds", type=int, default=2, help="times the disk runs take turns")
     parser.add_argument("--json")
     args = parser.parse_args()
@@ -145,7 +149,7 @@ def main() -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    report = {"versions": versions(), "gib": args.gib, "dir": args.dir, "ram_disk_gib": args.ram_disk, "gap_s": args.gap,
+    report = {"versions": versions(), "gib": args.gib, "dir": args.dir, "ram_disk_gib": args.ram_disk, "gap_s": args.gap, "awake_s": args.awake,
               "filesystem": subprocess.run(["stat", "-f", "-c", "%T", args.dir], capture_output=True,
                                            text=True).stdout.strip(),
               "disk": None if args.no_disk else disk_bandwidth(args.dir, args.gib),
@@ -165,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
         runs += [] if args.no_peer else [("torch_memory_saver", "disk", {})]
     for which, backend, env in runs:
         work = tempfile.mkdtemp(dir=args.dir)
-        result = child(CHILD, [which, backend, str(args.gib), str(args.cycles), work, str(args.gap)], env)
+        result = child(CHILD, [which, backend, str(args.gib), str(args.cycles), work, str(args.gap), str(args.awake)], env)
         shutil.rmtree(work, ignore_errors=True)
         result.update(which=which, backend=backend, env=env)
         report["runs"].append(result)
@@ -175,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
     limit_in = pinned["bytes"] / min(pinned["h2d_s"]) / 1e9 if "bytes" in pinned else None
     disk = report["disk"]
     where = f"a RAM-backed loop disk of {args.ram_disk} GiB" if args.ram_disk else "the machine's disk"
-    print(f"device: {report['versions']}; {args.gib} GiB in 64 MiB tensors; {args.gap} s between pause and resume; dir {args.dir} ({report['filesystem']}, {where})")
+    print(f"device: {report['versions']}; {args.gib} GiB in 64 MiB tensors; {args.gap} s between pause and resume, {args.awake} s awake before the next pause; dir {args.dir} ({report['filesystem']}, {where})")
     after = report["disk_after"]
     if disk:
         print(f"disk (dd, O_DIRECT, 16 MiB): write {disk['write_gbps']:.2f} GB/s, read {disk['read_gbps']:.2f} GB/s "

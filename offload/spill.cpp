@@ -234,7 +234,10 @@ uvm_status make_targets(const Call& call, const CopyLayout& layout, size_t first
 // creation until sealed, and while it is read back), a process may hold no more than its limit
 // (1,024 by default), and a model may have thousands of tensors, each with a file of its own: a
 // quarter of the limit, at most 256, the rest left to the caller.
+std::atomic<size_t> files_at_once_for_test{0};
+
 size_t files_at_once() {
+  if (const size_t most = files_at_once_for_test.load()) return most;
   constexpr size_t kMost = 256;
   struct rlimit limit {};
   if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return kMost;
@@ -424,6 +427,8 @@ uvm_status spill_in(const Call& call, int device, cudaStream_t stream, const std
   if (status == UVM_OK) phase.finish(total);
   return status;
 }
+
+void set_files_at_once_for_test(size_t most) { files_at_once_for_test = most; }
 
 uvm_status free_bounce_buffers(const Call& call) {
   std::vector<PinnedMemory> unused;  // blocks none of whose buffers is in use

@@ -34,6 +34,11 @@ uvm_status spill_out(const Call& call, int device, cudaStream_t stream, const st
 uvm_status spill_in(const Call& call, int device, cudaStream_t stream, const std::vector<StagedPiece>& pieces,
                     const std::vector<bool>& managed);
 
+// Tests only: a move makes, writes and reads no more than `most` backup files at once (0, the
+// default: a quarter of the descriptor limit, at most 256), so that moves of a few files run in
+// several groups.
+void set_files_at_once_for_test(size_t most);
+
 // Frees the bounce buffers not in use (uvm_release_staging): each block of them whose buffers are
 // all idle; the next spill pins what it lacks again, as one block.
 uvm_status free_bounce_buffers(const Call& call);

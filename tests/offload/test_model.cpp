@@ -8,6 +8,7 @@
 // the device must hold exactly its bytes.
 //
 // UVM_MODEL_SEQUENCES (default 2000) sets how many sequences run; UVM_MODEL_SEED=N replays one.
+// UVM_MODEL_FILES_AT_ONCE=N: disk moves make, write and read N files at a time.
 // A failure prints its seed and the steps that led to it.
 #include <atomic>
 #include <cstdio>
@@ -19,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "../../offload/spill.hpp"
 #include "fixture.hpp"
 
 namespace {
@@ -714,6 +716,14 @@ long env_number(const char* name, long fallback) {
   return text && *text ? std::strtol(text, nullptr, 10) : fallback;
 }
 
+// Sets how many backup files a move holds at once while it lives (0: the library's rule).
+struct FilesAtOnce {
+  explicit FilesAtOnce(size_t most) { uvm::set_files_at_once_for_test(most); }
+  ~FilesAtOnce() { uvm::set_files_at_once_for_test(0); }
+  FilesAtOnce(const FilesAtOnce&) = delete;
+  FilesAtOnce& operator=(const FilesAtOnce&) = delete;
+};
+
 // After a sequence (all of its models torn down) no byte may stay staged; every `every` sequences
 // (and after the last) release_staging must also leave no pinned memory. Not after each: pinning
 // the staging memory again costs more than a sequence.
@@ -734,6 +744,9 @@ TEST_CASE("random sequences of allocation, reuse and moves keep every tensor's b
   const long sequences = replay >= 0 ? 1 : env_number("UVM_MODEL_SEQUENCES", 2000);
   FakeMachine machine;
   test_disk_dir();
+  // A model's disk moves have a few files each: UVM_MODEL_FILES_AT_ONCE=1 moves them one file at
+  // a time, as a move of more files than a quarter of the descriptor limit would go.
+  const FilesAtOnce files_at_once(static_cast<size_t>(env_number("UVM_MODEL_FILES_AT_ONCE", 0)));
   size_t retained = 0, dropped = 0;
   for (long n = 0; n < sequences; ++n) {
     const uint64_t seed = replay >= 0 ? static_cast<uint64_t>(replay) : static_cast<uint64_t>(n);

@@ -64,6 +64,13 @@ inline uvm_residency residency(int device = 0, const char* tag = nullptr) {
   return r;
 }
 
+// A byte that depends on every bit of its position `i` and on `seed`: bytes moved to another place
+// show, at any distance (a pattern of `i` alone repeats every 256 bytes, so that bytes a multiple of
+// 256 from where they belong, such as a bounce buffer's slice or batch read twice, looked right).
+inline unsigned char pattern_byte(size_t i, unsigned seed) {
+  return static_cast<unsigned char>((uint64_t{i} * 0x9E3779B97F4A7C15ull + uint64_t{seed} * 0xD1B54A32D192ED03ull) >> 56);
+}
+
 // A releasable allocation (uvm_malloc_releasable) filled with a pattern that depends on `seed` and
 // each byte's position, so that a test can tell which bytes survived a move.
 struct Releasable {
@@ -73,7 +80,7 @@ struct Releasable {
     fill();
   }
   ~Releasable() { uvm_free(ptr, size, device, nullptr); }
-  unsigned char expected(size_t i) const { return static_cast<unsigned char>(i * 13 + seed); }
+  unsigned char expected(size_t i) const { return pattern_byte(i, seed); }
   void fill() {
     for (size_t i = 0; i < size; ++i) ptr[i] = expected(i);
   }

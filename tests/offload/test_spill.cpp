@@ -38,7 +38,7 @@ struct Managed {
     for (size_t i = 0; i < size; ++i) ptr[i] = expected(i);
   }
   ~Managed() { uvm_free(ptr, size, 0, nullptr); }
-  unsigned char expected(size_t i) const { return static_cast<unsigned char>(i * 29 + seed); }
+  unsigned char expected(size_t i) const { return pattern_byte(i, seed); }
   // The first byte in [from, to) that does not hold the pattern, or -1.
   long first_wrong(size_t from, size_t to) const {
     for (size_t i = from; i < to; ++i) {

@@ -59,8 +59,9 @@ for cycle in range(cycles):
     t1 = time.perf_counter(); saver.resume("bench"); torch.cuda.synchronize(); resumes.append(time.perf_counter() - t1)
     rss_after.append(rss())
 ok = all(int(t[0]) == i % 251 and int(t[-1]) == i % 251 for i, t in enumerate(tensors))
+time.sleep(2)  # uvm gives pinned backups back on its own thread after a resume: RSS once settled
 print(json.dumps(dict(bytes=nbytes, pause_s=pauses, resume_s=resumes, rss_start=rss_start,
-                      rss_paused=rss_paused, rss_after=rss_after, intact=ok)), flush=True)
+                      rss_paused=rss_paused, rss_after=rss_after, rss_settled=rss(), intact=ok)), flush=True)
 # torch_memory_saver in hook_mode "torch" aborts on a free outside a region ("only support
 # interesting region"): the tensors go inside one, and the process ends without a teardown.
 with saver.region(tag="bench", **options):
@@ -132,7 +133,7 @@ def main() -> int:
                         help="measure on a loop-mounted ext4 image of GIB GiB in /dev/shm instead of --dir (root)")
     parser.add_argument("--rounds", type=int, default=1, help="times the CPU-backup runs take turns")
     parser.add_argument("--variant", action="append", default=[], metavar="VAR=x[,VAR=y]",
-                        help="one more uvm disk run per round with this environment (repeatable)")
+                        help="one more run of each uvm backup per round with this environment (repeatable)")
     parser.add_argument("--gap", type=float, default=0.0, metavar="S",
                         help="seconds between each pause and its resume, not timed (a training step's length)")
     parser.add_argument("--awake", type=float, default=0.0, metavar="S",
@@ -148,6 +149,11 @@ def main() -> int:
     return run(args)
 
 
+def variant_env(variant: str) -> dict[str, str]:
+    """--variant's "VAR=x,VAR=y" as an environment."""
+    return dict(pair.split("=", 1) for pair in variant.split(","))
+
+
 def run(args: argparse.Namespace) -> int:
     report = {"versions": versions(), "gib": args.gib, "dir": args.dir, "ram_disk_gib": args.ram_disk, "gap_s": args.gap, "awake_s": args.awake,
               "filesystem": subprocess.run(["stat", "-f", "-c", "%T", args.dir], capture_output=True,
@@ -159,13 +165,14 @@ def run(args: argparse.Namespace) -> int:
     for _ in range(0 if args.disk_only else args.rounds):
         runs += [("uvm", backend, {}) for backend in ("default", "pinned")]
         runs += [("uvm", "mmap", {"UVM_BACKUP_THREADS": t}) for t in threads]
+        runs += [("uvm", backend, variant_env(v)) for v in args.variant for backend in ("default", "pinned", "mmap")]
         if not args.no_peer:
             runs += [("torch_memory_saver", backend, {}) for backend in ("default", "pinned", "mmap")]
     # The disk's speed drifts over minutes (burst credits, the host's cache): uvm's and the peer's
     # disk backups take turns, and dd runs again after them.
     for _ in range(0 if args.no_disk else args.disk_rounds):
         runs += [("uvm", "disk", {"UVM_BACKUP_THREADS": t}) for t in threads]
-        runs += [("uvm", "disk", dict(pair.split("=", 1) for pair in v.split(","))) for v in args.variant]
+        runs += [("uvm", "disk", variant_env(v)) for v in args.variant]
         runs += [] if args.no_peer else [("torch_memory_saver", "disk", {})]
     for which, backend, env in runs:
         work = tempfile.mkdtemp(dir=args.dir)
@@ -185,8 +192,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"disk (dd, O_DIRECT, 16 MiB): write {disk['write_gbps']:.2f} GB/s, read {disk['read_gbps']:.2f} GB/s "
               f"(after the runs: {after['write_gbps']:.2f}, {after['read_gbps']:.2f})")
     print(f"pinned cudaMemcpy: D2H {limit_out:.1f} GB/s, H2D {limit_in:.1f} GB/s")
-    print("| library | backup | env | pause GB/s | resume GB/s | pause / limit | resume / limit | RSS after resume − before (MiB) | intact |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| library | backup | env | pause GB/s | resume GB/s | pause / limit | resume / limit | RSS after resume − before (MiB) | 2 s later | intact |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for run in report["runs"]:
         if "error" in run:
             print(f"| {run['which']} | {run['backend']} | {run['env']} | error: {run['error'][-200:]!r} |")
@@ -197,13 +204,42 @@ def run(args: argparse.Namespace) -> int:
         in_limit = disk["read_gbps"] if run["backend"] == "disk" else limit_in
         run.update(pause_gbps=pause, resume_gbps=resume, pause_fraction=pause / out_limit, resume_fraction=resume / in_limit)
         grown = (run["rss_after"][-1] - run["rss_start"]) / (1 << 20)
+        settled = (run["rss_settled"] - run["rss_start"]) / (1 << 20)
         print(f"| {run['which']} | {run['backend']} | {run['env'] or ''} | {pause:.2f} | {resume:.2f} | "
-              f"{pause / out_limit:.2f} | {resume / in_limit:.2f} | {grown:.0f} | {run['intact']} |")
+              f"{pause / out_limit:.2f} | {resume / in_limit:.2f} | {grown:.0f} | {settled:.0f} | {run['intact']} |")
+    mmap_summary(report)
     disk_summary(report)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
     return 0
+
+
+def mmap_summary(report: dict) -> None:
+    """uvm's mmap backup against its pinned one (the goal: within 10 %), over every cycle of every
+    round and round by round (the k-th mmap run against the k-th pinned run), for the default runs
+    and each --variant's (against the pinned runs of the same variant)."""
+    def per_cycle(run: dict, phase: str) -> list[float]:
+        return [run["bytes"] / seconds / 1e9 for seconds in run[f"{phase}_s"]]
+    def variant(run: dict) -> str:  # UVM_BACKUP_THREADS alone is the default runs' own setting
+        return json.dumps({k: v for k, v in run["env"].items() if k != "UVM_BACKUP_THREADS"}, sort_keys=True)
+    ok = [r for r in report["runs"] if r["which"] == "uvm" and "error" not in r]
+    report["mmap_summary"] = {}
+    for kind in sorted({variant(r) for r in ok if r["backend"] == "mmap"}):
+        mmap = [r for r in ok if r["backend"] == "mmap" and variant(r) == kind]
+        pinned = [r for r in ok if r["backend"] == "pinned" and variant(r) == kind]
+        if not pinned:
+            continue
+        summary = {}
+        for phase in ("pause", "resume"):
+            ours = statistics.median(x for r in mmap for x in per_cycle(r, phase))
+            theirs = statistics.median(x for r in pinned for x in per_cycle(r, phase))
+            by_round = [statistics.median(per_cycle(m, phase)) / statistics.median(per_cycle(p, phase))
+                        for m, p in zip(mmap, pinned)]
+            summary[phase] = dict(mmap_gbps=ours, pinned_gbps=theirs, ratio=ours / theirs, by_round=by_round)
+            print(f"mmap {phase} {kind}, every cycle: {ours:.2f} GB/s against pinned {theirs:.2f}: "
+                  f"{ours / theirs:.2f} (by round: {', '.join(f'{x:.2f}' for x in by_round)})")
+        report["mmap_summary"][kind] = summary
 
 
 def disk_summary(report: dict) -> None:

@@ -230,12 +230,12 @@ uvm_status make_targets(const Call& call, const CopyLayout& layout, size_t first
   return UVM_OK;
 }
 
+std::atomic<size_t> files_at_once_for_test{0};  // set_files_at_once_for_test's, 0 when unset
+
 // How many backup files a move holds open at once. An open file takes a descriptor (from its
 // creation until sealed, and while it is read back), a process may hold no more than its limit
 // (1,024 by default), and a model may have thousands of tensors, each with a file of its own: a
-// quarter of the limit, at most 256, the rest left to the caller.
-std::atomic<size_t> files_at_once_for_test{0};
-
+// quarter of the limit, at most 256, the rest left to the caller (or what a test set instead).
 size_t files_at_once() {
   if (const size_t most = files_at_once_for_test.load()) return most;
   constexpr size_t kMost = 256;

@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "../../offload/closer.hpp"
+#include "../../offload/spill.hpp"
 #include "fixture.hpp"
 
 namespace {
@@ -553,6 +554,31 @@ TEST_CASE("a full disk fails the offload and the pause by name; bytes stay on th
     CHECK(backup_files(dir).empty());
     CHECK(kept_copies().disk_bytes == 0);
     uvm::wait_for_closed_files();  // the names went at once, the blocks on uvm's closing thread
+    CHECK(free_bytes() == free_before);
+    CHECK(cudaPeekAtLastError() == cudaSuccess);
+  }
+
+  SECTION("one call whose files are made a few at a time fills the disk in a later group: nothing moves, no file") {
+    // Groups of 3 files (as a move of thousands of allocations goes): the first groups are
+    // written and sealed before a later one finds the disk full.
+    constexpr size_t kEach = 2 * kMiB;
+    std::vector<std::unique_ptr<Releasable>> made;
+    std::vector<uvm_range> ranges;
+    for (size_t i = 0; i < free_before / kEach + 2; ++i) {
+      made.push_back(std::make_unique<Releasable>(kEach, 0, 40 + i));
+      ranges.push_back(made.back()->whole());
+    }
+    const size_t mapped = fake::mapped_reservations();
+    uvm::set_files_at_once_for_test(3);
+    const uvm_status status = uvm_offload_ranges(ranges.data(), ranges.size(), UVM_STRATEGY_DISK, nullptr);
+    uvm::set_files_at_once_for_test(0);
+    CHECK(status == UVM_ERROR_IO);
+    CHECK_THAT(last_error(), Has(dir) && Has("(ENOSPC)"));
+    CHECK(fake::mapped_reservations() == mapped);  // nothing released
+    for (const auto& memory : made) CHECK(memory->intact());
+    CHECK(backup_files(dir).empty());  // the groups written before go too
+    CHECK(kept_copies().disk_bytes == 0);
+    uvm::wait_for_closed_files();
     CHECK(free_bytes() == free_before);
     CHECK(cudaPeekAtLastError() == cudaSuccess);
   }

@@ -68,8 +68,8 @@ MUTANTS = [
   "return allocation.host.total() + allocation.discarded.total() > 0;", "hints_tests", "[release]"),
  ("offload/offload.cpp", "  return release_emptied(call, move.ranges, stream, done);", "  return UVM_OK;", "hints_tests", "[release]"),
  ("offload/onload.cpp", "    if (!managed) {\n      if (uvm_status s = restore_one(call, allocation)) return s;\n    }\n", "", "hints_tests", "[release]"),
- ("offload/onload.cpp", "  if (move.ranges.empty()) return UVM_OK;\n  std::vector<StagedWork> staged;",
-  "  if (move.ranges.empty()) return UVM_OK;\n  if (uvm_status s = restore_released(call, move.ranges)) return s;\n  std::vector<StagedWork> staged;",
+ ("offload/onload.cpp", "  if (move.ranges.empty()) return UVM_OK;\n  std::vector<StagedWork> all_staged, staged, kept;",
+  "  if (move.ranges.empty()) return UVM_OK;\n  if (uvm_status s = restore_released(call, move.ranges)) return s;\n  std::vector<StagedWork> all_staged, staged, kept;",
   "hints_tests", "[release]"),
  ("hints/moves/release.cpp", "    if (!own && !stream_done) {", "    if (false) {", "hints_tests", "[release]"),
  ("offload/staging.cpp", "  std::lock_guard<std::mutex> growing(growth_mutex_);\n", "", "offload_tests", "reservations at once*"),
@@ -79,9 +79,9 @@ MUTANTS = [
  # lock: no other offload can take it in between any more.)
  ("offload/offload.cpp", "      move.unlock();\n      if (uvm_status s = staging().ensure_capacity", "      if (uvm_status s = staging().ensure_capacity",
   "offload_tests", "offloads that need room*"),
- ("offload/staging.cpp", ("#include \"../alloc/registry.hpp\"\n", "  return uvm::guarded(call, [&] { return uvm::staging().free_unused(call); });"),
+ ("offload/staging.cpp", ("#include \"../alloc/registry.hpp\"\n", "    const uvm_status staging = uvm::staging().free_unused(call);"),
   ("#include \"../alloc/moves.hpp\"\n#include \"../alloc/registry.hpp\"\n",
-   "  return uvm::guarded(call, [&] { const auto moves = uvm::lock_moves(); return uvm::staging().free_unused(call); });"),
+   "    const auto moves = uvm::lock_moves();\n    const uvm_status staging = uvm::staging().free_unused(call);"),
   "offload_tests", "freeing pinned staging*"),
  # An offload lets release_staging take the room it made before it reserves it (a livelock on an H100).
  ("offload/offload.cpp", "  const Staging::RoomClaim claim(staging());\n", "",
@@ -143,9 +143,9 @@ MUTANTS = [
  # Blocks (alloc/blocks.cpp): a new block keeps the staged bytes of the one before; a freed block's
  # staged copy stays; a block in a released allocation is not mapped; a move still running over the
  # allocation is not waited for.
- ("alloc/blocks.cpp", "  registry().unstage(begin, end);\n  const long long host_delta = registry().record_placement(allocation.base, begin, end, Move::to_device);",
+ ("alloc/blocks.cpp", "  registry().unstage(begin, end, false, dropped_pinned);\n  const long long host_delta = registry().record_placement(allocation.base, begin, end, Move::to_device);",
   "  const long long host_delta = registry().record_placement(allocation.base, begin, end, Move::to_device);", "alloc_tests", "[blocks]"),
- ("alloc/blocks.cpp", "  if (!block.ours || !block.state.staged) return UVM_OK;",
+ ("alloc/blocks.cpp", "  if (!block.ours || (!block.state.staged && !block.state.retained)) return UVM_OK;",
   "  return UVM_OK;", "alloc_tests", "[blocks]"),
  # Free space: copied like data; or counted where the runtime never said it reports every block.
  ("offload/offload.cpp", "      free = registry().free_space(range.allocation, range.begin, range.end);\n", "",
@@ -155,7 +155,7 @@ MUTANTS = [
  ("alloc/blocks.cpp", "  return state.released ? map_released(call, allocation) : UVM_OK;", "  return UVM_OK;", "alloc_tests", "[blocks]"),
  ("alloc/blocks.cpp", "  if (uvm_status s = wait_for_last_move(call, state)) return s;\n", "", "alloc_tests", "[blocks]"),
  # The stateful model catches them too (a block reusing staged bytes; a freed one's copy kept).
- ("alloc/blocks.cpp", "  registry().unstage(begin, end);\n  const long long host_delta = registry().record_placement(allocation.base, begin, end, Move::to_device);",
+ ("alloc/blocks.cpp", "  registry().unstage(begin, end, false, dropped_pinned);\n  const long long host_delta = registry().record_placement(allocation.base, begin, end, Move::to_device);",
   "  const long long host_delta = registry().record_placement(allocation.base, begin, end, Move::to_device);", "offload_tests", "[model]"),
  # An offload of a released allocation copies from its unmapped addresses (found by the model).
  ("offload/offload.cpp", "    if (range.releasable && registry().released(range.allocation)) continue;\n", "", "hints_tests", "[release]"),
@@ -166,9 +166,8 @@ MUTANTS = [
  # A move no longer waits for the last move of its bytes (begin_move, hints/moves/begin.cpp).
  ("hints/moves/begin.cpp", "  return wait_for_last_moves(call, move->ranges, stream);", "  return UVM_OK;", "hints_tests", "[order]"),
  # Pause (offload/pause.cpp): the backup no longer decides what is kept; what is paused is moved again.
- ("offload/pause.cpp", "(a.backup == UVM_BACKUP_HOST ? kept : dropped)", "(a.backup == UVM_BACKUP_HOST ? dropped : kept)",
-  "offload_tests", "[pause]"),
- ("offload/pause.cpp", "    if (a.paused) continue;\n", "", "offload_tests", "[pause]"),
+ ("offload/pause.cpp", "    group.backup = UVM_BACKUP_NONE;\n", "", "offload_tests", "[pause]"),
+ ("offload/pause.cpp", "  unpaused.paused = false;\n", "", "offload_tests", "[pause]"),
 ]
 TAG_ENV = {"[steps]": {"UVM_PINNED": ""}, "[env_malformed]": {"UVM_PINNED": "pinned"}, "[model]": {"UVM_MODEL_SEQUENCES": "300", "UVM_MODEL_THREADED_SEQUENCES": "10"}, "[model]~[threads]": {"UVM_MODEL_SEQUENCES": "300", "UVM_MODEL_FILES_AT_ONCE": "1"}, "[sm_copy]": {"UVM_ONLOAD_COPY": "sm"},
            "[sm_copy_default]": {"UVM_ONLOAD_COPY": "", "FAKE_CUDA_SCENARIO": "pre_volta"},

@@ -215,12 +215,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def per_cycle(run: dict, phase: str) -> list[float]:
+    """A run's GB/s in each of its cycles, of `phase` ("pause" or "resume")."""
+    return [run["bytes"] / seconds / 1e9 for seconds in run[f"{phase}_s"]]
+
+
 def mmap_summary(report: dict) -> None:
     """uvm's mmap backup against its pinned one (the goal: within 10 %), over every cycle of every
     round and round by round (the k-th mmap run against the k-th pinned run), for the default runs
     and each --variant's (against the pinned runs of the same variant)."""
-    def per_cycle(run: dict, phase: str) -> list[float]:
-        return [run["bytes"] / seconds / 1e9 for seconds in run[f"{phase}_s"]]
     def variant(run: dict) -> str:  # UVM_BACKUP_THREADS alone is the default runs' own setting
         return json.dumps({k: v for k, v in run["env"].items() if k != "UVM_BACKUP_THREADS"}, sort_keys=True)
     ok = [r for r in report["runs"] if r["which"] == "uvm" and "error" not in r]
@@ -253,7 +256,7 @@ def disk_summary(report: dict) -> None:
             continue
         mine = cycles.setdefault(run["which"], {"pause": [], "resume": []})
         for phase in ("pause", "resume"):
-            mine[phase] += [run["bytes"] / seconds / 1e9 for seconds in run[f"{phase}_s"]]
+            mine[phase] += per_cycle(run, phase)
         rounds.setdefault(run["which"], []).append(run["resume_gbps"])
     if set(cycles) != {"uvm", "torch_memory_saver"}:
         return

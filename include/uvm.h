@@ -463,6 +463,19 @@ UVM_API uvm_status uvm_onload_selection(int device, const char* const* tags, siz
 UVM_API uvm_status uvm_discard_selection(int device, const char* const* tags, size_t tag_count, cudaStream_t stream,
                                          size_t* bytes);
 
+/* Several move calls as one: a caller that finds its ranges while the copies of those it already
+ * gave run (the Python shim gives a module's tensors in slices, so that their copies start at
+ * once) opens a group on its thread, makes its calls, and ends it. In between, the calling thread's
+ * move calls (offload, onload, discard, prefetch; ranges or selections) on one device are one move
+ * for uvm_last_move and UVM_TRACE (named after the first call, with the first failure's status),
+ * and the staging blocks an offload leaves holding nothing are freed once, at the end, not after
+ * each call (the next call would pin them again). Each call still validates and moves its own
+ * ranges and returns its own status, as it would alone: when one fails, what the calls before it
+ * moved stays moved. Groups nest; only the outermost end acts. Ending a group that is not
+ * open: UVM_ERROR_INVALID_ARGUMENT. A group left open when its thread ends is never published. */
+UVM_API uvm_status uvm_begin_moves(void);
+UVM_API uvm_status uvm_end_moves(void);
+
 /* ------------------------------------------------------------------------------------------------
  * Streaming — bytes that live on the host and visit the GPU (weights of a model larger than it)
  * ---------------------------------------------------------------------------------------------- */

@@ -10,6 +10,7 @@
 #include "../hints/moves/release.hpp"
 #include "../hints/moves/trace.hpp"
 #include "../hints/prefetch.hpp"
+#include "group.hpp"
 #include "offload.hpp"
 #include "plan.hpp"
 #include "spill.hpp"
@@ -312,12 +313,12 @@ bool is_strategy(int strategy) {
 }
 
 // Host memory stays near what is offloaded: once an offload has staged its pieces, staging blocks
-// left with nothing in them are freed (in the background). An offload that staged nothing (a
-// migration) leaves them for the next staged one.
+// left with nothing in them are freed (in the background; at the end of a group of moves). An
+// offload that staged nothing (a migration) leaves them for the next staged one.
 uvm_status offload_moves(const Call& call, const MoveArgs& args, int strategy, cudaStream_t stream) {
   bool staged = false;
   const uvm_status status = offload_in_rounds(call, args, strategy, stream, &staged);
-  if (status == UVM_OK && staged) staging().free_unused_in_background();
+  if (status == UVM_OK && staged) free_unused_staging_after_offload();
   return status;
 }
 

@@ -168,6 +168,12 @@ MUTANTS = [
  # Pause (offload/pause.cpp): the backup no longer decides what is kept; what is paused is moved again.
  ("offload/pause.cpp", "    group.backup = UVM_BACKUP_NONE;\n", "", "offload_tests", "[pause]"),
  ("offload/pause.cpp", "  unpaused.paused = false;\n", "", "offload_tests", "[pause]"),
+ # Groups of moves (offload/group.cpp): each offload of a group frees the staging the next one was
+ # about to fill; a later call of a group on a device is published as a move of its own.
+ ("offload/group.cpp", "  if (in_move_group()) {\n    staging_free_owed = true;\n    return;\n  }\n", "",
+  "offload_tests", "[group]"),
+ ("hints/moves/trace.cpp", "    if (MoveLog* const joined = group_log(device)) {", "    if (MoveLog* const joined = nullptr) {",
+  "hints_tests", "[group]"),
 ]
 TAG_ENV = {"[steps]": {"UVM_PINNED": ""}, "[env_malformed]": {"UVM_PINNED": "pinned"}, "[model]": {"UVM_MODEL_SEQUENCES": "300", "UVM_MODEL_THREADED_SEQUENCES": "10"}, "[model]~[threads]": {"UVM_MODEL_SEQUENCES": "300", "UVM_MODEL_FILES_AT_ONCE": "1"}, "[sm_copy]": {"UVM_ONLOAD_COPY": "sm"},
            "[sm_copy_default]": {"UVM_ONLOAD_COPY": "", "FAKE_CUDA_SCENARIO": "pre_volta"},

@@ -24,6 +24,22 @@ constexpr double kEpochWaitSeconds = 0.1;
 
 thread_local MoveLog* current_log = nullptr;
 
+// The calling thread's group of moves (begin_move_group): how deep, and a record per device its
+// calls moved on. Held on the heap and deleted by the outermost end: a group a thread leaves open
+// when it exits is leaked, so that no thread's exit destroys CUDA events.
+struct MoveGroup {
+  int depth = 0;
+  std::vector<std::unique_ptr<MoveLog>> logs;
+};
+thread_local MoveGroup* current_group = nullptr;
+
+MoveLog* group_log(int device) {
+  for (const std::unique_ptr<MoveLog>& log : current_group->logs) {
+    if (log->device == device) return log.get();
+  }
+  return nullptr;
+}
+
 // NVTX ranges (start/end, not push/pop: a move's phases overlap), in a "uvm" domain. Costs a
 // branch when no tool is attached; compiled out where the toolkit has no NVTX headers.
 #ifdef UVM_HAVE_NVTX
@@ -147,17 +163,29 @@ MoveRecord::MoveRecord(const char* call) noexcept {
 }
 
 uvm_status MoveRecord::done(uvm_status status) noexcept {
-  if (log_) log_->status = status;
+  if (!log_) return status;
+  MoveLog* const log = current_log != nullptr ? current_log : log_.get();  // a group's, once joined
+  if (log->status == UVM_OK) log->status = status;  // a group keeps its first failure
   return status;
 }
 
 MoveRecord::~MoveRecord() {
   if (!log_) return;
+  MoveLog* const joined = current_log != log_.get() ? current_log : nullptr;  // a group's record
   current_log = nullptr;
-  log_->host_end = host_seconds();
+  const double end = host_seconds();
   nvtx_end(log_->nvtx_range);
+  if (joined != nullptr) {
+    joined->host_end = end;
+    return;
+  }
+  log_->host_end = end;
   if (log_->device < 0) return;  // failed before it knew its device: nothing moved
   try {
+    if (current_group != nullptr) {  // the group's first call on this device: the group keeps it
+      current_group->logs.push_back(std::move(log_));
+      return;
+    }
     std::shared_ptr<const MoveLog> log(std::move(log_));
     publish_move(log);
   } catch (...) {
@@ -165,8 +193,45 @@ MoveRecord::~MoveRecord() {
   }
 }
 
+void begin_move_group() {
+  if (current_group == nullptr) current_group = new MoveGroup();
+  ++current_group->depth;
+}
+
+bool end_move_group() {
+  if (current_group == nullptr) return false;
+  if (--current_group->depth > 0) return true;
+  const std::unique_ptr<MoveGroup> group(current_group);
+  current_group = nullptr;
+  for (std::unique_ptr<MoveLog>& log : group->logs) {
+    try {
+      publish_move(std::shared_ptr<const MoveLog>(std::move(log)));
+    } catch (...) {
+      // Host memory ran out while keeping the record: the moves themselves are unaffected.
+    }
+  }
+  return true;
+}
+
+bool in_move_group() { return current_group != nullptr; }
+
 void trace_move_device(int device) {
   if (current_log == nullptr || current_log->device >= 0) return;
+  if (current_group != nullptr) {
+    if (MoveLog* const joined = group_log(device)) {
+      // A later call of the group on this device: what it recorded so far goes to the group's
+      // record, and so does the rest (timed against that record's epoch).
+      try {
+        joined->intervals.insert(joined->intervals.end(), current_log->intervals.begin(),
+                                 current_log->intervals.end());
+      } catch (...) {
+        return;  // host memory ran out: this call goes unrecorded
+      }
+      joined->bytes += current_log->bytes;
+      current_log = joined;
+      return;
+    }
+  }
   current_log->device = device;
   const Epoch epoch = epochs().of(device);
   current_log->epoch = epoch.event;

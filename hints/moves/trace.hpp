@@ -87,6 +87,16 @@ class MoveRecord {
   std::unique_ptr<MoveLog> log_;
 };
 
+// Groups the calling thread's move calls (uvm_begin_moves): until the outermost end, each call's
+// record joins the group's record for its device, so that uvm_last_move and UVM_TRACE show the
+// group's calls on a device as one move, named after the first, with the first failure's status.
+// Nested groups count. May throw std::bad_alloc (the C entry's guard reports it).
+void begin_move_group();
+// Ends one level of the group; the outermost end publishes its records. False when none is open.
+bool end_move_group();
+// Whether the calling thread has a group of moves open.
+bool in_move_group();
+
 // The device the recorded move runs on, once its context is current: starts the epoch that places
 // its stream marks on the host clock. A move that never names one is not published.
 void trace_move_device(int device);

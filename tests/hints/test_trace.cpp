@@ -306,3 +306,78 @@ TEST_CASE("timing a move never invalidates a capture running on another stream",
   CHECK(std::string(report.call) == "uvm_prefetch_ranges");
   fake::set_capturing(captured, false);
 }
+
+TEST_CASE("a group of moves is one move per device, published when the group ends", "[trace][group][cuda13]") {
+  FakeMachine machine;
+  Managed a, b, on1(kSize / 8, 1);
+  const uvm_range ra = a.whole(), rb = b.whole(), r1 = on1.whole();
+  cudaStream_t stream = fake::make_stream();
+  const uvm_range half1{on1.ptr, kSize / 16};
+  REQUIRE(uvm_prefetch_ranges(&half1, 1, UVM_LOCATION_CPU, nullptr) == UVM_OK);  // device 1's move before
+  REQUIRE(uvm_prefetch_ranges(&rb, 1, UVM_LOCATION_CPU, stream) == UVM_OK);  // the move before the group
+  REQUIRE(uvm_onload_ranges(&rb, 1, stream) == UVM_OK);
+
+  REQUIRE(uvm_begin_moves() == UVM_OK);
+  REQUIRE(uvm_offload_ranges(&ra, 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  CHECK(last_move(0).bytes == kSize);  // the group is not published yet: the last move is the one before
+  CHECK(std::string(last_move(0).call) == "uvm_onload_ranges");
+  REQUIRE(uvm_begin_moves() == UVM_OK);  // nested: only the outermost end publishes
+  REQUIRE(uvm_prefetch_ranges(&r1, 1, UVM_LOCATION_CPU, nullptr) == UVM_OK);
+  REQUIRE(uvm_end_moves() == UVM_OK);
+  REQUIRE(uvm_offload_ranges(&rb, 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  CHECK(last_move(1).bytes == kSize / 16);  // nor on device 1
+  REQUIRE(uvm_end_moves() == UVM_OK);
+
+  const uvm_move_report report = last_move(0);
+  CHECK(std::string(report.call) == "uvm_offload_ranges");
+  CHECK(report.status == UVM_OK);
+  CHECK(report.bytes == 2 * kSize);  // both offloads
+  const uvm_move_phase* copy = phase(report, "copy");
+  REQUIRE(copy != nullptr);
+  CHECK(copy->bytes == 2 * kSize);
+  CHECK(copy->operations == 2);
+  CHECK(copy->seconds >= 2 * kSize / 10e9 - 1e-6);  // timed on one clock: both copies at the fake's 10 GB/s
+  CHECK(copy->seconds < 3 * kSize / 10e9);
+  REQUIRE(phase(report, "discard") != nullptr);
+  CHECK(phase(report, "discard")->bytes == 2 * kSize);
+  CHECK(report.seconds >= copy->start + copy->seconds - 1e-6);
+  const uvm_move_report other = last_move(1);
+  CHECK(std::string(other.call) == "uvm_prefetch_ranges");  // its own device, its own move
+  CHECK(other.bytes == kSize / 8);
+
+  SECTION("a call of the group that fails gives the group its status; the calls after it still move") {
+    REQUIRE(uvm_onload_ranges(&ra, 1, stream) == UVM_OK);
+    REQUIRE(uvm_onload_ranges(&rb, 1, stream) == UVM_OK);
+    REQUIRE(uvm_begin_moves() == UVM_OK);
+    REQUIRE(uvm_offload_ranges(&ra, 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+    fake::fail_next("cudaMemcpyAsync", cudaErrorLaunchFailure);
+    CHECK(uvm_offload_ranges(&rb, 1, UVM_STRATEGY_STAGED, stream) == UVM_ERROR_CUDA);
+    uvm_clear_last_error();
+    REQUIRE(uvm_prefetch_ranges(&rb, 1, UVM_LOCATION_CPU, stream) == UVM_OK);
+    REQUIRE(uvm_end_moves() == UVM_OK);
+    const uvm_move_report failed = last_move(0);
+    CHECK(std::string(failed.call) == "uvm_offload_ranges");
+    CHECK(failed.status == UVM_ERROR_CUDA);  // the first failure
+    CHECK(failed.bytes == 3 * kSize);  // b's failed offload counts what it set out to move, as alone
+    REQUIRE(phase(failed, "migrate") != nullptr);
+    CHECK(phase(failed, "migrate")->bytes == kSize);
+    REQUIRE(uvm_onload_ranges(&ra, 1, stream) == UVM_OK);
+    REQUIRE(uvm_onload_ranges(&rb, 1, stream) == UVM_OK);
+    CHECK(static_cast<unsigned char*>(a.ptr)[kSize - 1] == 7);
+    CHECK(static_cast<unsigned char*>(b.ptr)[0] == 7);
+  }
+  SECTION("ending a group that is not open is an error that names the call") {
+    CHECK(uvm_end_moves() == UVM_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(uvm_last_error()).find("uvm_end_moves") != std::string::npos);
+    CHECK(std::string(uvm_last_error()).find("no uvm_begin_moves is open on this thread") != std::string::npos);
+    uvm_clear_last_error();
+    std::thread other_thread([] {  // a group is the calling thread's: another thread's end finds none
+      REQUIRE(uvm_begin_moves() == UVM_OK);
+      REQUIRE(uvm_end_moves() == UVM_OK);
+      CHECK(uvm_end_moves() == UVM_ERROR_INVALID_ARGUMENT);
+      uvm_clear_last_error();
+    });
+    other_thread.join();
+  }
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+}

@@ -548,6 +548,49 @@ TEST_CASE("when the set offloaded shrinks, the staging left empty goes back in t
   REQUIRE(uvm_release_staging() == UVM_OK);
 }
 
+TEST_CASE("in a group of moves the staging left empty goes back once the group ends, not after each offload",
+          "[offload][group][cuda13]") {
+  FakeMachine machine;
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  Buffer x(size_t{300} << 20), y(size_t{300} << 20);  // past the 256 MiB minimum: a block each
+  const uvm_range both[] = {x.whole(), y.whole()};
+  cudaStream_t stream = fake::make_stream();
+  REQUIRE(uvm_offload_ranges(&both[0], 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  REQUIRE(uvm_offload_ranges(&both[1], 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  REQUIRE(uvm_onload_ranges(both, 2, stream) == UVM_OK);
+  size_t held = 0;
+  REQUIRE(uvm_get_staging(&held, nullptr) == UVM_OK);
+  REQUIRE(held == x.size + y.size);
+  const size_t pinned_before = FakeMachine::pinnings();
+
+  // The shim's move of a module: its tensors in slices, each offloaded as soon as it is found.
+  REQUIRE(uvm_begin_moves() == UVM_OK);
+  REQUIRE(uvm_offload_ranges(&both[0], 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // alone, y's empty block would go meanwhile
+  REQUIRE(uvm_get_staging(&held, nullptr) == UVM_OK);
+  CHECK(held == x.size + y.size);
+  REQUIRE(uvm_offload_ranges(&both[1], 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  REQUIRE(uvm_end_moves() == UVM_OK);
+  CHECK(FakeMachine::pinnings() == pinned_before);  // the second slice found its block still pinned
+  REQUIRE(uvm_onload_ranges(both, 2, stream) == UVM_OK);
+  CHECK(x.intact());
+  CHECK(y.intact());
+
+  // A group that offloads less than before still gives the rest back, at its end.
+  REQUIRE(uvm_begin_moves() == UVM_OK);
+  REQUIRE(uvm_offload_ranges(&both[0], 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  REQUIRE(uvm_end_moves() == UVM_OK);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (uvm_get_staging(&held, nullptr) == UVM_OK && held != x.size && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CHECK(held == x.size);
+  REQUIRE(uvm_onload_ranges(&both[0], 1, stream) == UVM_OK);
+  CHECK(x.intact());
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+}
+
 TEST_CASE("reservations at once take turns: one block, not one each", "[offload][threads]") {
   FakeMachine machine;
   REQUIRE(uvm_release_staging() == UVM_OK);

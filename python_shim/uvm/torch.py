@@ -236,51 +236,69 @@ def _block_span(tensor, span: tuple[int, int]) -> tuple[int, int]:
     return ptr, -(-size // BLOCK_BYTES) * BLOCK_BYTES
 
 
-def _move_span(tensor, what) -> tuple[int, tuple[int, int], int] | None:
-    """(device, the bytes to move as _block_span gives them, the tensor's own bytes), None for an
-    empty tensor. A contiguous CUDA tensor takes a short path (a few attribute reads, each about
-    0.1 µs on an H100: bench/gather_probe.py)."""
-    try:
-        device = tensor.get_device()  # -1 off CUDA
-        short = device >= 0 and tensor.is_contiguous()
-    except AttributeError:  # not a tensor: the long path says what is wrong
-        short = False
-    if not short:
-        found = _cuda_span(tensor, what)
-        return None if found is None else (found[0], _block_span(tensor, found[1]), found[1][1])
-    nbytes = tensor.nbytes
-    if nbytes == 0:
-        return None
-    return device, _block_span(tensor, (tensor.data_ptr(), nbytes)), nbytes
+def _add_move_spans(tensors, whats, into: dict) -> None:
+    """Adds to `into` ({device: {bytes to move: (what, the tensor's own bytes)}}) each tensor's bytes as
+    _block_span gives them, `whats[i]` saying what tensors[i] is; a tensor already there (shared)
+    counts once, an empty one not at all. A contiguous CUDA tensor takes a short path, written out
+    in the loop: six attribute reads (about 0.1 µs each on an H100, bench/gather_probe.py) and no
+    call of ours, which took the gather from 1.25 to 0.75 µs a tensor (a 2-core CPU host, CPU
+    tensors). Everything else goes the long way, which also says what is wrong."""
+    last_device, named = None, None
+    for tensor, what in zip(tensors, whats):
+        try:
+            device = tensor.get_device()  # -1 off CUDA
+            short = device >= 0 and tensor.is_contiguous()
+        except AttributeError:  # not a tensor: the long path says what is wrong
+            short = False
+        if short:
+            ptr, asked = tensor.data_ptr(), tensor.nbytes
+            if not asked:
+                continue
+            storage = tensor.untyped_storage()  # as _block_span decides
+            if ptr == storage.data_ptr() and asked == storage.nbytes() and not ptr % BLOCK_BYTES:
+                block = (ptr, -(-asked // BLOCK_BYTES) * BLOCK_BYTES)
+            else:
+                block = (ptr, asked)
+        else:
+            found = _cuda_span(tensor, what)
+            if found is None:
+                continue
+            device, asked = found[0], found[1][1]
+            block = _block_span(tensor, found[1])
+        if device != last_device:
+            last_device, named = device, into.setdefault(device, {})
+        if block not in named:
+            named[block] = (what, asked)
 
 
-def _members(obj, include_buffers: bool) -> list:
-    """(what, tensor) pairs of a tensor or module, `what` as _describe reads it: the tensors that
+def _members(obj, include_buffers: bool) -> tuple[list, list]:
+    """The tensors of a tensor or module, and what each is (as _describe reads it): the tensors that
     named_parameters() and named_buffers() give. Their names cost 0.65 µs a tensor (an H100,
     bench/gather_probe.py), so when those methods are torch's own the tensors are read from each
     submodule's dicts instead (0.03 µs), and a message names them by searching."""
     import torch
     if isinstance(obj, torch.Tensor):
-        return [("tensor", obj)]
+        return [obj], ["tensor"]
     kinds = [("parameter", "named_parameters", "_parameters")]
     if include_buffers:
         kinds.append(("buffer", "named_buffers", "_buffers"))
-    members = []
+    tensors, whats = [], []
     for kind, method, own in kinds:
         if getattr(type(obj), method) is getattr(torch.nn.Module, method):
             # Each submodule once, as named_* walk them; a tensor in two submodules counts once
             # in the caller, which keys on its bytes.
-            tensors = [t for module in obj.modules() for t in getattr(module, own).values() if t is not None]
+            found = [t for module in obj.modules() for t in getattr(module, own).values() if t is not None]
         else:
-            tensors = [t for _, t in getattr(obj, method)()]
-        members += [((kind, obj, t), t) for t in tensors]
-    return members
+            found = [t for _, t in getattr(obj, method)()]
+        tensors += found
+        whats += [(kind, obj, t) for t in found]
+    return tensors, whats
 
 
 def _module_spans(module, include_buffers: bool) -> dict:
     """The spans of a module's tensors, each with what it is; shared tensors count once."""
     spans: dict = {}  # span -> what (as _describe reads it)
-    for what, tensor in _members(module, include_buffers):
+    for tensor, what in zip(*_members(module, include_buffers)):
         found = _cuda_span(tensor, what)
         if found is not None:
             spans.setdefault(found[1], what)
@@ -328,31 +346,41 @@ def _check_batch(status: int, spans: list, whats: list, index: int | None = None
     _lib.check(status, about)
 
 
-def _ranges_by_device(obj, include_buffers: bool, into: dict | None = None) -> dict[int, dict]:
-    """The byte ranges `obj` covers, grouped by the device that owns them: a tensor, a module, a
-    MemPool, or an iterable of these."""
-    into = {} if into is None else into
+# Tensors of a module found between two looks at whether a slice is ready to move (_SlicedMove).
+_GATHER_STEP = 64
+
+
+def _gather(obj, include_buffers: bool, into: dict):
+    """Adds to `into` ({device: {bytes to move: (what, bytes asked)}}) the byte ranges `obj` covers:
+    a tensor, a module, a MemPool, or an iterable of these. A generator: it yields after every
+    _GATHER_STEP tensors of a module, after a tensor and after a pool, so that the caller can move
+    what was found so far."""
     if obj is None:
         raise TypeError("nothing to move: pass tensors, a module, a MemPool, a tag or a device, not None")
     torch = _torch(f"finding managed memory in a {type(obj).__name__}")
     if isinstance(obj, (torch.Tensor, torch.nn.Module)):
-        for what, tensor in _members(obj, include_buffers):
-            found = _move_span(tensor, what)
-            if found is None:
-                continue
-            device, block, asked = found
-            if block not in into.setdefault(device, {}):
-                into[device][block] = (what, asked)  # shared tensors count once
+        tensors, whats = _members(obj, include_buffers)
+        for start in range(0, len(tensors), _GATHER_STEP):
+            _add_move_spans(tensors[start:start + _GATHER_STEP], whats[start:start + _GATHER_STEP], into)
+            yield
     elif isinstance(obj, torch.cuda.MemPool):
         for segment in obj.snapshot():
             span = (segment["address"], segment["total_size"])
             into.setdefault(segment["device"], {})[span] = ("pool segment", span[1])
+        yield
     elif hasattr(obj, "__iter__"):
         for item in obj:
-            _ranges_by_device(item, include_buffers, into)
+            yield from _gather(item, include_buffers, into)
     else:
         raise TypeError(f"cannot find managed memory in a {type(obj).__name__}: pass tensors, a module, "
                         "a MemPool, a tag or a device")
+
+
+def _ranges_by_device(obj, include_buffers: bool) -> dict[int, dict]:
+    """The byte ranges `obj` covers, grouped by the device that owns them (_gather, all at once)."""
+    into: dict = {}
+    for _ in _gather(obj, include_buffers, into):
+        pass
     return into
 
 
@@ -374,7 +402,7 @@ def _split(obj, tags: list, devices: list, rest: list) -> None:
         for item in obj:
             _split(item, tags, devices, rest)
     else:
-        rest.append(obj)  # _ranges_by_device says what is wrong with it
+        rest.append(obj)  # _gather says what is wrong with it
 
 
 def _move_selection(entry, device: int, tags: list[str], stream, extra: tuple, moved_on: set) -> int:
@@ -397,32 +425,87 @@ def _move_selection(entry, device: int, tags: list[str], stream, extra: tuple, m
     return moved
 
 
-def _move(entries, obj, stream, include_buffers: bool, *extra) -> int:
+class _SlicedMove:
+    """A move of the ranges the shim finds, given to the library a slice at a time as they are
+    found (the copies of one slice run while the shim finds the next), each device's slice in one
+    call of `entry` on that device's stream. A slice goes once 64 ranges wait (so the copies begin
+    early), the next once 128 do, doubling up to 1,024 (fewer calls). The slices' calls are one
+    group of moves (uvm_begin_moves): one move in uvm.last_move(), and staging freed once, at the
+    end."""
+
+    def __init__(self, entry, stream, extra: tuple, moved_on: set):
+        self.entry, self.stream, self.extra, self.moved_on = entry, stream, extra, moved_on
+        self.found: dict = {}  # {device: {bytes to move: (what, bytes asked)}}, in the order found
+        self.moved: dict = {}  # {device: how many of found[device] the library has moved}
+        self.slice = 64        # ranges found and not moved that make the next slice
+
+    def move_found(self, last: bool = False) -> int:
+        """Moves what was found since the last slice once it makes a slice (`last`: whatever was
+        found); returns the bytes asked for."""
+        waiting = sum(len(named) - self.moved.get(device, 0) for device, named in self.found.items())
+        if not waiting or (waiting < self.slice and not last):
+            return 0
+        self.slice = min(self.slice * 2, 1024)
+        asked_bytes = 0
+        for device, named in self.found.items():
+            start = self.moved.get(device, 0)
+            if start == len(named):
+                continue
+            fresh = list(itertools.islice(named.items(), start, None))
+            spans = [span for span, _ in fresh]
+            self.moved_on.add(device)
+            status = self.entry(_range_array(spans), len(spans), *self.extra, _stream_handle(self.stream, device))
+            if status != _lib.UVM_OK:
+                _check_batch(status, spans, [what for _, (what, _) in fresh])
+            self.moved[device] = len(named)
+            asked_bytes += sum(asked for _, (_, asked) in fresh)
+        return asked_bytes
+
+    def undo(self, entry, error: BaseException) -> None:
+        """Moves back, with `entry` and no extra arguments, what the slices before a failure moved;
+        a failure to do so is added to `error`'s notes."""
+        for device, count in self.moved.items():
+            spans = list(itertools.islice(self.found[device], count))
+            status = entry(_range_array(spans), len(spans), _stream_handle(self.stream, device))
+            if status != _lib.UVM_OK and hasattr(error, "add_note"):  # Python 3.11+
+                error.add_note(f"uvm: moving back what was moved before the failure failed too, on device "
+                               f"{device}: {_lib.library().uvm_last_error().decode(errors='replace')}")
+
+
+def _move(entries, obj, stream, include_buffers: bool, *extra, undo=None, sliced: bool = True) -> int:
     """Moves what `obj` names: its tags and devices through the C selection entry (entries[1]), the
-    ranges of the rest through the batched entry (entries[0]), once per device that owns part of
-    it, on that device's stream. Returns the bytes asked for."""
+    ranges of the rest through the batched entry (entries[0]), as _SlicedMove gives them (with
+    sliced=False, all found first: for moves that wait for their copies, which nothing overlaps).
+    When finding or moving a range fails, `undo` (the opposite batched entry) moves the slices
+    already moved back, so a failed offload leaves on the device what it named. Returns the bytes
+    asked for."""
     by_ranges, by_selection = entries
     tags, devices, rest = [], [], []
     _split(obj, tags, devices, rest)
     moved, moved_on = 0, set()
+    lib = _lib.library()
+    _lib.check(lib.uvm_begin_moves())
+    ranges = _SlicedMove(by_ranges, stream, extra, moved_on)
     try:
         if tags:  # every tag in one call per device
             moved += _move_selection(by_selection, _lib.UVM_ANY_DEVICE, list(dict.fromkeys(tags)), stream, extra,
                                      moved_on)
         for device in dict.fromkeys(devices):
             moved += _move_selection(by_selection, device, [], stream, extra, moved_on)
-        by_device: dict = {}
-        for item in rest:
-            _ranges_by_device(item, include_buffers, by_device)
-        for device, named in by_device.items():
-            moved_on.add(device)
-            spans = list(named)
-            status = by_ranges(_range_array(spans), len(spans), *extra, _stream_handle(stream, device))
-            if status != _lib.UVM_OK:
-                _check_batch(status, spans, [what for what, _ in named.values()])
-            moved += sum(asked for _, asked in named.values())
+        try:
+            for item in rest:
+                for _ in _gather(item, include_buffers, ranges.found):
+                    if sliced:
+                        moved += ranges.move_found()
+            moved += ranges.move_found(last=True)
+        except BaseException as error:
+            if undo is not None:
+                ranges.undo(undo, error)
+            raise
     finally:
+        ended = lib.uvm_end_moves()
         _lib.note_moved(sorted(moved_on))  # for last_move(): the devices moved on, a failed one too
+    _lib.check(ended)
     return moved
 
 
@@ -449,8 +532,10 @@ def offload(obj, *, stream=None, strategy: str = "auto", include_buffers: bool =
     if strategy not in _lib.STRATEGIES:
         raise ValueError(f"strategy must be one of {sorted(_lib.STRATEGIES)}, not {strategy!r}")
     lib = _lib.library()
-    return _move((lib.uvm_offload_ranges, lib.uvm_offload_selection), obj, stream, include_buffers,
-                 _lib.STRATEGIES[strategy])
+    code = _lib.STRATEGIES[strategy]
+    return _move((lib.uvm_offload_ranges, lib.uvm_offload_selection), obj, stream, include_buffers, code,
+                 undo=lib.uvm_onload_ranges,
+                 sliced=code not in (_lib.STRATEGIES["mmap"], _lib.STRATEGIES["disk"]))
 
 
 def onload(obj, *, stream=None, include_buffers: bool = True) -> int:

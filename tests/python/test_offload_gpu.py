@@ -173,6 +173,67 @@ def test_offload_refuses_plain_tensors_with_a_clear_error():
     torch.cuda.synchronize()  # no stale CUDA error left for torch
 
 
+def many_tensors(pool, count=300, numel=4096):
+    """`count` pool tensors of distinct contents, more than one slice of a move by tensors holds
+    (uvm.torch._SlicedMove: the first holds 64)."""
+    with torch.cuda.use_mem_pool(pool):
+        return torch.nn.ParameterList(torch.nn.Parameter(torch.full((numel,), float(i), device="cuda"))
+                                      for i in range(count))
+
+
+def test_a_move_by_tensors_in_slices_is_one_move_and_keeps_every_bit():
+    """A module of 300 tensors, and a list of the same tensors, move in three slices (64, 128 and 108
+    tensors: uvm.torch._SlicedMove), each a C call inside one group of moves: last_move() shows one
+    move of all the bytes, and every tensor comes back intact. An mmap offload, which waits for its
+    copies, moves them in one call."""
+    pool = uvm.create_unified_mempool()
+    model = many_tensors(pool)
+    reference = snapshot(model)
+    total = sum(p.numel() * 4 for p in model.parameters())
+    lib = uvm.library()
+    for strategy, moved in (("staged", model), ("migrate", list(model.parameters())), ("mmap", model)):
+        calls = []
+        entry = lib.uvm_offload_ranges
+        lib.uvm_offload_ranges = lambda ranges, count, *rest: calls.append(count) or entry(ranges, count, *rest)
+        try:
+            assert uvm.offload(moved, strategy=strategy) == total
+        finally:
+            lib.uvm_offload_ranges = entry
+        assert calls == ([300] if strategy == "mmap" else [64, 128, 108]), (strategy, calls)
+        [out] = uvm.last_move()
+        assert out["call"] == "uvm_offload_ranges" and out["status"] == "UVM_OK", out
+        assert out["bytes"] >= total, out  # each tensor's block padding counts too
+        assert uvm.onload(model) == total
+        [back] = uvm.last_move()
+        assert back["call"] == "uvm_onload_ranges" and back["bytes"] == out["bytes"], (out, back)
+        torch.cuda.synchronize()
+        assert same(model, reference), strategy
+    uvm.release_pool(pool)
+
+
+@pytest.mark.parametrize("late", ["plain CUDA tensor", "CPU tensor"])
+def test_a_move_by_tensors_that_fails_in_a_later_slice_moves_the_earlier_slices_back(late):
+    """The earlier slices were already offloaded when a later one is refused (a tensor of plain CUDA
+    memory: refused by the library; a CPU tensor: refused by the shim). The offload raises naming it,
+    and what it moved comes back first: nothing of the module is left offloaded, every byte as it
+    was, and the next kernel sees no stale error."""
+    pool = uvm.create_unified_mempool()
+    model = many_tensors(pool)
+    reference = snapshot(model)
+    host_before = uvm.stats(0)["host_resident_bytes"]
+    stranger = torch.ones(16, device="cuda" if late == "plain CUDA tensor" else "cpu")
+    model.append(torch.nn.Parameter(stranger))
+    message = "parameter '300'.*not managed memory from uvm" if late == "plain CUDA tensor" else \
+        "parameter '300' is a cpu tensor"
+    with pytest.raises((RuntimeError, ValueError), match=message):
+        uvm.offload(model, strategy="staged")
+    torch.cuda.synchronize()
+    assert uvm.stats(0)["host_resident_bytes"] == host_before  # the first 300 were moved back
+    assert same(torch.nn.ParameterList(list(model.parameters())[:300]), reference)
+    assert (stranger * 2).sum().item() == 32.0
+    uvm.release_pool(pool)
+
+
 def test_last_move_and_the_trace_file_show_every_phase(tmp_path):
     """uvm.last_move() gives the phases of the last offload / onload, timed on the GPU; UVM_TRACE
     gets them as Chrome trace events, written at exit (a process of its own: the file is named

@@ -143,9 +143,10 @@ def test_a_module_is_walked_as_named_parameters_and_named_buffers_list_it(pool):
         expected = {id(t) for t in model.parameters()}
         if include_buffers:
             expected |= {id(t) for t in model.buffers()}
-        found = uvm.torch._members(model, include_buffers)
-        assert {id(t) for _, t in found} == expected
-        assert {uvm.torch._describe(what) for what, _ in found} == (
+        tensors, whats = uvm.torch._members(model, include_buffers)
+        assert {id(t) for t in tensors} == expected
+        assert all(what[2] is tensor for tensor, what in zip(tensors, whats))
+        assert {uvm.torch._describe(what) for what in whats} == (
             {f"parameter {name!r}" for name, _ in model.named_parameters()}
             | ({f"buffer {name!r}" for name, _ in model.named_buffers()} if include_buffers else set()))
 
@@ -157,7 +158,7 @@ def test_a_module_is_walked_as_named_parameters_and_named_buffers_list_it(pool):
         def named_parameters(self, *args, **kwargs):
             yield "first", self.first
 
-    assert [t for _, t in uvm.torch._members(OnlyFirst(), False)] == [inner[0].weight]
+    assert uvm.torch._members(OnlyFirst(), False)[0] == [inner[0].weight]
     mixed = torch.nn.Sequential(inner, torch.nn.Linear(4, 2, device="cuda"))  # the second: plain memory
     with pytest.raises(RuntimeError, match=r"parameter '1\.(weight|bias)' at 0x[0-9a-f]+ .* is not managed"):
         uvm.offload(mixed)
@@ -228,10 +229,11 @@ def test_discard_a_tensor_on_the_default_stream(pool):
 
 
 def test_the_short_path_finds_the_same_bytes_as_the_long_one(pool):
-    """uvm.torch._move_span (a contiguous CUDA tensor's few attribute reads) against _cuda_span +
-    _block_span, for every shape of tensor a move meets: whole storages of odd sizes (padded to their
-    512-byte block), views inside a storage (exact), non-contiguous and expanded ones, empty ones, and
-    tensors from a 2 MiB slab segment."""
+    """uvm.torch._add_move_spans (a contiguous CUDA tensor's few attribute reads, written out in its
+    loop) against _cuda_span + _block_span, for every shape of tensor a move meets: whole storages
+    of odd sizes (padded to their 512-byte block), views inside a storage (exact), non-contiguous
+    and expanded ones, empty ones, and tensors from a 2 MiB slab segment; then all of them in one
+    call, where a shared tensor counts once, as the first that names it."""
     with torch.cuda.use_mem_pool(pool):
         base = torch.arange(10_000, dtype=torch.float32, device="cuda")
         odd = torch.empty(333, dtype=torch.uint8, device="cuda")
@@ -239,12 +241,22 @@ def test_the_short_path_finds_the_same_bytes_as_the_long_one(pool):
         matrix = torch.empty(64, 48, dtype=torch.bfloat16, device="cuda")
     tensors = [base, odd, *small, matrix, base[100:300], base[:5000], matrix.t(), matrix[:, 3],
                base[:1].expand(50), base[:0], torch.empty(0, device="cuda")]
-    for tensor in tensors:
+
+    def found(tensors):
+        into = {}
+        uvm.torch._add_move_spans(tensors, [f"x{i}" for i in range(len(tensors))], into)
+        return into
+
+    expected = {}
+    for i, tensor in enumerate(tensors):
         long = uvm.torch._cuda_span(tensor, "x")
-        expected = None if long is None else (long[0], uvm.torch._block_span(tensor, long[1]), long[1][1])
-        assert uvm.torch._move_span(tensor, "x") == expected, (tensor.shape, tensor.stride(), tensor.storage_offset())
-    assert uvm.torch._move_span(odd, "x")[1] == (odd.data_ptr(), 512)  # padded to its block
+        one = {} if long is None else {long[0]: {uvm.torch._block_span(tensor, long[1]): ("x0", long[1][1])}}
+        assert found([tensor]) == one, (tensor.shape, tensor.stride(), tensor.storage_offset())
+        for block, (_, asked) in one.get(0, {}).items():
+            expected.setdefault(block, (f"x{i}", asked))
+    assert found(tensors + [odd]) == {0: expected}  # odd again: counted once, as the first
+    assert found([odd])[0] == {(odd.data_ptr(), 512): ("x0", 333)}  # padded to its block
     with pytest.raises(ValueError, match="parameter 'w' is a cpu tensor"):
-        uvm.torch._move_span(torch.ones(3), ("parameter", "w"))
+        uvm.torch._add_move_spans([torch.ones(3)], [("parameter", "w")], {})
     with pytest.raises(TypeError, match="tensor must be a torch.Tensor, not list"):
-        uvm.torch._move_span([1], "tensor")
+        uvm.torch._add_move_spans([[1]], ["tensor"], {})

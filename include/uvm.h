@@ -469,11 +469,15 @@ UVM_API uvm_status uvm_discard_selection(int device, const char* const* tags, si
  * move calls (offload, onload, discard, prefetch; ranges or selections) on one device are one move
  * for uvm_last_move and UVM_TRACE (named after the first call, with the first failure's status),
  * and the staging blocks an offload leaves holding nothing are freed once, at the end, not after
- * each call (the next call would pin them again). Each call still validates and moves its own
- * ranges and returns its own status, as it would alone: when one fails, what the calls before it
- * moved stays moved. Groups nest; only the outermost end acts. Ending a group that is not
- * open: UVM_ERROR_INVALID_ARGUMENT. A group left open when its thread ends is never published. */
-UVM_API uvm_status uvm_begin_moves(void);
+ * each call (the next call would pin them again). `staging_bytes`: what the group's offloads are
+ * expected to stage, or 0 if unknown; an offload of the group that must pin staging pins the rest
+ * of that too, in steps that the later calls fill as they are pinned (a first offload then copies
+ * while it pins, as one call would); steps left unused go back at the end. Each call still
+ * validates and moves its own ranges and returns its own status, as it would alone: when one
+ * fails, what the calls before it moved stays moved. Groups nest (their staging_bytes add up);
+ * only the outermost end acts. Ending a group that is not open: UVM_ERROR_INVALID_ARGUMENT. A
+ * group left open when its thread ends is never published. */
+UVM_API uvm_status uvm_begin_moves(size_t staging_bytes);
 UVM_API uvm_status uvm_end_moves(void);
 
 /* ------------------------------------------------------------------------------------------------

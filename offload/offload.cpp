@@ -278,10 +278,12 @@ uvm_status offload_in_rounds(const Call& call, const MoveArgs& args, int request
       // round copies into the steps done while the rest is pinned. Then the offload begins again:
       // an allocation may have been freed, or its bytes moved, meanwhile.
       move.unlock();
-      if (uvm_status s = staging().ensure_capacity(call, wanted, true)) return s;
+      const size_t ahead = staging_to_pin_ahead(placed_bytes(wanted));
+      if (uvm_status s = staging().ensure_capacity(call, wanted, true, ahead)) return s;
       continue;
     }
     Reservation reserved = staging().reserve_prefix(wanted);
+    note_staging_reserved(placed_bytes(reserved.spans));
     const bool all_placed = placed_bytes(reserved.spans) == placed_bytes(wanted);
     pieces.staged = pieces_placed(pieces.staged, reserved.spans);
     *staged = *staged || !pieces.staged.empty();

@@ -65,7 +65,7 @@ uvm_status Staging::new_block(const Call& call, size_t bytes, bool in_steps, std
   return UVM_OK;
 }
 
-uvm_status Staging::ensure_capacity(const Call& call, const std::vector<Span>& spans, bool in_steps) {
+uvm_status Staging::ensure_capacity(const Call& call, const std::vector<Span>& spans, bool in_steps, size_t ahead) {
   std::lock_guard<std::mutex> growing(growth_mutex_);
   size_t missing = 0;
   {
@@ -78,7 +78,7 @@ uvm_status Staging::ensure_capacity(const Call& call, const std::vector<Span>& s
   }
   if (missing == 0) return UVM_OK;
   std::shared_ptr<Block> block;
-  if (uvm_status s = new_block(call, missing, in_steps, &block)) return s;
+  if (uvm_status s = new_block(call, missing + ahead, in_steps, &block)) return s;
   std::lock_guard<std::mutex> lock(mutex_);
   blocks_.push_back(std::move(block));
   return UVM_OK;

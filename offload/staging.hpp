@@ -55,8 +55,10 @@ class Staging {
   // With `in_steps` (an offload: the copies into the first steps overlap the pinning of the rest),
   // a new block of the registered kind is pinned in steps on a thread of its own and this returns
   // at once; after one such pinning failed, growth pins at once again (cudaHostAlloc fallback).
-  // A block still being pinned counts at its full size.
-  uvm_status ensure_capacity(const Call& call, const std::vector<Span>& spans, bool in_steps = false);
+  // A block still being pinned counts at its full size. A block that must be added anyway is made
+  // `ahead` bytes bigger (a group of moves expects more).
+  uvm_status ensure_capacity(const Call& call, const std::vector<Span>& spans, bool in_steps = false,
+                             size_t ahead = 0);
   // Waits, holding no lock, until a block being pinned in steps pins more or stops; false at once
   // if none is being pinned.
   bool wait_for_pinning();

@@ -135,7 +135,7 @@ SIGNATURES = {
     "uvm_offload_selection": (_int, [_int, ctypes.POINTER(ctypes.c_char_p), _size, _int, _stream, ctypes.POINTER(_size)]),
     "uvm_onload_selection": (_int, [_int, ctypes.POINTER(ctypes.c_char_p), _size, _stream, ctypes.POINTER(_size)]),
     "uvm_discard_selection": (_int, [_int, ctypes.POINTER(ctypes.c_char_p), _size, _stream, ctypes.POINTER(_size)]),
-    "uvm_begin_moves": (_int, []),
+    "uvm_begin_moves": (_int, [_size]),
     "uvm_end_moves": (_int, []),
     "uvm_fetch_ranges": (_int, [ctypes.POINTER(Range), _size, _stream, _ptr]),
     "uvm_drop_clean_ranges": (_int, [ctypes.POINTER(Range), _size, _stream]),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import array
 import ctypes
 import itertools
+import operator
 import sys
 
 from . import _errors, _lib, _state
@@ -271,11 +272,12 @@ def _add_move_spans(tensors, whats, into: dict) -> None:
             named[block] = (what, asked)
 
 
-def _members(obj, include_buffers: bool) -> tuple[list, list]:
-    """The tensors of a tensor or module, and what each is (as _describe reads it): the tensors that
-    named_parameters() and named_buffers() give. Their names cost 0.65 µs a tensor (an H100,
-    bench/gather_probe.py), so when those methods are torch's own the tensors are read from each
-    submodule's dicts instead (0.03 µs), and a message names them by searching."""
+def _members(obj, include_buffers: bool, described: bool = True) -> tuple[list, list]:
+    """The tensors of a tensor or module, and what each is (as _describe reads it; [] unless
+    `described`): the tensors that named_parameters() and named_buffers() give. Their names cost
+    0.65 µs a tensor (an H100, bench/gather_probe.py), so when those methods are torch's own the
+    tensors are read from each submodule's dicts instead (0.03 µs), and a message names them by
+    searching."""
     import torch
     if isinstance(obj, torch.Tensor):
         return [obj], ["tensor"]
@@ -291,7 +293,8 @@ def _members(obj, include_buffers: bool) -> tuple[list, list]:
         else:
             found = [t for _, t in getattr(obj, method)()]
         tensors += found
-        whats += [(kind, obj, t) for t in found]
+        if described:
+            whats += [(kind, obj, t) for t in found]
     return tensors, whats
 
 
@@ -425,6 +428,23 @@ def _move_selection(entry, device: int, tags: list[str], stream, extra: tuple, m
     return moved
 
 
+def _staging_bytes(objs: list, include_buffers: bool) -> int:
+    """At most what an offload of `objs` (tensors and modules; the rest as _split leaves it) stages, for
+    uvm_begin_moves: so that a first offload given in slices pins its staging as one block, copying
+    while it pins. Each tensor's bytes and its block's padding (up to 512 bytes), shared tensors
+    each time: staging pinned ahead and left unused goes back at the group's end. A pool counts 0:
+    it moves in one call, which pins what it needs."""
+    torch = sys.modules.get("torch")
+    total = 0
+    for obj in objs:  # as _split left them: tensors, modules, pools and what _gather refuses
+        if torch is not None and isinstance(obj, torch.Tensor):
+            total += obj.nbytes + BLOCK_BYTES
+        elif torch is not None and isinstance(obj, torch.nn.Module):
+            tensors, _ = _members(obj, include_buffers, described=False)
+            total += sum(map(operator.attrgetter("nbytes"), tensors)) + BLOCK_BYTES * len(tensors)
+    return total
+
+
 class _SlicedMove:
     """A move of the ranges the shim finds, given to the library a slice at a time as they are
     found (the copies of one slice run while the shim finds the next), each device's slice in one
@@ -472,19 +492,21 @@ class _SlicedMove:
                                f"{device}: {_lib.library().uvm_last_error().decode(errors='replace')}")
 
 
-def _move(entries, obj, stream, include_buffers: bool, *extra, undo=None, sliced: bool = True) -> int:
+def _move(entries, obj, stream, include_buffers: bool, *extra, undo=None, sliced: bool = True,
+          stages: bool = False) -> int:
     """Moves what `obj` names: its tags and devices through the C selection entry (entries[1]), the
     ranges of the rest through the batched entry (entries[0]), as _SlicedMove gives them (with
     sliced=False, all found first: for moves that wait for their copies, which nothing overlaps).
     When finding or moving a range fails, `undo` (the opposite batched entry) moves the slices
-    already moved back, so a failed offload leaves on the device what it named. Returns the bytes
+    already moved back, so a failed offload leaves the ranges it found on the device. `stages`: an
+    offload that may stage, which tells the group what it expects to stage. Returns the bytes
     asked for."""
     by_ranges, by_selection = entries
     tags, devices, rest = [], [], []
     _split(obj, tags, devices, rest)
     moved, moved_on = 0, set()
     lib = _lib.library()
-    _lib.check(lib.uvm_begin_moves())
+    _lib.check(lib.uvm_begin_moves(_staging_bytes(rest, include_buffers) if stages and sliced else 0))
     ranges = _SlicedMove(by_ranges, stream, extra, moved_on)
     try:
         if tags:  # every tag in one call per device
@@ -534,7 +556,7 @@ def offload(obj, *, stream=None, strategy: str = "auto", include_buffers: bool =
     lib = _lib.library()
     code = _lib.STRATEGIES[strategy]
     return _move((lib.uvm_offload_ranges, lib.uvm_offload_selection), obj, stream, include_buffers, code,
-                 undo=lib.uvm_onload_ranges,
+                 undo=lib.uvm_onload_ranges, stages=code != _lib.STRATEGIES["migrate"],
                  sliced=code not in (_lib.STRATEGIES["mmap"], _lib.STRATEGIES["disk"]))
 
 

@@ -317,11 +317,11 @@ TEST_CASE("a group of moves is one move per device, published when the group end
   REQUIRE(uvm_prefetch_ranges(&rb, 1, UVM_LOCATION_CPU, stream) == UVM_OK);  // the move before the group
   REQUIRE(uvm_onload_ranges(&rb, 1, stream) == UVM_OK);
 
-  REQUIRE(uvm_begin_moves() == UVM_OK);
+  REQUIRE(uvm_begin_moves(0) == UVM_OK);
   REQUIRE(uvm_offload_ranges(&ra, 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
   CHECK(last_move(0).bytes == kSize);  // the group is not published yet: the last move is the one before
   CHECK(std::string(last_move(0).call) == "uvm_onload_ranges");
-  REQUIRE(uvm_begin_moves() == UVM_OK);  // nested: only the outermost end publishes
+  REQUIRE(uvm_begin_moves(0) == UVM_OK);  // nested: only the outermost end publishes
   REQUIRE(uvm_prefetch_ranges(&r1, 1, UVM_LOCATION_CPU, nullptr) == UVM_OK);
   REQUIRE(uvm_end_moves() == UVM_OK);
   REQUIRE(uvm_offload_ranges(&rb, 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
@@ -348,7 +348,7 @@ TEST_CASE("a group of moves is one move per device, published when the group end
   SECTION("a call of the group that fails gives the group its status; the calls after it still move") {
     REQUIRE(uvm_onload_ranges(&ra, 1, stream) == UVM_OK);
     REQUIRE(uvm_onload_ranges(&rb, 1, stream) == UVM_OK);
-    REQUIRE(uvm_begin_moves() == UVM_OK);
+    REQUIRE(uvm_begin_moves(0) == UVM_OK);
     REQUIRE(uvm_offload_ranges(&ra, 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
     fake::fail_next("cudaMemcpyAsync", cudaErrorLaunchFailure);
     CHECK(uvm_offload_ranges(&rb, 1, UVM_STRATEGY_STAGED, stream) == UVM_ERROR_CUDA);
@@ -372,7 +372,7 @@ TEST_CASE("a group of moves is one move per device, published when the group end
     CHECK(std::string(uvm_last_error()).find("no uvm_begin_moves is open on this thread") != std::string::npos);
     uvm_clear_last_error();
     std::thread other_thread([] {  // a group is the calling thread's: another thread's end finds none
-      REQUIRE(uvm_begin_moves() == UVM_OK);
+      REQUIRE(uvm_begin_moves(0) == UVM_OK);
       REQUIRE(uvm_end_moves() == UVM_OK);
       CHECK(uvm_end_moves() == UVM_ERROR_INVALID_ARGUMENT);
       uvm_clear_last_error();

@@ -564,7 +564,7 @@ TEST_CASE("in a group of moves the staging left empty goes back once the group e
   const size_t pinned_before = FakeMachine::pinnings();
 
   // The shim's move of a module: its tensors in slices, each offloaded as soon as it is found.
-  REQUIRE(uvm_begin_moves() == UVM_OK);
+  REQUIRE(uvm_begin_moves(0) == UVM_OK);
   REQUIRE(uvm_offload_ranges(&both[0], 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // alone, y's empty block would go meanwhile
   REQUIRE(uvm_get_staging(&held, nullptr) == UVM_OK);
@@ -577,7 +577,7 @@ TEST_CASE("in a group of moves the staging left empty goes back once the group e
   CHECK(y.intact());
 
   // A group that offloads less than before still gives the rest back, at its end.
-  REQUIRE(uvm_begin_moves() == UVM_OK);
+  REQUIRE(uvm_begin_moves(0) == UVM_OK);
   REQUIRE(uvm_offload_ranges(&both[0], 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
   REQUIRE(uvm_end_moves() == UVM_OK);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -587,6 +587,34 @@ TEST_CASE("in a group of moves the staging left empty goes back once the group e
   CHECK(held == x.size);
   REQUIRE(uvm_onload_ranges(&both[0], 1, stream) == UVM_OK);
   CHECK(x.intact());
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+}
+
+TEST_CASE("a group of moves that says what it will stage pins it in one block at its first offload",
+          "[offload][group][cuda13]") {
+  FakeMachine machine;
+  const size_t part = size_t{100} << 20;
+  Buffer a(part), b(part), c(part);
+  const uvm_range parts[] = {a.whole(), b.whole(), c.whole()};
+  cudaStream_t stream = fake::make_stream();
+  for (const size_t expected : {size_t{0}, 3 * part}) {
+    CAPTURE(expected);
+    REQUIRE(uvm_release_staging() == UVM_OK);  // nothing pinned: a first offload, in three slices
+    REQUIRE(uvm_begin_moves(expected) == UVM_OK);
+    for (const uvm_range& slice : parts) REQUIRE(uvm_offload_ranges(&slice, 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+    REQUIRE(uvm_end_moves() == UVM_OK);
+    uvm_staging_info info{};
+    REQUIRE(uvm_get_staging_info(&info) == UVM_OK);
+    CHECK(info.staged_bytes == 3 * part);
+    // Unknown, the first slice pins the 256 MiB minimum and the third a block of its own; known,
+    // the first pins all three.
+    CHECK(info.blocks == (expected ? 1u : 2u));
+    REQUIRE(uvm_onload_ranges(parts, 3, stream) == UVM_OK);
+    CHECK(a.intact());
+    CHECK(b.intact());
+    CHECK(c.intact());
+  }
   REQUIRE(uvm_release_staging() == UVM_OK);
   CHECK(cudaPeekAtLastError() == cudaSuccess);
 }

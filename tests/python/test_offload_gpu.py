@@ -184,13 +184,15 @@ def many_tensors(pool, count=300, numel=4096):
 def test_a_move_by_tensors_in_slices_is_one_move_and_keeps_every_bit():
     """A module of 300 tensors, and a list of the same tensors, move in three slices (64, 128 and 108
     tensors: uvm.torch._SlicedMove), each a C call inside one group of moves: last_move() shows one
-    move of all the bytes, and every tensor comes back intact. An mmap offload, which waits for its
-    copies, moves them in one call."""
+    move of all the bytes, every tensor comes back intact, and a first staged offload pins its
+    staging as one block. An mmap offload, which waits for its copies, moves them in one call."""
     pool = uvm.create_unified_mempool()
-    model = many_tensors(pool)
+    model = many_tensors(pool, numel=1 << 19)  # 2 MiB each: 600 MiB, more than a 256 MiB block
     reference = snapshot(model)
     total = sum(p.numel() * 4 for p in model.parameters())
     lib = uvm.library()
+    uvm.release_staging()  # the staged offload below is a first one: it pins its staging as one block
+    blocks_before = uvm.staging()["blocks"]  # those still holding another test's copies
     for strategy, moved in (("staged", model), ("migrate", list(model.parameters())), ("mmap", model)):
         calls = []
         entry = lib.uvm_offload_ranges
@@ -200,6 +202,8 @@ def test_a_move_by_tensors_in_slices_is_one_move_and_keeps_every_bit():
         finally:
             lib.uvm_offload_ranges = entry
         assert calls == ([300] if strategy == "mmap" else [64, 128, 108]), (strategy, calls)
+        if strategy == "staged":  # the group said what it would stage: the first slice pinned it all
+            assert uvm.staging()["blocks"] <= blocks_before + 1, uvm.staging()  # a block a slice: 3
         [out] = uvm.last_move()
         assert out["call"] == "uvm_offload_ranges" and out["status"] == "UVM_OK", out
         assert out["bytes"] >= total, out  # each tensor's block padding counts too

@@ -272,12 +272,11 @@ def _add_move_spans(tensors, whats, into: dict) -> None:
             named[block] = (what, asked)
 
 
-def _members(obj, include_buffers: bool, described: bool = True) -> tuple[list, list]:
-    """The tensors of a tensor or module, and what each is (as _describe reads it; [] unless
-    `described`): the tensors that named_parameters() and named_buffers() give. Their names cost
-    0.65 µs a tensor (an H100, bench/gather_probe.py), so when those methods are torch's own the
-    tensors are read from each submodule's dicts instead (0.03 µs), and a message names them by
-    searching."""
+def _members(obj, include_buffers: bool) -> tuple[list, list]:
+    """The tensors of a tensor or module, and what each is (as _describe reads it): the tensors that
+    named_parameters() and named_buffers() give. Their names cost 0.65 µs a tensor (an H100,
+    bench/gather_probe.py), so when those methods are torch's own the tensors are read from each
+    submodule's dicts instead (0.03 µs), and a message names them by searching."""
     import torch
     if isinstance(obj, torch.Tensor):
         return [obj], ["tensor"]
@@ -293,8 +292,7 @@ def _members(obj, include_buffers: bool, described: bool = True) -> tuple[list, 
         else:
             found = [t for _, t in getattr(obj, method)()]
         tensors += found
-        if described:
-            whats += [(kind, obj, t) for t in found]
+        whats += [(kind, obj, t) for t in found]
     return tensors, whats
 
 
@@ -349,40 +347,56 @@ def _check_batch(status: int, spans: list, whats: list, index: int | None = None
     _lib.check(status, about)
 
 
-# Tensors of a module found between two looks at whether a slice is ready to move (_SlicedMove).
+# Tensors or pool segments read between two looks at whether a slice is ready to move (_SlicedMove).
 _GATHER_STEP = 64
 
 
-def _gather(obj, include_buffers: bool, into: dict):
-    """Adds to `into` ({device: {bytes to move: (what, bytes asked)}}) the byte ranges `obj` covers:
-    a tensor, a module, a MemPool, or an iterable of these. A generator: it yields after every
-    _GATHER_STEP tensors of a module, after a tensor and after a pool, so that the caller can move
-    what was found so far."""
+def _list(obj, include_buffers: bool, into: list) -> None:
+    """Lists what `obj` holds without reading it yet: a tensor or module as [tensors, whats] (as
+    _members gives them; tensors given one by one join the list before them), a MemPool as
+    ["segments", its snapshot's segments], an iterable item by item."""
     if obj is None:
         raise TypeError("nothing to move: pass tensors, a module, a MemPool, a tag or a device, not None")
     torch = _torch(f"finding managed memory in a {type(obj).__name__}")
-    if isinstance(obj, (torch.Tensor, torch.nn.Module)):
-        tensors, whats = _members(obj, include_buffers)
-        for start in range(0, len(tensors), _GATHER_STEP):
-            _add_move_spans(tensors[start:start + _GATHER_STEP], whats[start:start + _GATHER_STEP], into)
-            yield
+    if isinstance(obj, torch.Tensor) and into and into[-1][0] != "segments":
+        into[-1][0].append(obj)
+        into[-1][1].append("tensor")
+    elif isinstance(obj, (torch.Tensor, torch.nn.Module)):
+        into.append(list(_members(obj, include_buffers)))
     elif isinstance(obj, torch.cuda.MemPool):
-        for segment in obj.snapshot():
-            span = (segment["address"], segment["total_size"])
-            into.setdefault(segment["device"], {})[span] = ("pool segment", span[1])
-        yield
+        into.append(["segments", obj.snapshot()])
     elif hasattr(obj, "__iter__"):
         for item in obj:
-            yield from _gather(item, include_buffers, into)
+            _list(item, include_buffers, into)
     else:
         raise TypeError(f"cannot find managed memory in a {type(obj).__name__}: pass tensors, a module, "
                         "a MemPool, a tag or a device")
 
 
+def _gather(listed: list, into: dict):
+    """Adds to `into` ({device: {bytes to move: (what, bytes asked)}}) the byte ranges of what _list
+    listed. A generator: it yields after every _GATHER_STEP tensors or segments, so that the caller
+    can move what was found so far."""
+    for first, second in listed:
+        if first == "segments":
+            for start in range(0, len(second), _GATHER_STEP):
+                for segment in second[start:start + _GATHER_STEP]:
+                    span = (segment["address"], segment["total_size"])
+                    into.setdefault(segment["device"], {})[span] = ("pool segment", span[1])
+                yield
+        else:
+            for start in range(0, len(first), _GATHER_STEP):
+                _add_move_spans(first[start:start + _GATHER_STEP], second[start:start + _GATHER_STEP], into)
+                yield
+
+
 def _ranges_by_device(obj, include_buffers: bool) -> dict[int, dict]:
-    """The byte ranges `obj` covers, grouped by the device that owns them (_gather, all at once)."""
+    """The byte ranges `obj` covers (a tensor, a module, a MemPool, or an iterable of these), grouped
+    by the device that owns them."""
+    listed: list = []
+    _list(obj, include_buffers, listed)
     into: dict = {}
-    for _ in _gather(obj, include_buffers, into):
+    for _ in _gather(listed, into):
         pass
     return into
 
@@ -405,7 +419,7 @@ def _split(obj, tags: list, devices: list, rest: list) -> None:
         for item in obj:
             _split(item, tags, devices, rest)
     else:
-        rest.append(obj)  # _gather says what is wrong with it
+        rest.append(obj)  # _list says what is wrong with it
 
 
 def _move_selection(entry, device: int, tags: list[str], stream, extra: tuple, moved_on: set) -> int:
@@ -428,20 +442,17 @@ def _move_selection(entry, device: int, tags: list[str], stream, extra: tuple, m
     return moved
 
 
-def _staging_bytes(objs: list, include_buffers: bool) -> int:
-    """At most what an offload of `objs` (tensors and modules; the rest as _split leaves it) stages, for
-    uvm_begin_moves: so that a first offload given in slices pins its staging as one block, copying
-    while it pins. Each tensor's bytes and its block's padding (up to 512 bytes), shared tensors
-    each time: staging pinned ahead and left unused goes back at the group's end. A pool counts 0:
-    it moves in one call, which pins what it needs."""
-    torch = sys.modules.get("torch")
+def _staging_bytes(listed: list) -> int:
+    """At most what an offload of what _list listed stages, for uvm_begin_moves: so that a first
+    offload given in slices pins its staging as one block, copying while it pins. Each tensor's
+    bytes and its block's padding (up to 512 bytes), shared tensors each time; a pool's segments
+    whole, free space too: staging pinned ahead and left unused goes back at the group's end."""
     total = 0
-    for obj in objs:  # as _split left them: tensors, modules, pools and what _gather refuses
-        if torch is not None and isinstance(obj, torch.Tensor):
-            total += obj.nbytes + BLOCK_BYTES
-        elif torch is not None and isinstance(obj, torch.nn.Module):
-            tensors, _ = _members(obj, include_buffers, described=False)
-            total += sum(map(operator.attrgetter("nbytes"), tensors)) + BLOCK_BYTES * len(tensors)
+    for first, second in listed:
+        if first == "segments":
+            total += sum(segment["total_size"] for segment in second)
+        else:
+            total += sum(map(operator.attrgetter("nbytes"), first)) + BLOCK_BYTES * len(first)
     return total
 
 
@@ -504,9 +515,12 @@ def _move(entries, obj, stream, include_buffers: bool, *extra, undo=None, sliced
     by_ranges, by_selection = entries
     tags, devices, rest = [], [], []
     _split(obj, tags, devices, rest)
+    listed: list = []
+    for item in rest:
+        _list(item, include_buffers, listed)
     moved, moved_on = 0, set()
     lib = _lib.library()
-    _lib.check(lib.uvm_begin_moves(_staging_bytes(rest, include_buffers) if stages and sliced else 0))
+    _lib.check(lib.uvm_begin_moves(_staging_bytes(listed) if stages and sliced else 0))
     ranges = _SlicedMove(by_ranges, stream, extra, moved_on)
     try:
         if tags:  # every tag in one call per device
@@ -515,10 +529,9 @@ def _move(entries, obj, stream, include_buffers: bool, *extra, undo=None, sliced
         for device in dict.fromkeys(devices):
             moved += _move_selection(by_selection, device, [], stream, extra, moved_on)
         try:
-            for item in rest:
-                for _ in _gather(item, include_buffers, ranges.found):
-                    if sliced:
-                        moved += ranges.move_found()
+            for _ in _gather(listed, ranges.found):
+                if sliced:
+                    moved += ranges.move_found()
             moved += ranges.move_found(last=True)
         except BaseException as error:
             if undo is not None:

@@ -215,6 +215,31 @@ def test_a_move_by_tensors_in_slices_is_one_move_and_keeps_every_bit():
     uvm.release_pool(pool)
 
 
+def test_a_pool_of_many_segments_moves_in_slices_too():
+    """uvm.offload(pool) gives the pool's segments in slices as a module's tensors go (64 first), so
+    its copies start early; every byte comes back."""
+    pool = uvm.create_unified_mempool()
+    model = many_tensors(pool, count=300, numel=1 << 18)  # 1 MiB each: two a 2 MiB segment
+    reference = snapshot(model)
+    segments = len(pool.snapshot())
+    assert segments > 64
+    lib = uvm.library()
+    calls = []
+    entry = lib.uvm_offload_ranges
+    lib.uvm_offload_ranges = lambda ranges, count, *rest: calls.append(count) or entry(ranges, count, *rest)
+    try:
+        uvm.offload(pool)
+    finally:
+        lib.uvm_offload_ranges = entry
+    assert calls[0] == 64 and len(calls) >= 2 and sum(calls) == segments, calls
+    [out] = uvm.last_move()
+    assert out["status"] == "UVM_OK" and out["bytes"] >= 300 << 20, out
+    uvm.onload(pool)
+    torch.cuda.synchronize()
+    assert same(model, reference)
+    uvm.release_pool(pool)
+
+
 @pytest.mark.parametrize("late", ["plain CUDA tensor", "CPU tensor"])
 def test_a_move_by_tensors_that_fails_in_a_later_slice_moves_the_earlier_slices_back(late):
     """The earlier slices were already offloaded when a later one is refused (a tensor of plain CUDA

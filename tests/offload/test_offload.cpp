@@ -511,6 +511,18 @@ TEST_CASE("reserve_staging allocates ahead, once, and the next staged offload us
   CHECK(cudaPeekAtLastError() == cudaSuccess);
 }
 
+namespace {
+
+// Offloads both ranges (each past the 256 MiB minimum), one call each, so that each gets a staging
+// block of its own, and onloads them: staging then holds two empty blocks, kept for the next cycle.
+void cycle_in_two_blocks(const uvm_range (&both)[2], cudaStream_t stream) {
+  REQUIRE(uvm_offload_ranges(&both[0], 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  REQUIRE(uvm_offload_ranges(&both[1], 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  REQUIRE(uvm_onload_ranges(both, 2, stream) == UVM_OK);
+}
+
+}  // namespace
+
 TEST_CASE("when the set offloaded shrinks, the staging left empty goes back in the background",
           "[offload][cuda13]") {
   FakeMachine machine;
@@ -519,9 +531,7 @@ TEST_CASE("when the set offloaded shrinks, the staging left empty goes back in t
   Buffer x(size_t{300} << 20), y(size_t{300} << 20);  // past the 256 MiB minimum: a block each
   const uvm_range both[] = {x.whole(), y.whole()};
   cudaStream_t stream = fake::make_stream();
-  REQUIRE(uvm_offload_ranges(&both[0], 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
-  REQUIRE(uvm_offload_ranges(&both[1], 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
-  REQUIRE(uvm_onload_ranges(both, 2, stream) == UVM_OK);
+  cycle_in_two_blocks(both, stream);
   size_t capacity = 0;
   REQUIRE(uvm_get_staging(&capacity, nullptr) == UVM_OK);
   CHECK(capacity == x.size + y.size);  // kept across the cycle, for the next one
@@ -555,9 +565,7 @@ TEST_CASE("in a group of moves the staging left empty goes back once the group e
   Buffer x(size_t{300} << 20), y(size_t{300} << 20);  // past the 256 MiB minimum: a block each
   const uvm_range both[] = {x.whole(), y.whole()};
   cudaStream_t stream = fake::make_stream();
-  REQUIRE(uvm_offload_ranges(&both[0], 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
-  REQUIRE(uvm_offload_ranges(&both[1], 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
-  REQUIRE(uvm_onload_ranges(both, 2, stream) == UVM_OK);
+  cycle_in_two_blocks(both, stream);
   size_t held = 0;
   REQUIRE(uvm_get_staging(&held, nullptr) == UVM_OK);
   REQUIRE(held == x.size + y.size);

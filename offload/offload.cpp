@@ -264,6 +264,7 @@ uvm_status offload_in_rounds(const Call& call, const MoveArgs& args, int request
     if (uvm_status s = check_strategy_fits(call, requested, strategy, move)) return s;
     OffloadPieces pieces = pieces_to_move(move.ranges, strategy == UVM_STRATEGY_STAGED, discard_supported);
     const Reservation in_place = retained_room(pieces.staged);
+    note_staging_reserved(placed_bytes(in_place.spans));  // staged, as if reserved: none to pin ahead
     if (!in_place.spans.empty()) {  // those first; the next round moves the rest
       OffloadPieces rewrite;
       rewrite.staged = pieces_placed(pieces.staged, in_place.spans);

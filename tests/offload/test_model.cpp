@@ -329,14 +329,38 @@ class Model {
       ranges.push_back(uvm_range{tensors_[i].ptr, tensors_[i].block});
       any_releasable = any_releasable || pools_[tensors_[i].pool].releasable;
     }
-    const uvm_status status = issue(kind, ranges, strategy);
-    if (kind == Kind::offload && strategy == UVM_STRATEGY_MIGRATE && any_releasable) {
+    const bool refused = kind == Kind::offload && strategy == UVM_STRATEGY_MIGRATE && any_releasable;
+    const uvm_status status = refused || ranges.size() < 2 || !chance(30) ? issue(kind, ranges, strategy)
+                                                                          : issue_in_slices(kind, ranges, strategy);
+    if (refused) {
       if (status != UVM_ERROR_INVALID_ARGUMENT) fail("a migrate of releasable memory was not refused");
       uvm_clear_last_error();
       return;  // refused before anything moved
     }
     expect_ok(status, name(kind));
     for (size_t i : chosen) moved(tensors_[i], kind, strategy);
+  }
+
+  // The same move as the shim gives a module's tensors: in slices cut at random, inside one group
+  // of moves (uvm_begin_moves) that says it will stage nothing, all of it or half of it. The first
+  // failure's status, as the group reports it.
+  uvm_status issue_in_slices(Kind kind, const std::vector<uvm_range>& ranges, uvm_strategy strategy) {
+    size_t total = 0;
+    for (const uvm_range& range : ranges) total += range.size;
+    const size_t hint = pick(3) * total / 2;
+    note("  in slices, the group expecting " + std::to_string(hint) + " bytes staged");
+    ++sliced_;
+    expect_ok(uvm_begin_moves(hint), "uvm_begin_moves");
+    uvm_status first_failure = UVM_OK;
+    for (size_t begin = 0; begin < ranges.size();) {
+      const size_t end = begin + 1 + pick(ranges.size() - begin);
+      const std::vector<uvm_range> slice(ranges.begin() + begin, ranges.begin() + end);
+      const uvm_status status = issue(kind, slice, strategy);
+      if (first_failure == UVM_OK) first_failure = status;
+      begin = end;
+    }
+    expect_ok(uvm_end_moves(), "uvm_end_moves");
+    return first_failure;
   }
 
   // Streaming: a drop of tensors whose copy is clean (or already offloaded into host memory, which
@@ -696,12 +720,14 @@ class Model {
  public:
   size_t retained_checked() const { return retained_checked_; }
   size_t dropped() const { return dropped_; }
+  size_t sliced() const { return sliced_; }
 
  private:
   std::mt19937_64 rng_;
   uint64_t seed_;
   size_t retained_checked_ = 0;
   size_t dropped_ = 0;  // tensors dropped clean
+  size_t sliced_ = 0;   // moves given in slices inside a group of moves
   bool alone_;
   std::vector<Pool> pools_;
   std::vector<Tensor> tensors_;
@@ -747,7 +773,7 @@ TEST_CASE("random sequences of allocation, reuse and moves keep every tensor's b
   // A model's disk moves have a few files each: UVM_MODEL_FILES_AT_ONCE=1 moves them one file at
   // a time, as a move of more files than a quarter of the descriptor limit would go.
   const FilesAtOnce files_at_once(static_cast<size_t>(env_number("UVM_MODEL_FILES_AT_ONCE", 0)));
-  size_t retained = 0, dropped = 0;
+  size_t retained = 0, dropped = 0, sliced = 0;
   for (long n = 0; n < sequences; ++n) {
     const uint64_t seed = replay >= 0 ? static_cast<uint64_t>(replay) : static_cast<uint64_t>(n);
     Model model(seed, "model", true);
@@ -757,11 +783,13 @@ TEST_CASE("random sequences of allocation, reuse and moves keep every tensor's b
     REQUIRE(failure.empty());
     retained += model.retained_checked();
     dropped += model.dropped();
+    sliced += model.sliced();
   }
   if (sequences >= 200) CHECK(retained > 0);  // the sequences did reach retained copies
   if (sequences >= 200) CHECK(dropped > 0);   // and clean drops
+  if (sequences >= 200) CHECK(sliced > 0);    // and moves in slices
   std::printf("model: %ld sequences of %d steps kept every tensor's bytes (%zu retained copies checked, "
-              "%zu tensors dropped clean)\n", sequences, kSteps, retained, dropped);
+              "%zu tensors dropped clean, %zu moves in slices)\n", sequences, kSteps, retained, dropped, sliced);
 }
 
 TEST_CASE("two threads running random sequences on pools of their own keep every tensor's bytes",

@@ -99,7 +99,7 @@ def main() -> None:
     rows = {name: round(best_ms(fn), 3) for name, fn in steps.items()}
     rows["untyped_storage().nbytes(), no storage object kept"] = fresh_storage_ms
     del storages  # what follows meets storages as a move does: none kept
-    rows["_add_move_spans (all, one loop)"] = round(best_ms(lambda: uvm.torch._add_move_spans(tensors, ["x"] * len(tensors), {})), 3)
+    rows["_add_move_spans (all)"] = round(best_ms(lambda: uvm.torch._add_move_spans(tensors, ["x"] * len(tensors), {})), 3)
     rows["_ranges_by_device (whole)"] = round(best_ms(lambda: uvm.torch._ranges_by_device(model, True)), 3)
     shims = {"this tree": uvm.torch}
     if args.before:

@@ -240,10 +240,10 @@ def _block_span(tensor, span: tuple[int, int]) -> tuple[int, int]:
 def _add_move_spans(tensors, whats, into: dict) -> None:
     """Adds to `into` ({device: {bytes to move: (what, the tensor's own bytes)}}) each tensor's bytes as
     _block_span gives them, `whats[i]` saying what tensors[i] is; a tensor already there (shared)
-    counts once, an empty one not at all. A contiguous CUDA tensor takes a short path, written out
-    in the loop: six attribute reads (about 0.06–0.08 µs each on an H100 machine) and no call of
-    ours. The shim's path before its C call went from 1.69–2.10 to 1.27–1.51 µs a tensor there
-    (bench/gather_probe.py). Everything else goes the long way, which also says what is wrong."""
+    counts once, an empty one not at all. A contiguous CUDA tensor takes a short path: a few
+    attribute reads (about 0.06–0.08 µs each on an H100 machine). Everything else goes the long
+    way, which also says what is wrong. Moves give the library their tensors in slices, so only the
+    first slice's reads come before the copies start (_SlicedMove)."""
     last_device, named = None, None
     for tensor, what in zip(tensors, whats):
         try:
@@ -252,24 +252,19 @@ def _add_move_spans(tensors, whats, into: dict) -> None:
         except AttributeError:  # not a tensor: the long path says what is wrong
             short = False
         if short:
-            ptr, asked = tensor.data_ptr(), tensor.nbytes
-            if not asked:
+            span = (tensor.data_ptr(), tensor.nbytes)
+            if not span[1]:
                 continue
-            storage = tensor.untyped_storage()  # as _block_span decides
-            if ptr == storage.data_ptr() and asked == storage.nbytes() and not ptr % BLOCK_BYTES:
-                block = (ptr, -(-asked // BLOCK_BYTES) * BLOCK_BYTES)
-            else:
-                block = (ptr, asked)
         else:
             found = _cuda_span(tensor, what)
             if found is None:
                 continue
-            device, asked = found[0], found[1][1]
-            block = _block_span(tensor, found[1])
+            device, span = found
+        block = _block_span(tensor, span)
         if device != last_device:
             last_device, named = device, into.setdefault(device, {})
         if block not in named:
-            named[block] = (what, asked)
+            named[block] = (what, span[1])
 
 
 def _members(obj, include_buffers: bool) -> tuple[list, list]:

@@ -37,7 +37,6 @@ void note_staging_reserved(size_t bytes) {
 extern "C" uvm_status uvm_begin_moves(size_t staging_bytes) {
   const uvm::Call call = uvm::Call::of("uvm_begin_moves").with_size(staging_bytes);
   return uvm::guarded(call, [&] {
-    if (!uvm::in_move_group()) uvm::staging_reserved = 0;
     uvm::begin_move_group();
     uvm::staging_expected += staging_bytes;  // a nested group's offloads are the outer one's too
     return UVM_OK;
@@ -51,7 +50,7 @@ extern "C" uvm_status uvm_end_moves(void) {
       return uvm::fail(call, UVM_ERROR_INVALID_ARGUMENT, "no uvm_begin_moves is open on this thread");
     }
     if (uvm::in_move_group()) return UVM_OK;
-    uvm::staging_expected = 0;
+    uvm::staging_expected = uvm::staging_reserved = 0;
     if (uvm::staging_free_owed) {
       uvm::staging_free_owed = false;
       uvm::staging().free_unused_in_background();

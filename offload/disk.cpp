@@ -57,13 +57,24 @@ Directory& directory() {
   return *state;
 }
 
+// Why `path` could not be followed (`error`, from realpath or stat), as a failure of `call`. A path
+// this process may not follow is the caller's to fix, as a missing one is: a parent it may not
+// enter (EACCES: a checkout under another user's 0700 home), a file where a directory should be,
+// a loop, a name too long.
+uvm_status refuse_unfollowable(const Call& call, const char* path, int error) {
+  if (error == ENOENT) return fail(call, UVM_ERROR_INVALID_ARGUMENT, "the disk backup directory %s does not exist", path);
+  if (error == EACCES || error == ENOTDIR || error == ELOOP || error == ENAMETOOLONG) {
+    return fail(call, UVM_ERROR_INVALID_ARGUMENT, "the disk backup directory %s cannot be reached by uid %u: %s (%s)%s",
+                path, static_cast<unsigned>(geteuid()), std::strerror(error), strerrorname_np(error),
+                error == EACCES ? ": a directory on its path may not be searched by this user" : "");
+  }
+  return fail_errno(call, error, "resolving the disk backup directory %s", path);
+}
+
 // Why `path` cannot hold disk backups, as a failure of `call`; UVM_OK if it can.
 uvm_status check_directory(const Call& call, const std::string& path) {
   struct stat about{};
-  if (stat(path.c_str(), &about) != 0) {
-    if (errno == ENOENT) return fail(call, UVM_ERROR_INVALID_ARGUMENT, "the disk backup directory %s does not exist", path.c_str());
-    return fail_errno(call, errno, "stat(%s) of the disk backup directory", path.c_str());
-  }
+  if (stat(path.c_str(), &about) != 0) return refuse_unfollowable(call, path.c_str(), errno);
   if (!S_ISDIR(about.st_mode)) {
     return fail(call, UVM_ERROR_INVALID_ARGUMENT, "the disk backup directory %s is not a directory", path.c_str());
   }
@@ -181,10 +192,7 @@ std::string disk_backup_dir() {
 uvm_status set_disk_backup_dir(const Call& call, const char* path) {
   if (path == nullptr || *path == '\0') return fail(call, UVM_ERROR_INVALID_ARGUMENT, "path is NULL or empty");
   char resolved[PATH_MAX];
-  if (realpath(path, resolved) == nullptr) {
-    if (errno == ENOENT) return fail(call, UVM_ERROR_INVALID_ARGUMENT, "the disk backup directory %s does not exist", path);
-    return fail_errno(call, errno, "resolving the disk backup directory %s", path);
-  }
+  if (realpath(path, resolved) == nullptr) return refuse_unfollowable(call, path, errno);
   if (uvm_status s = check_directory(call, resolved)) return s;
   Directory& state = directory();
   std::lock_guard<std::mutex> lock(state.mutex);

@@ -224,27 +224,53 @@ TEST_CASE("the disk directory is refused by name when it cannot hold backups", "
     WARN("/dev/shm is not a tmpfs here: the tmpfs refusal is not exercised");
   }
 
-  char other[] = "uvm-disk-test-other-XXXXXX";
-  REQUIRE(mkdtemp(other) != nullptr);
+  std::ofstream(file) << "x";  // a file where a parent directory should be
+  CHECK(uvm_set_disk_backup_dir((file + "/backups").c_str()) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Has("cannot be reached by uid") && Has("(ENOTDIR)"));
+  std::remove(file.c_str());
+
+  // Every directory below is made under /tmp (sticky, open to every user), never beside the
+  // checkout, whose parents another user may not enter (a mktemp -d folder, /root).
+  char outer[] = "/tmp/uvm-disk-test-outer-XXXXXX";
+  REQUIRE(mkdtemp(outer) != nullptr);
+  const std::string other = std::string(outer) + "/other", unreachable = std::string(outer) + "/closed/backups";
+  REQUIRE(mkdir(other.c_str(), 0700) == 0);
+  REQUIRE(mkdir((std::string(outer) + "/closed").c_str(), 0700) == 0);
+  REQUIRE(mkdir(unreachable.c_str(), 0700) == 0);
   if (geteuid() == 0) {
-    // Another user's directory; then, as that user, a directory it may not write.
-    REQUIRE(chown(other, 4242, 4242) == 0);
-    CHECK(uvm_set_disk_backup_dir(other) == UVM_ERROR_INVALID_ARGUMENT);
+    // Another user's directory; then, as that user, a directory it may not write, and one inside a
+    // directory it may not enter.
+    REQUIRE(chmod(outer, 0755) == 0);
+    REQUIRE(chown(other.c_str(), 4242, 4242) == 0);
+    REQUIRE(chown(unreachable.c_str(), 4242, 4242) == 0);
+    CHECK(uvm_set_disk_backup_dir(other.c_str()) == UVM_ERROR_INVALID_ARGUMENT);
     CHECK_THAT(last_error(), Has("belongs to uid 4242, not to this process's uid 0"));
-    REQUIRE(chmod(other, 0500) == 0);
+    REQUIRE(chmod(other.c_str(), 0500) == 0);
     const int refused = in_child([&] {
       if (setuid(4242) != 0) return 2;
-      if (uvm_set_disk_backup_dir(other) != UVM_ERROR_INVALID_ARGUMENT) return 3;
-      return std::string(uvm_last_error()).find("is not writable: Permission denied") != std::string::npos ? 0 : 4;
+      if (uvm_set_disk_backup_dir(other.c_str()) != UVM_ERROR_INVALID_ARGUMENT) return 3;
+      if (std::string(uvm_last_error()).find("is not writable: Permission denied") == std::string::npos) return 4;
+      if (uvm_set_disk_backup_dir(unreachable.c_str()) != UVM_ERROR_INVALID_ARGUMENT) return 5;
+      const std::string message = uvm_last_error();
+      if (message.find("the disk backup directory " + unreachable + " cannot be reached by uid 4242: Permission "
+                       "denied (EACCES)") == std::string::npos) return 6;
+      return cudaPeekAtLastError() == cudaSuccess ? 0 : 7;
     });
     CHECK(refused == 0);
   } else {
-    REQUIRE(chmod(other, 0500) == 0);
-    CHECK(uvm_set_disk_backup_dir(other) == UVM_ERROR_INVALID_ARGUMENT);
+    REQUIRE(chmod(other.c_str(), 0500) == 0);
+    CHECK(uvm_set_disk_backup_dir(other.c_str()) == UVM_ERROR_INVALID_ARGUMENT);
     CHECK_THAT(last_error(), Has("is not writable"));
+    REQUIRE(chmod((std::string(outer) + "/closed").c_str(), 0600) == 0);  // not searchable
+    CHECK(uvm_set_disk_backup_dir(unreachable.c_str()) == UVM_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(last_error(), Has("cannot be reached by uid") && Has("Permission denied (EACCES)"));
+    REQUIRE(chmod((std::string(outer) + "/closed").c_str(), 0700) == 0);
     WARN("not root: another user's directory is not exercised");
   }
-  rmdir(other);
+  rmdir(unreachable.c_str());
+  rmdir((std::string(outer) + "/closed").c_str());
+  rmdir(other.c_str());
+  rmdir(outer);
   // The directory in use stays what it was.
   char in_use[PATH_MAX] = {};
   REQUIRE(uvm_get_disk_backup_dir(in_use, sizeof in_use) == UVM_OK);

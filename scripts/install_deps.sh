@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Installs what building and testing uvm needs, when it is missing: Meson (>= 1.0), Ninja,
-# pkg-config, a C/C++ compiler, binutils, Catch2 (Debian's header-only package), e2fsprogs, the Python
-# environment the tests run in (.venv: see below), and the CUDA 12 runtime headers the
-# cuda-12.x-headers tests build against (from PyPI, into .deps/). The CUDA toolkit itself must
-# already be there ($CUDA_HOME, $CUDA_PATH or /usr/local/cuda).
+# Installs what building uvm needs, when it is missing: Meson (>= 1.0), Ninja, pkg-config, a C/C++
+# compiler. With UVM_DEPS=tests (what test.sh asks for) also what testing needs: binutils, Catch2
+# (Debian's header-only package), e2fsprogs, the Python environment the tests run in (.venv: see
+# below), and the CUDA 12 runtime headers the cuda-12.x-headers tests build against (from PyPI,
+# into .deps/). The CUDA toolkit itself must already be there ($CUDA_HOME, $CUDA_PATH or
+# /usr/local/cuda).
 set -euo pipefail
+for_tests=false
+[ "${UVM_DEPS:-build}" = tests ] && for_tests=true
 
 cuda_home=${CUDA_HOME:-${CUDA_PATH:-/usr/local/cuda}}
 if [ ! -f "$cuda_home/include/cuda_runtime_api.h" ]; then
@@ -22,11 +25,13 @@ command -v ninja >/dev/null || missing+=(ninja-build)
 command -v pkg-config >/dev/null || missing+=(pkg-config)
 command -v g++ >/dev/null || missing+=(g++)
 command -v cc >/dev/null || missing+=(gcc)
-command -v nm >/dev/null && command -v readelf >/dev/null || missing+=(binutils)
 command -v python3 >/dev/null || missing+=(python3)
-have_catch2 || missing+=(catch2)
 meson_ok || missing+=(meson)
-command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)  # the small file system of the disk-full test
+if $for_tests; then
+  command -v nm >/dev/null && command -v readelf >/dev/null || missing+=(binutils)
+  have_catch2 || missing+=(catch2)
+  command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)  # the small file system of the disk-full test
+fi
 
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""
@@ -38,7 +43,7 @@ fi
 # The Python tests run in a virtualenv of uvm's own with exactly tests/python/requirements.txt in
 # it, so that nothing installed on the machine by hand can make them pass or fail. UVM_PYTHON names
 # another interpreter instead (the GPU machine's python3, which has torch and no network).
-if [ -z "${UVM_PYTHON:-}" ]; then
+if $for_tests && [ -z "${UVM_PYTHON:-}" ]; then
   venv=${UVM_VENV:-$PWD/.venv}
   if [ ! -x "$venv/bin/python" ] && ! python3 -m venv "$venv" >/dev/null 2>&1; then
     rm -rf "$venv"
@@ -62,4 +67,6 @@ if ! meson_ok; then  # a distribution whose meson is older than 1.0
   export PATH="$HOME/.local/bin:$PATH"
 fi
 # CUDA 12 runtime headers for the cuda-12.x-headers tests (they skip, saying why, without them).
-bash scripts/fetch_cuda12.sh || echo "uvm: no CUDA 12 headers fetched; the cuda-12.x-headers tests will skip"
+if $for_tests; then
+  bash scripts/fetch_cuda12.sh || echo "uvm: no CUDA 12 headers fetched; the cuda-12.x-headers tests will skip"
+fi

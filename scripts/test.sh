@@ -4,6 +4,7 @@
 # Extra arguments go to `meson test` (e.g. --suite cpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export UVM_DEPS=tests
 source scripts/build.sh
 set +e
 meson test -C "$build" --print-errorlogs "$@" >"$build/meson-test.out" 2>&1

@@ -30,10 +30,6 @@ _alloc = None  # torch.cuda.memory.CUDAPluggableAllocator over uvm_malloc
 _alloc_releasable = None  # the same over uvm_malloc_releasable (uvm.create_releasable_mempool)
 _mod = None    # the loaded library (ctypes.CDLL); the seed's name for its compiled module
 _blocks_hook = None  # the loaded _torch_blocks.cpp, attached to torch's caching allocator
-# Every pool the shim made, kept alive until uvm.release_pool: torch empties a MemPool's cache when
-# it dies and asserts (aborting the process) if any thread is allocating into a pool or capturing
-# a graph at that moment, which the garbage collector would make any moment.
-pools: list = []
 _state_lock = threading.Lock()
 
 

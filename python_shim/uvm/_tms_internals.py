@@ -1,7 +1,7 @@
 """torch_memory_saver's private names that its own example programs reach into —
 `torch_memory_saver._impl._mem_pools`, `._with_region_config(...)` and `._binary_wrapper.cdll` — so
 that they run unchanged on uvm.memory_saver with only the import swapped. Not uvm's API: use
-region(), pause(), resume(), and uvm.release_pool to let a pool go."""
+region(), pause() and resume()."""
 from __future__ import annotations
 
 from . import _lib
@@ -9,25 +9,12 @@ from . import _lib
 
 class PoolsByRegion(dict):
     """The region pools, keyed as the original keys them: (tag, enable_cpu_backup,
-    enable_disk_backup, cpu backup backend or "", device). uvm keeps every pool alive until it is
-    released (uvm.release_pool says why); a pool taken out of here is released, so that it frees its
-    memory once its last reference goes, as the original's does."""
+    enable_disk_backup, cpu backup backend or "", device). A pool taken out of here frees its memory
+    once its last reference goes, as the original's does (uvm._pools: at a safe point)."""
 
     def __init__(self, lock):
         super().__init__()
         self._lock = lock
-
-    def pop(self, key, *default):
-        from .torch import release_pool
-        with self._lock:
-            if key not in self and default:
-                return default[0]
-            pool = super().pop(key)
-        release_pool(pool)
-        return pool
-
-    def __delitem__(self, key):
-        self.pop(key)
 
 
 class _BinaryWrapper:

@@ -9,7 +9,7 @@ import itertools
 import operator
 import sys
 
-from . import _errors, _lib, _state
+from . import _errors, _lib, _pools, _state
 
 
 def create_unified_mempool(device=None, *, sync_ranks: bool = False):
@@ -43,26 +43,26 @@ def _create_pool(device, sync_ranks: bool, releasable: bool):
         raise _errors.UnifiedMemoryUnsupportedError(f"unified memory is unavailable: {reason}")
     import torch
     index = _lib.device_ordinal(device)
+    _pools.release_dropped_pools()  # a safe point
     with torch.cuda.device(index):
-        pool = torch.cuda.MemPool(_state.allocator(releasable).allocator())
+        pool = _pools.make(_state.allocator(releasable).allocator(), index)
     if _expandable_segments():
         _check_pool_is_uvm(pool, index)
-    _state.pools.append(pool)
     return pool
 
 
-def release_pool(pool) -> None:
-    """Lets a pool from create_unified_mempool / create_releasable_mempool go: uvm keeps every pool
-    alive until this, because torch empties a pool's cache when it dies and aborts the process if any
-    thread is allocating into a pool (torch.cuda.use_mem_pool) or capturing a CUDA graph at that
-    moment — which the garbage collector would make any moment. Call it where no thread does; the
-    pool's memory goes back once the last reference to it is dropped and its tensors are freed."""
-    for i, kept in enumerate(_state.pools):
-        if kept is pool:
-            del _state.pools[i]
-            return
-    raise ValueError("release_pool takes a pool made by uvm.create_unified_mempool or create_releasable_mempool "
-                     "that was not released yet")
+def release_pool(pool=None) -> int:
+    """A safe point for dropped pools; not needed to free a pool any more. A pool from
+    create_unified_mempool / create_releasable_mempool gives its memory back once its last reference
+    is dropped, as any torch.cuda.MemPool does (the blocks of tensors that outlive it once they are
+    freed, at torch.cuda.empty_cache()). A pool dropped while a uvm pool is being allocated into or
+    captured into waits for a safe point (uvm._pools says why): the next pool made or dropped, or
+    this call, made where no thread allocates into a pool. Returns how many dropped pools still wait.
+    `pool`, if given, must be a pool uvm made (ValueError otherwise); it is not released by this call."""
+    if pool is not None and not _pools.is_uvm_pool(pool):
+        raise ValueError(f"release_pool takes a pool made by uvm.create_unified_mempool or "
+                         f"create_releasable_mempool, not a {type(pool).__name__}")
+    return _pools.release_dropped_pools()
 
 
 def _expandable_segments() -> bool:

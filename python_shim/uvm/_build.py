@@ -151,15 +151,31 @@ def build_key(root: Path, cxx: str, home: Path) -> str:
     remembered = _read_memo(memo)
     if remembered is not None:
         return remembered
-    digest = hashlib.sha256()
-    for path in files:
-        digest.update(str(path.relative_to(root)).encode())
-        digest.update(path.read_bytes())
+    digest = _content_digest(root, files)
     for part in identity:
         digest.update(part.encode())
     key = digest.hexdigest()[:24]
     _write_memo(memo, key)
     return key
+
+
+def _content_digest(root: Path, files: list[Path]):
+    """A sha256 over each file's path under `root` and its bytes, in the order given."""
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest
+
+
+def sources_digest(root: Path) -> str:
+    """A hash of the files that go into the library (sources.txt, the sources' folders, include/),
+    without the compiler: what a shipped library records it was built from."""
+    stats = {root / SOURCE_LIST: None}
+    for folder in SourceList(root).folders(root):
+        _stat_files(folder, stats)
+    files = [root / SOURCE_LIST] + sorted(path for path in stats if path != root / SOURCE_LIST)
+    return _content_digest(root, files).hexdigest()
 
 
 def _stat_files(folder: Path, into: dict) -> None:
@@ -405,9 +421,57 @@ def build(timeout: float | None = None) -> Path:
         if not Path(prebuilt).is_file():
             raise BuildError(f"UVM_LIBRARY={prebuilt!r} does not exist")
         return Path(prebuilt)
+    shipped = shipped_library()
+    if shipped is not None:
+        return shipped
     root, home, cxx = source_root(), cuda_home(), compiler()
     return _cached_build("libuvm.so", build_key(root, cxx, home), timeout,
                          lambda scratch, left, watchdog: compile_library(root, cxx, home, scratch, left, watchdog))
+
+
+SHIPPED = Path(__file__).resolve().with_name("_prebuilt")  # made by setup.py at install time
+SHIPPED_MANIFEST = "manifest.json"
+
+
+def ship_library(root: Path, out_dir: Path, timeout: float) -> Path:
+    """Compiles libuvm.so from the sources under `root` into `out_dir` (an installed package's
+    uvm/_prebuilt), with a manifest of what it was built from: the sources' digest and the CUDA
+    version of the headers. setup.py calls this, so that pip users never compile at import."""
+    import json
+    home, cxx = cuda_home(), compiler()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="uvm-ship-") as scratch:
+        watchdog = Watchdog(Path(scratch))
+        try:
+            built = compile_library(root, cxx, home, Path(scratch), timeout, watchdog)
+        finally:
+            watchdog.close()
+        shutil.copy2(built, out_dir / "libuvm.so")
+    (out_dir / SHIPPED_MANIFEST).write_text(json.dumps({
+        "sources": sources_digest(root), "cuda": cuda_version(home),
+        "sha256": _checksum(out_dir / "libuvm.so")}, indent=1) + "\n")
+    return out_dir / "libuvm.so"
+
+
+def shipped_library() -> Path | None:
+    """The library the installed package shipped, if it matches: built from the sources beside it
+    (unchanged since), intact, and for the CUDA major of the toolkit here (any, when no toolkit is
+    found: nothing could be compiled then anyway). None otherwise, and the library is compiled."""
+    import json
+    library = SHIPPED / "libuvm.so"
+    if not library.is_file():
+        return None
+    try:
+        manifest = json.loads((SHIPPED / SHIPPED_MANIFEST).read_text())
+        if manifest["sha256"] != _checksum(library) or manifest["sources"] != sources_digest(source_root()):
+            return None
+    except (OSError, ValueError, KeyError, TypeError, BuildError):
+        return None
+    try:
+        here = cuda_version(cuda_home())
+    except BuildError:
+        return library
+    return library if here[:2] == str(manifest["cuda"])[:2] else None
 
 
 TORCH_BLOCKS_SOURCE = Path(__file__).resolve().with_name("_torch_blocks.cpp")

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SHIM, builds, python
+from conftest import ROOT, SHIM, builds, python
 
 sys.path.insert(0, str(SHIM))
 
@@ -277,6 +277,78 @@ def test_pip_installed_package_carries_and_builds_the_sources(cache, tmp_path, i
     assert result.returncode == 0, result.stderr
     root, version = result.stdout.split()
     assert root == str(target / "uvm" / "_csrc") and version == "0.1.0"
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    """A wheel built from python_shim/ (without isolation: the test venv's setuptools), once."""
+    out = tmp_path_factory.mktemp("wheel")
+    made = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                           "-w", str(out), str(SHIM)], capture_output=True, text=True, timeout=600)
+    assert made.returncode == 0, made.stdout + made.stderr
+    [built] = out.glob("uvm-*.whl")
+    return built
+
+
+def install(wheel: Path, target: Path) -> Path:
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+                           str(wheel)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return target
+
+
+WHICH = LOAD + "; import uvm._build as b; print(uvm._so_path)"
+
+
+def run_installed(target: Path, env: dict, cwd: Path) -> list:
+    result = subprocess.run([sys.executable, "-c", WHICH], env={**env, "PYTHONPATH": str(target)},
+                            capture_output=True, text=True, timeout=300, cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split()
+
+
+def test_a_wheel_ships_the_library_and_imports_without_a_compiler(wheel, tmp_path):
+    assert "-py3-none-linux_" in wheel.name  # a platform wheel, for any Python 3
+    target = install(wheel, tmp_path / "site")
+    assert (target / "uvm" / "_prebuilt" / "libuvm.so").is_file()
+    cache = tmp_path / "cache"
+    # No compiler anywhere: no PATH, and UVM_CXX names none.
+    env = {"HOME": str(tmp_path), "PATH": "/nonexistent", "UVM_CACHE_DIR": str(cache), "UVM_CXX": "/nonexistent/c++"}
+    version, loaded = run_installed(target, env, tmp_path)
+    assert version == "0.1.0" and loaded == str(target / "uvm" / "_prebuilt" / "libuvm.so")
+    assert not cache.exists()  # nothing was built or even looked up in the cache
+
+
+def _edit_a_source(target: Path) -> None:
+    source = target / "uvm" / "_csrc" / "alloc" / "errors.cpp"
+    source.write_text(source.read_text() + "\n// changed after install\n")
+
+
+def _corrupt_the_library(target: Path) -> None:
+    library = target / "uvm" / "_prebuilt" / "libuvm.so"
+    library.write_bytes(library.read_bytes() + b"\0")
+
+
+@pytest.mark.parametrize("mismatch", ["a source changed", "the library changed", "another CUDA major"])
+def test_a_shipped_library_that_does_not_match_is_compiled_as_before(wheel, tmp_path, mismatch):
+    target = install(wheel, tmp_path / "site")
+    cache = tmp_path / "cache"
+    env = {**os.environ, "UVM_CACHE_DIR": str(cache), "UVM_LIBRARY": "", "UVM_CXX": "", "UVM_COMPILE_TIMEOUT_S": ""}
+    if mismatch == "a source changed":
+        _edit_a_source(target)
+    elif mismatch == "the library changed":
+        _corrupt_the_library(target)
+    else:
+        import json
+        shipped = json.loads((target / "uvm" / "_prebuilt" / "manifest.json").read_text())["cuda"]
+        other = ROOT / ".deps" / ("cuda-12.8" if shipped.startswith("13") else "none")
+        if not (other / "include" / "cuda_runtime_api.h").is_file():
+            pytest.skip(f"no CUDA toolkit of another major than {shipped} here (scripts/fetch_cuda12.sh)")
+        env["CUDA_HOME"] = str(other)
+        env["LD_LIBRARY_PATH"] = str(other / "lib64")  # its libcudart.so.12, which the JIT build links
+    version, loaded = run_installed(target, env, tmp_path)
+    assert version == "0.1.0" and loaded.startswith(str(cache)), loaded
+    assert builds(cache) == 1
 
 
 def test_unity_groups_share_the_cost_and_keep_the_order():

@@ -22,6 +22,10 @@
 #   BACKUP_BENCH=1               runs bench/backup_bench.py (BACKUP_DIR, BACKUP_GIB, BACKUP_THREADS,
 #                                BACKUP_ARGS: more arguments, e.g. "--no-disk --rounds 2" or
 #                                "--ram-disk 12 --disk-only --disk-rounds 4": a RAM-backed loop disk)
+#   SOAK=1                       runs bench/soak_bench.py: SOAK_CYCLES (default 500) sleep/wake cycles
+#                                through uvm.memory_saver, SOAK_MIB (default 128) MiB per region
+#   POOLS_BEFORE=DIR             runs tests/python/test_pools_gpu.py against the older tree in DIR too
+#                                (it must fail there: the pools it checks kept their memory)
 #   RL_BENCH=1                   runs the sleep/wake cycle benchmark (python -m uvm bench rl);
 #                                RL_ALSO="VAR=x;VAR=y" runs it again with each environment
 #   BEFORE=DIR                   also benchmarks the uvm tree in DIR (an older commit's files,
@@ -148,6 +152,21 @@ if [ "${BACKUP_BENCH:-0}" = 1 ]; then
   fi
   PYTHONPATH=python_shim:/tmp/peer-site python3 bench/backup_bench.py --dir "${BACKUP_DIR:-/var/tmp/uvm-backup-bench}" \
     --gib "${BACKUP_GIB:-4}" --threads "${BACKUP_THREADS:-auto}" ${BACKUP_ARGS:-} --json "$OUT/backup.json" | tee "$OUT/backup.txt" || status=1
+fi
+
+if [ "${SOAK:-0}" = 1 ]; then
+  echo "== soak: ${SOAK_CYCLES:-500} sleep/wake cycles through uvm.memory_saver"
+  python3 bench/soak_bench.py --cycles "${SOAK_CYCLES:-500}" --weights-mib "${SOAK_MIB:-128}" \
+    --dir "${SOAK_DIR:-/var/tmp/uvm-soak}" --out "$OUT/soak" | tee "$OUT/soak.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if [ -n "${POOLS_BEFORE:-}" ]; then
+  echo "== the pool tests against the tree in $POOLS_BEFORE (they must fail there)"
+  mkdir -p "$POOLS_BEFORE/tests/python"
+  cp tests/python/test_pools_gpu.py tests/python/conftest.py "$POOLS_BEFORE/tests/python/"
+  (cd "$POOLS_BEFORE" && UVM_CACHE_DIR=/tmp/uvm-cache-before python3 -m pytest tests/python/test_pools_gpu.py -q \
+    -p no:cacheprovider 2>&1 | grep -E "^(FAILED|ERROR|E  +AssertionError)|passed|failed" | cut -c1-220 | head -n 20)
 fi
 
 if [ "${RL_BENCH:-0}" = 1 ]; then

@@ -177,6 +177,10 @@ MUTANTS = [
  # A group that says what it will stage still pins a block per slice that runs out of room.
  ("offload/staging.cpp", "new_block(call, missing + ahead, in_steps, &block)", "new_block(call, missing, in_steps, &block)",
   "offload_tests", "[group]"),
+ # The soak: the closing thread forgets one descriptor in ten (nothing else notices a slow leak).
+ ("offload/closer.cpp", "    for (size_t i = 0; i < taken; ++i) close(now[i]);",
+  "    static int leak = 0;\n    for (size_t i = 0; i < taken; ++i) if (++leak % 10) close(now[i]);",
+  "offload_tests", "[soak]"),
 ]
 TAG_ENV = {"[steps]": {"UVM_PINNED": ""}, "[env_malformed]": {"UVM_PINNED": "pinned"}, "[model]": {"UVM_MODEL_SEQUENCES": "300", "UVM_MODEL_THREADED_SEQUENCES": "10"}, "[model]~[threads]": {"UVM_MODEL_SEQUENCES": "300", "UVM_MODEL_FILES_AT_ONCE": "1"}, "[sm_copy]": {"UVM_ONLOAD_COPY": "sm"},
            "[sm_copy_default]": {"UVM_ONLOAD_COPY": "", "FAKE_CUDA_SCENARIO": "pre_volta"},

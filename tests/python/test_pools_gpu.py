@@ -88,9 +88,10 @@ def test_two_hundred_pools_of_64_mib_made_and_dropped_leave_nothing_behind(kind)
     print("\nPOOLS", measures)
     assert measures["live_max"] == 0 and measures["live_end"] == 0, measures
     # After the first pools (kernels loaded, uvm's spare memory kept for the next map of a size),
-    # the driver's free memory never falls by a pool's 64 MiB: nothing is kept pool after pool.
-    assert measures["free_mib_min"] > measures["free_mib_after_10"] - 64, measures
-    assert measures["free_mib_end"] > measures["free_mib_after_10"] - 64, measures
+    # the driver's free memory moves by at most one 64 MiB pool either way (seen on an H100 with
+    # managed memory, uvm holding nothing): one pool kept in ten would take 1.2 GiB over 190 pools.
+    assert measures["free_mib_min"] >= measures["free_mib_after_10"] - 2 * 64, measures
+    assert measures["free_mib_end"] >= measures["free_mib_after_10"] - 2 * 64, measures
 
 
 UNSAFE = {

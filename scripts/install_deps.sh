@@ -30,15 +30,23 @@ meson_ok || missing+=(meson)
 if $for_tests; then
   command -v nm >/dev/null && command -v readelf >/dev/null || missing+=(binutils)
   have_catch2 || missing+=(catch2)
-  command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)  # the small file system of the disk-full test
+  # the small file system of the disk-full test (in /sbin, which a user's PATH may lack)
+  command -v mkfs.ext4 >/dev/null || [ -x /sbin/mkfs.ext4 ] || [ -x /usr/sbin/mkfs.ext4 ] || missing+=(e2fsprogs)
 fi
 
+# apt-get as root, else through sudo; a user without sudo is told what to ask for.
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"
+  elif command -v sudo >/dev/null; then sudo "$@"
+  else
+    echo "uvm: $* needs root, and sudo is not installed: ask an administrator for: ${missing[*]:-python3-venv}" >&2
+    exit 1
+  fi
+}
 if [ ${#missing[@]} -gt 0 ]; then
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
   echo "uvm: installing ${missing[*]}"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 # The Python tests run in a virtualenv of uvm's own with exactly tests/python/requirements.txt in
 # it, so that nothing installed on the machine by hand can make them pass or fail. UVM_PYTHON names
@@ -48,10 +56,8 @@ if $for_tests && [ -z "${UVM_PYTHON:-}" ]; then
   if [ ! -x "$venv/bin/python" ] && ! python3 -m venv "$venv" >/dev/null 2>&1; then
     rm -rf "$venv"
     echo "uvm: installing python3-venv"
-    sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo="sudo"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-venv >/dev/null
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
     python3 -m venv "$venv"
   fi
   if ! cmp -s tests/python/requirements.txt "$venv/uvm-requirements.txt"; then

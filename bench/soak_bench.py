@@ -14,6 +14,8 @@ flat: the report gives the slope (per cycle) and max - min of each, a plot and J
 Bounded memory: weights 3 x --weights-mib plus a KV cache of --weights-mib, releasable device
 memory (not managed), far below 25 % of the card. Exits 1 when a byte was wrong or a measure grew.
 The CPU version on the CUDA test double: tests/offload/test_soak.cpp (CI)."""
+from __future__ import annotations
+
 import argparse
 import json
 import os
@@ -23,11 +25,12 @@ import sys
 import time
 from pathlib import Path
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python_shim"))
 import uvm  # noqa: E402
 from uvm.memory_saver import torch_memory_saver as saver  # noqa: E402
+
+torch = None  # imported by main: --plot needs no torch
 
 MiB = 1 << 20
 # What each measure may move after the warm-up, max - min and slope x cycles alike, among cycles
@@ -87,6 +90,29 @@ def environment() -> dict:
             "date": time.strftime("%Y-%m-%d")}
 
 
+def plot(result: dict, path: Path) -> None:
+    """Each measure per cycle, the cycles that retain the host copies as a line of their own."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot")
+        return
+    samples = result["samples"]
+    figure, axes = plt.subplots(2, 3, figsize=(13, 6), sharex=True)
+    for axis, name in zip(axes.flat, samples[0]):
+        for retained, label in ((0, "copies given back"), (1, "copies retained")):
+            cycles = range(retained, len(samples), 2)
+            axis.plot(list(cycles), [samples[c][name] for c in cycles], linewidth=0.9, label=label)
+        axis.axvline(result["warmup"], color="grey", linestyle=":")
+        axis.set_title(name)
+    axes.flat[0].legend(fontsize=8)
+    figure.suptitle(f"uvm soak: {result['cycles']} sleep/wake cycles, {result['environment']['device']}")
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cycles", type=int, default=500)
@@ -94,7 +120,14 @@ def main() -> int:
     parser.add_argument("--weights-mib", type=int, default=256)
     parser.add_argument("--dir", default="/var/tmp/uvm-soak")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
+    parser.add_argument("--plot", metavar="JSON", help="only draw the plot of an earlier run's soak.json into --out")
     args = parser.parse_args()
+    if args.plot:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        plot(json.loads(Path(args.plot).read_text()), Path(args.out) / "soak.png")
+        return 0
+    global torch
+    import torch
     total = torch.cuda.get_device_properties(0).total_memory
     budget = 4 * args.weights_mib * MiB + 2 * args.weights_mib * MiB  # weights, KV, the training step
     if budget > total // 4:
@@ -170,20 +203,7 @@ def main() -> int:
         print(f"| {name} | {row['first']:.1f} | {row['last']:.1f} | {row['slope_per_cycle']:+.4f} | "
               f"{row['max_minus_min']:.1f} | {row['allowed']} | {'yes' if row['flat'] else 'NO'} |")
     print(f"bytes checked every cycle: {'all identical' if not wrong else f'{len(wrong)} WRONG, first {wrong[:3]}'}")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        figure, axes = plt.subplots(2, 3, figsize=(13, 6), sharex=True)
-        for axis, name in zip(axes.flat, samples[0]):
-            axis.plot([s[name] for s in samples], linewidth=0.8)
-            axis.axvline(args.warmup, color="grey", linestyle=":")
-            axis.set_title(name)
-        figure.suptitle(f"uvm soak: {args.cycles} sleep/wake cycles, {result['environment']['device']}")
-        figure.tight_layout()
-        figure.savefig(out / "soak.png", dpi=90)
-    except ImportError:
-        print("matplotlib is not installed: no plot")
+    plot(result, out / "soak.png")
     ok = flat and not wrong
     print(f"soak: {'PASSED' if ok else 'FAILED'}")
     return 0 if ok else 1

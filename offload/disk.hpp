@@ -45,10 +45,6 @@ class BackupFile {
 
   const std::string& path() const { return path_; }
   uint64_t bytes() const { return bytes_; }
-  // Whether reads and writes bypass the page cache (O_DIRECT); else the file is written back and
-  // its cached pages dropped once sealed, so a disk copy holds no host memory either way.
-  bool direct() const { return direct_; }
-
   // The descriptor an offload writes through: open from create() until seal().
   int fd() const { return fd_; }
   // After the last write: flushes it to the disk, records what the file is (so that a change while
@@ -64,6 +60,8 @@ class BackupFile {
   std::string path_;
   uint64_t bytes_ = 0;
   int fd_ = -1;
+  // Whether reads and writes bypass the page cache (O_DIRECT); else the file is written back and
+  // its cached pages dropped once sealed, so a disk copy holds no host memory either way.
   bool direct_ = false;
   dev_t device_ = 0;
   ino_t inode_ = 0;

@@ -7,8 +7,8 @@ reference can go at any moment: the garbage collector collects a reference cycle
 allocation triggers it, in any thread, perhaps inside `torch.cuda.use_mem_pool(other)`. So each
 uvm pool's `__del__` looks first: when nothing uvm can see is allocating into a pool or capturing,
 the pool dies at once (torch's own behaviour); otherwise `__del__` keeps it (Python lets a
-finalizer keep its object) and it dies at the next safe point: the next pool made, dropped or
-released, or `release_dropped_pools()`."""
+finalizer keep its object) and it dies at the next safe point: the next uvm pool made or dropped,
+or `uvm.release_pool()`. Pools of torch's own are not seen (docs/python-api.md says so)."""
 from __future__ import annotations
 
 import sys
@@ -39,7 +39,7 @@ def make(allocator, device_index: int):
 
         _pool_class = UnifiedMemoryPool
     pool = _pool_class(allocator)
-    pool.uvm_device = device_index
+    pool.uvm_device = device_index  # for a reader of a pool (torch's own attribute is C++-side only)
     _live.add(pool)
     return pool
 

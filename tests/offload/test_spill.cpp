@@ -216,12 +216,16 @@ TEST_CASE("the disk directory is refused by name when it cannot hold backups", "
   CHECK_THAT(last_error(), Has("is not a directory"));
   std::remove(file.c_str());
 
+  // A directory of this user's own on a tmpfs (/dev/shm itself is root's: another user would be
+  // refused for that first).
   struct statfs shm {};
-  if (statfs("/dev/shm", &shm) == 0 && shm.f_type == 0x01021994) {  // TMPFS_MAGIC
-    CHECK(uvm_set_disk_backup_dir("/dev/shm") == UVM_ERROR_INVALID_ARGUMENT);
-    CHECK_THAT(last_error(), Has("/dev/shm is on a tmpfs, whose files live in host memory"));
+  char on_tmpfs[] = "/dev/shm/uvm-disk-test-shm-XXXXXX";
+  if (statfs("/dev/shm", &shm) == 0 && shm.f_type == 0x01021994 && mkdtemp(on_tmpfs) != nullptr) {  // TMPFS_MAGIC
+    CHECK(uvm_set_disk_backup_dir(on_tmpfs) == UVM_ERROR_INVALID_ARGUMENT);
+    CHECK_THAT(last_error(), Has(std::string(on_tmpfs) + " is on a tmpfs, whose files live in host memory"));
+    rmdir(on_tmpfs);
   } else {
-    WARN("/dev/shm is not a tmpfs here: the tmpfs refusal is not exercised");
+    WARN("no directory of this user's on a tmpfs at /dev/shm: the tmpfs refusal is not exercised");
   }
 
   std::ofstream(file) << "x";  // a file where a parent directory should be

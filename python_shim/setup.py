@@ -73,9 +73,10 @@ class PlatformWheel(bdist_wheel):
 
 
 def _listed_folders(listing: Path) -> set:
-    """The top-level folders of the sources sources.txt lists."""
+    """The top-level folders of the sources sources.txt lists (libuvm's, and the interposer's on
+    `preload` lines)."""
     lines = (line.strip() for line in listing.read_text().splitlines())
-    return {line.split("/")[0] for line in lines if line.endswith(".cpp")}
+    return {line.split()[-1].split("/")[0] for line in lines if line.endswith(".cpp")}
 
 
 setup(cmdclass={"build_py": BuildWithSources, "bdist_wheel": PlatformWheel}, distclass=NativeDistribution)

@@ -19,6 +19,9 @@
 #   LIFETIME_BENCH=1             runs bench/lifetime_bench.py (what learning of a block's death costs)
 #   PEERS=1                      runs torch_memory_saver's examples on uvm.memory_saver
 #                                (tests/peers/run_tms_examples.sh) and the Megatron-Core harness
+#   PRELOAD=1                    hook mode "preload": tests/python/test_preload*.py, torch_memory_saver's
+#                                own test file on the original and on uvm (tests/peers/run_tms_tests.sh),
+#                                SGLang's adapter in both modes (tests/peers/run_sglang_adapter.sh)
 #   BACKUP_BENCH=1               runs bench/backup_bench.py (BACKUP_DIR, BACKUP_GIB, BACKUP_THREADS,
 #                                BACKUP_ARGS: more arguments, e.g. "--no-disk --rounds 2" or
 #                                "--ram-disk 12 --disk-only --disk-rounds 4": a RAM-backed loop disk)
@@ -105,6 +108,19 @@ if [ "${PEERS:-0}" = 1 ]; then
     bash tests/peers/run_megatron.sh 2>&1 | tee "$OUT/megatron.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   fi
+fi
+
+if [ "${PRELOAD:-0}" = 1 ]; then
+  echo "== preload mode: uvm's tests"
+  python3 -m pytest tests/python/test_preload.py tests/python/test_preload_gpu.py -v -rs -p no:cacheprovider 2>&1 |
+    tee "$OUT/preload_tests.log" | grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  echo "== preload mode: torch_memory_saver's test_examples.py, the original and uvm"
+  bash tests/peers/run_tms_tests.sh 2>&1 | tee "$OUT/tms_tests.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  echo "== preload mode: SGLang's adapter"
+  bash tests/peers/run_sglang_adapter.sh 2>&1 | tee "$OUT/sglang_adapter.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
 echo "== demo"

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Puts the peers' code that tests/peers runs into .deps/ (ignored by git; it travels to the GPU
 # machine, which has no network): never into the repository. Pinned:
-#   torch_memory_saver   github.com/fzyzcjy/torch_memory_saver at 4a43c97 (test/examples -> .deps/tms_examples)
-#                        and its 0.0.10 wheel from PyPI (.deps/wheels)
+#   torch_memory_saver   github.com/fzyzcjy/torch_memory_saver at 4a43c97 (test/examples -> .deps/tms_examples;
+#                        test/ with its test_examples.py -> .deps/tms_test) and its 0.0.10 wheel from PyPI
+#                        (.deps/wheels)
+#   SGLang               github.com/sgl-project/sglang at 1373e4f547: python/sglang/srt/utils/
+#                        torch_memory_saver_adapter.py -> .deps/sglang (SGLANG_REPO: a clone with that
+#                        commit; the tool library's read_file of that path at that commit gives the same bytes)
 #   Megatron-LM          github.com/NVIDIA/Megatron-LM at f8837c04ef (head of core_r0.19.0, whose
 #                        megatron/core/inference is byte-identical to the 0.19.2 wheel's): the engine
 #                        tests and their helpers -> .deps/megatron-lm; megatron-core 0.19.2 wheel (cp312)
@@ -20,7 +24,26 @@ mkdir -p .deps/wheels .whl
 rm -rf .deps/tms_examples && mkdir -p .deps/tms_examples
 git -C "$tms_repo" archive "$tms_commit" test/examples | tar -x -C .deps/tms_examples --strip-components=2
 echo "torch_memory_saver examples at $tms_commit: $(ls .deps/tms_examples | tr '\n' ' ')"
+rm -rf .deps/tms_test && mkdir -p .deps/tms_test
+git -C "$tms_repo" archive "$tms_commit" test | tar -x -C .deps/tms_test --strip-components=1
+echo "$tms_commit" >.deps/tms_test/COMMIT
+echo "torch_memory_saver tests at $tms_commit: $(ls .deps/tms_test | tr '\n' ' ')"
 
+sglang_commit=1373e4f547e8f2d715257def999e556398272757
+adapter=python/sglang/srt/utils/torch_memory_saver_adapter.py
+if [ -n "${SGLANG_REPO:-}" ]; then
+  mkdir -p .deps/sglang && git -C "$SGLANG_REPO" show "$sglang_commit:$adapter" >.deps/sglang/torch_memory_saver_adapter.py
+fi
+if [ -f .deps/sglang/torch_memory_saver_adapter.py ]; then
+  echo "$sglang_commit $adapter" >.deps/sglang/COMMIT
+  echo "SGLang's adapter at $sglang_commit: $(sha256sum .deps/sglang/torch_memory_saver_adapter.py | cut -c1-16)"
+else
+  echo "SGLang's adapter is not here: set SGLANG_REPO to a clone with $sglang_commit"
+fi
+
+if [ ! -d "$megatron_repo" ]; then
+  echo "Megatron-LM mirror $megatron_repo is not here: its tests are not refreshed"
+else
 rm -rf .deps/megatron-lm && mkdir -p .deps/megatron-lm
 git -C "$megatron_repo" archive "$megatron_commit" tests/__init__.py tests/unit_tests/__init__.py \
   tests/unit_tests/test_utilities.py tests/unit_tests/inference/__init__.py \
@@ -28,6 +51,7 @@ git -C "$megatron_repo" archive "$megatron_commit" tests/__init__.py tests/unit_
   tar -x -C .deps/megatron-lm
 echo "$megatron_commit" >.deps/megatron-lm/COMMIT
 echo "Megatron-LM tests at $megatron_commit"
+fi
 
 python3 -m pip download -q --python-version 3.12 --only-binary=:all: --no-deps -d .deps/wheels \
   torch_memory_saver==0.0.10 megatron-core==0.19.2

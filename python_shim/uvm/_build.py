@@ -112,6 +112,7 @@ class SourceList:
 
     def __init__(self, root: Path):
         self.sources: list[Path] = []
+        self.preload_sources: list[Path] = []  # libuvm_preload.so's
         self.flags: list[str] = []
         for number, raw in enumerate((root / SOURCE_LIST).read_text().splitlines(), 1):
             line = raw.strip()
@@ -122,6 +123,8 @@ class SourceList:
                 self.flags.insert(0, f"-std={rest.strip()}")
             elif word == "flags":
                 self.flags += rest.split()
+            elif word == "preload" and (root / rest.strip()).is_file():
+                self.preload_sources.append(root / rest.strip())
             elif (root / line).is_file():
                 self.sources.append(root / line)
             else:
@@ -129,7 +132,7 @@ class SourceList:
 
     def folders(self, root: Path) -> list[Path]:
         """The folders whose files go into the library: those of the sources, and include/."""
-        return sorted({source.parent for source in self.sources} | {root / "include"})
+        return sorted({source.parent for source in self.sources + self.preload_sources} | {root / "include"})
 
 
 def build_key(root: Path, cxx: str, home: Path) -> str:
@@ -353,6 +356,36 @@ def compile_library(root: Path, cxx: str, home: Path, out_dir: Path, timeout: fl
     return _produced(cxx, library)
 
 
+PRELOAD_NAME = "libuvm_preload.so"
+
+
+def compile_preload(root: Path, cxx: str, home: Path, out_dir: Path, timeout: float,
+                    watchdog: Watchdog | None = None) -> Path:
+    """Compiles the cudaMalloc interposer (sources.txt's `preload` lines) into `out_dir`. It links
+    neither libuvm nor the CUDA runtime: it opens the libuvm.so beside it at load."""
+    listed = SourceList(root)
+    library = out_dir / PRELOAD_NAME
+    run([cxx, *listed.flags, "-I", str(root / "include"), "-isystem", str(home / "include"), "-shared",
+         "-o", str(library), *map(str, listed.preload_sources),
+         f"-Wl,--version-script={root / 'preload' / 'exports.map'}", "-ldl"], timeout=timeout, watchdog=watchdog)
+    return _produced(cxx, library)
+
+
+def preload_library(libuvm: Path) -> Path:
+    """The interposer beside `libuvm` (the one it opens at load): built now into the JIT cache
+    beside a library built there; a shipped or UVM_LIBRARY library must have it beside already."""
+    beside = libuvm.with_name(PRELOAD_NAME)
+    if beside.is_file():
+        return beside
+    root, home, cxx = source_root(), cuda_home(), compiler()
+    key = build_key(root, cxx, home)
+    if libuvm.parent.name != key:
+        raise BuildError(f"{beside} is missing: the interposer must lie beside the libuvm.so it opens ({libuvm}); "
+                         "build both (meson, or pip install ./python_shim)")
+    return _cached_build(PRELOAD_NAME, key, None,
+                         lambda scratch, left, watchdog: compile_preload(root, cxx, home, scratch, left, watchdog))
+
+
 def configured_cache_dir() -> Path:
     return Path(os.environ.get("UVM_CACHE_DIR") or Path.home() / ".cache" / "uvm")
 
@@ -444,9 +477,11 @@ def ship_library(root: Path, out_dir: Path, timeout: float) -> Path:
         watchdog = Watchdog(Path(scratch))
         try:
             built = compile_library(root, cxx, home, Path(scratch), timeout, watchdog)
+            interposer = compile_preload(root, cxx, home, Path(scratch), timeout, watchdog)
         finally:
             watchdog.close()
         shutil.copy2(built, out_dir / "libuvm.so")
+        shutil.copy2(interposer, out_dir / PRELOAD_NAME)
     (out_dir / SHIPPED_MANIFEST).write_text(json.dumps({
         "sources": sources_digest(root), "cuda": cuda_version(home),
         "sha256": _checksum(out_dir / "libuvm.so")}, indent=1) + "\n")

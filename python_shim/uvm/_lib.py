@@ -173,11 +173,24 @@ def build_library() -> str:
     """Builds (or finds in the cache) libuvm.so and returns its path; no torch needed. Raises
     UnifiedMemoryCompileTimeoutError or UnifiedMemoryUnsupportedError with the reason."""
     try:
-        return str(_build.build())
+        preloaded = _preloaded_libuvm()
+        return preloaded if preloaded is not None else str(_build.build())
     except BuildTimeout as error:
         raise UnifiedMemoryCompileTimeoutError(str(error)) from None
     except BuildError as error:
         raise UnifiedMemoryUnsupportedError(f"building libuvm.so failed: {error}") from None
+
+
+def _preloaded_libuvm() -> str | None:
+    """The libuvm.so the cudaMalloc interposer opened, when this process preloads it: the Python
+    side must load that same library (one registry of allocations, one set of locks)."""
+    try:
+        process = ctypes.CDLL(None)
+        active, path = process.uvm_preload_active, process.uvm_preload_libuvm_path
+    except (AttributeError, OSError):
+        return None
+    path.restype = ctypes.c_char_p
+    return path().decode() if active() and path() else None
 
 
 def load(path: str) -> ctypes.CDLL:

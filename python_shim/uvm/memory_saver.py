@@ -15,8 +15,15 @@ The pools are releasable device memory (CUDA virtual memory management) by defau
 then touching a paused tensor reads indeterminate bytes rather than faulting, but the driver takes
 the memory back only when someone allocates, and mem_get_info shows nothing freed (docs/faq.md).
 
-Only hook_mode "torch" exists here: allocations are found through torch's MemPool, not by an
-LD_PRELOAD hook. `import uvm.memory_saver` needs no torch; the methods import it.
+Two hook modes, as the original's. "torch": a region's tensors reach uvm through a torch MemPool of
+uvm's allocator. "preload": the process was started with uvm's cudaMalloc interposer in LD_PRELOAD
+(`with configure_subprocess(): start the process`; include/uvm_preload.h), and every cudaMalloc a
+thread makes inside a region becomes a uvm allocation, whoever calls it; each region still gets a
+torch MemPool of its own (torch's allocator) so that cached blocks never cross regions. The mode is
+"preload" in a process that preloads the interposer and "torch" in any other, unless set. In preload
+mode, TMS_INIT_ENABLE=1 (and TMS_INIT_ENABLE_CPU_BACKUP, TMS_INIT_CPU_BACKUP_BACKEND) start every
+thread inside a region with tag "default", as the original. `import uvm.memory_saver` needs no
+torch; the methods import it.
 """
 from __future__ import annotations
 
@@ -25,11 +32,12 @@ import ctypes
 import os
 import threading
 
-from . import _lib
+from . import _lib, _preload
 
 _DEFAULT_TAG = "default"
 _MAX_TAG_LENGTH = 63  # UVM_TAG_MAX_LENGTH
 BACKINGS = ("releasable", "managed")
+HOOK_MODES = ("preload", "torch")
 CPU_BACKUP_BACKENDS = ("pinned", "mmap")
 
 
@@ -56,9 +64,40 @@ def _region_config(tag: str, kind: str):
 
 @contextlib.contextmanager
 def _options_region_config(tag: str, enable_cpu_backup: bool, cpu_backup_backend=None, enable_disk_backup: bool = False):
-    """The same from a region's options (the original's _with_region_config)."""
-    with _region_config(_check_tag(tag), _backup_kind(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)):
+    """The same from a region's options (the original's _with_region_config): in preload mode, a
+    region for the interposer too."""
+    with _inside_region(True), _region_config(_check_tag(tag), _backup_kind(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)):
         yield
+
+
+@contextlib.contextmanager
+def _inside_region(inside: bool):
+    """This thread's cudaMalloc calls go to uvm (True) or to the runtime (False) inside, in preload
+    mode; nothing in torch mode, where the pool decides."""
+    process = _preload.in_process() if _state.mode() == "preload" else None
+    if process is None:
+        yield
+        return
+    previous = process.uvm_preload_get_region()  # first: the thread's TMS_INIT_* state is applied then
+    process.uvm_preload_set_region(1 if inside else 0)
+    try:
+        yield
+    finally:
+        process.uvm_preload_set_region(previous)
+
+
+def _check_preload_settings(backing: str) -> None:
+    """What preload mode cannot catch, refused by name: torch allocating without cudaMalloc, and
+    managed backing (the interposer makes releasable memory)."""
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," + os.environ.get("PYTORCH_ALLOC_CONF", "")
+    settings = {item.strip().replace(" ", "") for item in conf.replace(",", " ").split()}
+    for setting, why in (("expandable_segments:True", "torch maps expandable segments with the driver API"),
+                         ("backend:cudaMallocAsync", "torch allocates with cudaMallocAsync")):
+        if setting in settings:
+            raise RuntimeError(f"hook_mode 'preload' cannot see this process's allocations: PYTORCH_CUDA_ALLOC_CONF "
+                               f"has {setting} ({why}, not cudaMalloc). Drop it, or use hook_mode 'torch'")
+    if backing != "releasable":
+        raise RuntimeError(f"hook_mode 'preload' makes releasable memory; backing {backing!r} needs hook_mode 'torch'")
 
 
 def _check_tag(tag) -> str:
@@ -142,20 +181,37 @@ class _State:
         self.open_regions = 0
         self.retired_pools: list = []
         self.backing = "releasable"
+        self.hook_mode: str | None = None  # chosen at the first use unless set (TorchMemorySaver.hook_mode)
         self.retain_read = False  # env TMS_RETAIN_CPU_BACKUP applied (at the first use of the library)
         self.memory_margin_bytes = 0
 
     def pool(self, pools: dict, key: tuple):
         """The pool of `key` in `pools` (region_pools or graph_pools; key: ..., tag-first, device-last),
-        made on first use."""
+        made on first use: of uvm's allocator in hook mode "torch", of torch's own in "preload"
+        (the interposer catches its cudaMalloc)."""
+        import torch
         from . import torch as uvm_torch
         with self.lock:
             if key not in pools:
-                create = (uvm_torch.create_releasable_mempool if self.backing == "releasable"
-                          else uvm_torch.create_unified_mempool)
-                pools[key] = create(key[-1])
+                if self.mode() == "preload":
+                    with torch.cuda.device(key[-1]):
+                        pools[key] = torch.cuda.MemPool()
+                else:
+                    create = (uvm_torch.create_releasable_mempool if self.backing == "releasable"
+                              else uvm_torch.create_unified_mempool)
+                    pools[key] = create(key[-1])
                 self.tags.add(key[0])
             return pools[key]
+
+    def mode(self) -> str:
+        """The hook mode, fixed at its first use: as set, else "preload" where the interposer is
+        preloaded."""
+        with self.lock:
+            if self.hook_mode is None:
+                self.hook_mode = "preload" if _preload.in_process() is not None else "torch"
+                if self.hook_mode == "preload":
+                    _check_preload_settings(self.backing)
+            return self.hook_mode
 
     def library(self):
         """libuvm, with the original's env TMS_RETAIN_CPU_BACKUP applied before its first use here."""
@@ -182,8 +238,13 @@ class _State:
                     self.retired_pools.clear()
 
     def selected(self, tag: str | None) -> list[str]:
+        """The tags pause(tag)/resume(tag) act on: those of regions, and in preload mode those the
+        interposer allocated under (TMS_INIT_ENABLE's "default" has no region)."""
         with self.lock:
-            return sorted(self.tags) if tag is None else [tag] if tag in self.tags else []
+            known = set(self.tags)
+            if self.mode() == "preload":
+                known.update(_preload.tags(_preload.in_process()))
+            return sorted(known) if tag is None else [tag] if tag in known else []
 
     def devices(self) -> list[int]:
         with self.lock:
@@ -209,23 +270,33 @@ class TorchMemorySaver:
         backend = (cpu_backup_backend or _default_cpu_backup_backend()) if enable_cpu_backup else ""
         key = (tag, bool(enable_cpu_backup), bool(enable_disk_backup), backend, torch.cuda.current_device())
         pool = _state.pool(_state.region_pools, key)
-        with _state.open_region(), torch.cuda.use_mem_pool(pool), _region_config(tag, kind):
+        with _state.open_region(), torch.cuda.use_mem_pool(pool), _inside_region(True), _region_config(tag, kind):
             yield
 
     @contextlib.contextmanager
     def cuda_graph(self, cuda_graph, pool=None, stream=None, capture_error_mode="global", tag: str = _DEFAULT_TAG,
                    enable_cpu_backup: bool = False, cpu_backup_backend=None):
         """torch.cuda.graph whose memory (the graph's intermediate tensors) is pausable under `tag`.
-        Graphs captured with the same tag and backup setting share one uvm pool, as graphs sharing
-        a graph_pool_handle do; a replay after resume is bit-identical."""
+        In hook mode "torch", graphs captured with the same tag and backup setting share one uvm
+        pool, as graphs sharing a graph_pool_handle do (a `pool` given is not used); in "preload",
+        the graph uses `pool` (torch's graph pool, as the original) and the interposer catches its
+        cudaMalloc. A replay after
+        resume is bit-identical."""
         import torch
         from . import tag as uvm_tag
         _check_tag(tag)
         kind = _backup_kind(enable_cpu_backup, False, cpu_backup_backend)
+        if _state.mode() == "preload":
+            with _state.lock:
+                _state.tags.add(tag)
+            with _state.open_region(), torch.cuda.graph(cuda_graph, pool=pool, stream=stream,
+                                                        capture_error_mode=capture_error_mode):
+                with _inside_region(True), _region_config(tag, kind):
+                    yield
+            return
+        # The graph captures into the uvm pool of its tag, whatever `pool` says: graphs of one tag
+        # share it, which is the sharing a caller's pool asks for (SGLang passes one pool to all).
         ours = _state.pool(_state.graph_pools, (tag, kind, torch.cuda.current_device()))
-        if pool is not None and tuple(pool) != tuple(ours.id):
-            raise ValueError("uvm's cuda_graph captures into the uvm pool of its tag so that the graph's memory "
-                             "can pause; pass pool=None (graphs of one tag share that pool)")
         with _state.open_region(), uvm_tag(tag), _backup(kind):
             with torch.cuda.graph(cuda_graph, pool=ours.id, stream=stream, capture_error_mode=capture_error_mode):
                 yield
@@ -239,7 +310,7 @@ class TorchMemorySaver:
         from . import tag as uvm_tag
         pool = torch.cuda.MemPool()
         try:
-            with uvm_tag(None), torch.cuda.use_mem_pool(pool):
+            with uvm_tag(None), _inside_region(False), torch.cuda.use_mem_pool(pool):
                 yield
         finally:
             with _state.lock:
@@ -273,9 +344,11 @@ class TorchMemorySaver:
             for name in names:
                 _lib.check(lib.uvm_resume(_lib.UVM_ANY_DEVICE, name.encode()))  # keeps the copies if retaining
             if not lib.uvm_get_retain_backups():
-                # The original frees its backups after a resume unless told to keep them; uvm's
-                # thread unpins them (about 0.1 s for 4 GiB) while the caller goes on.
-                _lib.check(lib.uvm_release_staging_async())
+                # The original frees its backups after a resume unless told to keep them, before
+                # it returns: pinned host memory holds GPU page tables (16 MiB of device memory
+                # for 5 GiB, H100), which its callers see go at resume (the peer's training_engine
+                # test), not some time after.
+                _lib.check(lib.uvm_release_staging())
 
     @staticmethod
     def _check_margin(names: list[str], device: int) -> None:
@@ -335,18 +408,31 @@ class TorchMemorySaver:
 
     @property
     def hook_mode(self) -> str:
-        return "torch"
+        """"preload" (the process preloads uvm's cudaMalloc interposer: configure_subprocess) or
+        "torch" (a torch MemPool of uvm's allocator per region); by default "preload" where the
+        interposer is preloaded. Fixed at the first region."""
+        return _state.mode()
 
     @hook_mode.setter
     def hook_mode(self, mode: str) -> None:
-        if mode == "torch":
-            return
-        if mode == "preload":
-            raise NotImplementedError(
-                "uvm.memory_saver has hook_mode 'torch' only: allocations reach uvm through torch's MemPool "
-                "inside region(), not through an LD_PRELOAD hook on cudaMalloc. Set hook_mode = 'torch' (or drop "
-                "the line) and allocate pausable tensors inside torch_memory_saver.region()")
-        raise ValueError(f"hook_mode must be 'torch', not {mode!r}")
+        if mode not in HOOK_MODES:
+            raise ValueError(f"hook_mode must be one of {HOOK_MODES}, not {mode!r}")
+        if mode == "preload" and _preload.in_process() is None:
+            raise RuntimeError(
+                "hook_mode 'preload' needs uvm's cudaMalloc interposer preloaded in this process, and it is not "
+                f"(LD_PRELOAD={os.environ.get('LD_PRELOAD', '')!r}): start the process inside "
+                "uvm.memory_saver.configure_subprocess(), as for torch_memory_saver, or use hook_mode 'torch'")
+        with _state.lock:
+            if (_state.region_pools or _state.graph_pools) and mode != _state.hook_mode:
+                raise RuntimeError(f"set hook_mode before the first region: pools already exist in hook_mode "
+                                   f"{_state.hook_mode!r}")
+            if mode == "preload":
+                _check_preload_settings(_state.backing)
+            _state.hook_mode = mode
+
+    def _ensure_initialized(self) -> None:
+        """The original's: fixes the hook mode (checking its settings) before the first region."""
+        _state.mode()
 
     @property
     def backing(self) -> str:
@@ -362,6 +448,8 @@ class TorchMemorySaver:
             if (_state.region_pools or _state.graph_pools) and value != _state.backing:
                 raise RuntimeError("set backing before the first region: pools already exist with "
                                    f"backing {_state.backing!r}")
+            if _state.hook_mode == "preload":
+                _check_preload_settings(value)
             _state.backing = value
 
     @property
@@ -388,10 +476,13 @@ class TorchMemorySaver:
         _state.memory_margin_bytes = value
 
 
+@contextlib.contextmanager
 def configure_subprocess():
-    """The original's preload-mode helper; uvm has no preload mode."""
-    raise NotImplementedError("uvm.memory_saver has no preload mode, so subprocesses need no LD_PRELOAD: "
-                              "use region() with hook_mode 'torch' in the subprocess")
+    """Processes started inside preload uvm's cudaMalloc interposer (hook_mode "preload"), as the
+    original's: LD_PRELOAD names it, and it opens the libuvm.so and the CUDA runtime this process
+    uses. The interposer is built first if needed; os.environ is put back on exit."""
+    with _preload.child_environment():
+        yield
 
 
 torch_memory_saver = TorchMemorySaver()

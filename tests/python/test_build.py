@@ -382,7 +382,7 @@ def test_a_compile_error_names_the_file_it_is_in(tmp_path):
     from uvm import _build
     root = tmp_path / "tree"
     checkout = SHIM.parent
-    for name in ("alloc", "hints", "offload", "include"):
+    for name in ("alloc", "hints", "offload", "preload", "include"):
         shutil.copytree(checkout / name, root / name)
     shutil.copy(checkout / _build.SOURCE_LIST, root)
     broken = root / "offload" / "residency.cpp"

@@ -217,15 +217,10 @@ def test_retain_cpu_backup_keeps_the_pinned_memory_between_cycles():
     run(r"""
 with saver.region(tag="w", enable_cpu_backup=True):
     w = pattern(64 * MiB, 6)
-import time
-def given_back():  # a resume that does not retain gives the pinned memory back on uvm's thread
-    for _ in range(500):
-        if uvm.staging()["capacity_bytes"] == 0:
-            return True
-        time.sleep(0.01)
-    return False
 saver.pause("w"); saver.resume("w")
-assert given_back(), "the backup's pinned memory was kept without retain_cpu_backup"
+# Given back before resume returns, as the original: its page tables are device memory
+# (torch_memory_saver's training_engine test checks that nothing moves after a resume).
+assert uvm.staging()["capacity_bytes"] == 0, "the backup's pinned memory was kept after resume without retain"
 assert saver.get_cpu_backup(w) is None
 saver.retain_cpu_backup = True
 saver.pause("w")

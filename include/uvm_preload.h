@@ -1,0 +1,66 @@
+/* uvm_preload.h — uvm's cudaMalloc interposer (libuvm_preload.so), torch_memory_saver's preload mode.
+ *
+ * A process started with LD_PRELOAD=libuvm_preload.so (uvm.memory_saver.configure_subprocess() sets
+ * it) has its cudaMalloc and cudaFree go through this library first:
+ *   - cudaMalloc on a thread inside a region (uvm_preload_set_region(1)) becomes
+ *     uvm_malloc_releasable on the current device, with the thread's uvm tag and backup
+ *     (uvm_set_thread_tag, uvm_set_thread_backup): pausable with uvm_pause/uvm_resume.
+ *   - cudaMalloc outside a region, and cudaFree of any pointer this library did not hand out, go to
+ *     the CUDA runtime untouched (the same function, the same arguments, its own result).
+ *   - cudaFree of a pointer it handed out is uvm_free of that allocation (paused or not).
+ * Nothing else is interposed: cudaMallocAsync/cudaFreeAsync (torch's cudaMallocAsync backend), the
+ * driver API (torch's expandable segments), cudaMallocManaged, cudaMallocPitch and cudaMallocHost
+ * reach the runtime or the driver directly, so memory from them is never pausable
+ * (uvm.memory_saver refuses those torch settings in preload mode).
+ *
+ * At load the library opens libuvm: $UVM_PRELOAD_LIBUVM, else the libuvm.so beside it, after the CUDA
+ * runtime named by $UVM_PRELOAD_CUDART if set (the file the parent process used, so that torch finds
+ * the same one). When preloaded and either cannot be opened, it prints why and ends the process
+ * (status 127) before main(); loaded with dlopen instead, it records the reason
+ * (uvm_preload_load_error) and its calls fail. The initial state of each thread follows
+ * torch_memory_saver's environment: TMS_INIT_ENABLE=1 starts every thread inside a region with tag
+ * "default", TMS_INIT_ENABLE_CPU_BACKUP=1 with a host backup, TMS_INIT_CPU_BACKUP_BACKEND=mmap with
+ * an mmap one. torch_memory_saver's own C names (tms_pause, tms_get_interesting_region, …) are
+ * exported too, on top of these (preload/tms_names.cpp), for programs that call them.
+ */
+#ifndef UVM_PRELOAD_H
+#define UVM_PRELOAD_H
+
+#include "uvm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* 1 when this library is the process's cudaMalloc (it was preloaded), 0 when it was only opened. */
+UVM_API int uvm_preload_active(void);
+
+/* Why libuvm could not be opened at load, or NULL when it was. */
+UVM_API const char* uvm_preload_load_error(void);
+
+/* The path of the libuvm it opened: the library a Python shim in this process must load too. */
+UVM_API const char* uvm_preload_libuvm_path(void);
+
+/* Puts this thread's later cudaMalloc calls inside (1) or outside (0) a region. */
+UVM_API uvm_status uvm_preload_set_region(int inside);
+
+/* 1 when this thread is inside a region. */
+UVM_API int uvm_preload_get_region(void);
+
+/* uvm_pause of `tag` on every device; NULL: of every tag this library allocated under. */
+UVM_API uvm_status uvm_preload_pause(const char* tag);
+
+/* uvm_resume of `tag` on every device; NULL: of every tag this library allocated under. */
+UVM_API uvm_status uvm_preload_resume(const char* tag);
+
+/* The tags this library has allocated under, in first-use order; NULL past the last. */
+UVM_API const char* uvm_preload_tag_name(size_t index);
+
+/* How many allocations it handed out are live (not yet freed). */
+UVM_API size_t uvm_preload_live_allocations(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* UVM_PRELOAD_H */

@@ -1,0 +1,281 @@
+// libuvm_preload.so: cudaMalloc and cudaFree for a process that preloads it (include/uvm_preload.h
+// says what each does). It links neither libuvm nor the CUDA runtime: the runtime's own functions
+// are the next definitions after this library's (dlsym RTLD_NEXT), and libuvm is opened at load.
+#include "interposer.hpp"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "uvm_preload.h"
+
+namespace uvm_preload {
+namespace {
+
+// Everything this library keeps, made on first use: the constructor below runs before or after
+// this file's static initializers (the order of the two is not fixed), so none is a global.
+struct State {
+  std::string load_error;  // why libuvm could not be opened; empty when it was
+  std::string libuvm_path;
+  Libuvm entries;
+  bool opened = false;
+  // The allocations this library handed out, and the tags they were made under. A cudaFree of
+  // any other pointer goes to the runtime untouched; a deque keeps each tag's c_str() valid.
+  std::mutex lock;
+  std::unordered_map<void*, std::pair<size_t, int>> handed;  // -> size, device
+  std::deque<std::string> tags;
+};
+
+State& state() {
+  static State* kept = new State;  // never destroyed: cudaFree may run in other libraries' destructors
+  return *kept;
+}
+
+std::string folder_of_this_library() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&folder_of_this_library), &info) == 0 || info.dli_fname == nullptr) return ".";
+  const std::string path = info.dli_fname;
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+template <typename Function>
+bool look_up(void* handle, const char* name, Function* into) {
+  *into = reinterpret_cast<Function>(dlsym(handle, name));
+  if (*into == nullptr) state().load_error = state().libuvm_path + " has no " + name + ": it is older than this interposer";
+  return *into != nullptr;
+}
+
+bool open_libuvm() {
+  std::string& load_error = state().load_error;
+  std::string& libuvm_path = state().libuvm_path;
+  if (const char* cudart = std::getenv("UVM_PRELOAD_CUDART"); cudart != nullptr && *cudart != '\0') {
+    // First, so that libuvm's libcudart.so.N is this file, the one torch loads by path later.
+    if (dlopen(cudart, RTLD_NOW | RTLD_GLOBAL) == nullptr) {
+      load_error = std::string("cannot open the CUDA runtime UVM_PRELOAD_CUDART=") + cudart + ": " + dlerror();
+      return false;
+    }
+  }
+  const char* chosen = std::getenv("UVM_PRELOAD_LIBUVM");
+  libuvm_path = chosen != nullptr && *chosen != '\0' ? chosen : folder_of_this_library() + "/libuvm.so";
+  void* handle = dlopen(libuvm_path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    load_error = "cannot open libuvm at " + libuvm_path + ": " + dlerror();
+    return false;
+  }
+  Libuvm& e = state().entries;
+  return look_up(handle, "uvm_malloc_releasable", &e.malloc_releasable) && look_up(handle, "uvm_free", &e.free) &&
+         look_up(handle, "uvm_last_status", &e.last_status) && look_up(handle, "uvm_last_error", &e.last_error) &&
+         look_up(handle, "uvm_clear_last_error", &e.clear_last_error) &&
+         look_up(handle, "uvm_set_thread_tag", &e.set_thread_tag) &&
+         look_up(handle, "uvm_get_thread_tag", &e.get_thread_tag) &&
+         look_up(handle, "uvm_set_thread_backup", &e.set_thread_backup) &&
+         look_up(handle, "uvm_get_thread_backup", &e.get_thread_backup) && look_up(handle, "uvm_pause", &e.pause) &&
+         look_up(handle, "uvm_resume", &e.resume) && look_up(handle, "uvm_set_retain_backups", &e.set_retain_backups) &&
+         look_up(handle, "uvm_get_retain_backups", &e.get_retain_backups) &&
+         look_up(handle, "uvm_get_staged_copy", &e.get_staged_copy) &&
+         look_up(handle, "uvm_set_disk_backup_dir", &e.set_disk_backup_dir) &&
+         look_up(handle, "uvm_release_staging", &e.release_staging);
+}
+
+// At load. Preloaded, a process that cannot reach libuvm ends here with the reason, rather than at
+// its first allocation in a region; opened by dlopen (uvm.memory_saver in hook mode "torch"), the
+// reason is kept for the caller to raise.
+__attribute__((constructor)) void open_libuvm_at_load() {
+  state().opened = open_libuvm();
+  if (!state().opened && uvm_preload_active()) {
+    std::fprintf(stderr,
+                 "uvm preload (pid %d): %s. Start the process inside uvm.memory_saver.configure_subprocess(), "
+                 "or set UVM_PRELOAD_LIBUVM to the libuvm.so uvm built (and UVM_PRELOAD_CUDART to the CUDA "
+                 "runtime it should use).\n",
+                 static_cast<int>(getpid()), state().load_error.c_str());
+    _exit(127);
+  }
+}
+
+bool env_flag(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && (!std::strcmp(value, "1") || !std::strcmp(value, "true") || !std::strcmp(value, "TRUE") ||
+                              !std::strcmp(value, "yes") || !std::strcmp(value, "YES"));
+}
+
+using Malloc = cudaError_t (*)(void**, size_t);
+using Free = cudaError_t (*)(void*);
+using GetDevice = cudaError_t (*)(int*);
+
+// The runtime's definition after this library's; a process calling cudaMalloc has loaded it.
+template <typename Function>
+Function runtime(const char* name) {
+  auto found = reinterpret_cast<Function>(dlsym(RTLD_NEXT, name));
+  if (found == nullptr) {
+    std::fprintf(stderr, "uvm preload (pid %d): the CUDA runtime's %s is not loaded after this library\n",
+                 static_cast<int>(getpid()), name);
+  }
+  return found;
+}
+
+void note_tag(const char* tag) {  // under state().lock
+  const std::string name = tag != nullptr ? tag : "";
+  for (const std::string& known : state().tags) {
+    if (known == name) return;
+  }
+  state().tags.push_back(name);
+}
+
+cudaError_t allocate_in_region(void** ptr, size_t size) {
+  if (ptr == nullptr) return cudaErrorInvalidValue;
+  const Libuvm* lib = libuvm();
+  if (lib == nullptr) {
+    std::fprintf(stderr, "uvm preload (pid %d): cudaMalloc(%zu bytes) in a region: %s\n", static_cast<int>(getpid()),
+                 size, state().load_error.c_str());
+    return cudaErrorInitializationError;
+  }
+  static const GetDevice get_device = runtime<GetDevice>("cudaGetDevice");
+  int device = 0;
+  if (get_device == nullptr) return cudaErrorInitializationError;
+  if (const cudaError_t e = get_device(&device); e != cudaSuccess) {
+    std::fprintf(stderr, "uvm preload (pid %d): cudaMalloc(%zu bytes) in a region: cudaGetDevice failed (cudaError %d)\n",
+                 static_cast<int>(getpid()), size, static_cast<int>(e));
+    return e;
+  }
+  lib->clear_last_error();
+  void* allocated = size == 0 ? nullptr : lib->malloc_releasable(size, device, nullptr);
+  if (allocated == nullptr && size != 0) {
+    const uvm_status status = lib->last_status();
+    // The caller (torch) sees only an error code: the reason goes to stderr and stays readable
+    // through uvm_last_error on this thread.
+    std::fprintf(stderr, "uvm preload (pid %d): cudaMalloc(%zu bytes) on cuda:%d in region tag '%s': %s\n",
+                 static_cast<int>(getpid()), size, device, lib->get_thread_tag() ? lib->get_thread_tag() : "",
+                 lib->last_error());
+    *ptr = nullptr;
+    return status == UVM_ERROR_INVALID_ARGUMENT ? cudaErrorInvalidValue : cudaErrorMemoryAllocation;
+  }
+  if (allocated != nullptr) {
+    std::lock_guard<std::mutex> hold(state().lock);
+    state().handed[allocated] = {size, device};
+    note_tag(lib->get_thread_tag());
+  }
+  *ptr = allocated;
+  return cudaSuccess;
+}
+
+// Stops at the first failure, as uvm_pause does within a call.
+uvm_status for_tags(const char* tag, uvm_status (*move)(int, const char*)) {
+  if (tag != nullptr) return move(UVM_ANY_DEVICE, tag);
+  std::deque<std::string> known;
+  {
+    std::lock_guard<std::mutex> hold(state().lock);
+    known = state().tags;
+  }
+  for (const std::string& name : known) {
+    if (const uvm_status status = move(UVM_ANY_DEVICE, name.c_str()); status != UVM_OK) return status;
+  }
+  return UVM_OK;
+}
+
+}  // namespace
+
+const Libuvm* libuvm() { return state().opened ? &state().entries : nullptr; }
+
+uvm_backup cpu_backup_of(const std::string& backend) { return backend == "mmap" ? UVM_BACKUP_MMAP : UVM_BACKUP_HOST; }
+
+ThreadState& thread_state() {
+  thread_local ThreadState thread;
+  thread_local bool started = false;
+  if (!started) {
+    started = true;
+    const char* backend = std::getenv("TMS_INIT_CPU_BACKUP_BACKEND");
+    thread.cpu_backup_backend = backend != nullptr && !std::strcmp(backend, "mmap") ? "mmap" : "pinned";
+    thread.inside_region = env_flag("TMS_INIT_ENABLE");
+    if (thread.inside_region && libuvm() != nullptr) {
+      libuvm()->set_thread_tag("default");
+      libuvm()->set_thread_backup(env_flag("TMS_INIT_ENABLE_CPU_BACKUP") ? cpu_backup_of(thread.cpu_backup_backend)
+                                                                       : UVM_BACKUP_NONE);
+    }
+  }
+  return thread;
+}
+
+}  // namespace uvm_preload
+
+using namespace uvm_preload;
+
+extern "C" {
+
+UVM_API cudaError_t cudaMalloc(void** ptr, size_t size) {
+  if (thread_state().inside_region) return allocate_in_region(ptr, size);
+  static const Malloc real = runtime<Malloc>("cudaMalloc");
+  return real != nullptr ? real(ptr, size) : cudaErrorInitializationError;
+}
+
+UVM_API cudaError_t cudaFree(void* ptr) {
+  if (ptr != nullptr) {
+    std::pair<size_t, int> found{};
+    bool ours = false;
+    {
+      std::lock_guard<std::mutex> hold(state().lock);
+      if (auto it = state().handed.find(ptr); it != state().handed.end()) {
+        found = it->second;
+        state().handed.erase(it);
+        ours = true;
+      }
+    }
+    if (ours) {
+      const Libuvm& lib = state().entries;
+      lib.clear_last_error();
+      lib.free(ptr, found.first, found.second, nullptr);
+      if (lib.last_status() == UVM_OK) return cudaSuccess;
+      std::fprintf(stderr, "uvm preload (pid %d): cudaFree(%p): %s\n", static_cast<int>(getpid()), ptr,
+                   lib.last_error());
+      return cudaErrorInvalidValue;
+    }
+  }
+  static const Free real = runtime<Free>("cudaFree");
+  return real != nullptr ? real(ptr) : cudaErrorInitializationError;
+}
+
+// This library's own cudaMalloc: taking &cudaMalloc here would give whichever definition the
+// process resolves first, the runtime's when this library was only opened.
+extern cudaError_t own_cuda_malloc(void**, size_t) __attribute__((alias("cudaMalloc"), visibility("hidden")));
+
+UVM_API int uvm_preload_active(void) {
+  return dlsym(RTLD_DEFAULT, "cudaMalloc") == reinterpret_cast<void*>(&own_cuda_malloc) ? 1 : 0;
+}
+
+UVM_API const char* uvm_preload_load_error(void) { return state().opened ? nullptr : state().load_error.c_str(); }
+
+UVM_API const char* uvm_preload_libuvm_path(void) { return state().libuvm_path.c_str(); }
+
+UVM_API uvm_status uvm_preload_set_region(int inside) {
+  thread_state().inside_region = inside != 0;
+  return UVM_OK;
+}
+
+UVM_API int uvm_preload_get_region(void) { return thread_state().inside_region ? 1 : 0; }
+
+UVM_API uvm_status uvm_preload_pause(const char* tag) {
+  return libuvm() ? for_tags(tag, libuvm()->pause) : UVM_ERROR_UNSUPPORTED;
+}
+
+UVM_API uvm_status uvm_preload_resume(const char* tag) {
+  return libuvm() ? for_tags(tag, libuvm()->resume) : UVM_ERROR_UNSUPPORTED;
+}
+
+UVM_API const char* uvm_preload_tag_name(size_t index) {
+  std::lock_guard<std::mutex> hold(state().lock);
+  return index < state().tags.size() ? state().tags[index].c_str() : nullptr;
+}
+
+UVM_API size_t uvm_preload_live_allocations(void) {
+  std::lock_guard<std::mutex> hold(state().lock);
+  return state().handed.size();
+}
+
+}  // extern "C"

@@ -1,0 +1,46 @@
+// What the two halves of libuvm_preload.so share: the libuvm it opened at load, and each thread's
+// region state. interposer.cpp owns both; tms_names.cpp puts torch_memory_saver's C names on them.
+#pragma once
+
+#include <string>
+
+#include "uvm.h"
+
+namespace uvm_preload {
+
+// libuvm's entries this library calls, looked up once at load (no link-time dependency: the
+// interposer must load before the CUDA runtime the process will use is known).
+struct Libuvm {
+  void* (*malloc_releasable)(size_t, int, cudaStream_t) = nullptr;
+  void (*free)(void*, size_t, int, cudaStream_t) = nullptr;
+  uvm_status (*last_status)(void) = nullptr;
+  void (*clear_last_error)(void) = nullptr;
+  const char* (*last_error)(void) = nullptr;
+  uvm_status (*set_thread_tag)(const char*) = nullptr;
+  const char* (*get_thread_tag)(void) = nullptr;
+  uvm_status (*set_thread_backup)(uvm_backup) = nullptr;
+  uvm_backup (*get_thread_backup)(void) = nullptr;
+  uvm_status (*pause)(int, const char*) = nullptr;
+  uvm_status (*resume)(int, const char*) = nullptr;
+  uvm_status (*set_retain_backups)(int) = nullptr;
+  int (*get_retain_backups)(void) = nullptr;
+  uvm_status (*get_staged_copy)(const void*, size_t, const void**) = nullptr;
+  uvm_status (*set_disk_backup_dir)(const char*) = nullptr;
+  uvm_status (*release_staging)(void) = nullptr;
+};
+
+// The entries, or nullptr when libuvm could not be opened (uvm_preload_load_error says why).
+const Libuvm* libuvm();
+
+// A thread's region state. It starts from torch_memory_saver's environment (TMS_INIT_*), applied
+// at the thread's first call into this library, before anything reads or sets it.
+struct ThreadState {
+  bool inside_region = false;
+  std::string cpu_backup_backend;  // "pinned" or "mmap": kept while the backup is off, as the original's
+};
+ThreadState& thread_state();
+
+// The backup a host copy of `backend` means.
+uvm_backup cpu_backup_of(const std::string& backend);
+
+}  // namespace uvm_preload

@@ -1,0 +1,143 @@
+"""libuvm_preload.so, the cudaMalloc interposer behind uvm.memory_saver's hook mode "preload"
+(include/uvm_preload.h): where it is, the environment a child process needs to preload it, and a
+ctypes view of it with torch_memory_saver's C names declared as the original declares them."""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+from pathlib import Path
+
+from . import _build, _lib
+
+
+_process: list = []  # [the answer of in_process()], once asked: what a process preloads is fixed at its start
+
+
+def in_process() -> ctypes.CDLL | None:
+    """The process's symbols when it preloads the interposer (its cudaMalloc is the one callers
+    reach), else None."""
+    if not _process:
+        try:
+            process = ctypes.CDLL(None)
+            active = process.uvm_preload_active()
+        except (AttributeError, OSError):
+            process, active = None, 0
+        _process.append(_declared(process) if active else None)
+    return _process[0]
+
+
+def library_path() -> Path:
+    """The interposer beside the libuvm.so this process uses (built beside it if needed)."""
+    _lib.library()
+    try:
+        return _build.preload_library(Path(_lib._so_path))
+    except _build.BuildError as error:
+        raise _lib.UnifiedMemoryUnsupportedError(f"building {_build.PRELOAD_NAME} failed: {error}") from None
+
+
+def names() -> ctypes.CDLL:
+    """torch_memory_saver's C names (tms_*) and the interposer's own: the preloaded library, or in
+    hook mode "torch" the same library opened without interposing (its cudaMalloc unused)."""
+    process = in_process()
+    if process is not None:
+        return process
+    opened = ctypes.CDLL(str(library_path()))
+    opened.uvm_preload_load_error.restype = ctypes.c_char_p
+    reason = opened.uvm_preload_load_error()
+    if reason:
+        raise _lib.UnifiedMemoryUnsupportedError(f"{library_path()}: {reason.decode()}")
+    return _declared(opened)
+
+
+def tags(process: ctypes.CDLL) -> list[str]:
+    """The tags the interposer allocated under."""
+    found, index = [], 0
+    while (name := process.uvm_preload_tag_name(index)) is not None:
+        found.append(name.decode())
+        index += 1
+    return found
+
+
+def cuda_runtime_in_use() -> str | None:
+    """The CUDA runtime file this process has loaded, for a child to load the same: torch's, torch
+    being imported for it if it is installed (its import loads the runtime by path; a child that
+    opened another file of the same soname first would hold two runtimes)."""
+    found = _mapped_cuda_runtime()
+    if found is None:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            return None
+        found = _mapped_cuda_runtime()
+    return found
+
+
+def _mapped_cuda_runtime() -> str | None:
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split(None, 5)[-1].strip()
+                if "/libcudart.so" in path and os.path.isfile(path):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+@contextlib.contextmanager
+def child_environment():
+    """os.environ as a child process needs it to preload the interposer: LD_PRELOAD first, the
+    libuvm.so it must open, and the CUDA runtime this process uses; put back on exit."""
+    interposer = str(library_path())
+    wanted = {"LD_PRELOAD": ":".join(filter(None, [interposer, os.environ.get("LD_PRELOAD", "")])),
+              "UVM_PRELOAD_LIBUVM": _lib._so_path}
+    runtime = cuda_runtime_in_use()
+    if runtime is not None:
+        wanted["UVM_PRELOAD_CUDART"] = runtime
+    before = {name: os.environ.get(name) for name in wanted}
+    os.environ.update(wanted)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+_SIGNATURES = {  # torch_memory_saver's declarations of its C names, and the interposer's own
+    "tms_set_current_tag": (None, [ctypes.c_char_p]),
+    "tms_get_current_tag": (ctypes.c_char_p, []),
+    "tms_set_interesting_region": (None, [ctypes.c_bool]),
+    "tms_get_interesting_region": (ctypes.c_bool, []),
+    "tms_set_enable_cpu_backup": (None, [ctypes.c_bool]),
+    "tms_get_enable_cpu_backup": (ctypes.c_bool, []),
+    "tms_set_cpu_backup_backend": (None, [ctypes.c_char_p]),
+    "tms_get_cpu_backup_backend": (ctypes.c_char_p, []),
+    "tms_set_enable_disk_backup": (None, [ctypes.c_bool]),
+    "tms_get_enable_disk_backup": (ctypes.c_bool, []),
+    "tms_set_disk_backup_dir": (None, [ctypes.c_char_p]),
+    "tms_pause": (ctypes.c_int, [ctypes.c_char_p]),
+    "tms_resume": (ctypes.c_int, [ctypes.c_char_p]),
+    "tms_set_retain_cpu_backup": (None, [ctypes.c_bool]),
+    "tms_get_retain_cpu_backup": (ctypes.c_bool, []),
+    "tms_get_cpu_backup_pointer": (ctypes.POINTER(ctypes.c_uint8), [ctypes.POINTER(ctypes.c_uint8), ctypes.c_uint64]),
+    "uvm_preload_active": (ctypes.c_int, []),
+    "uvm_preload_load_error": (ctypes.c_char_p, []),
+    "uvm_preload_libuvm_path": (ctypes.c_char_p, []),
+    "uvm_preload_set_region": (ctypes.c_int, [ctypes.c_int]),
+    "uvm_preload_get_region": (ctypes.c_int, []),
+    "uvm_preload_pause": (ctypes.c_int, [ctypes.c_char_p]),
+    "uvm_preload_resume": (ctypes.c_int, [ctypes.c_char_p]),
+    "uvm_preload_tag_name": (ctypes.c_char_p, [ctypes.c_size_t]),
+    "uvm_preload_live_allocations": (ctypes.c_size_t, []),
+}
+
+
+def _declared(handle: ctypes.CDLL) -> ctypes.CDLL:
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        function = getattr(handle, name)
+        function.restype, function.argtypes = restype, argtypes
+    return handle

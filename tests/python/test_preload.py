@@ -1,0 +1,156 @@
+"""Preload mode without a GPU: uvm's cudaMalloc interposer (libuvm_preload.so) loads or says why
+not, passes every call outside a region to the CUDA runtime as it came, and carries
+torch_memory_saver's C names and thread state; configure_subprocess() gives a child what it needs.
+(With a GPU and torch: test_preload_gpu.py, and the peer's own tests in tests/peers/.)"""
+import json
+import os
+
+import pytest
+from conftest import python
+
+# Calls cudaMalloc/cudaFree through the process's global symbols, as torch does, and prints what
+# they returned: with the interposer preloaded these are its functions.
+CALL_RUNTIME = r"""
+import ctypes, json
+ctypes.CDLL("libcudart.so.13" if ctypes.util.find_library("cudart") is None else ctypes.util.find_library("cudart"),
+            mode=ctypes.RTLD_GLOBAL)
+process = ctypes.CDLL(None)
+pointer = ctypes.c_void_p()
+malloc_status = process.cudaMalloc(ctypes.byref(pointer), 1 << 20)
+free_status = process.cudaFree(pointer)
+print(json.dumps({"malloc": malloc_status, "free": free_status, "pointer": pointer.value}))
+"""
+
+
+@pytest.fixture(scope="module")
+def interposer():
+    """The interposer and the libuvm.so beside it, built (or found) by the shim."""
+    found = python("from uvm import _preload, _lib; print(_preload.library_path()); print(_lib._so_path)")
+    path, libuvm = found.stdout.split()
+    return {"LD_PRELOAD": path, "UVM_PRELOAD_LIBUVM": libuvm}
+
+
+def test_a_missing_libuvm_ends_the_process_at_load_naming_it(interposer):
+    result = python("print('main ran')", env={**interposer, "UVM_PRELOAD_LIBUVM": "/nonexistent/libuvm.so"},
+                    check=False)
+    assert result.returncode == 127 and "main ran" not in result.stdout
+    assert "cannot open libuvm at /nonexistent/libuvm.so" in result.stderr
+    assert "configure_subprocess()" in result.stderr
+
+
+def test_a_missing_cuda_runtime_ends_the_process_at_load_naming_it(interposer):
+    result = python("print('main ran')", env={**interposer, "UVM_PRELOAD_CUDART": "/nonexistent/libcudart.so.13"},
+                    check=False)
+    assert result.returncode == 127 and "main ran" not in result.stdout
+    assert "cannot open the CUDA runtime UVM_PRELOAD_CUDART=/nonexistent/libcudart.so.13" in result.stderr
+
+
+def test_outside_a_region_the_runtime_answers_as_without_the_interposer(interposer):
+    code = "import ctypes.util\n" + CALL_RUNTIME
+    plain = json.loads(python(code).stdout)
+    preloaded = json.loads(python(code, env=interposer).stdout)
+    assert preloaded == {**plain, "pointer": preloaded["pointer"]}
+    assert (preloaded["pointer"] is None) == (plain["pointer"] is None)
+
+
+def test_inside_a_region_cudaMalloc_is_uvms_and_a_failure_says_why(interposer):
+    """TMS_INIT_ENABLE=1 puts every thread inside a region, tag "default". Without a GPU nothing can
+    be allocated: the caller gets the runtime's error for the device it asked about (no pointer),
+    and stderr the reason."""
+    result = python("import ctypes.util\n" + CALL_RUNTIME, env={**interposer, "TMS_INIT_ENABLE": "1"}, check=False)
+    answer = json.loads(result.stdout)
+    if answer["malloc"] == 0:
+        pytest.skip("a GPU is here: test_preload_gpu.py covers allocation in a region")
+    assert answer["pointer"] is None
+    assert "cudaMalloc(1048576 bytes) in a region: cudaGetDevice failed" in result.stderr
+
+
+def test_torch_memory_savers_thread_state_as_the_original_reports_it(interposer):
+    """The C names the peer's tests read (nested_region, cpu_backup), in a preloaded process started
+    with the original's TMS_INIT_* settings; each thread starts from them."""
+    code = r"""
+import threading
+from uvm.memory_saver import torch_memory_saver as saver
+cdll = saver._impl._binary_wrapper.cdll
+assert cdll.uvm_preload_active() == 1
+assert cdll.tms_get_interesting_region() is True
+assert cdll.tms_get_enable_cpu_backup() is True
+assert cdll.tms_get_current_tag() == b"default"
+assert cdll.tms_get_cpu_backup_backend() == b"mmap"
+cdll.tms_set_enable_cpu_backup(False)
+assert cdll.tms_get_cpu_backup_backend() == b"mmap"      # remembered while the copy is off
+cdll.tms_set_cpu_backup_backend(b"pinned")
+cdll.tms_set_enable_cpu_backup(True)
+assert cdll.tms_get_cpu_backup_backend() == b"pinned"
+cdll.tms_set_enable_disk_backup(True)
+assert cdll.tms_get_enable_disk_backup() and not cdll.tms_get_enable_cpu_backup()
+cdll.tms_set_current_tag(b"kv_cache")
+assert cdll.tms_get_current_tag() == b"kv_cache"
+cdll.tms_set_interesting_region(False)
+assert cdll.tms_get_interesting_region() is False
+seen = {}
+def other():
+    seen.update(region=cdll.tms_get_interesting_region(), tag=cdll.tms_get_current_tag(),
+                backend=cdll.tms_get_cpu_backup_backend())
+thread = threading.Thread(target=other)
+thread.start()
+thread.join()
+assert seen == {"region": True, "tag": b"default", "backend": b"mmap"}, seen
+cdll.tms_set_retain_cpu_backup(True)
+assert cdll.tms_get_retain_cpu_backup() is True
+assert saver.retain_cpu_backup is True
+print("ok")
+"""
+    env = {**interposer, "TMS_INIT_ENABLE": "1", "TMS_INIT_ENABLE_CPU_BACKUP": "1", "TMS_INIT_CPU_BACKUP_BACKEND": "mmap"}
+    assert python(code, env=env).stdout.strip() == "ok"
+
+
+def test_hook_mode_follows_the_process_and_preload_elsewhere_names_configure_subprocess(interposer):
+    code = r"""
+import sys
+sys.modules["torch"] = None
+from uvm.memory_saver import torch_memory_saver as saver
+print(saver.hook_mode)
+"""
+    assert python(code, env=interposer).stdout.strip() == "preload"
+    refused = python(code.replace("print(saver.hook_mode)", "saver.hook_mode = 'preload'"), check=False)
+    assert refused.returncode != 0
+    assert "RuntimeError" in refused.stderr and "configure_subprocess()" in refused.stderr
+
+
+def test_preload_mode_refuses_torch_settings_it_cannot_see(interposer):
+    code = r"""
+from uvm.memory_saver import torch_memory_saver as saver
+saver.hook_mode = "preload"
+"""
+    refused = python(code, env={**interposer, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, check=False)
+    assert "expandable_segments:True" in refused.stderr and "hook_mode 'torch'" in refused.stderr
+    managed = python("from uvm.memory_saver import torch_memory_saver as s\ns.backing = 'managed'\ns.hook_mode = 'preload'",
+                     env=interposer, check=False)
+    assert "backing 'managed' needs hook_mode 'torch'" in managed.stderr
+
+
+def test_configure_subprocess_preloads_children_started_inside_only(interposer):
+    code = r"""
+import os, subprocess, sys
+from uvm.memory_saver import configure_subprocess
+before = dict(os.environ)
+probe = "import ctypes; p = ctypes.CDLL(None); print(getattr(p, 'uvm_preload_active', lambda: 0)())"
+with configure_subprocess():
+    inside = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+outside = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+assert dict(os.environ) == before
+print(inside.stdout.strip(), outside.stdout.strip(), inside.stderr.strip())
+"""
+    env = {name: "" for name in ("LD_PRELOAD", "UVM_PRELOAD_LIBUVM", "UVM_PRELOAD_CUDART")}
+    assert python(code, env=env).stdout.split()[:2] == ["1", "0"]
+
+
+def test_the_interposer_exports_only_its_own_names(interposer):
+    import subprocess
+    listed = subprocess.run(["nm", "-D", "--defined-only", interposer["LD_PRELOAD"]], capture_output=True, text=True,
+                            check=True).stdout.split("\n")
+    names = sorted(line.split()[-1] for line in listed if line.strip())
+    assert [n for n in names if not n.startswith(("tms_", "uvm_preload_"))] == ["cudaFree", "cudaMalloc"]
+    header = open(os.path.join(os.path.dirname(__file__), "../../include/uvm_preload.h")).read()
+    assert all(f"{name}(" in header for name in names if name.startswith("uvm_preload_"))

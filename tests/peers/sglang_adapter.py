@@ -112,6 +112,7 @@ def run_scheduler(mode: str) -> dict:
             decode_step()
     torch.cuda.current_stream().wait_stream(stream)
     graph, pool = torch.cuda.CUDAGraph(), torch.cuda.graph_pool_handle()
+    torch.cuda.empty_cache()  # as torch.cuda.graph does on entry: what remains is the capture's
     torch.cuda.synchronize()
     free_before_capture = torch.cuda.mem_get_info(device)[0]
     set_length(PROMPT)

@@ -18,8 +18,8 @@ trap 'rm -rf "$work"' EXIT
 "$python" -m pip install -q --no-deps --target "$work/site" "$wheel" || exit 1
 passed=0
 failed=0
-# nested_region and training_engine run only in the original's preload mode (LD_PRELOAD and its
-# internal C state), which uvm does not offer: they are not run.
+# The examples in hook mode "torch" only; run_tms_tests.sh runs the original's whole test file, which
+# runs each in both modes (nested_region, training_engine and cuda_vmm_granularity in preload mode).
 for name in simple cpu_backup cuda_graph rl_example disk_backup multi_device_torch_mode; do
   sed -E 's/^from torch_memory_saver import (torch_memory_saver|TorchMemorySaver)$/from uvm.memory_saver import \1/' \
     "$examples/$name.py" >"$work/$name.py"

@@ -152,5 +152,8 @@ def test_the_interposer_exports_only_its_own_names(interposer):
                             check=True).stdout.split("\n")
     names = sorted(line.split()[-1] for line in listed if line.strip())
     assert [n for n in names if not n.startswith(("tms_", "uvm_preload_"))] == ["cudaFree", "cudaMalloc"]
-    header = open(os.path.join(os.path.dirname(__file__), "../../include/uvm_preload.h")).read()
-    assert all(f"{name}(" in header for name in names if name.startswith("uvm_preload_"))
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    header = open(os.path.join(root, "include", "uvm_preload.h")).read()
+    reference = open(os.path.join(root, "docs", "c-api.md")).read()
+    own = [name for name in names if name.startswith("uvm_preload_")]
+    assert len(own) >= 9 and all(f"{name}(" in header and f"`{name}(" in reference for name in own)

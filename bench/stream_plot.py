@@ -3,7 +3,7 @@ time for the resident model (the floor), the link-bound ideal, uvm with every la
 uvm.stream's default (the first layers the budget holds kept) and accelerate's cpu_offload (log
 scale: accelerate takes 6-10x uvm's time).
 
-    python bench/stream_plot.py bench/results-stream-h100.json bench/results-stream-h200.json --out docs/stream_forward.png
+    python bench/stream_plot.py bench/results/stream/h100.json bench/results/stream/h200.json --out docs/stream_forward.png
 """
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ namespace uvm {
 // default), sm (the kernel), engine (cudaMemcpyAsync), or mixed (the kernel on every other worker
 // stream, the engine on the rest). Managed memory is always copied by the engine.
 // auto takes the kernel when the device has more than kAutoKernelFreeFactor times the onload's
-// staged bytes free, else the engine. The RL benchmark on an H100 (bench/results-rl-h100-sm-vs-
+// staged bytes free, else the engine. The RL benchmark on an H100 (bench/results/rl/h100-sm-vs-
 // auto-*.json): right after the training step's 70 GB free, 83.7 GB were free for a 4.16 GB wake:
 // the engine ran at half speed and the kernel at 45 GB/s; on a full GPU, 5.5 GB were free: the
 // kernel idled while a map waited for the driver, where the engine's queue ran on. auto picked

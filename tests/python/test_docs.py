@@ -1,0 +1,52 @@
+"""The docs a user trusts for numbers: docs/performance.md's current figures are what the result
+files give (bench/tables.py), and every speed or ratio the READMEs quote is one of those figures."""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_current_figures_are_generated_from_the_results():
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "tables.py"), "--check"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def generated_figures() -> dict:
+    """The generated tables' speeds (cells of GB/s columns) and ratios (cells ending in ×)."""
+    text = (ROOT / "docs" / "performance.md").read_text()
+    block = text[text.index("<!-- tables: generated"):text.index("<!-- tables: end -->")]
+    figures = {"GB/s": set(), "×": set()}
+    header = None
+    for line in block.splitlines():
+        if not line.startswith("|"):
+            header = None
+            continue
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if header is None:
+            header = cells
+        elif not set(cells[0]) <= {"-", " "}:
+            for name, cell in zip(header, cells):
+                if "GB/s" in name:
+                    figures["GB/s"].add(cell)
+                if cell.endswith("×"):
+                    figures["×"].add(cell[:-1])
+    return figures
+
+
+def test_every_figure_a_readme_quotes_is_in_the_generated_tables():
+    figures = generated_figures()
+    assert len(figures["GB/s"]) > 20 and len(figures["×"]) > 20
+    for readme in ("README.md", "python_shim/README.md"):
+        quoted = re.findall(r"(\d+(?:\.\d+)?)\s*(GB/s|×)", (ROOT / readme).read_text())
+        missing = [f"{figure} {unit}" for figure, unit in quoted if figure not in figures[unit]]
+        assert not missing, f"{readme} quotes {missing}, which docs/performance.md's tables do not hold"
+
+
+def test_the_docs_name_no_issue_numbers():
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        if page.name == "changelog.md":  # what changed when: its entries may name the work
+            continue
+        found = re.findall(r"[Ii]ssues? \d+", page.read_text())
+        assert not found, f"{page.name}: {found}"

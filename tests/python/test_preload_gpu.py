@@ -26,6 +26,12 @@ def free():
     torch.cuda.synchronize()
     return torch.cuda.mem_get_info()[0]
 process = ctypes.CDLL(None)
+def warm_up(step):  # on a side stream, as torch wants before a capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
 """
 
 
@@ -143,11 +149,7 @@ def test_cuda_graph_and_disable_in_preload_mode():
 with saver.region("weights", enable_cpu_backup=True):
     weight = torch.randn(1024, 1024, device="cuda")
 static_in = torch.randn(64, 1024, device="cuda")
-stream = torch.cuda.Stream()
-stream.wait_stream(torch.cuda.current_stream())
-with torch.cuda.stream(stream):
-    (static_in @ weight).relu()
-torch.cuda.current_stream().wait_stream(stream)
+warm_up(lambda: (static_in @ weight).relu())
 graph, pool = torch.cuda.CUDAGraph(), torch.cuda.graph_pool_handle()
 with saver.cuda_graph(graph, pool=pool, tag="graph"):
     static_out = (static_in @ weight).relu() * 3
@@ -174,11 +176,7 @@ torch.manual_seed(0)
 tensors = [torch.randn(n, device="cuda") for n in (1, 1000, 1 << 20, 3 << 20)]
 sums = [float(t.sum()) for t in tensors]
 static = torch.randn(256, 256, device="cuda")
-stream = torch.cuda.Stream()
-stream.wait_stream(torch.cuda.current_stream())
-with torch.cuda.stream(stream):
-    (static @ static).tanh()
-torch.cuda.current_stream().wait_stream(stream)
+warm_up(lambda: (static @ static).tanh())
 graph = torch.cuda.CUDAGraph()
 with torch.cuda.graph(graph):
     out = (static @ static).tanh()

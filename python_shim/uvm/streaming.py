@@ -9,9 +9,8 @@ import ctypes
 import itertools
 
 from . import _lib
-from .torch import _torch
+from .torch import BLOCK_BYTES, _torch
 
-_ALIGN = 512         # each weight starts at a multiple of PyTorch's block alignment
 _GRANULE = 2 << 20   # releasable memory is mapped in 2 MiB granules: a layer's allocation is whole ones
 _names = itertools.count()
 
@@ -58,7 +57,7 @@ class Streamed:
         kept = {id(p) for ps in self._params for p in ps}
         self.rest_bytes = sum(p.numel() * p.element_size() for p in module.parameters()
                               if id(p) not in kept and p.device.type == "cuda")
-        self.layer_bytes = [_round_up(sum(_round_up(p.numel() * p.element_size(), _ALIGN) for p in ps) or 1, _GRANULE)
+        self.layer_bytes = [_round_up(sum(_round_up(p.numel() * p.element_size(), BLOCK_BYTES) for p in ps) or 1, _GRANULE)
                             for ps in self._params]
         self.budget_bytes = budget_bytes
         self.layer_budget = budget_bytes - self.rest_bytes
@@ -136,7 +135,7 @@ class Streamed:
             slot.copy_(p.data)
             originals.append(p.device)
             p.data = slot
-            offset += _round_up(nbytes, _ALIGN)
+            offset += _round_up(nbytes, BLOCK_BYTES)
         self._originals.append(originals)
         _lib.check(self.lib.uvm_offload_ranges(self._ranges([i]), 1, _lib.STRATEGIES["staged"], stream.cuda_stream),
                    f"uvm.stream: staging layer {i}")

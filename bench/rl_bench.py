@@ -29,6 +29,10 @@ Methods (each in a child process, one after another):
   torch_memory_saver      the original (if installed), hook_mode "torch", retain_cpu_backup=True
   torch_memory_saver      the same with its default retain_cpu_backup=False
   (no retain)
+  uvm memory_saver        uvm.memory_saver in hook mode "preload": the child is started inside its
+  (preload)               configure_subprocess(), so uvm's cudaMalloc interposer is preloaded there
+  torch_memory_saver      the original in hook mode "preload" (its configure_subprocess()), as SGLang
+  (preload)               runs it; both with retain_cpu_backup=True
   per-tensor prefetch     Megatron-Core's unified-memory path: advise + one cudaMemPrefetchAsync per
                           parameter (uvm's Megatron-compatible functions), the cache prefetched too
   pinned memcpy           the limit: one copy of the weights' bytes to pinned memory and back; it
@@ -42,6 +46,7 @@ pools stay far below 25 % of the card.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -59,7 +64,8 @@ BATCH, SEQ, STEPS = 8, 2048, 16
 HEAD_DIM = HIDDEN // HEADS
 GiB = 1 << 30
 METHODS = ["uvm releasable", "uvm managed", "uvm memory_saver", "uvm memory_saver (no retain)",
-           "torch_memory_saver", "torch_memory_saver (no retain)", "per-tensor prefetch", "pinned memcpy"]
+           "torch_memory_saver", "torch_memory_saver (no retain)", "uvm memory_saver (preload)",
+           "torch_memory_saver (preload)", "per-tensor prefetch", "pinned memcpy"]
 
 
 class Decoder(torch.nn.Module):
@@ -170,13 +176,15 @@ class Method:
     def __init__(self, name: str):
         self.name = name
         self.saver = None
+        mode = "preload" if "(preload)" in name else "torch"
         if name.startswith("uvm memory_saver"):
             from uvm.memory_saver import torch_memory_saver
             self.saver = torch_memory_saver
+            self.saver.hook_mode = mode
         elif name.startswith("torch_memory_saver"):
             from torch_memory_saver import torch_memory_saver
             self.saver = torch_memory_saver
-            self.saver.hook_mode = "torch"
+            self.saver.hook_mode = mode
         if self.saver is not None:
             self.saver.retain_cpu_backup = "no retain" not in name
 
@@ -238,6 +246,17 @@ class Method:
             uvm.prefetch_managed_tensor(self.cache, device=device)
         else:
             self.flat.copy_(self.host, non_blocking=True)
+
+
+def child_environment(method_name: str):
+    """What the child of a preload row is started inside: its library's configure_subprocess()."""
+    if "(preload)" not in method_name:
+        return contextlib.nullcontext()
+    if method_name.startswith("uvm"):
+        from uvm.memory_saver import configure_subprocess
+    else:
+        from torch_memory_saver import configure_subprocess
+    return configure_subprocess()
 
 
 def wake_report(method_name: str) -> dict:
@@ -365,6 +384,13 @@ def goal_lines(summaries: list[dict]) -> list[str]:
         ours = rows.get("uvm releasable") or rows.get("uvm memory_saver")
         peers = [rows[m] for m in ("torch_memory_saver", "torch_memory_saver (no retain)") if m in rows]
         pinned = rows.get("pinned memcpy")
+        for mode in ("", " (preload)"):  # the drop-in against the original, hook mode by hook mode
+            mine, theirs = rows.get(f"uvm memory_saver{mode}"), rows.get(f"torch_memory_saver{mode}")
+            if mine and theirs:
+                ratio = theirs["steady"]["cycle_s"] / mine["steady"]["cycle_s"]
+                out.append(f"{pattern}: uvm memory_saver{mode or ' (torch)'} {mine['steady']['cycle_s']:.3f} s vs "
+                           f"torch_memory_saver{mode or ' (torch)'} {theirs['steady']['cycle_s']:.3f} s: "
+                           f"{ratio:.2f}x ({'faster' if ratio > 1 else 'NOT faster'})")
         if not ours:
             continue
         if peers:
@@ -434,8 +460,9 @@ def main(argv=None) -> int:
     results, failures = [], []
     for pattern in args.patterns.split(","):
         for method in methods:
-            proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--cycles", str(args.cycles),
-                                   "--child", method, pattern], capture_output=True, text=True, timeout=900)
+            with child_environment(method):
+                proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--cycles", str(args.cycles),
+                                       "--child", method, pattern], capture_output=True, text=True, timeout=900)
             if proc.returncode != 0:
                 failures.append(f"{method} / {pattern}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
                 print(f"FAILED {method} / {pattern}:\n{proc.stderr[-3000:]}", flush=True)

@@ -37,8 +37,8 @@ def load(bench: str, gpu: str) -> tuple[dict, Path] | tuple[None, None]:
 def versions(env: dict, path: Path) -> str:
     device = env.get("device", "?")
     cuda = env.get("torch_cuda") or env.get("cuda", "?")
-    bench = path.parent.name
-    entry = next(c for c in CURRENT[bench].values() if RESULTS / c["file"] == path)
+    entry = next(c for gpus in CURRENT.values() if isinstance(gpus, dict) for c in gpus.values()
+                 if RESULTS / c["file"] == path)
     note = entry.get("note")
     return (f"{device}, driver {env.get('driver', '?')}, torch {env.get('torch', '?')} (CUDA {cuda}), "
             f"{entry['date']}; `{path.relative_to(ROOT)}`" + (f". {note[0].upper() + note[1:]}." if note else ""))
@@ -62,21 +62,23 @@ def offload(gpu: str) -> list[str]:
             *table(["method", "offload GB/s", "onload GB/s", "offload / pinned memcpy", "onload / pinned memcpy"], body), ""]
 
 
-def rl(gpu: str) -> list[str]:
-    data, path = load("rl", gpu)
+def rl(gpu: str, bench: str = "rl", title: str = "Sleep/wake cycle") -> list[str]:
+    data, path = load(bench, gpu)
     if data is None:
         return []
     body = []
     for pattern in ("big", "full"):
         summaries = {s["method"]: s for s in data["summaries"] if s["pattern"] == pattern}
-        peer, memcpy = summaries.get("torch_memory_saver"), summaries.get("pinned memcpy")
+        memcpy = summaries.get("pinned memcpy")
         for method, s in summaries.items():
             cycle = s["steady"]["cycle_s"]
+            # the original in the same hook mode as the row (torch mode for every other method)
+            peer = summaries.get("torch_memory_saver (preload)" if "(preload)" in method else "torch_memory_saver")
             body.append([pattern, method, f"{cycle:.3f}", f"{s['sleep_gbps']:.1f}", f"{s['wake_gbps']:.1f}",
                          f"{peer['steady']['cycle_s'] / cycle:.2f}×" if peer else "",
                          f"{cycle / memcpy['steady']['cycle_s']:.2f}×" if memcpy else "",
                          "yes" if s.get("identical") else "NO"])
-    return [f"**Sleep/wake cycle** (`python -m uvm bench rl`; big: the freed memory taken by one large training "
+    return [f"**{title}** (`python -m uvm bench rl`; big: the freed memory taken by one large training "
             f"allocation; full: the GPU full around it): {versions(data['environment'], path)}", "",
             *table(["pattern", "method", "steady cycle s", "sleep GB/s", "wake GB/s", "faster than torch_memory_saver",
                     "time / pinned memcpy", "bytes identical"], body), ""]
@@ -134,7 +136,8 @@ def first_use() -> list[str]:
 def block() -> str:
     lines = [BEGIN, ""]
     for gpu, title in GPUS.items():
-        parts = [*offload(gpu), *rl(gpu), *stream(gpu), *backup(gpu), *jit(gpu)]
+        parts = [*offload(gpu), *rl(gpu), *rl(gpu, "rl_hook_modes", "Sleep/wake cycle of the drop-in, both hook modes"),
+                 *stream(gpu), *backup(gpu), *jit(gpu)]
         if parts:
             lines += [f"### {title}", "", *parts]
     lines += ["### Any machine", "", *first_use(), END]

@@ -40,7 +40,7 @@ uvm_status record_event(const Call& call, cudaStream_t stream, EventRef* out);
 uvm_status mark_or_wait(const Call& call, cudaStream_t stream, EventRef* out);
 
 // While alive, this thread may make the calls a capture in the global mode forbids (event queries
-// and waits, measured to invalidate a capture on another stream on an H100). For calls that touch
+// and waits, which were seen to invalidate a capture on another stream). For calls that touch
 // only uvm's own events and memory, never a capturing stream: the caller's capture survives.
 class RelaxedCapture {
  public:

@@ -176,9 +176,9 @@ const Row kRows[] = {
       "auto, engine, sm or mixed: what copies staged bytes back into releasable memory (a uvm kernel, the copy "
       "engines, both)"},
      parse_onload_copy},
-    // Populating a piece and copying it right after ran 37–41 GB/s on an H100 with two streams in
-    // every case measured (bench/transfer_probe.cu). On an H200 with the 4 GiB benchmark model, four
-    // streams gave 43.4 GB/s against 40–42 for two; 32 MiB × 4 and 16 MiB × 8 were no better.
+    // Populating a piece and copying it right after kept the copies at speed in every case measured;
+    // four streams beat two, and smaller chunks on more streams did not beat these
+    // (docs/measurements.md, "Where the onload time goes").
     {{"UVM_ONLOAD_CHUNK_MIB", "64", "1-4096: MiB an onload populates and copies back in one step"}, parse_chunk_mib},
     {{"UVM_ONLOAD_STREAMS", "4", "1-8: streams an onload copies on"}, parse_streams},
     {{"UVM_TRACE", "", "a file: every move's phases as Chrome trace events (%p becomes the process id)"},
@@ -186,8 +186,8 @@ const Row kRows[] = {
     {{"UVM_DISK_BACKUP_DIR", "", "a directory on a real disk for UVM_STRATEGY_DISK's files (uvm_set_disk_backup_dir "
       "overrides)"},
      parse_disk_backup_dir},
-    // mmap copies are CPU work (page faults, memcpy): 16 threads ran them at the pinned backup's
-    // speed on an H100 host, 8 at 0.73 of it (bench/mmap_probe.cpp). 16 paused to disk slower.
+    // mmap copies are CPU work (page faults, memcpy): 16 threads kept up with the pinned backup, 8
+    // did not; 16 paused to disk slower than 8 (docs/measurements.md, "Backups in mmap'ed memory").
     {{"UVM_BACKUP_THREADS", "auto",
       "auto or 1-16: threads (each with a pinned buffer, 16 MiB or 64 MiB for disk reads) that move mmap and "
       "disk copies; auto: 8 for disk writes, 4 for disk reads, for mmap copies one per CPU uvm may run on, 8 to 16"},

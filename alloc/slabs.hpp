@@ -1,9 +1,9 @@
 // Slabs: PyTorch's small-tensor segments carved from shared managed allocations.
 //
 // PyTorch serves every tensor up to 1 MiB from 2 MiB segments, so a model's norms, biases and small
-// projections become thousands of uvm allocations. The driver spends 100–190 µs on each range it
-// prefetches, batched or not, and an onload prefetches each range twice: on an H100, 2 GiB of
-// 512 KiB tensors came back at 19 GB/s, against 40 for the same bytes in big tensors. So uvm_malloc
+// projections become thousands of uvm allocations. The driver pays a fixed cost for each range it
+// prefetches, batched or not, and an onload prefetches each range twice, so small tensors came back
+// at half the speed of the same bytes in big ones (docs/measurements.md, "Small tensors"). So uvm_malloc
 // serves requests of exactly kSlotBytes from slabs of kSlotsPerSlab slots, one cudaMallocManaged
 // each. A slot is still its own uvm allocation (freed, tagged, advised, moved and counted alone);
 // only the driver sees the slab, so that an onload populates neighbouring slots with one prefetch.

@@ -4,9 +4,9 @@
 // not wait for the driver to reclaim managed pages — and an onload can map new physical memory at
 // the same virtual addresses.
 //
-// Measured on an H200 with the GPU otherwise full: after a managed offload of 4 GiB, allocating
-// 3.5 GiB that can only come from those pages took 76–93 ms and cudaMemGetInfo showed nothing
-// freed; after torch_memory_saver's release of the same memory (this mechanism) it took 4 ms.
+// Managed pages that were moved off come back to the driver only when an allocation needs them,
+// slowly and invisibly to cudaMemGetInfo; memory released this way is free at once
+// (docs/performance.md, "The driver behaviour behind the design").
 #pragma once
 
 #include <cstddef>

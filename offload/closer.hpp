@@ -1,7 +1,7 @@
 // Giving a removed backup file's blocks back off the caller's path. Removing a file frees its
 // blocks there and then, unless a descriptor still holds it open; on a file system mounted with
-// `discard` (the GPU machine's root) that took 14-18 ms for each 64 MiB file, about a second of
-// every 4 GiB disk resume (bench/disk_probe.py --files). So a backup file's name goes at once, and
+// `discard` that took most of a disk resume's time (docs/measurements.md, "Disk resume: which reads
+// this disk wants"). So a backup file's name goes at once, and
 // a descriptor kept open holds its blocks until a thread of uvm's own closes it. Whoever needs the
 // space (a disk offload that finds the disk full) waits for that thread first.
 #pragma once

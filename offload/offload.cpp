@@ -117,7 +117,7 @@ uvm_status check_strategy_fits(const Call& call, int requested, uvm_strategy str
 }
 
 // Copies every piece into its reserved staging bytes, then discards it on the device, all in
-// `stream` order: 50–52 GB/s on an H100, against 10–16 GB/s for a prefetch to the CPU. Marks in
+// `stream` order: several times faster than a prefetch to the CPU (docs/performance.md). Marks in
 // `done` where each releasable allocation's copies end, so that its memory can go back before the
 // later copies finish.
 uvm_status offload_staged(const Call& call, const std::vector<HintRange>& pieces, const Reservation& reserved,

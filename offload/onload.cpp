@@ -65,9 +65,9 @@ uvm_status start_workers(const Call& call, const std::vector<StagedWork>& work, 
 
 // One chunk back on a worker: prefetch, copy, prefetch.
 // - The prefetch before the copies populates the chunk. Copying into discarded pages without it
-//   faults page by page (0.6 GB/s on an H100); populating everything first and copying after is as
-//   slow whenever the driver has not yet reclaimed the discarded pages. Chunk by chunk it ran
-//   37–47 GB/s in every case measured.
+//   faults page by page, dozens of times slower; populating everything first and copying after is
+//   as slow whenever the driver has not yet reclaimed the discarded pages. Chunk by chunk it ran
+//   near the link's speed in every case measured (docs/measurements.md, "Where the onload time goes").
 // - The prefetch after the copies undoes the discard. A copy's writes restore the data but leave
 //   the driver treating the pages as discardable, and the prefetch before it does not reliably clear
 //   that (it did not for the first chunk on each stream): a later prefetch to the CPU, or an

@@ -15,11 +15,10 @@ struct OnloadMode {
   // copies once copied back (registry.hpp).
   bool retain = false;
   // It runs beside the kernels of the layers before it (streaming): under UVM_ONLOAD_COPY=auto it
-  // copies with the copy engine, whose copies take no SMs from them (the kernel's did: a 12 GiB
-  // model streamed 1.22–1.43× the link's time against 1.14–1.16× by engine, H100). And it copies
-  // on one stream in chunks of at least kFetchChunkBytes: fetches are queued ahead of use, so
-  // more streams only interleave them (4 streams of 64 MiB: 1.14–1.25× the link's time; one of
-  // 256 MiB: 1.14 in every shape, H100, docs/performance.md).
+  // copies with the copy engine, whose copies take no SMs from them (the kernel's did, and the
+  // streamed model ran slower). And it copies on one stream in chunks of at least
+  // kFetchChunkBytes: fetches are queued ahead of use, so more streams only interleave them
+  // (docs/measurements.md, "Streaming a model larger than its budget").
   bool beside_compute = false;
 };
 

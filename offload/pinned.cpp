@@ -78,8 +78,8 @@ char* register_pinned(size_t bytes, std::string* why) {
 }
 
 // The pinning thread: step by step, the next step faulted in on other threads while this one is
-// registered (measured: fault-in 23–33 GB/s and registration 29–38 GB/s for 4 GiB on an H100, so
-// overlapping them nearly halves the pinning).
+// registered: the two take about as long as each other, so overlapping them nearly halves the
+// pinning (docs/measurements.md, "The first offload").
 void pin_steps(char* host, size_t bytes, int device, std::shared_ptr<StepPinning> progress) {
   ContextScope scope;
   std::string failure;

@@ -1,9 +1,9 @@
 // Pinned (page-locked) host memory for staging, got the fastest way measured, with
-// cudaHostAlloc as the fallback. bench/pinned_probe.cpp on an H100 (driver 580, 16 cores, 4 GiB):
-//   cudaHostAlloc 2.14–2.27 s, cudaMallocHost 1.50–2.43 s, mmap + cudaHostRegister 1.30–1.79 s;
-//   mmap + transparent huge pages + 8 threads faulting the pages in + cudaHostRegister 0.23–0.25 s,
-//   freed in 0.09–0.10 s instead of 0.50–0.75 s. Copies run at 55 GB/s either way.
-// Most of cudaHostAlloc's time is the kernel faulting 4 KiB pages in one at a time on one thread.
+// cudaHostAlloc as the fallback: mmap + transparent huge pages + 8 threads faulting the pages in +
+// cudaHostRegister was several times faster to get and to free than cudaHostAlloc, cudaMallocHost
+// or a plain registration, and copies run at the same speed either way (bench/pinned_probe.cpp;
+// docs/measurements.md, "Pinned memory"). Most of cudaHostAlloc's time is the kernel faulting
+// 4 KiB pages in one at a time on one thread.
 #pragma once
 
 #include <condition_variable>
@@ -33,9 +33,9 @@ struct StepPinning {
 };
 
 // The size of a step: big enough that registering it costs little beyond its pages, small enough
-// that the copies into the first steps overlap the pinning of the rest (bench/pinned_probe.cpp
-// "first": 256 MiB steps, the next step faulted in while this one registers, gave a 4 GiB first
-// offload 22.6–25.6 GB/s on an H100 against 13.4–14.5 pinning everything first).
+// that the copies into the first steps overlap the pinning of the rest (256 MiB steps, the next
+// faulted in while this one registers, nearly doubled a first offload's speed against pinning
+// everything first: docs/measurements.md, "The first offload").
 constexpr size_t kPinStepBytes = size_t{256} << 20;
 
 struct PinnedMemory {

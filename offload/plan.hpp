@@ -12,8 +12,8 @@
 
 namespace uvm {
 
-// AUTO becomes STAGED where discard works (measured on an H100: 50–52 GB/s offload against 10–16
-// for migration), else MIGRATE. Others stay as asked.
+// AUTO becomes STAGED where discard works (several times faster than migration: docs/performance.md,
+// "The driver behaviour behind the design"), else MIGRATE. Others stay as asked.
 uvm_strategy choose_strategy(uvm_strategy requested, bool discard_supported);
 
 // The parts of `range` that no span of `covered` (sorted, disjoint) covers.
@@ -54,12 +54,11 @@ struct OnloadChunk {
 // Cuts `pieces` (sorted by address, disjoint) into chunks of at most `chunk_bytes`; pieces that
 // touch inside one driver allocation share a chunk, including pieces of neighbouring slots of a
 // slab (alloc/slabs.hpp), so that one prefetch populates them. A gap between pieces is never
-// populated: prefetching a gap together with the pieces around it lost data on an H200 (zeros from
+// populated: prefetching a gap together with the pieces around it lost data (zeros from
 // a 64 KiB boundary on, 1 run in 12), where prefetching exactly the copied bytes never did.
 // Chunks do not cross driver allocations (the driver refuses such a prefetch). Filling them across
-// separate allocations, with one cudaMemPrefetchBatchAsync a chunk, was measured on an H100
-// (2026-11-22): the driver still spent 100–190 µs on each range, before and after the copy, batched
-// or not, and the 4 GiB model's onload fell from 40 to 34 GB/s.
+// separate allocations, with one cudaMemPrefetchBatchAsync a chunk, made the onload slower: the
+// driver still pays per range, batched or not (docs/measurements.md, "Small tensors").
 std::vector<OnloadChunk> plan_onload(const std::vector<CopyPiece>& pieces, size_t chunk_bytes);
 
 // One copy between the device and staging, for both directions: pieces[first, end), `bytes` long.
@@ -72,7 +71,7 @@ struct CopyRun {
 // The copies that move `pieces` (sorted by address): a copy takes the pieces after its first while
 // each starts where the one before ends, both on the device (in one driver allocation) and in
 // staging, and `one_registration(host, bytes)` says one copy may reach that many staging bytes (a
-// copy across two host registrations fails on an H100). The 2 MiB segments of a slab then take 32
+// copy across two host registrations fails). The 2 MiB segments of a slab then take 32
 // copies, not 1,024.
 std::vector<CopyRun> copy_runs(const std::vector<CopyPiece>& pieces,
                                const std::function<bool(const char* host, size_t bytes)>& one_registration);

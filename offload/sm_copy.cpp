@@ -59,8 +59,8 @@ DONE:
 )";
 
 constexpr size_t kWordBytes = 16;
-// Threads in flight per SM: two blocks of 1,024, as bench/transfer_probe.cu ran it (264 × 1,024 on
-// an H100's 132 SMs) to keep enough 16-byte reads in flight over PCIe.
+// Threads in flight per SM: two blocks of 1,024, as bench/transfer_probe.cu ran it, to keep enough
+// 16-byte reads in flight over PCIe.
 constexpr unsigned kThreadsPerBlock = 1024;
 constexpr unsigned kBlocksPerSm = 2;
 

@@ -1,8 +1,7 @@
 // Copies from pinned staging memory into device memory with the GPU's SMs instead of a copy
-// engine. bench/transfer_probe.cu on an H100: right after a bulk free, copy-engine host→device
-// copies run at half speed (26.8–27.3 GB/s) while a kernel reading the pinned memory keeps
-// 49–51 GB/s; steady, the copy engine is faster (53–55 against 50 GB/s). The RL benchmark's wake
-// after a 70 GB free (releasable memory) copied at 19–27 GB/s with the copy engine.
+// engine. Right after a bulk free, copy-engine host→device copies run at half speed while a
+// kernel reading the pinned memory keeps its speed; steady, the copy engine is faster
+// (bench/transfer_probe.cu; docs/performance.md, "The driver behaviour behind the design").
 //
 // The kernel is PTX in this file, loaded through the driver (cuModuleLoadData) once per device,
 // since libuvm.so is built without nvcc.
@@ -21,12 +20,11 @@ namespace uvm {
 // default), sm (the kernel), engine (cudaMemcpyAsync), or mixed (the kernel on every other worker
 // stream, the engine on the rest). Managed memory is always copied by the engine.
 // auto takes the kernel when the device has more than kAutoKernelFreeFactor times the onload's
-// staged bytes free, else the engine. The RL benchmark on an H100 (bench/results/rl/h100-sm-vs-
-// auto-*.json): right after the training step's 70 GB free, 83.7 GB were free for a 4.16 GB wake:
-// the engine ran at half speed and the kernel at 45 GB/s; on a full GPU, 5.5 GB were free: the
-// kernel idled while a map waited for the driver, where the engine's queue ran on. auto picked
-// the kernel in the first and the engine in the second: 86 % of pinned memcpy in both, against
-// 81/79 % with the kernel alone and 50/85 % with the engine alone.
+// staged bytes free, else the engine. In the RL benchmark right after the training step's giant
+// free, the engine ran at half speed and the kernel near the link's; on a full GPU the kernel
+// idled while a map waited for the driver, where the engine's queue ran on. auto picks the
+// kernel in the first and the engine in the second, and beat either alone in both
+// (bench/results/rl/h100-sm-vs-auto-*.json; docs/measurements.md, "The RL sleep/wake cycle").
 constexpr size_t kAutoKernelFreeFactor = 4;
 
 // How an onload on `device` copies `staged_bytes` of releasable memory back, as UVM_ONLOAD_COPY

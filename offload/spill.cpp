@@ -27,9 +27,9 @@ namespace {
 
 // Pinned buffers kept between moves: pinning 16 MiB takes milliseconds, a move of a few MiB less.
 // They are carved from blocks pinned the registered way (pinned.hpp), one block for all the
-// buffers a move lacks: cudaHostAlloc faults 16 MiB in at about 2 GiB/s, so 16 buffers pinned that
-// way added 130 ms to every 4 GiB mmap pause that followed a uvm_release_staging (a pause after a
-// resume that gave its staging back), more than half of the copy's own time.
+// buffers a move lacks: cudaHostAlloc faults its pages in one at a time, so 16 buffers pinned that
+// way added more than half the copy's own time to every mmap pause that followed a
+// uvm_release_staging (a pause after a resume that gave its staging back).
 struct BouncePool {
   struct Block {
     PinnedMemory memory;
@@ -92,10 +92,10 @@ void give_back(const std::vector<char*>& buffers, size_t bytes) {
 enum class SpillWork { memory, disk_write, disk_read };
 
 // The worker threads of a spill: UVM_BACKUP_THREADS, else by their work. Copies in memory are CPU
-// work (the kernel faulting in and zeroing the mapping's pages, memcpy): on a 16-core H100 host
-// 16 threads wrote a fresh mapping at the speed of the pinned backup's pause and 8 at 0.73 of it
-// (bench/mmap_probe.cpp), so one per CPU this process may run on, 8 to 16. Disk writes: 8 (16
-// paused slower, docs/performance.md). Disk reads: 4 requests of kDiskReadBytes in flight.
+// work (the kernel faulting in and zeroing the mapping's pages, memcpy): 16 threads wrote a fresh
+// mapping at the speed of the pinned backup's pause and 8 did not (bench/mmap_probe.cpp), so one
+// per CPU this process may run on, 8 to 16. Disk writes: 8 (16 paused slower). Disk reads: 4
+// requests of kDiskReadBytes in flight (docs/measurements.md, "Backups in mmap'ed memory").
 size_t worker_threads(SpillWork work) {
   if (options().backup_threads > 0) return static_cast<size_t>(options().backup_threads);
   constexpr size_t kDiskWriteThreads = 8, kDiskReadThreads = 4;
@@ -106,8 +106,8 @@ size_t worker_threads(SpillWork work) {
   return std::clamp<size_t>(usable, 8, kMaxBackupThreads);
 }
 
-// The bounce buffer of each worker: disk reads take bigger requests (bench/disk_probe.py: 4 × 64
-// MiB read 1.35 GB/s where 8 × 16 MiB read 1.14, same file, same run).
+// The bounce buffer of each worker: disk reads take bigger requests, which read faster than more
+// smaller ones (docs/measurements.md, "Disk resume: which reads this disk wants").
 size_t buffer_bytes(SpillWork work) { return work == SpillWork::disk_read ? kDiskReadBytes : kBounceBytes; }
 
 // Runs `per_batch(call, stream, buffer, index)` for every batch index on the threads `kind` gets

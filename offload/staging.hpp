@@ -4,8 +4,8 @@
 // go back to their block when the last piece holding the lease is dropped (onloaded, discarded,
 // freed, or its block handed to a new owner).
 //
-// Pinned memory is slow to allocate (0.25 s for 4 GiB on an H100 the way pinned.hpp does it, 2.1 s
-// with cudaHostAlloc), so blocks are kept and reused across offload/onload cycles, and an
+// Pinned memory is slow to allocate, even the way pinned.hpp does it (docs/performance.md, "The
+// driver behaviour behind the design"), so blocks are kept and reused across offload/onload cycles, and an
 // offload's new block is pinned in steps that its copies use as each is done. A block's bump
 // pointer rewinds once no lease on it is held; the next writer then waits, on its stream, for every
 // copy that may still use the block (copies into it that were still running when their pieces were
@@ -38,7 +38,7 @@ class Staging {
  public:
   // Host bytes for the longest leading run of `spans` that fits in memory already pinned (a block
   // being pinned in steps offers its steps done). In a block pinned in steps a span is cut where a
-  // step ends, since one copy may not cross two registrations (cudaErrorInvalidValue on an H100),
+  // step ends, since one copy may not cross two registrations (cudaErrorInvalidValue),
   // so the reservation may hold a span's first parts. Dropping a lease that was never staged gives
   // its bytes back.
   Reservation reserve_prefix(const std::vector<Span>& spans);
@@ -77,7 +77,7 @@ class Staging {
 
   // Held by an offload from making room (ensure_capacity) until it has reserved it: the room is
   // not freed under it. Without it a release_staging loop on another thread took the room every
-  // time before the offload reserved it, and the offload never finished (on an H100).
+  // time before the offload reserved it, and the offload never finished.
   class RoomClaim {
    public:
     explicit RoomClaim(Staging& store);
@@ -92,7 +92,7 @@ class Staging {
   // The held memory by kind (uvm_get_staging_info), but for staged_bytes (the registry has them).
   uvm_staging_info info() const;
   // Whether [host, host + bytes) lies in one block and, for a block pinned in steps, one step: one
-  // copy may then reach all of it (a copy across two host registrations fails on an H100).
+  // copy may then reach all of it (a copy across two host registrations fails).
   bool one_registration(const char* host, size_t bytes) const;
 
  private:

@@ -17,8 +17,7 @@ inline bool is_legacy_stream(cudaStream_t stream) {
   return stream == nullptr || stream == cudaStreamLegacy;
 }
 
-// The driver rejects the legacy NULL stream for the batch calls (discard: cudaErrorInvalidValue,
-// measured on an H100). A blocking stream synchronizes with the legacy stream both ways, so work
+// The driver rejects the legacy NULL stream for the batch calls (discard: cudaErrorInvalidValue). A blocking stream synchronizes with the legacy stream both ways, so work
 // issued on it keeps the caller's legacy-stream order exactly. For the current device.
 uvm_status ordering_stream(const Call& call, cudaStream_t* out);
 

@@ -144,7 +144,7 @@ def staging() -> dict:
 def reserve_staging(nbytes: int) -> None:
     """Allocates pinned staging memory for a staged offload of up to `nbytes` ahead of need (at model
     load), so that the first offload pays no pinning (without it, that offload pins in steps while
-    it copies: 12–25 GB/s for 4 GiB against 46–47 steady)."""
+    it copies, at a fraction of the steady speed: docs/measurements.md, "The first offload")."""
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
         raise ValueError(f"nbytes must be an int >= 0, not {nbytes!r}")
     _lib.check(library().uvm_reserve_staging(nbytes))

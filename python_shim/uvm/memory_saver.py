@@ -322,7 +322,7 @@ class TorchMemorySaver:
         """Moves the memory of `tag` (None: every tag of a region) off the GPU and gives it back to
         the driver; returns when it is free. Pausing a paused tag does nothing. uvm_pause waits for
         each device in C: a daemon thread pausing when the interpreter exits is ended cleanly
-        there, where inside torch's bindings the process aborted (H100 run)."""
+        there, where inside torch's bindings the process aborted."""
         lib = _state.library()
         with _state.lock:
             for name in _state.selected(tag):
@@ -345,9 +345,8 @@ class TorchMemorySaver:
                 _lib.check(lib.uvm_resume(_lib.UVM_ANY_DEVICE, name.encode()))  # keeps the copies if retaining
             if not lib.uvm_get_retain_backups():
                 # The original frees its backups after a resume unless told to keep them, before
-                # it returns: pinned host memory holds GPU page tables (16 MiB of device memory
-                # for 5 GiB, H100), which its callers see go at resume (the peer's training_engine
-                # test), not some time after.
+                # it returns: pinned host memory holds GPU page tables (device memory), which its
+                # callers see go at resume (the peer's training_engine test), not some time after.
                 _lib.check(lib.uvm_release_staging())
 
     @staticmethod

@@ -74,7 +74,7 @@ def _expandable_segments() -> bool:
 
 def _check_pool_is_uvm(pool, index: int) -> None:
     """With expandable_segments:True, whether a pool uses its pluggable allocator depends on the torch
-    version (torch 2.11 does: measured on an H200). Decided by behaviour: one small tensor is made in
+    version (torch 2.11 does). Decided by behaviour: one small tensor is made in
     the pool and must be uvm's memory."""
     import torch
     reason = None
@@ -228,8 +228,8 @@ def _block_span(tensor, span: tuple[int, int]) -> tuple[int, int]:
     """The bytes an offload of `tensor` may move: its span, and for a tensor that is its whole storage
     (a block of the caching allocator) the padding up to the block's rounded end too, where no other
     tensor can lie. Tensors then touch and move as one driver call: exact spans left a partial page
-    at every padding gap undiscarded, and onload of the 4 GiB benchmark model fell from 43 to 27 GB/s
-    on an H200. A view of part of a storage moves exactly its own bytes."""
+    at every padding gap undiscarded, and the benchmark model's onload lost a third of its speed
+    (docs/measurements.md, "Neighbours of offloaded tensors"). A view of part of a storage moves exactly its own bytes."""
     ptr, size = span
     storage = tensor.untyped_storage()
     if ptr != storage.data_ptr() or size != storage.nbytes() or ptr % BLOCK_BYTES:
@@ -241,7 +241,7 @@ def _add_move_spans(tensors, whats, into: dict) -> None:
     """Adds to `into` ({device: {bytes to move: (what, the tensor's own bytes)}}) each tensor's bytes as
     _block_span gives them, `whats[i]` saying what tensors[i] is; a tensor already there (shared)
     counts once, an empty one not at all. A contiguous CUDA tensor takes a short path: a few
-    attribute reads (about 0.06–0.08 µs each on an H100 machine). Everything else goes the long
+    attribute reads (bench/gather_probe.py). Everything else goes the long
     way, which also says what is wrong. Moves give the library their tensors in slices, so only the
     first slice's reads come before the copies start (_SlicedMove)."""
     last_device, named = None, None
@@ -269,9 +269,9 @@ def _add_move_spans(tensors, whats, into: dict) -> None:
 
 def _members(obj, include_buffers: bool) -> tuple[list, list]:
     """The tensors of a tensor or module, and what each is (as _describe reads it): the tensors that
-    named_parameters() and named_buffers() give. Their names cost 0.65 µs a tensor (an H100,
-    bench/gather_probe.py), so when those methods are torch's own the tensors are read from each
-    submodule's dicts instead (0.03 µs), and a message names them by searching."""
+    named_parameters() and named_buffers() give. Making their names costs twenty times reading the
+    tensors (bench/gather_probe.py), so when those methods are torch's own the tensors are read from
+    each submodule's dicts instead, and a message names them by searching."""
     import torch
     if isinstance(obj, torch.Tensor):
         return [obj], ["tensor"]
@@ -541,8 +541,8 @@ def _move(entries, obj, stream, include_buffers: bool, *extra, undo=None, sliced
 
 def _range_array(spans: list):
     """A uvm_range array of (ptr, size) pairs, built as one array of 64-bit integers that the ctypes
-    array shares (and keeps alive): 0.11 µs a range on an H100 against 1 µs for a ctypes object
-    each (bench/gather_probe.py)."""
+    array shares (and keeps alive): a tenth of the cost of a ctypes object each
+    (bench/gather_probe.py)."""
     flat = array.array("Q", itertools.chain.from_iterable(spans))
     return (_lib.Range * len(spans)).from_buffer(flat)
 

@@ -50,3 +50,16 @@ def test_the_docs_name_no_issue_numbers():
             continue
         found = re.findall(r"[Ii]ssues? \d+", page.read_text())
         assert not found, f"{page.name}: {found}"
+
+
+def test_the_code_says_why_and_leaves_the_figures_to_the_docs():
+    """Measured speeds, times and GPU models live in docs/ (where they carry their run); a comment or
+    docstring gives the reason and points there, so that a figure cannot drift in two places."""
+    figure = re.compile(r"\d(?:\.\d+)? ?(?:GB/s|GiB/s|ms\b|µs)|\bH[12]00\b")
+    found = []
+    for room in ("alloc", "hints", "offload", "preload", "include", "python_shim/uvm"):
+        for path in sorted((ROOT / room).rglob("*")):
+            if path.suffix in (".cpp", ".hpp", ".h", ".py"):
+                found += [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+                          for number, line in enumerate(path.read_text().splitlines(), 1) if figure.search(line)]
+    assert not found, "\n".join(found)

@@ -138,8 +138,9 @@ class SourceList:
 def build_key(root: Path, cxx: str, home: Path) -> str:
     """The cache key of the library: a hash of every file that goes into it (sources.txt, and the
     files of the sources' folders and include/), the compiler and the CUDA version. Reading and
-    hashing the ~100 files was most of a cache hit, so the key is remembered under the files' stat fingerprint (size, mtime, ctime, inode:
-    any write changes ctime) and hashed again only when one of them differs."""
+    hashing the ~100 files was most of a cache hit, so the key is remembered under the files' stat
+    fingerprint (size, mtime, ctime, inode: any write changes ctime) and hashed again only when one
+    of them differs."""
     listed = SourceList(root)
     stats = {root / SOURCE_LIST: (root / SOURCE_LIST).stat()}
     for folder in listed.folders(root):

@@ -181,16 +181,30 @@ def build_library() -> str:
         raise UnifiedMemoryUnsupportedError(f"building libuvm.so failed: {error}") from None
 
 
+_preloaded: list = []  # [preloaded_process()'s answer], once asked: what a process preloads is fixed at its start
+
+
+def preloaded_process() -> ctypes.CDLL | None:
+    """The process's own symbols when it preloads uvm's cudaMalloc interposer (its cudaMalloc is the
+    one callers reach), else None."""
+    if not _preloaded:
+        try:
+            process = ctypes.CDLL(None)
+            active = process.uvm_preload_active()
+        except (AttributeError, OSError):
+            process, active = None, 0
+        _preloaded.append(process if active else None)
+    return _preloaded[0]
+
+
 def _preloaded_libuvm() -> str | None:
-    """The libuvm.so the cudaMalloc interposer opened, when this process preloads it: the Python
-    side must load that same library (one registry of allocations, one set of locks)."""
-    try:
-        process = ctypes.CDLL(None)
-        active, path = process.uvm_preload_active, process.uvm_preload_libuvm_path
-    except (AttributeError, OSError):
+    """The libuvm.so the interposer opened, when this process preloads it: the Python side must load
+    that same library (one registry of allocations, one set of locks)."""
+    process = preloaded_process()
+    if process is None:
         return None
-    path.restype = ctypes.c_char_p
-    return path().decode() if active() and path() else None
+    process.uvm_preload_libuvm_path.restype = ctypes.c_char_p
+    return process.uvm_preload_libuvm_path().decode()
 
 
 def load(path: str) -> ctypes.CDLL:

@@ -5,26 +5,18 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 from pathlib import Path
 
 from . import _build, _lib
 
 
-_process: list = []  # [the answer of in_process()], once asked: what a process preloads is fixed at its start
-
-
+@functools.lru_cache(maxsize=None)
 def in_process() -> ctypes.CDLL | None:
-    """The process's symbols when it preloads the interposer (its cudaMalloc is the one callers
-    reach), else None."""
-    if not _process:
-        try:
-            process = ctypes.CDLL(None)
-            active = process.uvm_preload_active()
-        except (AttributeError, OSError):
-            process, active = None, 0
-        _process.append(_declared(process) if active else None)
-    return _process[0]
+    """The process's symbols, declared, when it preloads the interposer; else None."""
+    process = _lib.preloaded_process()
+    return _declared(process) if process is not None else None
 
 
 def library_path() -> Path:
@@ -36,18 +28,20 @@ def library_path() -> Path:
         raise _lib.UnifiedMemoryUnsupportedError(f"building {_build.PRELOAD_NAME} failed: {error}") from None
 
 
+@functools.lru_cache(maxsize=None)
 def names() -> ctypes.CDLL:
     """torch_memory_saver's C names (tms_*) and the interposer's own: the preloaded library, or in
-    hook mode "torch" the same library opened without interposing (its cudaMalloc unused)."""
+    hook mode "torch" the same library opened without interposing (its cudaMalloc unused). Opened
+    and declared once."""
     process = in_process()
     if process is not None:
         return process
-    opened = ctypes.CDLL(str(library_path()))
-    opened.uvm_preload_load_error.restype = ctypes.c_char_p
+    path = library_path()
+    opened = _declared(ctypes.CDLL(str(path)))
     reason = opened.uvm_preload_load_error()
     if reason:
-        raise _lib.UnifiedMemoryUnsupportedError(f"{library_path()}: {reason.decode()}")
-    return _declared(opened)
+        raise _lib.UnifiedMemoryUnsupportedError(f"{path}: {reason.decode()}")
+    return opened
 
 
 def tags(process: ctypes.CDLL) -> list[str]:

@@ -280,15 +280,12 @@ class TorchMemorySaver:
         In hook mode "torch", graphs captured with the same tag and backup setting share one uvm
         pool, as graphs sharing a graph_pool_handle do (a `pool` given is not used); in "preload",
         the graph uses `pool` (torch's graph pool, as the original) and the interposer catches its
-        cudaMalloc. A replay after
-        resume is bit-identical."""
+        cudaMalloc. A replay after resume is bit-identical."""
         import torch
         from . import tag as uvm_tag
         _check_tag(tag)
         kind = _backup_kind(enable_cpu_backup, False, cpu_backup_backend)
-        if _state.mode() == "preload":
-            with _state.lock:
-                _state.tags.add(tag)
+        if _state.mode() == "preload":  # the interposer records the tags it allocates under
             with _state.open_region(), torch.cuda.graph(cuda_graph, pool=pool, stream=stream,
                                                         capture_error_mode=capture_error_mode):
                 with _inside_region(True), _region_config(tag, kind):

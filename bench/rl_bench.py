@@ -52,6 +52,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 
 import torch
 
@@ -215,37 +216,49 @@ class Method:
     def new_cache():
         return torch.zeros(LAYERS, 2, BATCH, KV_HEADS, SEQ, HEAD_DIM, dtype=torch.bfloat16, device="cuda")
 
-    def sleep(self):
+    def sleep_steps(self) -> list:
+        """The calls a sleep makes, in order: (label, call)."""
         import uvm
         if self.saver is not None:
-            self.saver.pause("kv_cache")
-            self.saver.pause("weights")
-        elif self.name in ("uvm releasable", "uvm managed"):
-            uvm.offload("weights")
-            uvm.discard("kv")
-        elif self.name == "per-tensor prefetch":
-            for p in self.model.parameters():
-                uvm.advise_managed_tensor_preferred_location(p, device=-1)
-                uvm.prefetch_managed_tensor(p, device=-1)
-            uvm.prefetch_managed_tensor(self.cache, device=-1)
-        else:
-            self.host.copy_(self.flat, non_blocking=True)
+            return [("pause kv_cache", lambda: self.saver.pause("kv_cache")),
+                    ("pause weights", lambda: self.saver.pause("weights"))]
+        if self.name in ("uvm releasable", "uvm managed"):
+            return [("offload weights", lambda: uvm.offload("weights")), ("discard kv", lambda: uvm.discard("kv"))]
+        if self.name == "per-tensor prefetch":
+            def away():
+                for p in self.model.parameters():
+                    uvm.advise_managed_tensor_preferred_location(p, device=-1)
+                    uvm.prefetch_managed_tensor(p, device=-1)
+                uvm.prefetch_managed_tensor(self.cache, device=-1)
+            return [("prefetch to cpu", away)]
+        return [("copy to pinned", lambda: self.host.copy_(self.flat, non_blocking=True))]
 
-    def wake(self):
+    def wake_steps(self) -> list:
+        """The calls a wake makes, in order: (label, call)."""
         import uvm
         if self.saver is not None:
-            self.saver.resume("weights")
-            self.saver.resume("kv_cache")
-        elif self.name in ("uvm releasable", "uvm managed"):
-            uvm.onload(["weights", "kv"])
-        elif self.name == "per-tensor prefetch":
-            device = torch.cuda.current_device()
-            for p in self.model.parameters():
-                uvm.advise_managed_tensor_preferred_location(p, device=device)
-                uvm.prefetch_managed_tensor(p, device=device)
-            uvm.prefetch_managed_tensor(self.cache, device=device)
-        else:
-            self.flat.copy_(self.host, non_blocking=True)
+            return [("resume weights", lambda: self.saver.resume("weights")),
+                    ("resume kv_cache", lambda: self.saver.resume("kv_cache"))]
+        if self.name in ("uvm releasable", "uvm managed"):
+            return [("onload weights+kv", lambda: uvm.onload(["weights", "kv"]))]
+        if self.name == "per-tensor prefetch":
+            def back():
+                device = torch.cuda.current_device()
+                for p in self.model.parameters():
+                    uvm.advise_managed_tensor_preferred_location(p, device=device)
+                    uvm.prefetch_managed_tensor(p, device=device)
+                uvm.prefetch_managed_tensor(self.cache, device=device)
+            return [("prefetch to gpu", back)]
+        return [("copy from pinned", lambda: self.flat.copy_(self.host, non_blocking=True))]
+
+
+def run_steps(steps: list, returned: dict) -> None:
+    """Makes the calls in order, noting in `returned` the seconds each took to return (no
+    synchronization between them, so that asynchronous calls overlap as they would in use)."""
+    for label, call in steps:
+        start = time.perf_counter()
+        call()
+        returned[label] = time.perf_counter() - start
 
 
 def child_environment(method_name: str):
@@ -287,7 +300,8 @@ def child(method_name: str, pattern: str, cycles: int) -> dict:
     rows = []
     for cycle in range(cycles):
         free_before = torch.cuda.mem_get_info()[0]
-        sleep_s = timed(method.sleep)
+        returned: dict = {}
+        sleep_s = timed(lambda: run_steps(method.sleep_steps(), returned))
         free_after = torch.cuda.mem_get_info()[0]
         claim_s = 0.0
         if claims:
@@ -299,15 +313,15 @@ def child(method_name: str, pattern: str, cycles: int) -> dict:
                 claim_s = timed(lambda: holder.append(torch.empty(size, dtype=torch.uint8, device="cuda")))
             holder[0].fill_(1)  # the training step uses it
             del holder, pool
-        wake_s = timed(method.wake)
+        wake_s = timed(lambda: run_steps(method.wake_steps(), returned))
         wake_phases = wake_report(method_name)
         history, logits = decode(graph, cache, state)
         rows.append({"cycle": cycle, "sleep_s": sleep_s, "claim_s": claim_s, "wake_s": wake_s,
                      "cycle_s": sleep_s + claim_s + wake_s, "freed_visible_bytes": max(0, free_after - free_before),
                      "identical": bool(torch.equal(history, reference[0]) and torch.equal(logits, reference[1])),
-                     "wake_phases": wake_phases})
+                     "wake_phases": wake_phases, "returned_s": returned})
     del ballast
-    return {"method": method_name, "pattern": pattern, "weight_bytes": weight_bytes, "sleep_bytes": sleep_bytes,
+    return {"method": method_name, "pattern": pattern, "pid": os.getpid(), "weight_bytes": weight_bytes, "sleep_bytes": sleep_bytes,
             "tensors": len(list(model.parameters())), "cycles": rows}
 
 
@@ -330,7 +344,9 @@ def summarize(result: dict) -> dict:
             "sleep_gbps": gb / med["sleep_s"], "wake_gbps": gb / med["wake_s"],
             "first_sleep_gbps": gb / rows[0]["sleep_s"], "first_wake_gbps": gb / rows[0]["wake_s"],
             "freed_visible_gib": statistics.median(r["freed_visible_bytes"] for r in rows) / GiB,
-            "identical": all(r["identical"] for r in rows), "wake_phases": median_phases(steady)}
+            "identical": all(r["identical"] for r in rows), "wake_phases": median_phases(steady),
+            "returned_s": {label: statistics.median(r["returned_s"][label] for r in steady if label in r.get("returned_s", {}))
+                           for label in dict.fromkeys(k for r in steady for k in r.get("returned_s", {}))}}
 
 
 def median_phases(rows: list[dict]) -> dict:
@@ -360,6 +376,11 @@ def markdown(summaries: list[dict], env: dict, info: dict) -> str:
                          f"**{st['cycle_s']:.3f}** | {s['sleep_gbps']:.1f} | {s['wake_gbps']:.1f} | "
                          f"{f['cycle_s']:.3f} ({f['sleep_s']:.3f} + {f['claim_s']:.3f} + {f['wake_s']:.3f}) | "
                          f"{s['freed_visible_gib']:.2f} GiB | {'yes' if s['identical'] else '**NO**'} |")
+        lines.append("")
+        lines += [f"Calls of pattern {pattern}, seconds until each returned (steady medians; an asynchronous "
+                  "call's copies go on after it returns):", ""]
+        lines += [f"- {s['method']}: " + ", ".join(f"{label} {sec:.4f}" for label, sec in s.get("returned_s", {}).items())
+                  for s in rows]
         lines.append("")
         phased = [s for s in rows if s.get("wake_phases")]
         if phased:

@@ -30,7 +30,11 @@
 #   POOLS_BEFORE=DIR             runs tests/python/test_pools_gpu.py against the older tree in DIR too
 #                                (it must fail there: the pools it checks kept their memory)
 #   RL_BENCH=1                   runs the sleep/wake cycle benchmark (python -m uvm bench rl);
-#                                RL_ALSO="VAR=x;VAR=y" runs it again with each environment
+#                                RL_ALSO="VAR=x;VAR=y" runs it again with each environment;
+#                                RL_TRACE=1 writes each child's UVM_TRACE into $OUT/rl-traces.tar.gz
+#   BUILD=0                      no meson build, no meson tests, no demo (python-only runs: the
+#                                shim builds the library itself)
+#   PYTEST="files"               runs those pytest files (e.g. the Python GPU tests one change needs)
 #   BEFORE=DIR                   also benchmarks the uvm tree in DIR (an older commit's files,
 #                                e.g. from `git archive`), alternating before/after runs of
 #                                BEFORE_ARGS (default: 1 and 4 GiB, auto, staged and pinned memcpy;
@@ -64,10 +68,15 @@ if [ ! -f /usr/include/catch2/catch.hpp ] && ls .deps/catch2_*.deb >/dev/null 2>
 fi
 
 build=build-device
-rm -rf "$build"
-# The sanitizer runs are CI's (they test the fake runtime, which is the same here).
-meson setup "$build" -Dsanitizers=false >"$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
-ninja -C "$build" >"$OUT/build.log" 2>&1 || { tail -n 60 "$OUT/build.log"; exit 1; }
+if [ "${BUILD:-1}" = 1 ]; then
+  rm -rf "$build"
+  # The sanitizer runs are CI's (they test the fake runtime, which is the same here).
+  meson setup "$build" -Dsanitizers=false >"$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
+  ninja -C "$build" >"$OUT/build.log" 2>&1 || { tail -n 60 "$OUT/build.log"; exit 1; }
+else
+  TESTS=0
+  mkdir -p "$build"
+fi
 
 # Runs `meson test` in build dir $1 (further arguments go to it); the log goes to $OUT/testlog$2.txt
 # and the summary line is printed. Returns the summary's status.
@@ -123,8 +132,16 @@ if [ "${PRELOAD:-0}" = 1 ]; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
-echo "== demo"
-"$build/uvm_demo"
+if [ -n "${PYTEST:-}" ]; then
+  echo "== pytest $PYTEST"
+  PYTHONPATH=$PWD/python_shim${PYTHONPATH:+:$PYTHONPATH} python3 -m pytest $PYTEST -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if [ "${BUILD:-1}" = 1 ]; then
+  echo "== demo"
+  "$build/uvm_demo"
+fi
 
 echo "== doctor"
 PYTHONPATH=python_shim python3 -m uvm doctor
@@ -191,7 +208,10 @@ if [ "${RL_BENCH:-0}" = 1 ]; then
     python3 -m pip install -q --no-deps --target /tmp/peer-site .deps/wheels/torch_memory_saver-*.whl
   fi
   eval "rl_args=(${RL_ARGS:-})"  # split as the shell splits words, so quotes group (method names have spaces)
-  PYTHONPATH=python_shim:/tmp/peer-site python3 -m uvm bench rl "${rl_args[@]}" --out "$OUT/rl" || status=1
+  rl_trace=()
+  [ "${RL_TRACE:-0}" = 1 ] && mkdir -p /tmp/rl-traces && rl_trace=(env UVM_TRACE=/tmp/rl-traces/rl-%p.json)
+  "${rl_trace[@]}" env PYTHONPATH=python_shim:/tmp/peer-site python3 -m uvm bench rl "${rl_args[@]}" --out "$OUT/rl" || status=1
+  [ "${RL_TRACE:-0}" = 1 ] && tar -czf "$OUT/rl-traces.tar.gz" -C /tmp rl-traces
   IFS=';' read -r -a rl_also <<<"${RL_ALSO:-}"
   for i in "${!rl_also[@]}"; do
     echo "== RL sleep/wake cycle bench again, with ${rl_also[$i]}"

@@ -226,17 +226,25 @@ uvm_status offload_kept(const Call& call, const MoveArgs& args, Kept kept, cudaS
   return finish_move(release_emptied(call, move.ranges, move.stream), args, move);
 }
 
-// Host bytes for the pieces that a retained pinned copy covers exactly (uvm_set_retain_backups):
-// they are written again in place, at the address the copy had. Retained copies come from
-// uvm_resume, which waits for its copies back to end, so nothing still reads them.
+// Host bytes for the pieces that retained pinned copies cover exactly (uvm_set_retain_backups):
+// they are written again in place, at the addresses the copies had. A piece's copy may be in
+// several parts (a first offload cuts a span where a step of its pinning ends): each part is a span
+// of its own, so no copy crosses two registrations. Retained copies come from uvm_resume, which
+// waits for its copies back to end, so nothing still reads them.
 Reservation retained_room(const std::vector<HintRange>& pieces) {
   Reservation room;
   for (const HintRange& piece : pieces) {
     const std::vector<StagedPiece> kept = registry().retained(piece.begin, piece.end);
-    if (kept.size() != 1 || kept[0].kept != Kept::pinned) continue;
-    if (kept[0].span.begin != piece.begin || kept[0].span.end != piece.end) continue;
-    room.spans.push_back(Span{piece.begin, piece.end});
-    room.leases.emplace_back(kept[0].lease, kept[0].host);  // the copy's lease, at its bytes
+    uintptr_t covered = piece.begin;  // the parts, in address order, must tile the piece
+    for (const StagedPiece& part : kept) {
+      if (part.kept != Kept::pinned || part.span.begin != covered) break;
+      covered = part.span.end;
+    }
+    if (kept.empty() || covered != piece.end) continue;
+    for (const StagedPiece& part : kept) {
+      room.spans.push_back(part.span);
+      room.leases.emplace_back(part.lease, part.host);  // the part's lease, at its bytes
+    }
   }
   return room;
 }

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <memory>
 #include <thread>
+#include <vector>
 
 #include "fixture.hpp"
 
@@ -10,10 +11,11 @@ namespace {
 constexpr size_t kMiB = size_t{1} << 20;
 
 // A releasable allocation made under `tag` with `backup`, the thread's settings restored after.
-std::unique_ptr<Releasable> made(const char* tag, uvm_backup backup, unsigned seed, int device = 0) {
+std::unique_ptr<Releasable> made(const char* tag, uvm_backup backup, unsigned seed, int device = 0,
+                                 size_t size = kMiB) {
   REQUIRE(uvm_set_thread_tag(tag) == UVM_OK);
   REQUIRE(uvm_set_thread_backup(backup) == UVM_OK);
-  auto memory = std::make_unique<Releasable>(kMiB, device, seed);
+  auto memory = std::make_unique<Releasable>(size, device, seed);
   REQUIRE(uvm_set_thread_tag(nullptr) == UVM_OK);
   REQUIRE(uvm_set_thread_backup(UVM_BACKUP_NONE) == UVM_OK);
   return memory;
@@ -181,6 +183,38 @@ TEST_CASE("a resume that retains keeps the pinned copy at its address; the next 
   CHECK(host_copy(*weights) == nullptr);
   CHECK(kept_copies(0, "weights").retained_bytes == 0);
   CHECK(uvm_get_retain_backups() == 0);
+}
+
+TEST_CASE("a retained copy in parts (cut where a step of its first pinning ended) is written again in place, "
+          "so a steady pause pins nothing", "[scenario][pause][retain][steps][cuda13]") {
+  FakeMachine machine;
+  REQUIRE(uvm_release_staging() == UVM_OK);  // the first pause pins its block in 256 MiB steps
+  Retaining retain;
+  // 3 × 100 MiB: the third lies across the end of the first step, so its copy is in two parts.
+  std::vector<std::unique_ptr<Releasable>> weights;
+  for (unsigned seed = 1; seed <= 3; ++seed) weights.push_back(made("weights", UVM_BACKUP_HOST, seed, 0, 100 * kMiB));
+  REQUIRE(uvm_pause(0, "weights") == UVM_OK);
+  std::vector<const unsigned char*> copies;
+  for (const auto& w : weights) copies.push_back(host_copy(*w));
+  REQUIRE(uvm_resume(0, "weights") == UVM_OK);
+  CHECK(kept_copies(0, "weights").retained_bytes == 300 * kMiB);
+
+  for (const auto& w : weights) {  // the program changes them all
+    w->seed += 10;
+    w->fill();
+    fake::device_wrote(w->ptr, w->size);
+  }
+  fake::reset_ops();
+  REQUIRE(uvm_pause(0, "weights") == UVM_OK);
+  CHECK(FakeMachine::pinnings() == 0);  // every byte went to the copy it had
+  for (size_t i = 0; i < weights.size(); ++i) {
+    INFO("allocation " << i);
+    CHECK(host_copy(*weights[i]) == copies[i]);
+    CHECK(weights[i]->held_by(copies[i]));  // the new bytes, in place
+  }
+  CHECK(kept_copies(0, "weights").retained_bytes == 0);
+  REQUIRE(uvm_resume(0, "weights") == UVM_OK);
+  for (const auto& w : weights) CHECK(w->intact());
 }
 
 TEST_CASE("a retained copy dies with its allocation, its block and a discard; the pinned memory goes with the allocation",

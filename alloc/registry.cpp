@@ -175,7 +175,7 @@ size_t Registry::unstage(uintptr_t begin, uintptr_t end, bool retain, bool* drop
     std::vector<StagedPiece> unstaged;
     bytes += cut_out(allocation.staged, begin, end, &unstaged);
     for (StagedPiece& piece : unstaged) {
-      if (retain && piece.kept != Kept::disk) {
+      if (retain) {
         const uintptr_t at = piece.span.begin;
         allocation.retained.emplace(at, std::move(piece));
       } else {

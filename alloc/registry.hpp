@@ -87,10 +87,10 @@ struct Allocation {
   bool blocks_reported = false;
   SpanSet blocks;
   PieceMap staged;          // disjoint, inside `host`
-  // Host copies kept after their bytes came back (uvm_resume with uvm_set_retain_backups(1)): what
-  // the bytes were at their last pause, readable (uvm_get_staged_copy) and, for pinned ones,
-  // written again in place by the next offload that stages those bytes. Never copied back. By
-  // address; disjoint; on the device (not inside `host`).
+  // Copies kept after their bytes came back (uvm_resume with uvm_set_retain_backups(1)): what the
+  // bytes were at their last pause, readable (uvm_get_staged_copy, host memory only) and, for
+  // pinned ones and files, written again in place by the next offload that keeps those bytes the
+  // same way. Never copied back. By address; disjoint; on the device (not inside `host`).
   PieceMap retained;
   EventRef last_move;       // where its last move ends on the GPU (null: nothing pending)
   bool released() const { return backing == Backing::releasable && !mapping.mapped; }
@@ -184,8 +184,8 @@ class Registry {
   // The staged pieces overlapping [begin, end), clipped to it, by address.
   std::vector<StagedPiece> staged(uintptr_t begin, uintptr_t end) const;
   // Drops the staged copies of [begin, end) (in any allocation), and the retained ones; what lies
-  // outside stays. Returns the staged bytes dropped. With `retain`, the staged copies in host
-  // memory (pinned, pageable) become the retained copies of their bytes instead of going.
+  // outside stays. Returns the staged bytes dropped. With `retain`, the staged copies (pinned,
+  // pageable, disk) become the retained copies of their bytes instead of going.
   // `dropped_pinned` (if given): whether a copy in pinned staging memory went.
   size_t unstage(uintptr_t begin, uintptr_t end, bool retain = false, bool* dropped_pinned = nullptr);
   // The retained copies overlapping [begin, end), clipped to it, by address.

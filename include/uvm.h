@@ -528,9 +528,10 @@ UVM_API uvm_status uvm_get_spare_limit(int device, size_t* bytes);
  * UVM_DISK_BACKUP_DIR; none: a disk offload fails saying so). The directory must exist, be
  * writable, belong to this process's user and not be a tmpfs or ramfs (a copy there would hold
  * host memory): else UVM_ERROR_INVALID_ARGUMENT names the path and the reason. Files are named
- * uvm-<pid>-<n>.backup, created mode 0600. A process killed with files there leaves them until the
- * next process that uses the directory: it removes the files of processes no longer alive (each
- * holds a lock on uvm-<pid>.lock while it lives). Offloads already on disk keep their files. */
+ * uvm-<pid>-<n>.backup, created mode 0600, and removed when the process exits normally. A process
+ * killed with files there leaves them until the next process that uses the directory: it removes
+ * the files of processes no longer alive (each holds a lock on uvm-<pid>.lock while it lives).
+ * Offloads already on disk keep their files. */
 UVM_API uvm_status uvm_set_disk_backup_dir(const char* path);
 
 /* Copies the disk backup directory into `path` (`capacity` bytes, NUL included); "" when none is
@@ -543,8 +544,9 @@ typedef struct uvm_kept_copies {
   size_t pageable_bytes; /* in mmap'ed pageable memory (UVM_STRATEGY_MMAP, UVM_BACKUP_MMAP) */
   size_t disk_bytes;     /* in files on disk (UVM_STRATEGY_DISK, UVM_BACKUP_DISK) */
   size_t disk_files;     /* the files holding them */
-  size_t retained_bytes; /* host copies of bytes back on the device, kept by uvm_resume with
-                            uvm_set_retain_backups(1) (pinned and pageable; not in the counts above) */
+  size_t retained_bytes; /* copies of bytes back on the device, kept by uvm_resume with
+                            uvm_set_retain_backups(1) (pinned, pageable and files; not in the
+                            counts above) */
 } uvm_kept_copies;
 
 /* Fills `kept` (not NULL) for the allocations of `device` (or UVM_ANY_DEVICE) with tag `tag` (NULL:
@@ -631,11 +633,11 @@ UVM_API uvm_status uvm_pause(int device, const char* tag);
  * again) leaves that device's allocations paused with their copies, to resume again. */
 UVM_API uvm_status uvm_resume(int device, const char* tag);
 
-/* With `retain` 1, uvm_resume keeps the host copies it brings back (UVM_BACKUP_HOST and
- * UVM_BACKUP_MMAP; files still go) instead of giving them back: each stays with its allocation as a
- * retained copy — what the bytes were when paused, never copied back — readable at the same
- * address through uvm_get_staged_copy, and, for a pinned one, written again in place by the next
- * pause (an mmap'ed one is replaced). A retained copy goes when its bytes are staged again or
+/* With `retain` 1, uvm_resume keeps the copies it brings back (UVM_BACKUP_HOST, UVM_BACKUP_MMAP and
+ * UVM_BACKUP_DISK) instead of giving them back: each stays with its allocation as a retained copy —
+ * what the bytes were when paused, never copied back — readable at the same address through
+ * uvm_get_staged_copy when in host memory, and, for a pinned one or a file, written again in place
+ * by the next pause (the file and its blocks stay; an mmap'ed one is replaced). A retained copy goes when its bytes are staged again or
  * discarded, when a block is handed out or taken back over them, when its allocation is freed, and
  * at a resume with `retain` 0. Process-wide; read by each uvm_resume; default 0.
  * UVM_ERROR_INVALID_ARGUMENT for anything but 0 or 1. */

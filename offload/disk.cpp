@@ -119,10 +119,29 @@ std::vector<std::string> entries(const std::string& path) {
   return names;
 }
 
+// At a normal exit the process's files (staged and retained copies alike) and locks go with it; a
+// killed process's go at the next process's prepare(). No lock is waited for: with the directory's
+// held by a thread still at work, the files stay for the next process to remove. Unlinking is all
+// it does (no CUDA call at exit).
+void remove_own_files() {
+  Directory& state = directory();
+  std::unique_lock<std::mutex> lock(state.mutex, std::try_to_lock);
+  if (!lock.owns_lock() || state.process != getpid()) return;  // a forked child leaves its parent's
+  const std::string own = "uvm-" + process_tag();
+  for (const std::string& path : state.locked) {
+    for (const std::string& name : entries(path)) {
+      if (name.compare(0, own.size() + 1, own + "-") == 0) unlink((path + "/" + name).c_str());
+    }
+    unlink((path + "/" + own + ".lock").c_str());
+  }
+}
+
 // Removes the files of every process whose lock in `path` can be taken (it is no longer alive),
 // then takes this process's lock there (kept open for the life of the process).
 uvm_status prepare(const Call& call, const std::string& path) {
   Directory& state = directory();
+  static std::once_flag at_exit;  // inherited by a forked child, which remove_own_files tells apart
+  std::call_once(at_exit, [] { std::atexit(remove_own_files); });
   if (state.process != getpid()) {
     state.process = getpid();
     state.locked.clear();
@@ -293,6 +312,26 @@ uvm_status BackupFile::open_unchanged(const Call& call, int* fd) const {
                 path_.c_str(), changed, static_cast<unsigned long long>(bytes_), static_cast<long long>(about.st_size));
   }
   *fd = opened;
+  return UVM_OK;
+}
+
+bool BackupFile::still_there() const {
+  struct stat about{};
+  return !path_.empty() && stat(path_.c_str(), &about) == 0 && about.st_dev == device_ && about.st_ino == inode_ &&
+         static_cast<uint64_t>(about.st_size) == bytes_;
+}
+
+uvm_status BackupFile::reopen(const Call& call) {
+  const int opened = open(path_.c_str(), O_WRONLY | O_CLOEXEC | (direct_ ? O_DIRECT : 0));
+  if (opened < 0) return fail_errno(call, errno, "opening the retained disk backup file %s to write it again", path_.c_str());
+  struct stat about{};
+  if (fstat(opened, &about) != 0 || about.st_dev != device_ || about.st_ino != inode_ ||
+      static_cast<uint64_t>(about.st_size) != bytes_) {
+    close(opened);
+    return fail(call, UVM_ERROR_IO, "the retained disk backup file %s was replaced or resized; it is not written again",
+                path_.c_str());
+  }
+  fd_ = opened;
   return UVM_OK;
 }
 

@@ -4,8 +4,8 @@
 // name goes at once; its blocks are given back on uvm's closing thread (closer.hpp), which a disk
 // offload that finds the disk full waits for before it fails.
 //
-// A process killed while paused cannot remove its files; the next process that uses the directory
-// does. Each process holds an exclusive lock on uvm-<pid>.lock there while it lives (the kernel
+// A process removes its files when it exits normally; one killed while paused cannot, and the
+// next process that uses the directory does. Each process holds an exclusive lock on uvm-<pid>.lock there while it lives (the kernel
 // drops it when the process dies, whatever the reason), so a lock that can be taken names files
 // nobody owns. This holds across pid reuse, where checking the pid alone would not.
 #pragma once
@@ -54,6 +54,12 @@ class BackupFile {
   // Opens it again to read it back into `fd` (the caller closes it); fails naming the path if the
   // file was removed, replaced, truncated or written since it was sealed.
   uvm_status open_unchanged(const Call& call, int* fd) const;
+  // A sealed file that a retained copy holds (uvm_set_retain_backups): whether its name still
+  // leads to it, at its size, so that the next pause may write it again in place; and reopen(),
+  // which opens it for those writes (fd() until seal() again), failing naming the path if it
+  // was removed or replaced meanwhile.
+  bool still_there() const;
+  uvm_status reopen(const Call& call);
 
  private:
   BackupFile() = default;

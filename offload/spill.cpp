@@ -215,11 +215,73 @@ struct Targets {
   std::vector<std::shared_ptr<BackupFile>> files;
 };
 
-// Makes the targets [first, end) of `layout`, appended to `out` (which holds those before).
-uvm_status make_targets(const Call& call, const CopyLayout& layout, size_t first, size_t end, Kept kept, Targets* out) {
+// The whole parts of one retained file that tile `piece` exactly, in order (uvm_set_retain_backups:
+// the next pause writes them again in place, each at its offset, so its file and blocks stay);
+// empty when it has none, or they are cut, in other files or the file was replaced. Read over a
+// byte more on each side: a part the piece cuts shows there as reaching past it.
+std::vector<StagedPiece> retained_file_parts(const HintRange& piece) {
+  std::vector<StagedPiece> parts;
+  for (StagedPiece& part : registry().retained(piece.begin - 1, piece.end + 1)) {
+    if (part.span.end > piece.begin && part.span.begin < piece.end) parts.push_back(std::move(part));
+  }
+  uintptr_t covered = piece.begin;
+  for (const StagedPiece& part : parts) {
+    if (part.kept != Kept::disk || part.file != parts.front().file || part.span.begin != covered ||
+        part.file_offset % kDiskAlign != 0) {
+      return {};
+    }
+    covered = part.span.end;
+  }
+  if (parts.empty() || covered != piece.end || !parts.front().file->still_there()) return {};
+  return parts;
+}
+
+// Where a disk offload's copies go: in place into the retained files that hold them whole
+// (`reused`, the first targets), the rest laid out in new files after them.
+struct DiskLayout {
+  CopyLayout layout;
+  std::vector<std::shared_ptr<BackupFile>> reused;
+};
+
+DiskLayout lay_out_disk_copies(const std::vector<HintRange>& pieces) {
+  DiskLayout out;
+  std::map<const BackupFile*, size_t> target_of;
+  std::vector<Span> fresh;
+  std::vector<uintptr_t> fresh_allocations;
+  for (const HintRange& piece : pieces) {
+    const std::vector<StagedPiece> parts = retained_file_parts(piece);
+    if (parts.empty()) {
+      fresh.push_back(Span{piece.begin, piece.end});
+      fresh_allocations.push_back(piece.allocation);
+      continue;
+    }
+    auto found = target_of.emplace(parts.front().file.get(), out.reused.size()).first;
+    if (found->second == out.reused.size()) {
+      out.reused.push_back(parts.front().file);
+      out.layout.target_allocations.push_back(piece.allocation);
+      out.layout.target_bytes.push_back(parts.front().file->bytes());
+    }
+    for (const StagedPiece& part : parts) out.layout.items.push_back(SpillItem{part.span, found->second, part.file_offset});
+  }
+  const CopyLayout rest = lay_out_copies(fresh, fresh_allocations, kDiskAlign);
+  const size_t first_new = out.reused.size();
+  for (const SpillItem& item : rest.items) out.layout.items.push_back(SpillItem{item.span, first_new + item.target, item.offset});
+  out.layout.target_allocations.insert(out.layout.target_allocations.end(), rest.target_allocations.begin(),
+                                       rest.target_allocations.end());
+  out.layout.target_bytes.insert(out.layout.target_bytes.end(), rest.target_bytes.begin(), rest.target_bytes.end());
+  return out;
+}
+
+// Makes the targets [first, end) of `layout`, appended to `out` (which holds those before): the
+// files of `reused` (its first targets) opened again, new mappings or files for the rest.
+uvm_status make_targets(const Call& call, const CopyLayout& layout, const std::vector<std::shared_ptr<BackupFile>>& reused,
+                        size_t first, size_t end, Kept kept, Targets* out) {
   for (size_t target = first; target < end; ++target) {
     const uint64_t bytes = layout.target_bytes[target];
-    if (kept == Kept::pageable) {
+    if (target < reused.size()) {
+      out->files.push_back(reused[target]);
+      if (uvm_status s = reused[target]->reopen(call)) return s;
+    } else if (kept == Kept::pageable) {
       out->mappings.emplace_back();
       if (uvm_status s = map_pageable(call, bytes, &out->mappings.back())) return s;
     } else {
@@ -267,7 +329,20 @@ uvm_status spill_out(const Call& call, int device, cudaStream_t stream, const st
     allocations.push_back(piece.allocation);
     total += piece.end - piece.begin;
   }
-  const CopyLayout layout = lay_out_copies(spans, allocations, align);
+  const DiskLayout disk = kept == Kept::disk ? lay_out_disk_copies(pieces) : DiskLayout{};
+  const CopyLayout layout = kept == Kept::disk ? disk.layout : lay_out_copies(spans, allocations, align);
+  // A retained file written again in place holds a mix of old and new bytes if this fails: its
+  // retained copy goes then (and with it the file, unless the caller's copy is staged in it).
+  bool done = false;
+  struct DropRewrittenOnFailure {
+    const std::vector<HintRange>& pieces;
+    const DiskLayout& disk;
+    const bool& done;
+    ~DropRewrittenOnFailure() {
+      if (done || disk.reused.empty()) return;
+      for (const HintRange& piece : pieces) registry().unstage(piece.begin, piece.end);  // not staged: the retained go
+    }
+  } drop_rewritten{pieces, disk, done};
   HostPhase phase(Phase::write);
   Targets targets;  // what was made goes with it on a failure: no mapping or file is left
   std::vector<SpillBatch> batches;  // of the group of targets being written
@@ -302,7 +377,7 @@ uvm_status spill_out(const Call& call, int device, cudaStream_t stream, const st
   const size_t group = kept == Kept::disk ? files_at_once() : targets_count;
   for (size_t first = 0; first < targets_count; first += group) {
     const size_t end = std::min(first + group, targets_count);
-    if (uvm_status s = make_targets(call, layout, first, end, kept, &targets)) return s;
+    if (uvm_status s = make_targets(call, layout, disk.reused, first, end, kept, &targets)) return s;
     batches = plan_spill(items_of(layout.items, first, end), kBounceBytes, align);
     if (uvm_status s = run_workers(call, device, batches.size(), work, write_batch)) return s;
     for (size_t target = first; target < end && kept == Kept::disk; ++target) {
@@ -310,6 +385,7 @@ uvm_status spill_out(const Call& call, int device, cudaStream_t stream, const st
     }
   }
   phase.finish(total);
+  done = true;
   out->clear();
   for (const SpillItem& item : layout.items) {
     StagedPiece piece;

@@ -35,7 +35,9 @@ uvm_status check_clean_copies(const Call& call, const std::vector<HintRange>& pi
                   reinterpret_cast<void*>(piece.begin), static_cast<size_t>(piece.end - piece.begin));
     }
     std::vector<Span> kept;  // by address, disjoint
-    for (const StagedPiece& copy : registry().retained(piece.begin, piece.end)) kept.push_back(copy.span);
+    for (const StagedPiece& copy : registry().retained(piece.begin, piece.end)) {
+      if (copy.kept != Kept::disk) kept.push_back(copy.span);  // a pause's file is no fetch's copy
+    }
     const std::vector<Span> uncovered = subtract(Span{piece.begin, piece.end}, kept);
     if (!uncovered.empty()) {
       return fail(call, UVM_ERROR_INVALID_ARGUMENT,

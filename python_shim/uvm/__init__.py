@@ -95,8 +95,8 @@ def residency(device=None, tag: str | None = None) -> dict:
 def kept_copies(device=None, tag: str | None = None) -> dict:
     """The offloaded copies of the allocations of `device` (default: the current one; "all" for every
     device) with `tag`, by where they are kept: pinned_bytes (uvm's staging), pageable_bytes
-    (strategy "mmap"), disk_bytes in disk_files files (strategy "disk"), and retained_bytes: host
-    copies a resume kept after bringing the bytes back (memory_saver's retain_cpu_backup)."""
+    (strategy "mmap"), disk_bytes in disk_files files (strategy "disk"), and retained_bytes: copies
+    a resume kept after bringing the bytes back (memory_saver's retain_cpu_backup)."""
     result = _lib.KeptCopies()
     index = _lib.UVM_ANY_DEVICE if device == "all" else _lib.device_ordinal(device)
     _lib.check(library().uvm_get_kept_copies(index, None if tag is None else tag.encode(), ctypes.byref(result)))

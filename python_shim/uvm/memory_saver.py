@@ -7,7 +7,8 @@ moves them off the GPU — kept in uvm's pinned staging memory with `enable_cpu_
 offload), dropped otherwise (uvm discard) — and gives the physical memory back to the driver, so
 `torch.cuda.mem_get_info()` shows it free at once. `cpu_backup_backend="mmap"` keeps the CPU backup
 in pageable memory mapped for it, given back at resume; `enable_disk_backup=True` keeps it in a file
-per allocation of `set_disk_backup_dir`'s directory (env TMS_DISK_BACKUP_DIR), removed at resume. `resume(tag)` maps memory again at the same
+per allocation of `set_disk_backup_dir`'s directory (env TMS_DISK_BACKUP_DIR), removed at resume
+unless retain_cpu_backup keeps it for the next pause. `resume(tag)` maps memory again at the same
 virtual addresses and copies the kept bytes back; tensors and captured CUDA graphs stay valid.
 
 The pools are releasable device memory (CUDA virtual memory management) by default. Set
@@ -451,9 +452,10 @@ class TorchMemorySaver:
     @property
     def retain_cpu_backup(self) -> bool:
         """Whether a resume keeps the CPU backups it brings back (default False, or env
-        TMS_RETAIN_CPU_BACKUP: freed, as the original does). Kept, each stays readable through
-        get_cpu_backup at the same address until the next pause writes it again in place (pinned;
-        an mmap backup is replaced), its tensor is freed, or a resume without retaining."""
+        TMS_RETAIN_CPU_BACKUP: freed, as the original does). Kept, each stays until the next pause
+        writes it again in place (pinned, readable through get_cpu_backup at the same address; a
+        disk backup keeps its file; an mmap backup is replaced), its tensor is freed, or a resume
+        without retaining."""
         return bool(_state.library().uvm_get_retain_backups())
 
     @retain_cpu_backup.setter

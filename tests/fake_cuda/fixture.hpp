@@ -111,8 +111,11 @@ inline const std::string& test_disk_dir() {
     REQUIRE(realpath(name, full) != nullptr);
     REQUIRE(uvm_set_disk_backup_dir(full) == UVM_OK);
     static std::string removed_at_exit;
+    static pid_t owner;
     removed_at_exit = full;
+    owner = getpid();
     std::atexit([] {
+      if (getpid() != owner) return;  // a forked child that exits leaves its parent's directory
       nftw(removed_at_exit.c_str(), [](const char* path, const struct stat*, int, struct FTW*) { return remove(path); },
            8, FTW_DEPTH | FTW_PHYS);
     });

@@ -1,7 +1,11 @@
 // uvm_pause and uvm_resume (offload/pause.cpp): whole tags off the GPU and back, each allocation
 // kept or dropped as the backup recorded with it says.
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -263,24 +267,18 @@ TEST_CASE("a retained copy dies with its allocation, its block and a discard; th
   }
 }
 
-TEST_CASE("an mmap copy is retained too and replaced at the next pause; a disk copy is never retained",
-          "[pause][retain][spill][cuda13]") {
+TEST_CASE("an mmap copy is retained too and replaced at the next pause", "[pause][retain][spill][cuda13]") {
   FakeMachine machine;
-  REQUIRE(uvm_set_disk_backup_dir(test_disk_dir().c_str()) == UVM_OK);
   Retaining retain;
   auto mapped = made("mapped", UVM_BACKUP_MMAP, 1);
-  auto on_disk = made("on disk", UVM_BACKUP_DISK, 2);
   REQUIRE(uvm_pause(UVM_ANY_DEVICE, nullptr) == UVM_OK);
   const unsigned char* first = host_copy(*mapped);
   REQUIRE(first != nullptr);
   REQUIRE(uvm_resume(UVM_ANY_DEVICE, nullptr) == UVM_OK);
   CHECK(mapped->intact());
-  CHECK(on_disk->intact());
   CHECK(host_copy(*mapped) == first);
   CHECK(mapped->held_by(first));
   CHECK(kept_copies(0, "mapped").retained_bytes == kMiB);
-  CHECK(kept_copies(0, "on disk").retained_bytes == 0);
-  CHECK(backup_files(test_disk_dir()).empty());
   REQUIRE(uvm_pause(0, "mapped") == UVM_OK);
   CHECK(kept_copies(0, "mapped").retained_bytes == 0);
   CHECK(kept_copies(0, "mapped").pageable_bytes == kMiB);
@@ -288,6 +286,67 @@ TEST_CASE("an mmap copy is retained too and replaced at the next pause; a disk c
   REQUIRE(uvm_resume(0, "mapped") == UVM_OK);
   CHECK(mapped->intact());
   CHECK(host_copy(*mapped) == nullptr);
+}
+
+TEST_CASE("a retained disk copy keeps its file, written again in place by the next pause, until a resume without "
+          "retaining or a free", "[pause][retain][spill][cuda13]") {
+  FakeMachine machine;
+  const std::string& dir = test_disk_dir();
+  REQUIRE(uvm_set_disk_backup_dir(dir.c_str()) == UVM_OK);
+  Retaining retain;
+  auto first = made("on disk", UVM_BACKUP_DISK, 2);
+  auto second = made("on disk", UVM_BACKUP_DISK, 3);
+  auto mapped = made("mapped", UVM_BACKUP_MMAP, 4);  // the same pause, another kind of copy
+  REQUIRE(uvm_pause(UVM_ANY_DEVICE, nullptr) == UVM_OK);
+  const std::vector<std::string> files = backup_files(dir);
+  REQUIRE(files.size() == 2);
+  REQUIRE(uvm_resume(UVM_ANY_DEVICE, nullptr) == UVM_OK);
+  CHECK(first->intact());
+  CHECK(second->intact());
+  CHECK(backup_files(dir) == files);  // kept, with their blocks
+  CHECK(kept_copies(0, "on disk").retained_bytes == 2 * kMiB);
+  CHECK(host_copy(*first) == nullptr);  // a file is not host memory
+
+  first->seed = 9;  // the program changes one of them
+  first->fill();
+  fake::device_wrote(first->ptr, first->size);
+  REQUIRE(uvm_pause(UVM_ANY_DEVICE, nullptr) == UVM_OK);
+  CHECK(backup_files(dir) == files);  // written again in place: no new file
+  CHECK(kept_copies(0, "on disk").retained_bytes == 0);
+  CHECK(kept_copies(0, "on disk").disk_bytes == 2 * kMiB);
+  CHECK(kept_copies(0, "on disk").disk_files == 2);
+  REQUIRE(uvm_resume(UVM_ANY_DEVICE, nullptr) == UVM_OK);
+  CHECK(first->intact());  // the new bytes came back
+  CHECK(second->intact());
+  CHECK(mapped->intact());
+
+  SECTION("a resume without retaining removes them") {
+    REQUIRE(uvm_pause(0, "on disk") == UVM_OK);
+    REQUIRE(uvm_set_retain_backups(0) == UVM_OK);
+    REQUIRE(uvm_resume(0, "on disk") == UVM_OK);
+    CHECK(first->intact());
+    CHECK(backup_files(dir).empty());
+    CHECK(kept_copies().retained_bytes == kMiB);  // the mmap copy, until its next pause or resume
+  }
+  SECTION("freeing an allocation removes its file") {
+    second.reset();
+    CHECK(backup_files(dir).size() == 1);
+    first.reset();
+    CHECK(backup_files(dir).empty());
+  }
+  SECTION("a file removed meanwhile is not written again: the next pause makes another") {
+    for (const std::string& name : files) REQUIRE(unlink((dir + "/" + name).c_str()) == 0);
+    REQUIRE(uvm_pause(0, "on disk") == UVM_OK);
+    const auto made_again = backup_files(dir);
+    CHECK(made_again.size() == 2);
+    for (const std::string& name : made_again) CHECK(std::find(files.begin(), files.end(), name) == files.end());
+    REQUIRE(uvm_resume(0, "on disk") == UVM_OK);
+    CHECK(first->intact());
+    CHECK(second->intact());
+  }
+  first.reset();
+  second.reset();
+  CHECK(backup_files(dir).empty());
 }
 
 TEST_CASE("uvm_set_retain_backups takes 0 or 1", "[pause][retain]") {

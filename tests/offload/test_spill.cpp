@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <fstream>
@@ -387,6 +388,28 @@ TEST_CASE("files a dead process left are removed by the next one; a live process
     nftw(made.c_str(), [](const char* path, const struct stat*, int, struct FTW*) { return remove(path); }, 8,
          FTW_DEPTH | FTW_PHYS);
   }
+}
+
+TEST_CASE("a process that exits normally removes its files and its lock", "[spill][disk]") {
+  FakeMachine machine;
+  char dir[] = "uvm-disk-test-exit-XXXXXX";
+  REQUIRE(mkdtemp(dir) != nullptr);
+  const pid_t child = fork();
+  if (child == 0) {  // offloads to disk, then exits as a program does, staged copy and all
+    fake::set_thread_context(0);
+    if (uvm_set_disk_backup_dir(dir) != UVM_OK) _exit(1);
+    void* p = uvm_malloc_releasable(kMiB, 0, nullptr);
+    const uvm_range range{p, kMiB};
+    if (uvm_offload_ranges(&range, 1, UVM_STRATEGY_DISK, nullptr) != UVM_OK) _exit(2);
+    if (backup_files(dir).size() != 1) _exit(3);
+    std::exit(0);
+  }
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  CHECK(backup_files(dir).empty());
+  CHECK(rmdir(dir) == 0);  // nothing else left either: no lock file
 }
 
 TEST_CASE("threads moving their own allocations to disk and mmap at once lose nothing", "[spill][threads][cuda13]") {

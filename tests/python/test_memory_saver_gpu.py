@@ -3,6 +3,8 @@ can be allocated by plain torch at once; virtual addresses never change; CPU-bac
 bit-identical, neighbours and other tags are never touched; CUDA graphs replay bit-identically after
 a resume. Each test runs in a child process (the memory saver's pools live for the process).
 Releasable memory is device memory, not managed; the sizes stay ≤ 1 GiB all the same."""
+import os
+
 import pytest
 from conftest import python
 
@@ -388,3 +390,44 @@ saver.resume("weights")
 assert torch.equal(w, pattern(256 * MiB, 5))
 print("ok")
 """)
+
+
+def test_a_retained_disk_backup_keeps_its_files_between_cycles_and_they_go_at_a_resume_without_retaining_and_at_exit(tmp_path):
+    """retain_cpu_backup with a disk backup: the files (and their blocks) stay from one cycle to the
+    next, written again in place by each pause with the bytes of that moment; a resume without
+    retaining removes them, and so does the end of the process."""
+    disk_dir = tmp_path / "backups"
+    run(f"""
+import os
+disk_dir = {str(disk_dir)!r}
+saver.set_disk_backup_dir(disk_dir)
+saver.retain_cpu_backup = True
+def files():
+    return sorted(f for f in os.listdir(disk_dir) if f.endswith(".backup"))
+with saver.region(tag="weights", enable_disk_backup=True):
+    w = pattern(96 * MiB, 1)
+    small = pattern(3 * MiB + 4321, 2)
+kept_files = None
+for cycle in range(3):
+    saver.pause("weights")
+    kept_files = kept_files or files()
+    assert len(kept_files) >= 2 and files() == kept_files, (cycle, kept_files, files())
+    saver.resume("weights")
+    assert files() == kept_files, "a retained disk backup lost its file"
+    assert uvm.kept_copies("all", "weights")["retained_bytes"] >= 96 * MiB
+    assert torch.equal(w, pattern(96 * MiB, 1 + cycle)), f"cycle {{cycle}}: the bytes of this pause did not come back"
+    assert torch.equal(small, pattern(3 * MiB + 4321, 2))
+    w.copy_(pattern(96 * MiB, 2 + cycle))  # the program changes them: the next pause writes them in place
+saver.retain_cpu_backup = False
+saver.pause("weights")
+saver.resume("weights")
+assert torch.equal(w, pattern(96 * MiB, 4))
+assert files() == [], files()
+saver.retain_cpu_backup = True
+saver.pause("weights")
+saver.resume("weights")
+assert len(files()) >= 2  # kept at the end: the exit removes them
+print("ok")
+""")
+    assert not [f for f in os.listdir(disk_dir) if f.endswith(".backup")], "the process left its disk backups behind"
+    assert not [f for f in os.listdir(disk_dir) if f.endswith(".lock")], "the process left its lock behind"

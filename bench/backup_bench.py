@@ -41,6 +41,7 @@ options = {"pinned": dict(enable_cpu_backup=True, cpu_backup_backend="pinned"),
            "disk": dict(enable_disk_backup=True)}[backend]
 if backend == "disk":
     saver.set_disk_backup_dir(disk_dir)
+saver.retain_cpu_backup = os.environ.get("BENCH_RETAIN") == "1"  # --retain: backups (and files) kept between cycles
 tensor_bytes = 64 << 20
 count = int(gib * (1 << 30)) // tensor_bytes
 with saver.region(tag="bench", **options):
@@ -139,6 +140,9 @@ def main() -> int:
     parser.add_argument("--awake", type=float, default=0.0, metavar="S",
                         help="seconds between each resume and the next pause, not timed (the rollouts' length)")
     parser.add_argument("--disk-rounds", type=int, default=2, help="times the disk runs take turns")
+    parser.add_argument("--retain", action="store_true",
+                        help="the disk runs once more each round with retain_cpu_backup on, both libraries: the file "
+                             "stays from one cycle to the next")
     parser.add_argument("--json")
     args = parser.parse_args()
     if args.ram_disk:
@@ -174,6 +178,9 @@ def run(args: argparse.Namespace) -> int:
         runs += [("uvm", "disk", {"UVM_BACKUP_THREADS": t}) for t in threads]
         runs += [("uvm", "disk", variant_env(v)) for v in args.variant]
         runs += [] if args.no_peer else [("torch_memory_saver", "disk", {})]
+        if args.retain:
+            runs += [("uvm", "disk", {"BENCH_RETAIN": "1"})]
+            runs += [] if args.no_peer else [("torch_memory_saver", "disk", {"BENCH_RETAIN": "1"})]
     for which, backend, env in runs:
         work = tempfile.mkdtemp(dir=args.dir)
         result = child(CHILD, [which, backend, str(args.gib), str(args.cycles), work, str(args.gap), str(args.awake)], env)
@@ -209,6 +216,7 @@ def run(args: argparse.Namespace) -> int:
               f"{pause / out_limit:.2f} | {resume / in_limit:.2f} | {grown:.0f} | {settled:.0f} | {run['intact']} |")
     mmap_summary(report)
     disk_summary(report)
+    disk_summary(report, retained=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
@@ -245,13 +253,18 @@ def mmap_summary(report: dict) -> None:
         report["mmap_summary"][kind] = summary
 
 
-def disk_summary(report: dict) -> None:
+def disk_summary(report: dict, retained: bool = False) -> None:
     """uvm's disk backup against the peer's over every cycle of every round: single cycles on a
-    drifting disk say little, so the medians of all of them and the rounds each side won."""
+    drifting disk say little, so the medians of all of them and the rounds each side won. With
+    `retained`, the runs with retain_cpu_backup on (--retain)."""
     cycles: dict[str, dict[str, list[float]]] = {}
     rounds: dict[str, list[float]] = {}
+    label = "disk (retained)" if retained else "disk"
     for run in report["runs"]:
-        default = run["env"] == ({"UVM_BACKUP_THREADS": "auto"} if run["which"] == "uvm" else {})
+        if retained:
+            default = run["env"] == {"BENCH_RETAIN": "1"}
+        else:
+            default = run["env"] == ({"UVM_BACKUP_THREADS": "auto"} if run["which"] == "uvm" else {})
         if run["backend"] != "disk" or "error" in run or not default:
             continue
         mine = cycles.setdefault(run["which"], {"pause": [], "resume": []})
@@ -265,14 +278,14 @@ def disk_summary(report: dict) -> None:
         ours, theirs = (statistics.median(cycles[w][phase]) for w in ("uvm", "torch_memory_saver"))
         summary[phase] = dict(uvm_gbps=ours, peer_gbps=theirs, ratio=ours / theirs,
                               uvm_cycles=cycles["uvm"][phase], peer_cycles=cycles["torch_memory_saver"][phase])
-        print(f"disk {phase}, every cycle: uvm median {ours:.2f} GB/s "
+        print(f"{label} {phase}, every cycle: uvm median {ours:.2f} GB/s "
               f"({min(cycles['uvm'][phase]):.2f}-{max(cycles['uvm'][phase]):.2f}), torch_memory_saver {theirs:.2f} "
               f"({min(cycles['torch_memory_saver'][phase]):.2f}-{max(cycles['torch_memory_saver'][phase]):.2f}): "
               f"{ours / theirs:.2f}x")
     won = sum(a > b for a, b in zip(rounds["uvm"], rounds["torch_memory_saver"]))
     summary["resume_rounds_won"] = [won, len(rounds["uvm"])]
-    print(f"disk resume: uvm's median ahead in {won} of {len(rounds['uvm'])} rounds")
-    report["disk_summary"] = summary
+    print(f"{label} resume: uvm's median ahead in {won} of {len(rounds['uvm'])} rounds")
+    report["disk_summary_retained" if retained else "disk_summary"] = summary
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@
 // Plain C++ against cudart, no kernel (arguments: GiB, threads):
 //   g++ -O2 -std=c++17 bench/pinned_probe.cpp -I$CUDA_HOME/include -L$CUDA_HOME/lib64 -lcudart
 //       -lpthread -o pinned_probe && ./pinned_probe 4 8
+// `./pinned_probe 4 16 wall` times each stage of holding the bytes in fresh host memory apart
+// (faulting in at 1 to 16 threads, the host's write bandwidth, registering, the link), MAP_HUGETLB
+// where the host has huge pages, and the RSS each way: the wall a pause without retained memory meets.
 // `./pinned_probe 4 8 first` times instead a first offload with no pinned memory yet: the split of
 // pinning into faulting in and registering, then pinning all before copying (uvm today) against
 // pinning chunk by chunk with the copies of the chunks before running meanwhile, serially, with
@@ -14,6 +17,7 @@
 #include <sys/mman.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -181,6 +185,80 @@ int first_offload_table(size_t gib, int threads, void* device, cudaStream_t stre
   return 0;
 }
 
+// This process's resident set, MiB (/proc/self/status VmRSS).
+double rss_mib() {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  char line[256];
+  double kib = 0;
+  while (f && std::fgets(line, sizeof line, f)) {
+    if (std::strncmp(line, "VmRSS:", 6) == 0) kib = std::atof(line + 6);
+  }
+  if (f) std::fclose(f);
+  return kib / 1024;
+}
+
+// Writes every byte of [p, p + bytes) on `threads` threads.
+void fill(char* p, size_t bytes, int threads) {
+  std::vector<std::thread> workers;
+  const size_t share = (bytes / threads + 4095) / 4096 * 4096;
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([=] {
+      const size_t begin = std::min(bytes, t * share), end = std::min(bytes, begin + share);
+      std::memset(p + begin, 1, end - begin);
+    });
+  }
+  for (auto& w : workers) w.join();
+}
+
+// How fast can a pause without retained memory hold `gib` GiB on this host: every stage of getting
+// fresh host memory the GPU copies into, apart, at 1 to `threads` threads, and what keeping the
+// memory between cycles would save (registering pages already there), with the RSS each way.
+int wall_table(size_t gib, int threads, void* device, cudaStream_t stream) {
+  const size_t bytes = gib << 30;
+  auto gbps = [&](double s) { return bytes / s / 1e9; };
+  std::printf("| stage | threads | seconds | GB/s |\n|---|---|---|---|\n");
+  for (int round = 0; round < 2; ++round) {
+    for (int t : {1, 4, 8, threads}) {  // the kernel faulting in and zeroing fresh huge pages
+      char* host = map_huge(bytes);
+      const double start = now();
+      fault_in(host, bytes, t);
+      std::printf("| fault in fresh memory (THP) | %d | %.3f | %.1f |\n", t, now() - start, gbps(now() - start));
+      munmap(host, bytes);
+    }
+    char* host = map_huge(bytes);
+    double start = now();
+    fill(host, bytes, threads);
+    std::printf("| memset fresh memory (fault, zero, write) | %d | %.3f | %.1f |\n", threads, now() - start,
+                gbps(now() - start));
+    start = now();
+    fill(host, bytes, threads);
+    std::printf("| memset memory already there (the host's write bandwidth) | %d | %.3f | %.1f |\n", threads,
+                now() - start, gbps(now() - start));
+    const double rss_faulted = rss_mib();
+    start = now();
+    check(cudaHostRegister(host, bytes, cudaHostRegisterPortable), "register");
+    std::printf("| register memory already there | 1 | %.3f | %.1f |\n", now() - start, gbps(now() - start));
+    start = now();
+    check(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream), "copy");
+    check(cudaStreamSynchronize(stream), "sync");
+    std::printf("| device to host copy into it (the link) | - | %.3f | %.1f |\n", now() - start, gbps(now() - start));
+    check(cudaHostUnregister(host), "unregister");
+    munmap(host, bytes);
+    std::printf("| (RSS while held: %.0f MiB; after munmap: %.0f MiB) | | | |\n", rss_faulted, rss_mib());
+  }
+  void* huge = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+  if (huge == MAP_FAILED) {
+    std::printf("MAP_HUGETLB of %zu GiB: not available (%s): the host reserves no huge pages for it\n", gib,
+                std::strerror(errno));
+  } else {
+    const double start = now();
+    fault_in(static_cast<char*>(huge), bytes, threads);
+    std::printf("MAP_HUGETLB: fault in on %d threads %.3f s (%.1f GB/s)\n", threads, now() - start, gbps(now() - start));
+    munmap(huge, bytes);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -193,6 +271,7 @@ int main(int argc, char** argv) {
   cudaStream_t stream;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
   if (argc > 3 && std::string(argv[3]) == "first") return first_offload_table(gib, threads, device, stream);
+  if (argc > 3 && std::string(argv[3]) == "wall") return wall_table(gib, threads, device, stream);
   const unsigned reg = cudaHostRegisterPortable;
   auto registered = [&](bool huge, int fault_threads) {
     return [=]() -> void* {

@@ -237,6 +237,40 @@ print(b.markdown([old]).splitlines()[-1])
     assert "| 2048 MiB | 1027 | uvm staged (no claim) | 50.0 | 48.0 | 100% | 87% | n/a |" in out, out
 
 
+def test_rl_bench_goal_lines_judge_the_drop_in_against_native_peer_pinned_and_the_link():
+    code = """import sys, types
+sys.argv = ['x']
+sys.path.insert(0, %r)
+try:
+    import torch
+except ImportError:  # the goal lines need no torch: a stand-in with what the module's definitions name
+    torch = types.ModuleType("torch")
+    torch.nn = types.SimpleNamespace(Module=object)
+    sys.modules["torch"] = torch
+import rl_bench as b
+def row(method, pattern, sleep, wake, claim=0.0, gbps=None):
+    steady = {"sleep_s": sleep, "claim_s": claim, "wake_s": wake, "cycle_s": sleep + claim + wake}
+    return {"method": method, "pattern": pattern, "steady": steady, "first": steady,
+            "sleep_gbps": gbps or 4.0 / sleep, "wake_gbps": 4.0 / wake}
+rows = [row("uvm releasable", "full", 0.080, 0.090), row("uvm memory_saver", "full", 0.083, 0.099),
+        row("torch_memory_saver", "full", 0.095, 0.110), row("pinned memcpy", "full", 0.076, 0.080),
+        row("uvm memory_saver (no retain)", "full", 0.2, 0.1, gbps=36.0),
+        row("uvm memory_saver (preload)", "big", 0.08, 0.1, 0.05), row("torch_memory_saver (preload)", "big", 0.1, 0.2, 0.05)]
+print("\\n".join(b.goal_lines(rows)))
+""" % str(SHIM.parent / "bench")
+    out = python(code).stdout
+    assert "goal full: uvm memory_saver (torch) sleep 0.083 s within 5 % of uvm releasable's 0.080 s: 1.04x, met" in out, out
+    assert "goal full: uvm memory_saver (torch) wake 0.099 s within 5 % of uvm releasable's 0.090 s: 1.10x, NOT met" in out, out
+    # 0.205 / 0.182 = 1.13x ahead of the peer: met; 0.182 against pinned memcpy's 0.156 = 1.17x: NOT met
+    assert "goal full: uvm memory_saver (torch) cycle 1.10x faster than torch_memory_saver (torch): 1.13x, met" in out, out
+    assert "goal full: uvm releasable cycle within 15 % of pinned memcpy's 0.156 s: 1.09x, met" in out, out
+    assert "goal full: uvm memory_saver cycle within 15 % of pinned memcpy's 0.156 s: 1.17x, NOT met" in out, out
+    assert "goal full: uvm memory_saver (no retain) sleep at 35 GB/s: 36.0 GB/s, met" in out, out
+    # 0.35 / 0.23 = 1.52x against the peer in preload mode; no native row in big: no same-as-native line
+    assert "goal big: uvm memory_saver (preload) cycle 1.25x faster than torch_memory_saver (preload): 1.52x, met" in out, out
+    assert "goal big: uvm memory_saver (preload) sleep" not in out, out
+
+
 def test_range_arrays_hold_each_pointer_and_size_as_uvm_range_does():
     """uvm.torch._range_array packs (ptr, size) pairs as 64-bit integers under a uvm_range array:
     the layout must match the struct field for field, extreme values included."""

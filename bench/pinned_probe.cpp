@@ -154,6 +154,45 @@ double first_offload(int how, size_t bytes, size_t chunk, int threads, void* dev
   return seconds;
 }
 
+// A first offload as a pipeline: `threads` threads fault chunks in, one chunk at a time in order;
+// `registrars` threads register them as they are faulted; the copies are issued in order as chunks
+// are registered. Seconds until the last copy ends.
+double pipelined_offload(size_t bytes, size_t chunk, int threads, int registrars, void* device, cudaStream_t stream) {
+  char* host = map_huge(bytes);
+  const size_t chunks = (bytes + chunk - 1) / chunk;
+  auto span = [&](size_t i) { return std::min(chunk, bytes - i * chunk); };
+  std::vector<std::atomic<int>> faulted(chunks), registered(chunks);
+  const double t = now();
+  std::thread faulting([&] {
+    for (size_t i = 0; i < chunks; ++i) {
+      fault_in(host + i * chunk, span(i), threads);
+      faulted[i].store(1, std::memory_order_release);
+    }
+  });
+  std::vector<std::thread> registering;
+  for (int r = 0; r < registrars; ++r) {
+    registering.emplace_back([&, r] {
+      for (size_t i = r; i < chunks; i += registrars) {
+        while (!faulted[i].load(std::memory_order_acquire)) std::this_thread::yield();
+        check(cudaHostRegister(host + i * chunk, span(i), cudaHostRegisterPortable), "register");
+        registered[i].store(1, std::memory_order_release);
+      }
+    });
+  }
+  for (size_t i = 0; i < chunks; ++i) {
+    while (!registered[i].load(std::memory_order_acquire)) std::this_thread::yield();
+    check(cudaMemcpyAsync(host + i * chunk, static_cast<char*>(device) + i * chunk, span(i), cudaMemcpyDeviceToHost,
+                          stream), "copy");
+  }
+  check(cudaStreamSynchronize(stream), "sync");
+  const double seconds = now() - t;
+  faulting.join();
+  for (auto& r : registering) r.join();
+  for (size_t i = 0; i < chunks; ++i) check(cudaHostUnregister(host + i * chunk), "unregister");
+  munmap(host, bytes);
+  return seconds;
+}
+
 int first_offload_table(size_t gib, int threads, void* device, cudaStream_t stream) {
   const size_t bytes = gib << 30;
   // The split of pinning: faulting huge pages in on the threads, then registering them.
@@ -179,6 +218,13 @@ int first_offload_table(size_t gib, int threads, void* device, cudaStream_t stre
         if (how == 0 && chunk_mib != 1024) continue;
         const double s = first_offload(how, bytes, chunk_mib << 20, threads, device, stream);
         std::printf("| %s | %zu | %d | %.3f | %.1f |\n", names[how], chunk_mib, threads, s, bytes / s / 1e9);
+      }
+    }
+    for (int registrars : {1, 2, 4}) {
+      for (size_t chunk_mib : {64, 256}) {
+        const double s = pipelined_offload(bytes, chunk_mib << 20, threads, registrars, device, stream);
+        std::printf("| pipeline: fault in on %d threads, register on %d, copy as registered | %zu | %d | %.3f | %.1f |\n",
+                    threads, registrars, chunk_mib, threads, s, bytes / s / 1e9);
       }
     }
   }
@@ -235,6 +281,20 @@ int wall_table(size_t gib, int threads, void* device, cudaStream_t stream) {
     std::printf("| memset memory already there (the host's write bandwidth) | %d | %.3f | %.1f |\n", threads,
                 now() - start, gbps(now() - start));
     const double rss_faulted = rss_mib();
+    for (int at_once : {2, 4, 8}) {  // registrations of 64 MiB chunks on several threads: do they scale?
+      const size_t chunk = size_t{64} << 20, chunks = bytes / chunk;
+      start = now();
+      std::vector<std::thread> workers;
+      for (int w = 0; w < at_once; ++w) {
+        workers.emplace_back([=] {
+          for (size_t i = w; i < chunks; i += at_once) check(cudaHostRegister(host + i * chunk, chunk, cudaHostRegisterPortable), "register");
+        });
+      }
+      for (auto& w : workers) w.join();
+      const double s = now() - start;
+      for (size_t i = 0; i < chunks; ++i) check(cudaHostUnregister(host + i * chunk), "unregister");
+      std::printf("| register memory already there, 64 MiB chunks | %d | %.3f | %.1f |\n", at_once, s, gbps(s));
+    }
     start = now();
     check(cudaHostRegister(host, bytes, cudaHostRegisterPortable), "register");
     std::printf("| register memory already there | 1 | %.3f | %.1f |\n", now() - start, gbps(now() - start));

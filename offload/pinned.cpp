@@ -1,5 +1,6 @@
 #include "pinned.hpp"
 
+#include <sched.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -16,12 +17,23 @@ namespace uvm {
 namespace {
 
 constexpr size_t kPageBytes = 4096;
-constexpr unsigned kMaxFaultThreads = 8;  // 16 threads measured no faster than 8 (0.20–0.38 s)
+// The kernel zeroes each fresh page as it faults in: that scales with threads up to about 16 on the
+// GPU machines (pinned_probe's wall table: 16 threads faulted in half again as fast as 8 in the
+// same run; docs/measurements.md, "A pause without retained memory: the wall").
+constexpr unsigned kMaxFaultThreads = 16;
 
-// Touches every page of [host, host + bytes) on several threads, so that cudaHostRegister finds
-// them present: the kernel faults pages in about 8× faster in parallel than the driver does alone.
+// The CPUs this process may run on (its affinity), at least 1.
+unsigned usable_cpus() {
+  cpu_set_t cpus;
+  const int count = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 0;
+  return count > 0 ? static_cast<unsigned>(count) : std::max(1u, std::thread::hardware_concurrency());
+}
+
+// Touches every page of [host, host + bytes) on several threads (one per CPU this process may run
+// on, up to kMaxFaultThreads), so that cudaHostRegister finds them present: the kernel faults
+// pages in many times faster in parallel than the driver does alone.
 void fault_in(char* host, size_t bytes) {
-  const unsigned threads = std::max(1u, std::min(kMaxFaultThreads, std::thread::hardware_concurrency()));
+  const unsigned threads = std::max(1u, std::min(kMaxFaultThreads, usable_cpus()));
   const size_t share = (bytes / threads + kPageBytes - 1) / kPageBytes * kPageBytes;
   std::vector<std::thread> workers;
   try {

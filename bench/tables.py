@@ -72,8 +72,10 @@ def rl(gpu: str, bench: str = "rl", title: str = "Sleep/wake cycle") -> list[str
         memcpy = summaries.get("pinned memcpy")
         for method, s in summaries.items():
             cycle = s["steady"]["cycle_s"]
-            # the original in the same hook mode as the row (torch mode for every other method)
-            peer = summaries.get("torch_memory_saver (preload)" if "(preload)" in method else "torch_memory_saver")
+            # the drop-in's row against the original's of the same setting (hook mode, retain), every
+            # other method against the original's default row (torch mode, retaining)
+            same = method.replace("uvm memory_saver", "torch_memory_saver") if method.startswith("uvm memory_saver") else None
+            peer = summaries.get(same) or summaries.get("torch_memory_saver")
             body.append([pattern, method, f"{cycle:.3f}", f"{s['sleep_gbps']:.1f}", f"{s['wake_gbps']:.1f}",
                          f"{peer['steady']['cycle_s'] / cycle:.2f}×" if peer else "",
                          f"{cycle / memcpy['steady']['cycle_s']:.2f}×" if memcpy else "",
@@ -97,18 +99,19 @@ def stream(gpu: str) -> list[str]:
                     "uvm faster than accelerate", "uvm / link bound"], body), ""]
 
 
-def backup(gpu: str) -> list[str]:
-    data, path = load("backup", gpu)
+def backup(gpu: str, bench: str = "backup", title: str = "Pause and resume of {gib} GiB by backup kind") -> list[str]:
+    data, path = load(bench, gpu)
     if data is None:
         return []
     groups: dict = {}
     for run in data["runs"]:
-        groups.setdefault((run["backend"], run["which"]), []).append(run)
+        kind = run["backend"] + (", retained" if run.get("env", {}).get("BENCH_RETAIN") == "1" else "")
+        groups.setdefault((kind, run["which"]), []).append(run)
     body = [[backend, which, f"{statistics.median(r['pause_gbps'] for r in runs):.2f}",
              f"{statistics.median(r['resume_gbps'] for r in runs):.2f}"]
             for (backend, which), runs in sorted(groups.items())]
     disk = data.get("disk") or {}
-    return [f"**Pause and resume of {data['gib']} GiB by backup kind** (`bench/backup_bench.py`; the disk itself: write "
+    return [f"**{title.format(gib=data['gib'])}** (`bench/backup_bench.py`; the disk itself: write "
             f"{disk.get('write_gbps', 0):.2f}, read {disk.get('read_gbps', 0):.2f} GB/s): {versions(data['versions'], path)}",
             "", *table(["backup", "library", "pause GB/s", "resume GB/s"], body), ""]
 
@@ -136,8 +139,13 @@ def first_use() -> list[str]:
 def block() -> str:
     lines = [BEGIN, ""]
     for gpu, title in GPUS.items():
-        parts = [*offload(gpu), *rl(gpu), *rl(gpu, "rl_hook_modes", "Sleep/wake cycle of the drop-in, both hook modes"),
-                 *stream(gpu), *backup(gpu), *jit(gpu)]
+        parts = [*offload(gpu), *rl(gpu),
+                 *rl(gpu, "rl_hook_modes", "Sleep/wake cycle of the drop-in (uvm.memory_saver), both hook modes, beside "
+                     "uvm's native calls"),
+                 *stream(gpu), *backup(gpu),
+                 *backup(gpu, "backup_disk_retain", "Disk backups of {gib} GiB, cycle after cycle, with and without "
+                         "retain_cpu_backup"),
+                 *jit(gpu)]
         if parts:
             lines += [f"### {title}", "", *parts]
     lines += ["### Any machine", "", *first_use(), END]

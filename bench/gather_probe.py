@@ -20,6 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python_shim"))
 import uvm.torch  # noqa: E402
 from uvm import _lib  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from offload_bench import ranges_by_device  # noqa: E402  (the shim's gather, as a move runs it)
+
 
 def best_ms(fn, rounds: int = 7) -> float:
     times = []
@@ -43,7 +46,7 @@ def load_shim(tree: str, name: str):
 
 def shim_path(shim, model):
     """What a move by tensors does in Python before its C call: find the ranges, build the arrays."""
-    for named in shim._ranges_by_device(model, True).values():
+    for named in ranges_by_device(shim, model).values():
         spans = list(named)
         if hasattr(shim, "_range_array"):
             shim._range_array(spans)
@@ -100,7 +103,7 @@ def main() -> None:
     rows["untyped_storage().nbytes(), no storage object kept"] = fresh_storage_ms
     del storages  # what follows meets storages as a move does: none kept
     rows["_add_move_spans (all)"] = round(best_ms(lambda: uvm.torch._add_move_spans(tensors, ["x"] * len(tensors), {})), 3)
-    rows["_ranges_by_device (whole)"] = round(best_ms(lambda: uvm.torch._ranges_by_device(model, True)), 3)
+    rows["_ranges_by_device (whole)"] = round(best_ms(lambda: ranges_by_device(uvm.torch, model)), 3)
     shims = {"this tree": uvm.torch}
     if args.before:
         shims["before"] = load_shim(args.before, "uvm_before")
@@ -115,8 +118,8 @@ def main() -> None:
         pool_steps = {
             f"pool.snapshot(), {segments} segments": pool.snapshot,
             "torch.cuda.memory_snapshot(pool.id)": lambda: torch.cuda.memory.memory_snapshot(pool.id),
-            "_ranges_by_device(pool)": lambda: uvm.torch._ranges_by_device(pool, True),
-            f"_ranges_by_device(tensors of the pool), {len(held)}": lambda: uvm.torch._ranges_by_device(held, True),
+            "_ranges_by_device(pool)": lambda: ranges_by_device(uvm.torch, pool),
+            f"_ranges_by_device(tensors of the pool), {len(held)}": lambda: ranges_by_device(uvm.torch, held),
         }
         rows.update({name: round(best_ms(fn), 3) for name, fn in pool_steps.items()})
     props = torch.cuda.get_device_properties(0)

@@ -200,6 +200,20 @@ class PinnedCopy:
         del self.device
 
 
+def ranges_by_device(shim, obj, include_buffers: bool = True) -> dict[int, dict]:
+    """What a move by tensors finds in Python before its first C call, with `shim` (a uvm.torch
+    module): the byte ranges `obj` covers, grouped by device. An older tree's shim that had this
+    as _ranges_by_device is asked for it directly."""
+    if hasattr(shim, "_ranges_by_device"):
+        return shim._ranges_by_device(obj, include_buffers)
+    listed: list = []
+    shim._list(obj, include_buffers, listed)
+    into: dict = {}
+    for _ in shim._gather(listed, into):
+        pass
+    return into
+
+
 def timed(action) -> float:
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -234,7 +248,7 @@ def run_size(shape: str, size_mib: int, cycles: int, methods: list[str], pause, 
     params = list(model.parameters())
     param_count = len(params)
     # What finding the model's ranges costs the Python shim (part of every by-tensor move).
-    gather_s = min(timed(lambda: uvm.torch._ranges_by_device(model, True)) for _ in range(3))
+    gather_s = min(timed(lambda: ranges_by_device(uvm.torch, model)) for _ in range(3))
     nbytes = model_bytes(model)
     check = GraphCheck(params)
     rows = []

@@ -385,17 +385,6 @@ def _gather(listed: list, into: dict):
                 yield
 
 
-def _ranges_by_device(obj, include_buffers: bool) -> dict[int, dict]:
-    """The byte ranges `obj` covers (a tensor, a module, a MemPool, or an iterable of these), grouped
-    by the device that owns them."""
-    listed: list = []
-    _list(obj, include_buffers, listed)
-    into: dict = {}
-    for _ in _gather(listed, into):
-        pass
-    return into
-
-
 def _split(obj, tags: list, devices: list, rest: list) -> None:
     """Sorts what a move names into what uvm moves whole, tags (on every device) and devices (an int
     or torch.device), and the rest, whose ranges the shim finds."""

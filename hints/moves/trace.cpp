@@ -24,17 +24,16 @@ constexpr double kEpochWaitSeconds = 0.1;
 
 thread_local MoveLog* current_log = nullptr;
 
-// The calling thread's group of moves (begin_move_group): how deep, and a record per device its
-// calls moved on. Held on the heap and deleted by the outermost end: a group a thread leaves open
-// when it exits is leaked, so that no thread's exit destroys CUDA events.
-struct MoveGroup {
-  int depth = 0;
+// The records of the calling thread's open group of moves (join_move_records): one per device its
+// calls moved on. Held on the heap and deleted when published: a group a thread leaves open when
+// it exits is leaked, so that no thread's exit destroys CUDA events.
+struct JoinedRecords {
   std::vector<std::unique_ptr<MoveLog>> logs;
 };
-thread_local MoveGroup* current_group = nullptr;
+thread_local JoinedRecords* joined_records = nullptr;
 
 MoveLog* group_log(int device) {
-  for (const std::unique_ptr<MoveLog>& log : current_group->logs) {
+  for (const std::unique_ptr<MoveLog>& log : joined_records->logs) {
     if (log->device == device) return log.get();
   }
   return nullptr;
@@ -182,8 +181,8 @@ MoveRecord::~MoveRecord() {
   log_->host_end = end;
   if (log_->device < 0) return;  // failed before it knew its device: nothing moved
   try {
-    if (current_group != nullptr) {  // the group's first call on this device: the group keeps it
-      current_group->logs.push_back(std::move(log_));
+    if (joined_records != nullptr) {  // the group's first call on this device: the group keeps it
+      joined_records->logs.push_back(std::move(log_));
       return;
     }
     std::shared_ptr<const MoveLog> log(std::move(log_));
@@ -193,16 +192,14 @@ MoveRecord::~MoveRecord() {
   }
 }
 
-void begin_move_group() {
-  if (current_group == nullptr) current_group = new MoveGroup();
-  ++current_group->depth;
+void join_move_records() {
+  if (joined_records == nullptr) joined_records = new JoinedRecords();
 }
 
-bool end_move_group() {
-  if (current_group == nullptr) return false;
-  if (--current_group->depth > 0) return true;
-  const std::unique_ptr<MoveGroup> group(current_group);
-  current_group = nullptr;
+void publish_joined_records() {
+  if (joined_records == nullptr) return;
+  const std::unique_ptr<JoinedRecords> group(joined_records);
+  joined_records = nullptr;
   for (std::unique_ptr<MoveLog>& log : group->logs) {
     try {
       publish_move(std::shared_ptr<const MoveLog>(std::move(log)));
@@ -210,14 +207,11 @@ bool end_move_group() {
       // Host memory ran out while keeping the record: the moves themselves are unaffected.
     }
   }
-  return true;
 }
-
-bool in_move_group() { return current_group != nullptr; }
 
 void trace_move_device(int device) {
   if (current_log == nullptr || current_log->device >= 0) return;
-  if (current_group != nullptr) {
+  if (joined_records != nullptr) {
     if (MoveLog* const joined = group_log(device)) {
       // A later call of the group on this device: what it recorded so far goes to the group's
       // record, and so does the rest (timed against that record's epoch).

@@ -87,15 +87,14 @@ class MoveRecord {
   std::unique_ptr<MoveLog> log_;
 };
 
-// Groups the calling thread's move calls (uvm_begin_moves): until the outermost end, each call's
-// record joins the group's record for its device, so that uvm_last_move and UVM_TRACE show the
-// group's calls on a device as one move, named after the first, with the first failure's status.
-// Nested groups count. May throw std::bad_alloc (the C entry's guard reports it).
-void begin_move_group();
-// Ends one level of the group; the outermost end publishes its records. False when none is open.
-bool end_move_group();
-// Whether the calling thread has a group of moves open.
-bool in_move_group();
+// The trace's side of a group of moves (offload/group.hpp owns the group itself: uvm_begin_moves):
+// from join_move_records until publish_joined_records, each of the calling thread's move records
+// joins one record per device, so that uvm_last_move and UVM_TRACE show the group's calls on a
+// device as one move, named after the first, with the first failure's status. Called by the
+// group's outermost begin and end. join_move_records may throw std::bad_alloc (the C entry's guard
+// reports it).
+void join_move_records();
+void publish_joined_records();
 
 // The device the recorded move runs on, once its context is current: starts the epoch that places
 // its stream marks on the host clock. A move that never names one is not published.

@@ -6,7 +6,8 @@
 # helpers still come from its wheel. Every test runs in both hook modes ("preload": LD_PRELOAD of
 # each library's interposer through its configure_subprocess; "torch"); XPU-only ones skip, and
 # the 2-GPU ones skip on one GPU. Prints both pytest summary lines; exits non-zero if uvm's run
-# failed. Needs a GPU.
+# failed. Needs a GPU. TMS_TESTS_K="expr" runs only the tests pytest's -k selects (e.g. multi_device
+# on a 2-GPU machine); uvm runs first, so that a run cut short by its time limit still has uvm's line.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 tests=.deps/tms_test
@@ -25,15 +26,15 @@ log=${OUT:-$work}
 run() {  # name, PYTHONPATH
   echo "== $1"
   (cd "$work/tests" && PYTHONPATH="$2" timeout 900 "$python" -m pytest test_examples.py -v -rs -p no:cacheprovider \
-    >"$log/tms_tests_$1.log" 2>&1)
+    ${TMS_TESTS_K:+-k "$TMS_TESTS_K"} >"$log/tms_tests_$1.log" 2>&1)
   local status=$?
   grep -E "(PASSED|FAILED|SKIPPED|ERROR)" "$log/tms_tests_$1.log" | sed -E 's/^/  /' | grep -E "::" | cut -c1-160
   echo "$1: $(tail -n 1 "$log/tms_tests_$1.log")"
   return $status
 }
-run real "$work/real"
-real_status=$?
 run uvm "$PWD/tests/peers/tms_alias:$PWD/python_shim:$work/real"
 uvm_status=$?
+run real "$work/real"
+real_status=$?
 echo "summary: real exit $real_status, uvm exit $uvm_status"
 [ "$uvm_status" = 0 ]

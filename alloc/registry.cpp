@@ -24,13 +24,6 @@ std::optional<Allocation> Registry::erase(uintptr_t base) {
   return removed;
 }
 
-Allocation* Registry::holding(uintptr_t address) {
-  auto it = allocations_.upper_bound(address);
-  if (it == allocations_.begin()) return nullptr;
-  --it;
-  return address - it->first < it->second.size ? &it->second : nullptr;
-}
-
 bool Registry::find(const void* ptr, AllocationView* found) const {
   const auto address = reinterpret_cast<uintptr_t>(ptr);
   std::lock_guard<std::mutex> lock(mutex_);
@@ -88,149 +81,19 @@ void Registry::unmark(uintptr_t base, uintptr_t begin, uintptr_t end) {
   if (it != allocations_.end()) it->second.marked.remove(begin - base, end - base);
 }
 
-size_t Registry::cut_out(PieceMap& pieces, uintptr_t begin, uintptr_t end,
-                         std::vector<StagedPiece>* dropped) {
-  auto it = pieces.upper_bound(begin);
-  if (it != pieces.begin() && std::prev(it)->second.span.end > begin) --it;
-  size_t bytes = 0;
-  while (it != pieces.end() && it->first < end) {
-    StagedPiece piece = std::move(it->second);
-    it = pieces.erase(it);
-    const uintptr_t from = std::max(begin, piece.span.begin), to = std::min(end, piece.span.end);
-    bytes += to - from;
-    // Whatever lies outside [begin, end) stays, holding the same lease.
-    if (piece.span.begin < from) {
-      pieces.emplace(piece.span.begin, piece.part(piece.span.begin, from));
-    }
-    if (to < piece.span.end) {
-      it = pieces.emplace(to, piece.part(to, piece.span.end)).first;
-      ++it;
-    }
-    dropped->push_back(piece.part(from, to));
-  }
-  return bytes;
+Allocation* Registry::Records::holding(uintptr_t address) {
+  auto it = all_.upper_bound(address);
+  if (it == all_.begin()) return nullptr;
+  --it;
+  return address - it->first < it->second.size ? &it->second : nullptr;
 }
 
-size_t Registry::unstage_locked(Allocation& allocation, uintptr_t begin, uintptr_t end,
-                                std::vector<StagedPiece>* dropped) {
-  cut_out(allocation.retained, begin, end, dropped);
-  return cut_out(allocation.staged, begin, end, dropped);
-}
-
-void Registry::stage(std::vector<StagedPiece> pieces) {
-  std::vector<StagedPiece> dropped;  // let go after the lock (see unstage_locked)
+void Registry::forget(uintptr_t begin, uintptr_t end) {
+  std::vector<std::unique_ptr<RoomPart>> forgotten;  // destroyed after the lock (RoomPart::forget)
   std::lock_guard<std::mutex> lock(mutex_);
-  for (StagedPiece& piece : pieces) {
-    Allocation* allocation = holding(piece.span.begin);
-    if (allocation == nullptr) {
-      dropped.push_back(std::move(piece));  // freed meanwhile
-      continue;
-    }
-    // A racing offload of the same bytes; a retained copy, now out of date (or written in place).
-    unstage_locked(*allocation, piece.span.begin, piece.span.end, &dropped);
-    const uintptr_t begin = piece.span.begin;
-    allocation->staged.emplace(begin, std::move(piece));
-  }
-}
-
-std::vector<StagedPiece> Registry::pieces_of(PieceMap Allocation::*which, uintptr_t begin, uintptr_t end) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  std::vector<StagedPiece> pieces;
-  auto record = allocations_.upper_bound(begin);
-  if (record != allocations_.begin()) --record;
-  for (; record != allocations_.end() && record->first < end; ++record) {
-    const PieceMap& map = record->second.*which;
-    auto it = map.upper_bound(begin);
-    if (it != map.begin() && std::prev(it)->second.span.end > begin) --it;
-    for (; it != map.end() && it->first < end; ++it) {
-      const StagedPiece& piece = it->second;
-      const uintptr_t from = std::max(begin, piece.span.begin), to = std::min(end, piece.span.end);
-      if (from < to) pieces.push_back(piece.part(from, to));
-    }
-  }
-  return pieces;
-}
-
-std::vector<StagedPiece> Registry::staged(uintptr_t begin, uintptr_t end) const {
-  return pieces_of(&Allocation::staged, begin, end);
-}
-
-std::vector<StagedPiece> Registry::retained(uintptr_t begin, uintptr_t end) const {
-  return pieces_of(&Allocation::retained, begin, end);
-}
-
-template <class Visit>
-void Registry::each_overlapping(uintptr_t begin, uintptr_t end, Visit&& visit) {
-  auto record = allocations_.upper_bound(begin);
-  if (record != allocations_.begin()) --record;
-  for (; record != allocations_.end() && record->first < end; ++record) visit(record->second);
-}
-
-size_t Registry::unstage(uintptr_t begin, uintptr_t end, bool retain, bool* dropped_pinned) {
-  std::vector<StagedPiece> dropped;  // let go after the lock (see unstage_locked)
-  std::lock_guard<std::mutex> lock(mutex_);
-  size_t bytes = 0;
-  each_overlapping(begin, end, [&](Allocation& allocation) {
-    cut_out(allocation.retained, begin, end, &dropped);
-    std::vector<StagedPiece> unstaged;
-    bytes += cut_out(allocation.staged, begin, end, &unstaged);
-    for (StagedPiece& piece : unstaged) {
-      if (retain) {
-        const uintptr_t at = piece.span.begin;
-        allocation.retained.emplace(at, std::move(piece));
-      } else {
-        dropped.push_back(std::move(piece));
-      }
-    }
+  Records(allocations_).each_overlapping(begin, end, [&](Allocation& allocation) {
+    if (allocation.offload) forgotten.push_back(allocation.offload->forget(begin, end));
   });
-  if (dropped_pinned != nullptr) {
-    *dropped_pinned = std::any_of(dropped.begin(), dropped.end(), [](const StagedPiece& p) { return p.kept == Kept::pinned; });
-  }
-  return bytes;
-}
-
-size_t Registry::restage(uintptr_t begin, uintptr_t end) {
-  std::vector<StagedPiece> dropped;  // staged copies of the same bytes, replaced (none expected)
-  std::lock_guard<std::mutex> lock(mutex_);
-  size_t bytes = 0;
-  each_overlapping(begin, end, [&](Allocation& allocation) {
-    std::vector<StagedPiece> copies;
-    bytes += cut_out(allocation.retained, begin, end, &copies);
-    for (StagedPiece& piece : copies) {
-      cut_out(allocation.staged, piece.span.begin, piece.span.end, &dropped);
-      const uintptr_t at = piece.span.begin;
-      allocation.staged.emplace(at, std::move(piece));
-    }
-  });
-  return bytes;
-}
-
-size_t Registry::staged_bytes(Kept kept) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  size_t total = 0;
-  for (const auto& [base, allocation] : allocations_) {
-    for (const auto& [begin, piece] : allocation.staged) total += piece.kept == kept ? piece.span.size() : 0;
-  }
-  return total;
-}
-
-uvm_kept_copies Registry::kept_copies(const Selection& selection) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  uvm_kept_copies total{};
-  std::set<const BackupFile*> files;
-  for (const auto& [base, allocation] : allocations_) {
-    if (!selected(allocation, selection)) continue;
-    for (const auto& [begin, piece] : allocation.staged) {
-      switch (piece.kept) {
-        case Kept::pinned: total.pinned_bytes += piece.span.size(); break;
-        case Kept::pageable: total.pageable_bytes += piece.span.size(); break;
-        case Kept::disk: total.disk_bytes += piece.span.size(); files.insert(piece.file.get()); break;
-      }
-    }
-    for (const auto& [begin, piece] : allocation.retained) total.retained_bytes += piece.span.size();
-  }
-  total.disk_files = files.size();
-  return total;
 }
 
 std::vector<EventRef> Registry::last_move_events(const std::vector<uintptr_t>& bases) const {
@@ -277,12 +140,7 @@ bool Registry::block_state(uintptr_t begin, uintptr_t end, BlockState* out, Bloc
     else allocation.blocks.remove(from, to);
   }
   out->moved = allocation.host.overlaps(from, to) || allocation.discarded.overlaps(from, to);
-  auto piece = allocation.staged.upper_bound(begin);
-  if (piece != allocation.staged.begin() && std::prev(piece)->second.span.end > begin) --piece;
-  out->staged = piece != allocation.staged.end() && piece->first < end;
-  auto kept = allocation.retained.upper_bound(begin);
-  if (kept != allocation.retained.begin() && std::prev(kept)->second.span.end > begin) --kept;
-  out->retained = kept != allocation.retained.end() && kept->first < end;
+  out->copied = allocation.offload && allocation.offload->keeps(begin, end);
   out->released = allocation.released();
   out->last_move = allocation.last_move;
   return true;
@@ -330,19 +188,17 @@ AllocationView Registry::view_of(uintptr_t base, const Allocation& allocation) {
                         allocation.backing, allocation.slab, allocation.backup, allocation.paused};
 }
 
-bool Registry::selected(const Allocation& allocation, const Selection& selection) {
-  return (selection.device == UVM_ANY_DEVICE || allocation.device == selection.device) &&
-         (selection.any_tag ||
-          std::find(selection.tags.begin(), selection.tags.end(), allocation.tag) != selection.tags.end()) &&
-         (!selection.backup || allocation.backup == *selection.backup) &&
-         (!selection.paused || allocation.paused == *selection.paused);
+bool Selection::includes(const Allocation& allocation) const {
+  return (device == UVM_ANY_DEVICE || allocation.device == device) &&
+         (any_tag || std::find(tags.begin(), tags.end(), allocation.tag) != tags.end()) &&
+         (!backup || allocation.backup == *backup) && (!paused || allocation.paused == *paused);
 }
 
 std::vector<AllocationView> Registry::select(const Selection& selection) const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<AllocationView> found;
   for (const auto& [base, allocation] : allocations_) {
-    if (selected(allocation, selection)) found.push_back(view_of(base, allocation));
+    if (selection.includes(allocation)) found.push_back(view_of(base, allocation));
   }
   return found;
 }
@@ -351,27 +207,9 @@ std::vector<int> Registry::devices_of(const Selection& selection) const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::set<int> devices;
   for (const auto& [base, allocation] : allocations_) {
-    if (selected(allocation, selection)) devices.insert(allocation.device);
+    if (selection.includes(allocation)) devices.insert(allocation.device);
   }
   return std::vector<int>(devices.begin(), devices.end());
-}
-
-uvm_residency Registry::residency(const Selection& selection) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  uvm_residency total{};
-  for (const auto& [base, allocation] : allocations_) {
-    if (!selected(allocation, selection)) continue;
-    total.allocations += 1;
-    total.live_bytes += allocation.size;
-    total.host_bytes += allocation.host.total();
-    total.discarded_bytes += allocation.discarded.total();
-    for (const auto& [begin, piece] : allocation.staged) {
-      total.staged_bytes += piece.kept == Kept::pinned ? piece.span.size() : 0;
-    }
-    if (allocation.released()) total.released_bytes += allocation.size;
-  }
-  total.device_bytes = total.live_bytes - total.host_bytes - total.discarded_bytes;
-  return total;
 }
 
 size_t Registry::reclaimable_managed_bytes(int device) const {

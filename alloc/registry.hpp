@@ -1,8 +1,9 @@
-// The registry: one record per live uvm allocation, holding everything uvm knows about it — its
-// size, device, tag and backing, the slab it came from, the physical memory of a releasable one,
-// where uvm last moved each of its bytes, the staged host copies of those bytes, and the event its
-// last move ends with. Freeing an allocation erases its record, and with it all of that: a host
-// copy or an ordering event never outlives the memory it describes.
+// The registry: one record per live uvm allocation, holding what uvm knows about it — its size,
+// device, tag and backing, the slab it came from, the physical memory of a releasable one, where uvm
+// last moved each of its bytes, and the event its last move ends with — and the part of it a room
+// above alloc/ keeps there (offload/: the host copies of its bytes, offload/copies.hpp). Freeing an
+// allocation erases its record, and with it all of that: a host copy or an ordering event never
+// outlives the memory it describes.
 #pragma once
 
 #include <cstddef>
@@ -30,38 +31,18 @@ enum class Backing : uint8_t { managed, releasable };
 // (host-resident, like to_host). discarded: no copy kept. to_device: back where it was allocated.
 enum class Move { to_device, to_host, staged, discarded };
 
-class BackupFile;  // offload/disk.hpp: a file of offloaded bytes, removed with its last piece
-
-// Where a staged copy lives: in uvm's pinned staging memory (kept across cycles), in pageable host
-// memory mapped for it alone (given back once its last piece goes), or in a file on disk (removed
-// then). Only pinned copies are reused by the staging store; the others are written and read
-// through pinned bounce buffers (offload/spill.hpp).
-enum class Kept : uint8_t { pinned, pageable, disk };
-
-// A staged copy of some of an allocation's bytes: `span`'s bytes are at `host` (pinned, pageable)
-// or at `file_offset` in `file` (disk) once `written` has completed (null: complete). `lease`
-// holds the host bytes (the staging store's lease, or the pageable mapping); when the last piece
-// holding a lease or a file is dropped, its bytes go back.
-struct StagedPiece {
-  Span span;
-  char* host = nullptr;
-  std::shared_ptr<char> lease;
-  EventRef written;
-  Kept kept = Kept::pinned;
-  std::shared_ptr<BackupFile> file;
-  uint64_t file_offset = 0;
-  // The bytes [from, to) of this piece (inside its span), kept in the same place.
-  StagedPiece part(uintptr_t from, uintptr_t to) const {
-    StagedPiece piece = *this;
-    piece.span = Span{from, to};
-    if (host != nullptr) piece.host = host + (from - span.begin);
-    piece.file_offset = file_offset + (from - span.begin);
-    return piece;
-  }
+// The part of an allocation's record that a room above alloc/ keeps there (offload/: the host
+// copies of its bytes, offload/copies.hpp). The registry holds it under its lock and frees it with
+// the record; of what it holds, the registry asks only what every such part answers.
+struct RoomPart {
+  virtual ~RoomPart() = default;
+  // Whether it keeps something of the bytes [begin, end).
+  virtual bool keeps(uintptr_t begin, uintptr_t end) const = 0;
+  // The bytes [begin, end) were discarded: what it keeps of them goes. What it let go comes back, to
+  // be destroyed once the registry's lock is released (the end of a staging lease takes the
+  // staging store's lock).
+  virtual std::unique_ptr<RoomPart> forget(uintptr_t begin, uintptr_t end) = 0;
 };
-
-// Copies of an allocation's bytes, by address.
-using PieceMap = std::map<uintptr_t, StagedPiece>;
 
 // Everything uvm knows about one live allocation.
 struct Allocation {
@@ -86,23 +67,10 @@ struct Allocation {
   // instead of copying.
   bool blocks_reported = false;
   SpanSet blocks;
-  PieceMap staged;          // disjoint, inside `host`
-  // Copies kept after their bytes came back (uvm_resume with uvm_set_retain_backups(1)): what the
-  // bytes were at their last pause, readable (uvm_get_staged_copy, host memory only) and, for
-  // pinned ones and files, written again in place by the next offload that keeps those bytes the
-  // same way. Never copied back. By address; disjoint; on the device (not inside `host`).
-  PieceMap retained;
   EventRef last_move;       // where its last move ends on the GPU (null: nothing pending)
+  // offload/'s part: the host copies of its bytes (offload/copies.hpp), made by its first offload.
+  std::unique_ptr<RoomPart> offload;
   bool released() const { return backing == Backing::releasable && !mapping.mapped; }
-  // Whether a staged or retained copy of its bytes is in pinned staging memory.
-  bool holds_pinned_copy() const {
-    for (const PieceMap* pieces : {&staged, &retained}) {
-      for (const auto& [begin, piece] : *pieces) {
-        if (piece.kept == Kept::pinned) return true;
-      }
-    }
-    return false;
-  }
 };
 
 // What a caller outside the registry needs of an allocation: a copy of its identity.
@@ -129,6 +97,8 @@ struct Selection {
   // (or not).
   std::optional<uvm_backup> backup;
   std::optional<bool> paused;
+  // Whether it selects `allocation`.
+  bool includes(const Allocation& allocation) const;
 };
 
 // Reads a C call's (device, tag) arguments, as uvm.h's "Registry queries" define them: the device
@@ -139,14 +109,13 @@ uvm_status select_arguments(const Call& call, int device, const char* tag, Selec
 // none (tags NULL, count 0) means any tag.
 uvm_status select_arguments(const Call& call, int device, const char* const* tags, size_t count, Selection* out);
 
-// A block a runtime hands out or takes back (blocks.cpp), as the registry records it.
+// A block a runtime hands out or takes back (offload/free.cpp), as the registry records it.
 enum class BlockChange : uint8_t { none, allocated, freed };
 
-// What uvm keeps about the bytes of a block a runtime hands out or takes back (blocks.cpp).
+// What uvm keeps about the bytes of a block a runtime hands out or takes back (offload/free.cpp).
 struct BlockState {
   AllocationView allocation;  // the allocation holding the block
-  bool staged = false;        // some of its bytes have a staged copy
-  bool retained = false;      // some of its bytes have a retained copy (Allocation::retained)
+  bool copied = false;        // some of its bytes have a host copy (offload/copies.hpp: staged or retained)
   bool moved = false;         // some of its bytes are off the device (to the host, staged or discarded)
   bool released = false;      // the allocation's physical memory is given back
   EventRef last_move;         // the allocation's last move (null: nothing pending)
@@ -155,7 +124,7 @@ struct BlockState {
 class Registry {
  public:
   // Allocations: inserted by uvm_malloc, erased by uvm_free (the record is handed back, so that
-  // its memory can be freed with what it says; its staged pieces go back to staging with it).
+  // its memory can be freed with what it says; its host copies go with it).
   void insert(uintptr_t base, Allocation allocation);
   std::optional<Allocation> erase(uintptr_t base);
   // The allocation holding byte `ptr`, if any.
@@ -166,8 +135,8 @@ class Registry {
   std::vector<int> devices_of(const Selection& selection) const;
 
   // Where bytes are. Records that [begin, end) of the allocation at `base` moved (nothing if it
-  // was freed meanwhile); returns the signed change in its host-resident bytes. Staged copies are
-  // not touched: unstage() drops them.
+  // was freed meanwhile); returns the signed change in its host-resident bytes. Host copies are
+  // not touched: forget() drops them.
   long long record_placement(uintptr_t base, uintptr_t begin, uintptr_t end, Move move);
   // True if uvm moved every byte of the allocation at `base` off its device (offloaded, staged or
   // discarded): its device copy holds nothing anyone asked to keep.
@@ -178,25 +147,9 @@ class Registry {
   std::vector<Span> marked(uintptr_t base, uintptr_t begin, uintptr_t end) const;
   void unmark(uintptr_t base, uintptr_t begin, uintptr_t end);
 
-  // Staged copies. `pieces` (each inside one live allocation) now hold their bytes; a piece of
-  // bytes already staged replaces it. Pieces of an allocation freed meanwhile are dropped.
-  void stage(std::vector<StagedPiece> pieces);
-  // The staged pieces overlapping [begin, end), clipped to it, by address.
-  std::vector<StagedPiece> staged(uintptr_t begin, uintptr_t end) const;
-  // Drops the staged copies of [begin, end) (in any allocation), and the retained ones; what lies
-  // outside stays. Returns the staged bytes dropped. With `retain`, the staged copies (pinned,
-  // pageable, disk) become the retained copies of their bytes instead of going.
-  // `dropped_pinned` (if given): whether a copy in pinned staging memory went.
-  size_t unstage(uintptr_t begin, uintptr_t end, bool retain = false, bool* dropped_pinned = nullptr);
-  // The retained copies overlapping [begin, end), clipped to it, by address.
-  std::vector<StagedPiece> retained(uintptr_t begin, uintptr_t end) const;
-  // The retained copies of [begin, end) become its staged copies again (uvm_drop_clean_ranges: the
-  // device bytes go, the host copy still holds them). Returns the bytes restaged.
-  size_t restage(uintptr_t begin, uintptr_t end);
-  // Every byte of every allocation staged in `kept` memory.
-  size_t staged_bytes(Kept kept = Kept::pinned) const;
-  // The selected allocations' staged bytes in each kind of memory (uvm_get_kept_copies).
-  uvm_kept_copies kept_copies(const Selection& selection) const;
+  // The bytes [begin, end) (in any allocation) were discarded: what the rooms keep of them goes
+  // (RoomPart::forget).
+  void forget(uintptr_t begin, uintptr_t end);
 
   // The last move of each allocation: the distinct events the allocations at `bases` wait for,
   // and the event that now ends the last move of each (null: nothing to wait for).
@@ -220,29 +173,52 @@ class Registry {
   bool mapping(uintptr_t base, Mapping* out) const;
   void set_mapping(uintptr_t base, const Mapping& mapping);
 
-  // Totals over the selected allocations.
-  uvm_residency residency(const Selection& selection) const;
   // Bytes of managed allocations on `device` that uvm moved off it (to the host, staged or
   // discarded): the driver reclaims them when someone allocates.
   size_t reclaimable_managed_bytes(int device) const;
 
+  // The records themselves, for a room that keeps its part in them or totals what it keeps
+  // (offload/copies.cpp, offload/residency.cpp): with_records(use) calls use(Records&) under the
+  // registry's lock. What `use` takes out of a record must be destroyed after it returns (see
+  // RoomPart::forget), so it goes into something declared before the call.
+  class Records {
+   public:
+    // The record holding byte `address`, or null.
+    Allocation* holding(uintptr_t address);
+    // Calls visit(record) for each record that may hold bytes of [begin, end), by address.
+    template <class Visit>
+    void each_overlapping(uintptr_t begin, uintptr_t end, Visit&& visit) {
+      auto record = all_.upper_bound(begin);
+      if (record != all_.begin()) --record;
+      for (; record != all_.end() && record->first < end; ++record) visit(record->second);
+    }
+    // Calls visit(record) for each record `selection` includes, by address.
+    template <class Visit>
+    void each_selected(const Selection& selection, Visit&& visit) {
+      for (auto& [base, allocation] : all_) {
+        if (selection.includes(allocation)) visit(allocation);
+      }
+    }
+    // Calls visit(record) for every record, by address.
+    template <class Visit>
+    void each(Visit&& visit) {
+      for (auto& [base, allocation] : all_) visit(allocation);
+    }
+
+   private:
+    friend class Registry;
+    explicit Records(std::map<uintptr_t, Allocation>& all) : all_(all) {}
+    std::map<uintptr_t, Allocation>& all_;
+  };
+  template <class Use>
+  decltype(auto) with_records(Use&& use) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Records records(allocations_);
+    return use(records);
+  }
+
  private:
-  static bool selected(const Allocation& allocation, const Selection& selection);
   static AllocationView view_of(uintptr_t base, const Allocation& allocation);
-  // The record holding byte `address`, or null. Under mutex_.
-  Allocation* holding(uintptr_t address);
-  // Calls `visit` with each record that may hold bytes of [begin, end), by address. Under mutex_.
-  template <class Visit>
-  void each_overlapping(uintptr_t begin, uintptr_t end, Visit&& visit);
-  // Moves the staged pieces of `allocation` inside [begin, end) into `dropped`, keeping what lies
-  // outside; returns the bytes moved. Under mutex_; the caller lets the pieces go after unlocking
-  // (the end of a lease takes the staging store's lock).
-  static size_t unstage_locked(Allocation& allocation, uintptr_t begin, uintptr_t end,
-                               std::vector<StagedPiece>* dropped);
-  // The same for the pieces of one map (staged or retained).
-  static size_t cut_out(PieceMap& pieces, uintptr_t begin, uintptr_t end, std::vector<StagedPiece>* dropped);
-  // The pieces of map `which` (staged or retained) overlapping [begin, end), clipped to it.
-  std::vector<StagedPiece> pieces_of(PieceMap Allocation::*which, uintptr_t begin, uintptr_t end) const;
 
   mutable std::mutex mutex_;
   std::map<uintptr_t, Allocation> allocations_;

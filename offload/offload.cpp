@@ -10,6 +10,7 @@
 #include "../hints/moves/release.hpp"
 #include "../hints/moves/trace.hpp"
 #include "../hints/prefetch.hpp"
+#include "copies.hpp"
 #include "group.hpp"
 #include "offload.hpp"
 #include "plan.hpp"
@@ -39,7 +40,7 @@ OffloadPieces pieces_to_move(const std::vector<HintRange>& merged, bool staging_
     if (range.releasable && registry().released(range.allocation)) continue;
     const bool stage = range.releasable || (staging_wanted && range.allocation != 0);
     std::vector<Span> staged, free;
-    for (const StagedPiece& piece : registry().staged(range.begin, range.end)) staged.push_back(piece.span);
+    for (const StagedPiece& piece : staged_copies(range.begin, range.end)) staged.push_back(piece.span);
     if (range.allocation != 0 && (range.releasable || discard_supported)) {
       free = registry().free_space(range.allocation, range.begin, range.end);
     }
@@ -175,7 +176,7 @@ uvm_status offload_staged(const Call& call, const std::vector<HintRange>& pieces
   staging().note_use(hosts, written);  // dropped before its copy ends, a piece's bytes still wait for it
   // Counted on the host first: the books never show more bytes staged than on the host.
   for (const HintRange& piece : pieces) account_move(piece, Move::staged, 0);
-  registry().stage(std::move(staged));
+  stage_copies(std::move(staged));
   set_last_moves(pieces, written);
   return marked;
 }
@@ -218,7 +219,7 @@ uvm_status offload_kept(const Call& call, const MoveArgs& args, Kept kept, cudaS
     if (uvm_status s = spill_out(call, move.device, move.stream, pieces.staged, kept, &copies)) return s;
     // From the discard on, the copy is all there is of these bytes: it is recorded first.
     for (const HintRange& piece : pieces.staged) account_move(piece, Move::staged, 0);  // as offload_staged
-    registry().stage(std::move(copies));
+    stage_copies(std::move(copies));
     if (uvm_status s = discard_batch(call, pieces.staged, move.stream)) return s;
     if (uvm_status s = set_last_moves(call, pieces.staged, move.stream)) return s;
   }
@@ -234,7 +235,7 @@ uvm_status offload_kept(const Call& call, const MoveArgs& args, Kept kept, cudaS
 Reservation retained_room(const std::vector<HintRange>& pieces) {
   Reservation room;
   for (const HintRange& piece : pieces) {
-    const std::vector<StagedPiece> kept = registry().retained(piece.begin, piece.end);
+    const std::vector<StagedPiece> kept = retained_copies(piece.begin, piece.end);
     uintptr_t covered = piece.begin;  // the parts, in address order, must tile the piece
     for (const StagedPiece& part : kept) {
       if (part.kept != Kept::pinned || part.span.begin != covered) break;

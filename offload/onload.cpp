@@ -14,6 +14,7 @@
 #include "../hints/moves/streams.hpp"
 #include "../hints/moves/trace.hpp"
 #include "../hints/prefetch.hpp"
+#include "copies.hpp"
 #include "onload.hpp"
 #include "plan.hpp"
 #include "sm_copy.hpp"
@@ -166,7 +167,7 @@ void finish_copy_back(int device, const std::vector<StagedWork>& work, const Eve
   staging().note_use(hosts, read);
   std::vector<HintRange> ranges;
   for (const StagedWork& w : work) {
-    registry().unstage(w.piece.span.begin, w.piece.span.end, retain);
+    unstage_copies(w.piece.span.begin, w.piece.span.end, retain);
     // Managed pieces were prefetched to the device after their copy: their discard is undone.
     if (!w.range.releasable) registry().unmark(w.range.allocation, w.piece.span.begin, w.piece.span.end);
     account_move(w.range, Move::to_device, 0);
@@ -210,7 +211,7 @@ void split_staged(const std::vector<HintRange>& merged, std::vector<StagedWork>*
                   std::vector<HintRange>* migrated) {
   for (const HintRange& range : merged) {
     std::vector<Span> staged_spans, free;
-    for (const StagedPiece& piece : registry().staged(range.begin, range.end)) {
+    for (const StagedPiece& piece : staged_copies(range.begin, range.end)) {
       staged->push_back(StagedWork{clipped(range, piece.span), piece});
       staged_spans.push_back(piece.span);
     }

@@ -3,15 +3,37 @@
 // staged bytes.
 #include "../alloc/registry.hpp"
 #include "../hints/moves/hint_range.hpp"
+#include "copies.hpp"
 
 namespace uvm {
 namespace {
+
+// Totals over the selected allocations, read at one moment.
+uvm_residency residency_of(const Selection& selection) {
+  uvm_residency total{};
+  registry().with_records([&](Registry::Records& records) {
+    records.each_selected(selection, [&](const Allocation& record) {
+      total.allocations += 1;
+      total.live_bytes += record.size;
+      total.host_bytes += record.host.total();
+      total.discarded_bytes += record.discarded.total();
+      if (const HostCopies* copies = copies_in(record)) {
+        for (const auto& [begin, piece] : copies->staged) {
+          total.staged_bytes += piece.kept == Kept::pinned ? piece.span.size() : 0;
+        }
+      }
+      if (record.released()) total.released_bytes += record.size;
+    });
+  });
+  total.device_bytes = total.live_bytes - total.host_bytes - total.discarded_bytes;
+  return total;
+}
 
 uvm_status residency(const Call& call, int device, const char* tag, uvm_residency* out) {
   if (out == nullptr) return fail(call, UVM_ERROR_INVALID_ARGUMENT, "residency is NULL");
   Selection selection;
   if (uvm_status s = select_arguments(call, device, tag, &selection)) return s;
-  *out = registry().residency(selection);
+  *out = residency_of(selection);
   return UVM_OK;
 }
 
@@ -35,8 +57,8 @@ uvm_status staged_copy(const Call& call, const void* ptr, size_t size, const voi
   if (uvm_status s = resolve_range(call, ptr, size, &range)) return s;
   // One piece, or pieces that follow each other on the device and in host memory alike (a first
   // offload cuts a tensor where the steps of its pinning end).
-  std::vector<StagedPiece> pieces = registry().staged(range.begin, range.end);
-  if (pieces.empty()) pieces = registry().retained(range.begin, range.end);
+  std::vector<StagedPiece> pieces = staged_copies(range.begin, range.end);
+  if (pieces.empty()) pieces = retained_copies(range.begin, range.end);
   if (pieces.empty() || pieces.front().span.begin != range.begin || pieces.back().span.end != range.end) return UVM_OK;
   for (size_t i = 1; i < pieces.size(); ++i) {
     const bool follows = pieces[i].span.begin == pieces[i - 1].span.end &&
@@ -72,7 +94,7 @@ extern "C" uvm_status uvm_get_kept_copies(int device, const char* tag, uvm_kept_
     if (kept == nullptr) return uvm::fail(call, UVM_ERROR_INVALID_ARGUMENT, "kept is NULL");
     uvm::Selection selection;
     if (uvm_status s = uvm::select_arguments(call, device, tag, &selection)) return s;
-    *kept = uvm::registry().kept_copies(selection);
+    *kept = uvm::kept_copies_of(selection);
     return UVM_OK;
   });
 }

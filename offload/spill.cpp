@@ -221,7 +221,7 @@ struct Targets {
 // byte more on each side: a part the piece cuts shows there as reaching past it.
 std::vector<StagedPiece> retained_file_parts(const HintRange& piece) {
   std::vector<StagedPiece> parts;
-  for (StagedPiece& part : registry().retained(piece.begin - 1, piece.end + 1)) {
+  for (StagedPiece& part : retained_copies(piece.begin - 1, piece.end + 1)) {
     if (part.span.end > piece.begin && part.span.begin < piece.end) parts.push_back(std::move(part));
   }
   uintptr_t covered = piece.begin;
@@ -340,7 +340,7 @@ uvm_status spill_out(const Call& call, int device, cudaStream_t stream, const st
     const bool& done;
     ~DropRewrittenOnFailure() {
       if (done || disk.reused.empty()) return;
-      for (const HintRange& piece : pieces) registry().unstage(piece.begin, piece.end);  // not staged: the retained go
+      for (const HintRange& piece : pieces) unstage_copies(piece.begin, piece.end);  // not staged: the retained go
     }
   } drop_rewritten{pieces, disk, done};
   HostPhase phase(Phase::write);

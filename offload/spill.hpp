@@ -8,7 +8,7 @@
 
 #include <vector>
 
-#include "../alloc/registry.hpp"
+#include "copies.hpp"
 #include "../hints/moves/hint_range.hpp"
 
 namespace uvm {

@@ -6,6 +6,7 @@
 #include "../alloc/devices.hpp"
 #include "../alloc/registry.hpp"
 #include "../hints/moves/trace.hpp"
+#include "copies.hpp"
 #include "pinned.hpp"
 #include "spill.hpp"
 
@@ -366,7 +367,7 @@ uvm_status uvm_get_staging(size_t* capacity_bytes, size_t* staged_bytes) {
   const uvm::Call call = uvm::Call::of("uvm_get_staging");
   return uvm::guarded(call, [&] {
     if (capacity_bytes) *capacity_bytes = uvm::staging().capacity_bytes();
-    if (staged_bytes) *staged_bytes = uvm::registry().staged_bytes();
+    if (staged_bytes) *staged_bytes = uvm::staged_copy_bytes();
     return UVM_OK;
   });
 }
@@ -377,7 +378,7 @@ uvm_status uvm_get_staging_info(uvm_staging_info* info) {
     if (info == nullptr) return uvm::fail(call, UVM_ERROR_INVALID_ARGUMENT, "info is NULL");
     if (uvm_status s = uvm::check_options(call)) return s;
     *info = uvm::staging().info();
-    info->staged_bytes = uvm::registry().staged_bytes();
+    info->staged_bytes = uvm::staged_copy_bytes();
     return UVM_OK;
   });
 }

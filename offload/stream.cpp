@@ -11,6 +11,7 @@
 #include "../hints/moves/order.hpp"
 #include "../hints/moves/release.hpp"
 #include "../hints/moves/trace.hpp"
+#include "copies.hpp"
 #include "onload.hpp"
 #include "plan.hpp"
 
@@ -20,7 +21,7 @@ namespace {
 // The bytes of `range` still on the device: neither staged (off it already) nor free space.
 std::vector<Span> on_device(const HintRange& range) {
   std::vector<Span> staged, free;
-  for (const StagedPiece& piece : registry().staged(range.begin, range.end)) staged.push_back(piece.span);
+  for (const StagedPiece& piece : staged_copies(range.begin, range.end)) staged.push_back(piece.span);
   if (range.allocation != 0) free = registry().free_space(range.allocation, range.begin, range.end);
   return split_range(Span{range.begin, range.end}, std::move(staged), std::move(free)).rest;
 }
@@ -35,7 +36,7 @@ uvm_status check_clean_copies(const Call& call, const std::vector<HintRange>& pi
                   reinterpret_cast<void*>(piece.begin), static_cast<size_t>(piece.end - piece.begin));
     }
     std::vector<Span> kept;  // by address, disjoint
-    for (const StagedPiece& copy : registry().retained(piece.begin, piece.end)) {
+    for (const StagedPiece& copy : retained_copies(piece.begin, piece.end)) {
       if (copy.kept != Kept::disk) kept.push_back(copy.span);  // a pause's file is no fetch's copy
     }
     const std::vector<Span> uncovered = subtract(Span{piece.begin, piece.end}, kept);
@@ -69,7 +70,7 @@ uvm_status drop_clean(const Call& call, const uvm_range* ranges, size_t count, c
   for (const HintRange& piece : pieces) trace_move_bytes(piece.end - piece.begin);
   // The host copy becomes the staged copy before the discard: from there on it is all there is.
   for (const HintRange& piece : pieces) {
-    registry().restage(piece.begin, piece.end);
+    restage_copies(piece.begin, piece.end);
     account_move(piece, Move::staged, 0);
   }
   if (uvm_status s = discard_batch(call, pieces, move.stream)) return s;

@@ -12,7 +12,7 @@ void account_move(const HintRange& range, Move move, uint64_t prefetch_calls) {
 
 void account_discard(const HintRange& range) {
   if (range.allocation == 0) return;
-  registry().unstage(range.begin, range.end);  // a staged copy of these bytes is no longer wanted
+  registry().forget(range.begin, range.end);  // a host copy of these bytes is no longer wanted
   const long long host_delta = registry().record_placement(range.allocation, range.begin, range.end, Move::discarded);
   record_discard(range.owner_device, range.end - range.begin, host_delta);
 }

@@ -1,5 +1,6 @@
 """The JIT build: cache, timeout from any thread, locks across processes, recovery."""
 import os
+import re
 import shutil
 import signal
 import stat
@@ -376,6 +377,39 @@ def test_all_sources_build_as_one_unit_on_one_cpu(cache):
     code = "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); " + LOAD
     assert python(code, env, timeout=300).stdout.strip() == "0.1.0"
     assert builds(directory) == 1
+
+
+ROOMS = ("alloc", "hints", "offload")  # the order of sources.txt: each room may use those before it
+
+
+def test_rooms_depend_one_way():
+    """docs/design.md, "Rooms": a room includes no header of a room after it and names none of its
+    types, not even in a comment or a forward declaration (offload keeps its part of a registry
+    record behind alloc's RoomPart)."""
+    def room(path):
+        parts = path.relative_to(ROOT).parts
+        return ROOMS.index(parts[0]) if parts[0] in ROOMS else -1
+
+    # Definitions only: a forward declaration in an earlier room is the knowledge this forbids.
+    defined = re.compile(r"^\s*(?:(?:class|struct|enum class|enum)\s+([A-Z]\w+)[^;{]*\{|using\s+([A-Z]\w+)\s*=)", re.M)
+    types = [set() for _ in ROOMS]
+    for index, name in enumerate(ROOMS):
+        for header in (ROOT / name).rglob("*.hpp"):
+            types[index] |= {a or b for a, b in defined.findall(header.read_text())}
+    wrong = []
+    for index, name in enumerate(ROOMS):
+        later = set().union(*types[index + 1:]) - types[index]
+        for source in sorted((ROOT / name).rglob("*.[ch]pp")):
+            text = source.read_text()
+            for included in re.findall(r'#include "([^"]+)"', text):
+                target = (source.parent / included).resolve()
+                if target.exists() and room(target) > index:
+                    wrong.append(f"{source.relative_to(ROOT)} includes {target.relative_to(ROOT)}")
+            for type_name in sorted(later):
+                if re.search(rf"\b{type_name}\b", text):
+                    wrong.append(f"{source.relative_to(ROOT)} names {type_name}, a type of a later room")
+    assert not wrong, "\n".join(wrong)
+    assert all(types), "no types found: the pattern no longer reads the headers"
 
 
 def test_a_compile_error_names_the_file_it_is_in(tmp_path):

@@ -48,6 +48,8 @@ struct RoomPart {
 struct Allocation {
   size_t size = 0;
   int device = 0;
+  // What a C call selects it by (Selection), so kept here rather than in a room's part: its tag
+  // and backup kind, both the allocating thread's (tags.hpp), and whether uvm_pause paused it.
   TagId tag = kUntagged;
   uvm_backup backup = UVM_BACKUP_NONE;  // what uvm_pause keeps of it
   bool paused = false;                  // by uvm_pause, until uvm_resume

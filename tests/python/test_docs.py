@@ -63,3 +63,24 @@ def test_the_code_says_why_and_leaves_the_figures_to_the_docs():
                 found += [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
                           for number, line in enumerate(path.read_text().splitlines(), 1) if figure.search(line)]
     assert not found, "\n".join(found)
+
+
+def test_the_readme_layout_names_every_file():
+    """README.md's layout table names every file of the library, the shim, bench/, scripts/ and docs/
+    (by its name, or by its stem as in `registry.*`), so that a newcomer finds each in one place."""
+    text = (ROOT / "README.md").read_text()
+    layout = text[text.index("| path | what |"):text.index("## Build options")]
+    tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files", "alloc", "hints", "offload", "preload", "include",
+                              "python_shim/uvm", "bench", "scripts", "docs"],
+                             capture_output=True, text=True, check=True).stdout.split()
+    assert len(tracked) > 100, tracked
+    missing = []
+    for name in tracked:
+        path = Path(name)
+        if path.parts[0] == "bench" and len(path.parts) > 2:  # results: one folder per benchmark
+            continue
+        if path.suffix == ".png" and "`*.png`" in layout:
+            continue
+        if not re.search(rf"`(?:[\w./]*/)?{re.escape(path.stem)}(?:\.\*|\.\w+)?`", layout):
+            missing.append(name)
+    assert not missing, f"README.md's layout does not name {missing}"

@@ -84,3 +84,47 @@ def test_the_readme_layout_names_every_file():
         if not re.search(rf"`(?:[\w./]*/)?{re.escape(path.stem)}(?:\.\*|\.\w+)?`", layout):
             missing.append(name)
     assert not missing, f"README.md's layout does not name {missing}"
+
+
+def test_every_result_file_is_named_where_it_is_used():
+    """bench/results keeps only what a page or a table uses: each file is named by its path under
+    bench/results (in docs/, the READMEs, current.json, bench/'s scripts or a source comment), or
+    its folder is named whole in docs/measurements.md."""
+    results = ROOT / "bench" / "results"
+    texts = [p.read_text() for p in [*(ROOT / "docs").glob("*.md"), ROOT / "README.md", ROOT / "python_shim" / "README.md",
+                                     results / "current.json", *(ROOT / "bench").glob("*.py"), *(ROOT / "bench").glob("*.sh")]]
+    for room in ("alloc", "hints", "offload"):
+        texts += [p.read_text() for p in (ROOT / room).rglob("*.[ch]pp")]
+    everything = "\n".join(texts)
+    decisions = (ROOT / "docs" / "measurements.md").read_text()
+    files = [p for p in results.rglob("*") if p.is_file()]
+    assert len(files) > 50, files
+    unnamed = []
+    for path in files:
+        relative = path.relative_to(results).as_posix()
+        if relative == "current.json" or relative in everything:
+            continue
+        if f"`{path.parent.relative_to(results).as_posix()}/`" in decisions:
+            continue
+        unnamed.append(relative)
+    assert not unnamed, f"result files no page or table names (delete them; git keeps them): {unnamed}"
+
+
+def test_every_measurements_section_named_elsewhere_exists():
+    """A comment or a page that sends the reader to docs/measurements.md names a section that is there."""
+    headings = [line.lstrip("#").strip() for line in (ROOT / "docs" / "measurements.md").read_text().splitlines()
+                if line.startswith("#")]
+    sources = [*(ROOT / "docs").glob("*.md"), ROOT / "README.md", ROOT / "python_shim" / "README.md"]
+    for room in ("alloc", "hints", "offload", "preload", "include", "python_shim/uvm"):
+        sources += [p for p in (ROOT / room).rglob("*") if p.suffix in (".cpp", ".hpp", ".h", ".py")]
+    reference = re.compile(r'measurements\.md`?,? *\(?"([^"]+)"')
+    found, missing = 0, []
+    for source in sources:
+        # References may wrap: join the lines, dropping a comment's leading // or #.
+        text = re.sub(r"\s*\n\s*(?://|#)?\s*", " ", source.read_text())
+        for title in reference.findall(text):
+            found += 1
+            if not any(heading.startswith(title) for heading in headings):
+                missing.append(f"{source.relative_to(ROOT)}: {title!r}")
+    assert found > 20, found
+    assert not missing, missing

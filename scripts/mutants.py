@@ -23,7 +23,7 @@ MUTANTS = [
   "offload_tests", "[spill]"),
  ("offload/plan.cpp", "      chunk.io_begin = align_down(chunk.offset, align);", "      chunk.io_begin = chunk.offset;",
   "offload_tests", "[plan]"),
- ("offload/onload.cpp", "    registry().unstage(w.piece.span.begin, w.piece.span.end, retain);\n", "",
+ ("offload/onload.cpp", "    unstage_copies(w.piece.span.begin, w.piece.span.end, retain);\n", "",
   "offload_tests", "[spill]"),
  # Disk moves of more allocations than descriptors (every file open at once, writing or reading);
  # the closing thread's waiting descriptors left open in a fork's child.
@@ -41,10 +41,10 @@ MUTANTS = [
  # Retained copies (retain_cpu_backup): one that outlives the block it was of; a resume that keeps
  # nothing; a pause that writes elsewhere than the retained copy; a free that leaves the pinned
  # staging its copies held.
- ("alloc/registry.cpp", "    cut_out(allocation.retained, begin, end, &dropped);\n", "", "offload_tests", "[model]"),
- ("alloc/registry.cpp", "  cut_out(allocation.retained, begin, end, dropped);\n  return cut_out(", "  return cut_out(",
+ ("offload/copies.cpp", "      cut_out(copies.retained, begin, end, &dropped);\n", "", "offload_tests", "[model]"),
+ ("offload/copies.cpp", "      cut_out(copies.retained, piece.span.begin, piece.span.end, &dropped);\n", "",
   "offload_tests", "[retain]"),
- ("offload/onload.cpp", "    registry().unstage(w.piece.span.begin, w.piece.span.end, retain);", "    registry().unstage(w.piece.span.begin, w.piece.span.end, false);",
+ ("offload/onload.cpp", "    unstage_copies(w.piece.span.begin, w.piece.span.end, retain);", "    unstage_copies(w.piece.span.begin, w.piece.span.end, false);",
   "offload_tests", "[retain]"),
  ("offload/offload.cpp", "    if (!in_place.spans.empty()) {  // those first", "    if (false) {  // those first",
   "offload_tests", "[retain]"),
@@ -77,7 +77,7 @@ MUTANTS = [
  # release_staging frees pinned memory under the moves lock, which uvm_free needs. (An offload that
  # found its room taken and gave up survived once begin_move checked and reserved the room under one
  # lock: no other offload can take it in between any more.)
- ("offload/offload.cpp", "      move.unlock();\n      if (uvm_status s = staging().ensure_capacity", "      if (uvm_status s = staging().ensure_capacity",
+ ("offload/offload.cpp", "      move.unlock();\n      const size_t ahead", "      const size_t ahead",
   "offload_tests", "offloads that need room*"),
  ("offload/staging.cpp", ("#include \"../alloc/registry.hpp\"\n", "    const uvm_status staging = uvm::staging().free_unused(call);"),
   ("#include \"../alloc/moves.hpp\"\n#include \"../alloc/registry.hpp\"\n",
@@ -91,7 +91,7 @@ MUTANTS = [
   "hints_tests", "[order]"),
  # A first offload pins all its staging memory before copying (UVM_PINNED unset: the registered
  # way); or copies across the end of a step (two registrations: cudaErrorInvalidValue on an H100).
- ("offload/offload.cpp", "staging().ensure_capacity(call, wanted, true)", "staging().ensure_capacity(call, wanted, false)",
+ ("offload/offload.cpp", "staging().ensure_capacity(call, wanted, true, ahead)", "staging().ensure_capacity(call, wanted, false, ahead)",
   "offload_tests", "[steps]"),
  ("offload/staging.cpp", "std::min({static_cast<size_t>(span.end - at), to_step_end, room(b)})",
   "std::min(static_cast<size_t>(span.end - at), room(b))", "offload_tests", "[steps]"),
@@ -109,7 +109,7 @@ MUTANTS = [
  ("offload/plan.cpp", "if (!follows || !one_registration(pieces[first].host, bytes + next.span.size())) break;",
   "if (!follows) break;", "offload_tests", "[steps]"),
  # Staging left empty by a smaller offload is kept for ever.
- ("offload/offload.cpp", "if (status == UVM_OK && staged) staging().free_unused_in_background();", "", "offload_tests",
+ ("offload/offload.cpp", "if (status == UVM_OK && staged) free_unused_staging_after_offload();", "", "offload_tests",
   "when the set offloaded shrinks*"),
  # A block pinned in steps keeps its unused steps; cuts them where no step starts; or frees them
  # and later unregisters them again with the block.
@@ -140,22 +140,22 @@ MUTANTS = [
   "", "offload_tests", "[context]"),
  ("alloc/events.cpp", "  if (device >= 0) (void)scope.enter(Call::of(\"cudaEventDestroy\"), device, ContextScope::When::only_if_none_current);\n",
   "", "offload_tests", "[context]"),
- # Blocks (alloc/blocks.cpp): a new block keeps the staged bytes of the one before; a freed block's
+ # Blocks (offload/free.cpp): a new block keeps the staged bytes of the one before; a freed block's
  # staged copy stays; a block in a released allocation is not mapped; a move still running over the
  # allocation is not waited for.
- ("alloc/blocks.cpp", "  registry().unstage(begin, end, false, dropped_pinned);\n  const long long host_delta = registry().record_placement(allocation.base, begin, end, Move::to_device);",
+ ("offload/free.cpp", "  unstage_copies(begin, end, false, dropped_pinned);\n  const long long host_delta = registry().record_placement(allocation.base, begin, end, Move::to_device);",
   "  const long long host_delta = registry().record_placement(allocation.base, begin, end, Move::to_device);", "alloc_tests", "[blocks]"),
- ("alloc/blocks.cpp", "  if (!block.ours || (!block.state.staged && !block.state.retained)) return UVM_OK;",
+ ("offload/free.cpp", "  if (!block.ours || !block.state.copied) return UVM_OK;",
   "  return UVM_OK;", "alloc_tests", "[blocks]"),
  # Free space: copied like data; or counted where the runtime never said it reports every block.
  ("offload/offload.cpp", "      free = registry().free_space(range.allocation, range.begin, range.end);\n", "",
   "alloc_tests", "[blocks]"),
  ("alloc/registry.cpp", "  if (change != BlockChange::none && allocation.reported_runtime) {", "  if (change != BlockChange::none) {",
   "alloc_tests", "[blocks]"),
- ("alloc/blocks.cpp", "  return state.released ? map_released(call, allocation) : UVM_OK;", "  return UVM_OK;", "alloc_tests", "[blocks]"),
- ("alloc/blocks.cpp", "  if (uvm_status s = wait_for_last_move(call, state)) return s;\n", "", "alloc_tests", "[blocks]"),
+ ("offload/free.cpp", "  return state.released ? map_released(call, allocation) : UVM_OK;", "  return UVM_OK;", "alloc_tests", "[blocks]"),
+ ("offload/free.cpp", "  if (uvm_status s = wait_for_last_move(call, state)) return s;\n", "", "alloc_tests", "[blocks]"),
  # The stateful model catches them too (a block reusing staged bytes; a freed one's copy kept).
- ("alloc/blocks.cpp", "  registry().unstage(begin, end, false, dropped_pinned);\n  const long long host_delta = registry().record_placement(allocation.base, begin, end, Move::to_device);",
+ ("offload/free.cpp", "  unstage_copies(begin, end, false, dropped_pinned);\n  const long long host_delta = registry().record_placement(allocation.base, begin, end, Move::to_device);",
   "  const long long host_delta = registry().record_placement(allocation.base, begin, end, Move::to_device);", "offload_tests", "[model]"),
  # An offload of a released allocation copies from its unmapped addresses (found by the model).
  ("offload/offload.cpp", "    if (range.releasable && registry().released(range.allocation)) continue;\n", "", "hints_tests", "[release]"),
@@ -170,13 +170,18 @@ MUTANTS = [
  ("offload/pause.cpp", "  unpaused.paused = false;\n", "", "offload_tests", "[pause]"),
  # Groups of moves (offload/group.cpp): each offload of a group frees the staging the next one was
  # about to fill; a later call of a group on a device is published as a move of its own.
- ("offload/group.cpp", "  if (in_move_group()) {\n    staging_free_owed = true;\n    return;\n  }\n", "",
+ ("offload/group.cpp", "  if (in_group()) {\n    open_group.staging_free_owed = true;\n    return;\n  }\n", "",
   "offload_tests", "[group]"),
  ("hints/moves/trace.cpp", "    if (MoveLog* const joined = group_log(device)) {", "    if (MoveLog* const joined = nullptr) {",
   "hints_tests", "[group]"),
  # A group that says what it will stage still pins a block per slice that runs out of room.
  ("offload/staging.cpp", "new_block(call, missing + ahead, in_steps, &block)", "new_block(call, missing, in_steps, &block)",
   "offload_tests", "[group]"),
+ # offload's part of a record (offload/copies.*): a discard leaves the bytes' host copies (an onload
+ # would bring back what was discarded); a block's copies go unseen, so a new block keeps them.
+ ("alloc/registry.cpp", "    if (allocation.offload) forgotten.push_back(allocation.offload->forget(begin, end));\n", "",
+  "offload_tests", "discard and free drop staged copies"),
+ ("offload/copies.cpp", "    if (it != pieces->end() && it->first < end) return true;\n", "", "alloc_tests", "[blocks]"),
  # The soak: the closing thread forgets one descriptor in ten (nothing else notices a slow leak).
  ("offload/closer.cpp", "    for (size_t i = 0; i < taken; ++i) close(now[i]);",
   "    static int leak = 0;\n    for (size_t i = 0; i < taken; ++i) if (++leak % 10) close(now[i]);",

@@ -31,7 +31,10 @@
 #                                (it must fail there: the pools it checks kept their memory)
 #   RL_BENCH=1                   runs the sleep/wake cycle benchmark (python -m uvm bench rl);
 #                                RL_ALSO="VAR=x;VAR=y" runs it again with each environment;
-#                                RL_TRACE=1 writes each child's UVM_TRACE into $OUT/rl-traces.tar.gz
+#                                RL_TRACE=1 writes each child's UVM_TRACE into $OUT/rl-traces.tar.gz;
+#                                RL_BEFORE=DIR runs it with the uvm tree in DIR (an older commit's files,
+#                                e.g. from `git archive`) and with this tree, alternating, two rounds
+#                                (instead of the single run)
 #   BUILD=0                      no meson build, no meson tests, no demo (python-only runs: the
 #                                shim builds the library itself)
 #   PYTEST="files"               runs those pytest files (e.g. the Python GPU tests one change needs)
@@ -210,7 +213,9 @@ if [ "${RL_BENCH:-0}" = 1 ]; then
   eval "rl_args=(${RL_ARGS:-})"  # split as the shell splits words, so quotes group (method names have spaces)
   rl_trace=()
   [ "${RL_TRACE:-0}" = 1 ] && mkdir -p /tmp/rl-traces && rl_trace=(env UVM_TRACE=/tmp/rl-traces/rl-%p.json)
-  "${rl_trace[@]}" env PYTHONPATH=python_shim:/tmp/peer-site python3 -m uvm bench rl "${rl_args[@]}" --out "$OUT/rl" || status=1
+  if [ -z "${RL_BEFORE:-}" ]; then  # with RL_BEFORE, its rounds of this tree are the run
+    "${rl_trace[@]}" env PYTHONPATH=python_shim:/tmp/peer-site python3 -m uvm bench rl "${rl_args[@]}" --out "$OUT/rl" || status=1
+  fi
   [ "${RL_TRACE:-0}" = 1 ] && tar -czf "$OUT/rl-traces.tar.gz" -C /tmp rl-traces
   IFS=';' read -r -a rl_also <<<"${RL_ALSO:-}"
   for i in "${!rl_also[@]}"; do
@@ -218,6 +223,17 @@ if [ "${RL_BENCH:-0}" = 1 ]; then
     env ${rl_also[$i]} PYTHONPATH=python_shim:/tmp/peer-site python3 -m uvm bench rl "${rl_args[@]}" \
       --out "$OUT/rl-also-$i" || status=1
   done
+  if [ -n "${RL_BEFORE:-}" ]; then
+    for round in 1 2; do
+      for side in before after; do
+        root=$PWD
+        [ "$side" = before ] && root=$RL_BEFORE
+        echo "== RL sleep/wake cycle bench, $side ($root), round $round"
+        UVM_CACHE_DIR=/tmp/uvm-cache-$side PYTHONPATH=$root/python_shim:/tmp/peer-site \
+          python3 -m uvm bench rl "${rl_args[@]}" --out "$OUT/rl-$side-$round" || status=1
+      done
+    done
+  fi
 fi
 
 if [ -n "${BEFORE:-}" ]; then

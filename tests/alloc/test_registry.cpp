@@ -1,10 +1,52 @@
 // The registry's queries (alloc/registry.cpp): which allocations uvm holds, found by pointer, by
-// device and by tag, each listed with its device and backing.
+// device and by tag, each listed with its device and backing; and what it asks of the part of a
+// record another room keeps there (RoomPart).
+#include <chrono>
+#include <future>
+#include <memory>
+#include <thread>
+#include <utility>
 #include <vector>
 
+#include "../../alloc/registry.hpp"
 #include "fixture.hpp"
 
 namespace {
+
+// Whether another thread can take the registry's lock within a second (false: this thread holds it).
+// The thread is detached, so that a lock held here does not hold up the caller: it ends once the
+// lock is let go.
+bool registry_lock_is_free() {
+  auto found = std::make_shared<std::promise<void>>();
+  std::future<void> done = found->get_future();
+  std::thread([found] {
+    uvm::AllocationView view;
+    (void)uvm::registry().find(nullptr, &view);
+    found->set_value();
+  }).detach();
+  return done.wait_for(std::chrono::seconds(1)) == std::future_status::ready;
+}
+
+// What a part gives back from forget(): notes, when destroyed, whether the registry's lock was free.
+struct LetGo final : uvm::RoomPart {
+  std::vector<bool>* destroyed_unlocked;
+  explicit LetGo(std::vector<bool>* out) : destroyed_unlocked(out) {}
+  ~LetGo() override { destroyed_unlocked->push_back(registry_lock_is_free()); }
+  bool keeps(uintptr_t, uintptr_t) const override { return false; }
+  std::unique_ptr<uvm::RoomPart> forget(uintptr_t, uintptr_t) override { return nullptr; }
+};
+
+// A room's part that keeps [kept_begin, kept_end) and records what it is told was discarded.
+struct ProbePart final : uvm::RoomPart {
+  uintptr_t kept_begin = 0, kept_end = 0;
+  std::vector<std::pair<uintptr_t, uintptr_t>> forgotten;
+  std::vector<bool>* destroyed_unlocked = nullptr;
+  bool keeps(uintptr_t begin, uintptr_t end) const override { return begin < kept_end && kept_begin < end; }
+  std::unique_ptr<uvm::RoomPart> forget(uintptr_t begin, uintptr_t end) override {
+    forgotten.emplace_back(begin, end);
+    return std::make_unique<LetGo>(destroyed_unlocked);
+  }
+};
 
 std::vector<uvm_allocation> list(int device, const char* tag) {
   size_t count = 0;
@@ -89,4 +131,57 @@ TEST_CASE("listing refuses what it cannot fill and names the selection by its se
   CHECK(uvm_get_residency(UVM_ANY_DEVICE, nullptr, nullptr) == UVM_ERROR_INVALID_ARGUMENT);
   CHECK_THAT(last_error(), Has("uvm_get_residency(device=any)"));
   CHECK(uvm_get_residency(UVM_ANY_DEVICE, nullptr, &residency) == UVM_OK);
+}
+
+TEST_CASE("a room's part of a record is asked what it keeps, told what was discarded, and let go after the lock",
+          "[registry]") {
+  FakeMachine machine;
+  const size_t size = 1 << 20;
+  void* first = uvm_malloc(size, 0, nullptr);
+  void* second = uvm_malloc(size, 0, nullptr);
+  REQUIRE((first && second));
+  const auto a = reinterpret_cast<uintptr_t>(first), b = reinterpret_cast<uintptr_t>(second);
+  std::vector<bool> destroyed_unlocked;
+  ProbePart* parts[2] = {};
+  uvm::registry().with_records([&](uvm::Registry::Records& records) {
+    for (int i = 0; i < 2; ++i) {
+      auto part = std::make_unique<ProbePart>();
+      const uintptr_t base = i == 0 ? a : b;
+      part->kept_begin = base + 4096;
+      part->kept_end = base + 8192;
+      part->destroyed_unlocked = &destroyed_unlocked;
+      parts[i] = part.get();
+      records.holding(base)->offload = std::move(part);
+    }
+  });
+
+  // Discarded bytes reach only the parts of the records they touch, clipped by nobody: each part
+  // is told the range as given.
+  uvm::registry().forget(a + 4096, a + 6000);
+  REQUIRE(parts[0]->forgotten.size() == 1);
+  CHECK(parts[0]->forgotten[0] == std::make_pair(a + 4096, a + 6000));
+  CHECK(parts[1]->forgotten.empty());
+  // What a part let go is destroyed once the registry's lock is free (its end may take another
+  // room's lock).
+  REQUIRE(destroyed_unlocked.size() == 1);
+  CHECK(destroyed_unlocked[0]);
+
+  // A block's state says whether the part keeps something of the block's bytes.
+  uvm::BlockState state;
+  REQUIRE(uvm::registry().block_state(a + 8000, a + 9000, &state));
+  CHECK(state.copied);
+  REQUIRE(uvm::registry().block_state(a + 8192, a + 9000, &state));
+  CHECK_FALSE(state.copied);
+  REQUIRE(uvm::registry().block_state(b, b + 4096, &state));
+  CHECK_FALSE(state.copied);
+
+  // The parts go before the frees (uvm_free's own room reads its part as its own kind), let go
+  // after the lock as the registry asks.
+  std::unique_ptr<uvm::RoomPart> taken[2];
+  uvm::registry().with_records([&](uvm::Registry::Records& records) {
+    taken[0] = std::move(records.holding(a)->offload);
+    taken[1] = std::move(records.holding(b)->offload);
+  });
+  uvm_free(first, size, 0, nullptr);
+  uvm_free(second, size, 0, nullptr);
 }

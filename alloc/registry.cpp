@@ -92,7 +92,8 @@ void Registry::forget(uintptr_t begin, uintptr_t end) {
   std::vector<std::unique_ptr<RoomPart>> forgotten;  // destroyed after the lock (RoomPart::forget)
   std::lock_guard<std::mutex> lock(mutex_);
   Records(allocations_).each_overlapping(begin, end, [&](Allocation& allocation) {
-    if (allocation.offload) forgotten.push_back(allocation.offload->forget(begin, end));
+    if (!allocation.offload) return;
+    if (std::unique_ptr<RoomPart> gone = allocation.offload->forget(begin, end)) forgotten.push_back(std::move(gone));
   });
 }
 

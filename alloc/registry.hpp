@@ -38,9 +38,9 @@ struct RoomPart {
   virtual ~RoomPart() = default;
   // Whether it keeps something of the bytes [begin, end).
   virtual bool keeps(uintptr_t begin, uintptr_t end) const = 0;
-  // The bytes [begin, end) were discarded: what it keeps of them goes. What it let go comes back, to
-  // be destroyed once the registry's lock is released (the end of a staging lease takes the
-  // staging store's lock).
+  // The bytes [begin, end) were discarded: what it keeps of them goes. What it let go comes back
+  // (null: nothing), to be destroyed once the registry's lock is released (the end of a staging
+  // lease takes the staging store's lock).
   virtual std::unique_ptr<RoomPart> forget(uintptr_t begin, uintptr_t end) = 0;
 };
 
@@ -200,11 +200,6 @@ class Registry {
       for (auto& [base, allocation] : all_) {
         if (selection.includes(allocation)) visit(allocation);
       }
-    }
-    // Calls visit(record) for every record, by address.
-    template <class Visit>
-    void each(Visit&& visit) {
-      for (auto& [base, allocation] : all_) visit(allocation);
     }
 
    private:

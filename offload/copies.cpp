@@ -81,9 +81,12 @@ bool HostCopies::keeps(uintptr_t begin, uintptr_t end) const {
 }
 
 std::unique_ptr<RoomPart> HostCopies::forget(uintptr_t begin, uintptr_t end) {
+  std::vector<StagedPiece> dropped;
+  cut_out(retained, begin, end, &dropped);
+  cut_out(staged, begin, end, &dropped);
+  if (dropped.empty()) return nullptr;  // nothing of those bytes: nothing to let go
   auto gone = std::make_unique<ForgottenCopies>();
-  cut_out(retained, begin, end, &gone->pieces);
-  cut_out(staged, begin, end, &gone->pieces);
+  gone->pieces = std::move(dropped);
   return gone;
 }
 
@@ -177,7 +180,7 @@ size_t restage_copies(uintptr_t begin, uintptr_t end) {
 size_t staged_copy_bytes(Kept kept) {
   size_t total = 0;
   registry().with_records([&](Registry::Records& records) {
-    records.each([&](const Allocation& record) {
+    records.each_selected(Selection{}, [&](const Allocation& record) {  // every allocation
       const HostCopies* copies = copies_in(record);
       if (copies == nullptr) return;
       for (const auto& [begin, piece] : copies->staged) total += piece.kept == kept ? piece.span.size() : 0;

@@ -75,7 +75,6 @@ uvm_status begin_block_call(const Call& call, const void* ptr, size_t size, Bloc
   return UVM_OK;
 }
 
-
 // A block [ptr, ptr + size) handed out by the runtime: what uvm kept of the bytes' earlier owner
 // goes. `dropped_pinned`: a copy of them in pinned staging memory went.
 uvm_status block_allocated(const Call& call, const void* ptr, size_t size, bool* dropped_pinned) {

@@ -179,7 +179,7 @@ MUTANTS = [
   "offload_tests", "[group]"),
  # offload's part of a record (offload/copies.*): a discard leaves the bytes' host copies (an onload
  # would bring back what was discarded); a block's copies go unseen, so a new block keeps them.
- ("alloc/registry.cpp", "    if (allocation.offload) forgotten.push_back(allocation.offload->forget(begin, end));\n", "",
+ ("alloc/registry.cpp", "    if (std::unique_ptr<RoomPart> gone = allocation.offload->forget(begin, end)) forgotten.push_back(std::move(gone));\n", "",
   "offload_tests", "discard and free drop staged copies"),
  ("offload/copies.cpp", "    if (it != pieces->end() && it->first < end) return true;\n", "", "alloc_tests", "[blocks]"),
  # ...or what a part let go is destroyed under the registry's lock.

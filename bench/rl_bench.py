@@ -346,7 +346,10 @@ def summarize(result: dict) -> dict:
             "freed_visible_gib": statistics.median(r["freed_visible_bytes"] for r in rows) / GiB,
             "identical": all(r["identical"] for r in rows), "wake_phases": median_phases(steady),
             "returned_s": {label: statistics.median(r["returned_s"][label] for r in steady if label in r.get("returned_s", {}))
-                           for label in dict.fromkeys(k for r in steady for k in r.get("returned_s", {}))}}
+                           for label in dict.fromkeys(k for r in steady for k in r.get("returned_s", {}))},
+            "returned_range_s": {label: (min(r["returned_s"][label] for r in steady if label in r.get("returned_s", {})),
+                                         max(r["returned_s"][label] for r in steady if label in r.get("returned_s", {})))
+                                 for label in dict.fromkeys(k for r in steady for k in r.get("returned_s", {}))}}
 
 
 def median_phases(rows: list[dict]) -> dict:
@@ -354,6 +357,13 @@ def median_phases(rows: list[dict]) -> dict:
     names = {name for r in rows for name in r.get("wake_phases", {})}
     return {name: {key: statistics.median(r["wake_phases"][name][key] for r in rows if name in r["wake_phases"])
                    for key in ("seconds", "start", "gbps")} for name in sorted(names)}
+
+
+def returned_range(summary: dict, label: str) -> str:
+    """The fastest and slowest steady cycle's seconds until `label` returned ("0.0005-0.0412"): a
+    median of few cycles hides a call that slows down from some cycle on."""
+    low, high = summary.get("returned_range_s", {}).get(label, (None, None))
+    return "–" if low is None else f"{low:.4f}-{high:.4f}"
 
 
 def markdown(summaries: list[dict], env: dict, info: dict) -> str:
@@ -377,9 +387,10 @@ def markdown(summaries: list[dict], env: dict, info: dict) -> str:
                          f"{f['cycle_s']:.3f} ({f['sleep_s']:.3f} + {f['claim_s']:.3f} + {f['wake_s']:.3f}) | "
                          f"{s['freed_visible_gib']:.2f} GiB | {'yes' if s['identical'] else '**NO**'} |")
         lines.append("")
-        lines += [f"Calls of pattern {pattern}, seconds until each returned (steady medians; an asynchronous "
-                  "call's copies go on after it returns):", ""]
-        lines += [f"- {s['method']}: " + ", ".join(f"{label} {sec:.4f}" for label, sec in s.get("returned_s", {}).items())
+        lines += [f"Calls of pattern {pattern}, seconds until each returned (steady medians, then the fastest and "
+                  "slowest steady cycle's; an asynchronous call's copies go on after it returns):", ""]
+        lines += [f"- {s['method']}: " + ", ".join(f"{label} {sec:.4f} ({returned_range(s, label)})"
+                                                   for label, sec in s.get("returned_s", {}).items())
                   for s in rows]
         lines.append("")
         phased = [s for s in rows if s.get("wake_phases")]
@@ -409,6 +420,19 @@ def verdict(met: bool) -> str:
     return "met" if met else "NOT met"
 
 
+def first_call_beside_peer(mine: dict, theirs: dict | None) -> str:
+    """The sleep's first call (pause kv_cache: a release with nothing to copy) for the drop-in and the
+    original in the same run: where the driver's work after the claim's free lands (measurements.md,
+    "The drop-in at the native calls' speed")."""
+    label = next(iter(mine.get("returned_s", {})), None)
+    if label is None:
+        return ""
+    text = f" (its first call, {label}, {mine['returned_s'][label]:.3f} s"
+    if theirs and label in theirs.get("returned_s", {}):
+        text += f"; torch_memory_saver's {theirs['returned_s'][label]:.3f} s"
+    return text + ")"
+
+
 def drop_in_goal_lines(summaries: list[dict]) -> list[str]:
     """The drop-in's goals: as fast as the native calls, ahead of the peer in each hook mode, the full
     pattern near pinned memcpy, and sleeps without retained backups at the link's pace."""
@@ -423,7 +447,8 @@ def drop_in_goal_lines(summaries: list[dict]) -> list[str]:
                 for step, key in (("sleep", "sleep_s"), ("wake", "wake_s")):
                     ratio = mine["steady"][key] / native["steady"][key]
                     out.append(f"goal {pattern}: {name} {step} {mine['steady'][key]:.3f} s within 5 % of uvm releasable's "
-                               f"{native['steady'][key]:.3f} s: {ratio:.2f}x, {verdict(ratio <= SAME_AS_NATIVE)}")
+                               f"{native['steady'][key]:.3f} s: {ratio:.2f}x, {verdict(ratio <= SAME_AS_NATIVE)}"
+                               f"{first_call_beside_peer(mine, theirs) if step == 'sleep' else ''}")
             if mine and theirs:
                 ratio = theirs["steady"]["cycle_s"] / mine["steady"]["cycle_s"]
                 out.append(f"goal {pattern}: {name} cycle {AHEAD_OF_PEER[pattern]:.2f}x faster than torch_memory_saver"

@@ -38,7 +38,7 @@ Methods (each in a child process, one after another):
   pinned memcpy           the limit: one copy of the weights' bytes to pinned memory and back; it
                           frees nothing, so it has no claim
 
-    python -m uvm bench rl [--cycles 4] [--patterns big,full] [--methods ...] [--out DIR]
+    python -m uvm bench rl [--cycles 4] [--patterns big,full] [--methods ...] [--idle-before-sleep S] [--out DIR]
 
 Writes results.json, results.md and rl_cycle.png (if matplotlib is there) to --out. The managed
 pools stay far below 25 % of the card.
@@ -282,8 +282,9 @@ def wake_report(method_name: str) -> dict:
             for move in uvm.last_move() for name, p in move["phases"].items()}
 
 
-def child(method_name: str, pattern: str, cycles: int) -> dict:
-    """One method, one pattern: build, first decode, then `cycles` sleep/claim/wake/decode cycles."""
+def child(method_name: str, pattern: str, cycles: int, idle_s: float = 0.0) -> dict:
+    """One method, one pattern: build, first decode, then `cycles` sleep/claim/wake/decode cycles
+    (with `idle_s` seconds of an idle GPU before each sleep)."""
     torch.cuda.set_device(0)
     method = Method(method_name)
     model, cache = method.build()
@@ -299,6 +300,9 @@ def child(method_name: str, pattern: str, cycles: int) -> dict:
     claims = method_name != "pinned memcpy"
     rows = []
     for cycle in range(cycles):
+        if idle_s:
+            torch.cuda.synchronize()
+            time.sleep(idle_s)
         free_before = torch.cuda.mem_get_info()[0]
         returned: dict = {}
         sleep_s = timed(lambda: run_steps(method.sleep_steps(), returned))
@@ -523,10 +527,13 @@ def main(argv=None) -> int:
     parser.add_argument("--patterns", default="big,full")
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--out", default="bench-out/rl")
+    parser.add_argument("--idle-before-sleep", type=float, default=0.0, metavar="S",
+                        help="seconds the GPU stays idle before each sleep (does the driver's work after the claim's "
+                             "free go on by itself, or wait for the next caller?)")
     parser.add_argument("--child", nargs=2, metavar=("METHOD", "PATTERN"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child[0], args.child[1], args.cycles)), flush=True)
+        print(json.dumps(child(args.child[0], args.child[1], args.cycles, args.idle_before_sleep)), flush=True)
         sys.stderr.flush()
         # Skips the interpreter's teardown: torch_memory_saver's torch mode aborts when its pools are
         # destroyed at exit ("only support interesting region"), which says nothing about the cycles.
@@ -545,7 +552,7 @@ def main(argv=None) -> int:
         for method in methods:
             with child_environment(method):
                 proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--cycles", str(args.cycles),
-                                       "--child", method, pattern], capture_output=True, text=True, timeout=900)
+                                       "--idle-before-sleep", str(args.idle_before_sleep), "--child", method, pattern], capture_output=True, text=True, timeout=900)
             if proc.returncode != 0:
                 failures.append(f"{method} / {pattern}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
                 print(f"FAILED {method} / {pattern}:\n{proc.stderr[-3000:]}", flush=True)

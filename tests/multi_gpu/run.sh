@@ -5,8 +5,9 @@
 #    hinted, offloaded and onloaded without a context on device 0.
 # 2. One process, one pool per device: allocations land on the pool's device, the current device is
 #    kept, offload/onload of each device's tensors.
-# 3. torchrun, 2 ranks: one shared compile cache (one build), a model per rank offloaded and onloaded,
-#    NCCL all_reduce on pool tensors, both ranks moving at once vs one (a bench row in OUT).
+# 3. torchrun, 2 ranks: one shared compile cache (each library built once), a model per rank
+#    offloaded and onloaded, NCCL all_reduce on pool tensors, both ranks moving at once vs one (a
+#    bench row in OUT).
 # 4. torchrun, 2 ranks, rank 1 cannot build: every rank raises the same error (sync_ranks=True).
 set -uo pipefail
 cd "$(dirname "$0")/../.."

@@ -271,6 +271,40 @@ print("\\n".join(b.goal_lines(rows)))
     assert "goal big: uvm memory_saver (preload) sleep" not in out, out
 
 
+def test_rl_bench_shows_each_calls_spread_and_the_sleeps_first_call_beside_the_peers():
+    """A median of few cycles hides a call that slows from some cycle on: each call's line gives its
+    fastest and slowest steady cycle, and the drop-in's sleep goal names its first call's seconds
+    beside torch_memory_saver's of the same run."""
+    code = """import sys, types
+sys.argv = ['x']
+sys.path.insert(0, %r)
+try:
+    import torch
+except ImportError:
+    torch = types.ModuleType("torch")
+    torch.nn = types.SimpleNamespace(Module=object)
+    sys.modules["torch"] = torch
+import rl_bench as b
+def result(method, first_calls):  # cycle 0 is the first; the rest are steady
+    cycles = [{"sleep_s": 0.1 + kv, "claim_s": 0.0, "wake_s": 0.09, "cycle_s": 0.19 + kv, "freed_visible_bytes": 1,
+               "identical": True, "returned_s": {"pause kv_cache": kv, "pause weights": 0.076}} for kv in first_calls]
+    return {"method": method, "pattern": "big", "weight_bytes": 4e9, "cycles": cycles}
+native = {"method": "uvm releasable", "pattern": "big", "weight_bytes": 4e9, "cycles": [
+    {"sleep_s": 0.077, "claim_s": 0.0, "wake_s": 0.09, "cycle_s": 0.167, "freed_visible_bytes": 1, "identical": True,
+     "returned_s": {"offload weights": 0.076}}] * 3}
+rows = [b.summarize(r) for r in (native, result("uvm memory_saver", [0.9, 0.001, 0.030, 0.040]),
+                                 result("torch_memory_saver", [0.5, 0.0005, 0.020, 0.021]))]
+print(b.markdown(rows, {"device": "d", "driver": "v", "torch": "t", "torch_cuda": "c", "torch_memory_saver": "p"},
+                 {"weight_bytes": 4e9, "sleep_bytes": 5e9, "tensors": 1}))
+print("\\n".join(b.goal_lines(rows)))
+""" % str(SHIM.parent / "bench")
+    out = python(code).stdout
+    # steady cycles 1-3 only: the first cycle's 0.9 s is not in the range
+    assert "- uvm memory_saver: pause kv_cache 0.0300 (0.0010-0.0400), pause weights 0.0760 (0.0760-0.0760)" in out, out
+    assert ("goal big: uvm memory_saver (torch) sleep 0.130 s within 5 % of uvm releasable's 0.077 s: 1.69x, NOT met "
+            "(its first call, pause kv_cache, 0.030 s; torch_memory_saver's 0.020 s)") in out, out
+
+
 def test_range_arrays_hold_each_pointer_and_size_as_uvm_range_does():
     """uvm.torch._range_array packs (ptr, size) pairs as 64-bit integers under a uvm_range array:
     the layout must match the struct field for field, extreme values included."""

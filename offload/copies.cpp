@@ -45,6 +45,16 @@ size_t cut_out(PieceMap& pieces, uintptr_t begin, uintptr_t end, std::vector<Sta
   return bytes;
 }
 
+// Moves every copy of [begin, end) that `copies` holds, retained and staged, into `dropped` (as
+// cut_out: under the registry's lock, let go after it).
+void cut_out_copies(HostCopies& copies, uintptr_t begin, uintptr_t end, std::vector<StagedPiece>* dropped) {
+  cut_out(copies.retained, begin, end, dropped);
+  cut_out(copies.staged, begin, end, dropped);
+}
+
+// The record's copies if it has any (null: none), to change them.
+HostCopies* existing_copies(Allocation& record) { return static_cast<HostCopies*>(record.offload.get()); }
+
 // The pieces of map `which` (staged or retained) overlapping [begin, end), clipped to it.
 std::vector<StagedPiece> pieces_of(PieceMap HostCopies::*which, uintptr_t begin, uintptr_t end) {
   std::vector<StagedPiece> pieces;
@@ -82,8 +92,7 @@ bool HostCopies::keeps(uintptr_t begin, uintptr_t end) const {
 
 std::unique_ptr<RoomPart> HostCopies::forget(uintptr_t begin, uintptr_t end) {
   std::vector<StagedPiece> dropped;
-  cut_out(retained, begin, end, &dropped);
-  cut_out(staged, begin, end, &dropped);
+  cut_out_copies(*this, begin, end, &dropped);
   if (dropped.empty()) return nullptr;  // nothing of those bytes: nothing to let go
   auto gone = std::make_unique<ForgottenCopies>();
   gone->pieces = std::move(dropped);
@@ -116,8 +125,7 @@ void stage_copies(std::vector<StagedPiece> pieces) {
       }
       // A racing offload of the same bytes; a retained copy, now out of date (or written in place).
       HostCopies& copies = copies_of(*record);
-      cut_out(copies.retained, piece.span.begin, piece.span.end, &dropped);
-      cut_out(copies.staged, piece.span.begin, piece.span.end, &dropped);
+      cut_out_copies(copies, piece.span.begin, piece.span.end, &dropped);
       const uintptr_t begin = piece.span.begin;
       copies.staged.emplace(begin, std::move(piece));
     }
@@ -137,15 +145,15 @@ size_t unstage_copies(uintptr_t begin, uintptr_t end, bool retain, bool* dropped
   size_t bytes = 0;
   registry().with_records([&](Registry::Records& records) {
     records.each_overlapping(begin, end, [&](Allocation& record) {
-      if (!record.offload) return;
-      HostCopies& copies = copies_of(record);
-      cut_out(copies.retained, begin, end, &dropped);
+      HostCopies* copies = existing_copies(record);
+      if (copies == nullptr) return;
+      cut_out(copies->retained, begin, end, &dropped);
       std::vector<StagedPiece> unstaged;
-      bytes += cut_out(copies.staged, begin, end, &unstaged);
+      bytes += cut_out(copies->staged, begin, end, &unstaged);
       for (StagedPiece& piece : unstaged) {
         if (retain) {
           const uintptr_t at = piece.span.begin;
-          copies.retained.emplace(at, std::move(piece));
+          copies->retained.emplace(at, std::move(piece));
         } else {
           dropped.push_back(std::move(piece));
         }
@@ -163,14 +171,14 @@ size_t restage_copies(uintptr_t begin, uintptr_t end) {
   size_t bytes = 0;
   registry().with_records([&](Registry::Records& records) {
     records.each_overlapping(begin, end, [&](Allocation& record) {
-      if (!record.offload) return;
-      HostCopies& copies = copies_of(record);
+      HostCopies* copies = existing_copies(record);
+      if (copies == nullptr) return;
       std::vector<StagedPiece> restaged;
-      bytes += cut_out(copies.retained, begin, end, &restaged);
+      bytes += cut_out(copies->retained, begin, end, &restaged);
       for (StagedPiece& piece : restaged) {
-        cut_out(copies.staged, piece.span.begin, piece.span.end, &dropped);
+        cut_out(copies->staged, piece.span.begin, piece.span.end, &dropped);
         const uintptr_t at = piece.span.begin;
-        copies.staged.emplace(at, std::move(piece));
+        copies->staged.emplace(at, std::move(piece));
       }
     });
   });

@@ -41,9 +41,8 @@ MUTANTS = [
  # Retained copies (retain_cpu_backup): one that outlives the block it was of; a resume that keeps
  # nothing; a pause that writes elsewhere than the retained copy; a free that leaves the pinned
  # staging its copies held.
- ("offload/copies.cpp", "      cut_out(copies.retained, begin, end, &dropped);\n", "", "offload_tests", "[model]"),
- ("offload/copies.cpp", "      cut_out(copies.retained, piece.span.begin, piece.span.end, &dropped);\n", "",
-  "offload_tests", "[retain]"),
+ ("offload/copies.cpp", "      cut_out(copies->retained, begin, end, &dropped);\n", "", "offload_tests", "[model]"),
+ ("offload/copies.cpp", "  cut_out(copies.retained, begin, end, dropped);\n", "", "offload_tests", "[retain]"),
  ("offload/onload.cpp", "    unstage_copies(w.piece.span.begin, w.piece.span.end, retain);", "    unstage_copies(w.piece.span.begin, w.piece.span.end, false);",
   "offload_tests", "[retain]"),
  ("offload/offload.cpp", "    if (!in_place.spans.empty()) {  // those first", "    if (false) {  // those first",

@@ -344,16 +344,17 @@ def summarize(result: dict) -> dict:
     steady = rows[1:] or rows
     gb = result["weight_bytes"] / 1e9
     med = {k: statistics.median(r[k] for r in steady) for k in ("sleep_s", "claim_s", "wake_s", "cycle_s")}
+    calls: dict = {}  # each call's seconds until it returned, steady cycle by cycle, in call order
+    for r in steady:
+        for label, seconds in r.get("returned_s", {}).items():
+            calls.setdefault(label, []).append(seconds)
     return {"method": result["method"], "pattern": result["pattern"], "first": rows[0], "steady": med,
             "sleep_gbps": gb / med["sleep_s"], "wake_gbps": gb / med["wake_s"],
             "first_sleep_gbps": gb / rows[0]["sleep_s"], "first_wake_gbps": gb / rows[0]["wake_s"],
             "freed_visible_gib": statistics.median(r["freed_visible_bytes"] for r in rows) / GiB,
             "identical": all(r["identical"] for r in rows), "wake_phases": median_phases(steady),
-            "returned_s": {label: statistics.median(r["returned_s"][label] for r in steady if label in r.get("returned_s", {}))
-                           for label in dict.fromkeys(k for r in steady for k in r.get("returned_s", {}))},
-            "returned_range_s": {label: (min(r["returned_s"][label] for r in steady if label in r.get("returned_s", {})),
-                                         max(r["returned_s"][label] for r in steady if label in r.get("returned_s", {})))
-                                 for label in dict.fromkeys(k for r in steady for k in r.get("returned_s", {}))}}
+            "returned_s": {label: statistics.median(seconds) for label, seconds in calls.items()},
+            "returned_range_s": {label: (min(seconds), max(seconds)) for label, seconds in calls.items()}}
 
 
 def median_phases(rows: list[dict]) -> dict:

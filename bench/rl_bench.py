@@ -536,6 +536,8 @@ def main(argv=None) -> int:
     if args.child:
         print(json.dumps(child(args.child[0], args.child[1], args.cycles, args.idle_before_sleep)), flush=True)
         sys.stderr.flush()
+        if os.environ.get("UVM_TRACE") and "uvm" in sys.modules:  # the last moves too (os._exit runs no atexit)
+            sys.modules["uvm"].trace_flush()
         # Skips the interpreter's teardown: torch_memory_saver's torch mode aborts when its pools are
         # destroyed at exit ("only support interesting region"), which says nothing about the cycles.
         os._exit(0)

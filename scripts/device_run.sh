@@ -31,7 +31,8 @@
 #                                (it must fail there: the pools it checks kept their memory)
 #   RL_BENCH=1                   runs the sleep/wake cycle benchmark (python -m uvm bench rl);
 #                                RL_ALSO="VAR=x;VAR=y" runs it again with each environment;
-#                                RL_TRACE=1 writes each child's UVM_TRACE into $OUT/rl-traces.tar.gz;
+#                                RL_TRACE=1 writes each child's UVM_TRACE into $OUT/rl-traces.tar.gz
+#                                and each wake's floor (bench/wake_floor.py) into $OUT/rl/floors.txt;
 #                                RL_BEFORE=DIR runs it with the uvm tree in DIR (an older commit's files,
 #                                e.g. from `git archive`) and with this tree, alternating, two rounds
 #                                (instead of the single run)
@@ -216,7 +217,11 @@ if [ "${RL_BENCH:-0}" = 1 ]; then
   if [ -z "${RL_BEFORE:-}" ]; then  # with RL_BEFORE, its rounds of this tree are the run
     "${rl_trace[@]}" env PYTHONPATH=python_shim:/tmp/peer-site python3 -m uvm bench rl "${rl_args[@]}" --out "$OUT/rl" || status=1
   fi
-  [ "${RL_TRACE:-0}" = 1 ] && tar -czf "$OUT/rl-traces.tar.gz" -C /tmp rl-traces
+  if [ "${RL_TRACE:-0}" = 1 ]; then
+    tar -czf "$OUT/rl-traces.tar.gz" -C /tmp rl-traces
+    echo "== the floors under each traced wake and the sleep calls' releases (bench/wake_floor.py)"
+    python3 bench/wake_floor.py "$OUT/rl/results.json" /tmp/rl-traces | tee "$OUT/rl/floors.txt" || status=1
+  fi
   IFS=';' read -r -a rl_also <<<"${RL_ALSO:-}"
   for i in "${!rl_also[@]}"; do
     echo "== RL sleep/wake cycle bench again, with ${rl_also[$i]}"

@@ -305,6 +305,38 @@ print("\\n".join(b.goal_lines(rows)))
             "(its first call, pause kv_cache, 0.030 s; torch_memory_saver's 0.020 s)") in out, out
 
 
+def test_wake_floor_bounds_a_wake_by_its_map_stall_and_finds_releases_with_nothing_to_copy():
+    """A wake whose third map stalls 30 ms: only the 1 GB mapped before it can move meanwhile, so
+    at a 50 GB/s link the floor is 30.2 ms + 2 GB / 50 GB/s = 70.2 ms; a release with no copy
+    beside it is the call's own wait, one under copies is hidden."""
+    sys.path.insert(0, str(SHIM.parent / "bench"))
+    import wake_floor as w
+
+    def ev(name, ts_ms, dur_ms, call, tid=1, nbytes=0, gbps=0.0):
+        return {"name": name, "ph": "X", "ts": ts_ms * 1e3, "dur": dur_ms * 1e3, "tid": tid,
+                "args": {"call": call, "bytes": nbytes, "GB/s": gbps}}
+    wake = [{"name": "uvm_resume", "ph": "X", "ts": 0, "dur": 72e3, "tid": 1, "args": {}},
+            ev("map", 0.0, 0.1, "uvm_resume"), ev("map", 0.1, 0.1, "uvm_resume"), ev("map", 0.2, 30.0, "uvm_resume"),
+            ev("copy", 0.3, 20.0, "uvm_resume", tid=1000001, nbytes=10**9, gbps=50.0),
+            ev("copy", 31.0, 40.0, "uvm_resume", tid=1000001, nbytes=2 * 10**9, gbps=50.0)]
+    sleep = [{"name": "uvm_pause", "ph": "X", "ts": 100e3, "dur": 18e3, "tid": 1, "args": {}},
+             ev("release", 100.5, 17.0, "uvm_pause"),
+             {"name": "uvm_pause", "ph": "X", "ts": 120e3, "dur": 80e3, "tid": 1, "args": {}},
+             ev("copy", 120.0, 70.0, "uvm_pause", tid=1000001, nbytes=35 * 10**8, gbps=50.0),
+             ev("release", 130.0, 10.0, "uvm_pause"), ev("release", 195.0, 2.0, "uvm_pause")]
+    report = w.report(wake + sleep, skip_first=0)
+    assert report["link_gbps"] == 50.0
+    assert report["wake"]["floor_s"] == pytest.approx(0.0702)  # the stall ends at +30.2 ms
+    assert report["wake"]["seconds"] == pytest.approx(0.072)
+    assert report["wake"]["bytes_before"] == 10**9
+    calls = report["sleep_calls"]
+    assert calls["uvm_pause (nothing to copy)"]["release_alone_s"] == pytest.approx(0.017)
+    assert calls["uvm_pause (copies)"]["release_s"] == pytest.approx(0.012)
+    assert calls["uvm_pause (copies)"]["release_alone_s"] == pytest.approx(0.002)  # the one after the copies
+    text = "\n".join(w.lines("uvm memory_saver", "full", report))
+    assert "full uvm memory_saver: wake 72.0 ms, floor 70.2 ms (1.03x): a map stalls 30.0 ms" in text, text
+
+
 def test_range_arrays_hold_each_pointer_and_size_as_uvm_range_does():
     """uvm.torch._range_array packs (ptr, size) pairs as 64-bit integers under a uvm_range array:
     the layout must match the struct field for field, extreme values included."""

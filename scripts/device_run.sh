@@ -13,6 +13,7 @@
 #   PROBE=1                      runs bench/transfer_probe.cu with PROBE_ARGS (default "4096 2")
 #   PINNED_PROBE="4 8 [first]"  runs bench/pinned_probe.cpp with those arguments
 #   GATHER_PROBE="4096 [--before DIR]"  runs bench/gather_probe.py (the shim's per-tensor costs)
+#   RELEASE_PROBE=1              runs bench/first_release_probe.py (what makes a sleep's first release wait)
 #   JIT_BENCH=1                  runs the JIT build benchmark
 #   STREAM_BENCH=1               runs the streaming benchmark (python -m uvm bench stream) with
 #                                STREAM_ARGS (default: 12 GiB of layers, a 4 GiB budget)
@@ -206,11 +207,19 @@ if [ -n "${POOLS_BEFORE:-}" ]; then
     -p no:cacheprovider 2>&1 | grep -E "^(FAILED|ERROR|E  +AssertionError)|passed|failed" | cut -c1-220 | head -n 20)
 fi
 
-if [ "${RL_BENCH:-0}" = 1 ]; then
-  echo "== RL sleep/wake cycle bench"
+if [ "${RL_BENCH:-0}" = 1 ] || [ "${RELEASE_PROBE:-0}" = 1 ]; then
   if ls .deps/wheels/torch_memory_saver-*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-deps --target /tmp/peer-site .deps/wheels/torch_memory_saver-*.whl
   fi
+fi
+
+if [ "${RELEASE_PROBE:-0}" = 1 ]; then
+  echo "== what makes a sleep's first release wait (bench/first_release_probe.py)"
+  PYTHONPATH=python_shim:/tmp/peer-site python3 bench/first_release_probe.py | tee "$OUT/first_release_probe.txt" || status=1
+fi
+
+if [ "${RL_BENCH:-0}" = 1 ]; then
+  echo "== RL sleep/wake cycle bench"
   eval "rl_args=(${RL_ARGS:-})"  # split as the shell splits words, so quotes group (method names have spaces)
   rl_trace=()
   [ "${RL_TRACE:-0}" = 1 ] && mkdir -p /tmp/rl-traces && rl_trace=(env UVM_TRACE=/tmp/rl-traces/rl-%p.json)

@@ -87,6 +87,14 @@ bool parse_slabs(const char* text, Options* into) {
   return true;
 }
 
+bool parse_settle(const char* text, Options* into) {
+  static const char* const names[] = {"0", "1"};
+  size_t index = 0;
+  if (!parse_name(text, names, &index)) return false;
+  into->settle = index == 1;
+  return true;
+}
+
 bool parse_pinned(const char* text, Options* into) {
   static const char* const names[] = {"register", "hostalloc", "pageable"};
   static const PinnedKind kinds[] = {PinnedKind::registered, PinnedKind::host_alloc, PinnedKind::pageable};
@@ -192,6 +200,10 @@ const Row kRows[] = {
       "auto or 1-16: threads (each with a pinned buffer, 16 MiB or 64 MiB for disk reads) that move mmap and "
       "disk copies; auto: 8 for disk writes, 4 for disk reads, for mmap copies one per CPU uvm may run on, 8 to 16"},
      parse_backup_threads},
+    {{"UVM_SETTLE", "1",
+      "1 or 0: after a wake made new device memory, a thread of uvm's pays the driver's deferred work on it "
+      "(0: the next call that makes or gives back memory pays it)"},
+     parse_settle},
 };
 constexpr size_t kRowCount = sizeof kRows / sizeof kRows[0];
 static_assert(kMaxOnloadStreams == 8, "UVM_ONLOAD_STREAMS's meaning says 1-8");

@@ -5,6 +5,7 @@
 
 #include "devices.hpp"
 #include "driver_api.hpp"
+#include "settle.hpp"
 
 namespace uvm {
 namespace {
@@ -43,6 +44,13 @@ CUmemAllocationProp device_memory(int device) {
   return prop;
 }
 
+// Gives physical memory of `device` back to the driver. Whoever releases pays the driver's pending
+// work after a wake itself, so the polls that would have paid it end (settle.hpp).
+CUresult give_back(CUmemGenericAllocationHandle handle, int device) {
+  settle_cancel(device);
+  return vmm_api().release(handle);
+}
+
 // Physical memory kept for the next map (vmm.hpp, "Spare memory"). Its own lock: maps and unmaps
 // run under the moves lock, new allocations outside it.
 struct Spare {
@@ -73,7 +81,7 @@ uvm_status trim_spares(const Call& call, SparePool& pool, int device, size_t kee
       continue;
     }
     pool.held[device] -= it->bytes;
-    if (CUresult r = vmm_api().release(it->handle)) {
+    if (CUresult r = give_back(it->handle, device)) {
       if (status == UVM_OK) status = fail_driver(call, r, "cuMemRelease(%zu bytes of spare memory on device %d)", it->bytes, device);
     }
     it = pool.kept.erase(it);
@@ -107,14 +115,16 @@ uvm_status keep_or_release(const Call& call, uintptr_t base, const Mapping& m) {
     pool.held[m.device] += m.reserved;
     return trimmed;
   }
-  if (CUresult r = vmm_api().release(m.handle)) {
+  if (CUresult r = give_back(m.handle, m.device)) {
     return fail_driver(call, r, "cuMemRelease(physical memory of %p)", reinterpret_cast<void*>(base));
   }
   return UVM_OK;
 }
 
-// Physical memory for `m` on `device`: spare memory of its size, else new.
-uvm_status create_physical(const Call& call, int device, const Mapping& m, CUmemGenericAllocationHandle* out) {
+// Physical memory for `m` on `device`: spare memory of its size, else new (`*created`).
+uvm_status create_physical(const Call& call, int device, const Mapping& m, CUmemGenericAllocationHandle* out,
+                           bool* created) {
+  *created = false;
   if ((*out = take_spare(device, m.reserved)) != 0) return UVM_OK;
   const CUmemAllocationProp prop = device_memory(device);
   CUresult r = vmm_api().create(out, m.reserved, &prop, 0);
@@ -127,16 +137,17 @@ uvm_status create_physical(const Call& call, int device, const Mapping& m, CUmem
     r = vmm_api().create(out, m.reserved, &prop, 0);
   }
   if (r != CUDA_SUCCESS) return fail_driver(call, r, "cuMemCreate(%zu bytes on device %d)", m.reserved, device);
+  *created = true;
   return UVM_OK;
 }
 
-// Maps physical memory on `device` for `m` at `base`, read-write for that device; on failure
-// nothing stays created or mapped.
-uvm_status map_physical(const Call& call, uintptr_t base, int device, Mapping* m) {
+// Maps physical memory on `device` for `m` at `base`, read-write for that device (`*created`: new
+// physical memory, not spare); on failure nothing stays created or mapped.
+uvm_status map_physical(const Call& call, uintptr_t base, int device, Mapping* m, bool* created) {
   const VmmApi& api = vmm_api();
   const CUmemAllocationProp prop = device_memory(device);
   CUmemGenericAllocationHandle handle = 0;
-  if (uvm_status s = create_physical(call, device, *m, &handle)) return s;
+  if (uvm_status s = create_physical(call, device, *m, &handle, created)) return s;
   if (CUresult r = api.map(base, m->reserved, 0, handle, 0)) {
     api.release(handle);
     return fail_driver(call, r, "cuMemMap(%p, %zu bytes)", reinterpret_cast<void*>(base), m->reserved);
@@ -168,7 +179,7 @@ uvm_status unmap_physical(const Call& call, uintptr_t base, Mapping* m, bool may
     m->handle = 0;  // kept or given back: no longer this allocation's either way
     return status;
   }
-  if (CUresult r = api.release(m->handle)) {
+  if (CUresult r = give_back(m->handle, m->device)) {
     return fail_driver(call, r, "cuMemRelease(physical memory of %p)", reinterpret_cast<void*>(base));
   }
   m->handle = 0;
@@ -195,7 +206,8 @@ uvm_status vmm_allocate(const Call& call, size_t size, int device, void** out, M
   if (CUresult r = api.address_reserve(&base, m.reserved, granularity, 0, 0)) {
     return fail_driver(call, r, "cuMemAddressReserve(%zu bytes)", m.reserved);
   }
-  if (uvm_status s = map_physical(call, base, device, &m)) {
+  bool created = false;
+  if (uvm_status s = map_physical(call, base, device, &m, &created)) {
     api.address_free(base, m.reserved);
     return s;
   }
@@ -209,14 +221,18 @@ uvm_status vmm_unmap(const Call& call, uintptr_t base, Mapping* mapping) {
 }
 
 uvm_status vmm_map(const Call& call, uintptr_t base, int device, Mapping* mapping) {
-  return mapping->mapped ? UVM_OK : map_physical(call, base, device, mapping);
+  if (mapping->mapped) return UVM_OK;
+  bool created = false;
+  const uvm_status status = map_physical(call, base, device, mapping, &created);
+  if (created) settle_after_wake(device);
+  return status;
 }
 
 uvm_status vmm_free(const Call& call, uintptr_t base, Mapping* mapping) {
   if (mapping->mapped) {
     if (uvm_status s = unmap_physical(call, base, mapping, false)) return s;
   } else if (mapping->handle != 0) {  // unmapped but its release failed before: try again
-    if (CUresult r = vmm_api().release(mapping->handle)) {
+    if (CUresult r = give_back(mapping->handle, mapping->device)) {
       return fail_driver(call, r, "cuMemRelease(physical memory of %p)", reinterpret_cast<void*>(base));
     }
     mapping->handle = 0;
@@ -247,6 +263,24 @@ size_t vmm_spare_bytes(int device) {
   return pool.held[device];
 }
 
+bool vmm_touch_driver(int device) noexcept {
+  try {
+    const VmmApi& api = vmm_api();
+    if (!api.available) return false;
+    const Call call = Call::of("uvm's settling thread");
+    ContextScope scope;
+    if (scope.enter(call, device, ContextScope::When::always) != UVM_OK) return false;
+    const CUmemAllocationProp prop = device_memory(device);
+    size_t granularity = 0;
+    if (api.get_granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS) return false;
+    CUmemGenericAllocationHandle handle = 0;
+    if (api.create(&handle, granularity, &prop, 0) != CUDA_SUCCESS) return false;
+    return api.release(handle) == CUDA_SUCCESS;
+  } catch (...) {
+    return false;
+  }
+}
+
 }  // namespace uvm
 
 extern "C" uvm_status uvm_set_spare_limit(int device, size_t bytes) {
@@ -266,3 +300,4 @@ extern "C" uvm_status uvm_get_spare_limit(int device, size_t* bytes) {
     return UVM_OK;
   });
 }
+

@@ -52,4 +52,8 @@ uvm_status vmm_set_spare_limit(const Call& call, int device, size_t bytes);
 size_t vmm_spare_limit(int device);
 size_t vmm_spare_bytes(int device);  // kept now
 
+// Makes the smallest physical allocation on `device` and gives it back at once: the polls that
+// settle the driver after a wake (settle.hpp). False if the driver refused either; never throws.
+bool vmm_touch_driver(int device) noexcept;
+
 }  // namespace uvm

@@ -110,6 +110,9 @@ UVM_API const char* uvm_version(void);
  *   UVM_DISK_BACKUP_DIR   a directory on a real disk for UVM_STRATEGY_DISK's files
  *   UVM_BACKUP_THREADS    auto | 1–16 (auto: 8 disk writes, 4 disk reads, mmap one per CPU, 8–16):
  *                         threads that move mmap and disk copies
+ *   UVM_SETTLE            1 | 0: after a wake made new releasable memory, a thread of uvm's makes and
+ *                         gives back 2 MiB now and then for a while, paying the driver's deferred work
+ *                         after a large free there instead of in the next sleep's first release
  *
  * Read once, at the first call that needs one. Unset or empty means the default; names are
  * case-insensitive. A value uvm does not understand is never passed over for the default: uvm_malloc,

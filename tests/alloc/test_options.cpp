@@ -23,7 +23,7 @@ uvm::Options parsed(const std::map<std::string, std::string>& env) {
 const char* const kNames[] = {"UVM_LIMIT_BYTES",    "UVM_LIMIT_FRACTION", "UVM_DEFAULT_ADVICE",
                               "UVM_SLABS",          "UVM_PINNED",         "UVM_ONLOAD_COPY",
                               "UVM_ONLOAD_CHUNK_MIB", "UVM_ONLOAD_STREAMS", "UVM_TRACE",
-                              "UVM_DISK_BACKUP_DIR",  "UVM_BACKUP_THREADS"};
+                              "UVM_DISK_BACKUP_DIR",  "UVM_BACKUP_THREADS", "UVM_SETTLE"};
 }  // namespace
 
 TEST_CASE("nothing set, or set empty, gives every default", "[options]") {
@@ -40,6 +40,7 @@ TEST_CASE("nothing set, or set empty, gives every default", "[options]") {
     CHECK(options.onload_chunk_bytes == 64 * MiB);
     CHECK(options.onload_streams == 4);
     CHECK(options.trace_path.empty());
+    CHECK(options.settle);
     CHECK(uvm::default_limit(options, 80 * GiB) == 80 * GiB);
   }
 }
@@ -58,6 +59,9 @@ TEST_CASE("every option reads the values it documents", "[options]") {
   CHECK(parsed({{"UVM_DEFAULT_ADVICE", "Device"}}).default_advice == UVM_ADVICE_DEVICE);
   CHECK_FALSE(parsed({{"UVM_SLABS", "0"}}).slabs);
   CHECK(parsed({{"UVM_SLABS", "1"}}).slabs);
+  CHECK_FALSE(parsed({{"UVM_SETTLE", "0"}}).settle);
+  CHECK(parsed({{"UVM_SETTLE", "1"}}).settle);
+  CHECK_THAT(parsed({{"UVM_SETTLE", "off"}}).error, Has("UVM_SETTLE='off' is not understood; expected 1 or 0"));
   CHECK(parsed({{"UVM_PINNED", "hostalloc"}}).pinned == uvm::PinnedKind::host_alloc);
   CHECK(parsed({{"UVM_PINNED", "pageable"}}).pinned == uvm::PinnedKind::pageable);
   CHECK(parsed({{"UVM_PINNED", "register"}}).pinned == uvm::PinnedKind::registered);
@@ -138,7 +142,7 @@ TEST_CASE("uvm_get_option lists the table in uvm.h's order", "[options]") {
   }
   uvm_option_info info{};
   CHECK(uvm_get_option(-1, &info) == UVM_ERROR_INVALID_ARGUMENT);
-  CHECK_THAT(last_error(), Has("uvm_get_option(): index -1 is not below uvm_option_count() = 11"));
+  CHECK_THAT(last_error(), Has("uvm_get_option(): index -1 is not below uvm_option_count() = 12"));
   CHECK(uvm_get_option(uvm_option_count(), &info) == UVM_ERROR_INVALID_ARGUMENT);
   CHECK(uvm_get_option(0, nullptr) == UVM_ERROR_INVALID_ARGUMENT);
   CHECK_THAT(last_error(), Has("info is NULL"));

@@ -11,11 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "../../alloc/settle.hpp"
 #include "fake_cuda.hpp"
 #include "uvm_test.hpp"
 
 struct FakeMachine {
   FakeMachine() {
+    quiet_settling();
     give_back_spares();
     fake::reset();
     for (int device = 0; device < 3; ++device) uvm_set_limit(device, 0);
@@ -27,6 +29,13 @@ struct FakeMachine {
   ~FakeMachine() {
     give_back_spares();
     fake::reset();
+  }
+  // No polls after a wake (alloc/settle.hpp) unless a test asks for them (tests/alloc/test_settle.cpp):
+  // they would add driver calls to the ops a test counts. Any a test left pending end first.
+  static void quiet_settling() {
+    uvm::set_settle_timing_for_test(uvm::SettleTiming{});
+    for (int device = 0; device < 3; ++device) uvm::settle_cancel(device);
+    uvm::wait_until_settled();
   }
   // uvm keeps spare physical memory across calls (uvm_set_spare_limit); the fake forgets its
   // handles at reset, so it goes back first and no test inherits another's.

@@ -1,0 +1,148 @@
+// Settling the driver after a wake (alloc/settle.*): after a wake made new physical memory, uvm's
+// thread makes and gives back the smallest allocation on that device now and then, until its window
+// ends or a release on that device comes; nothing else starts it, and nothing it makes stays.
+#include <chrono>
+#include <memory>
+#include <thread>
+
+#include "fixture.hpp"
+
+namespace {
+using std::chrono::milliseconds;
+constexpr size_t kGranule = size_t{64} << 10;  // the fake driver's granularity: a poll's size
+constexpr size_t kSize = size_t{1} << 20;      // an allocation's: never a poll's
+
+// The polls' makes and gives-back in the ops so far, on `device`.
+struct Polls {
+  size_t made = 0, given_back = 0, elsewhere = 0;
+};
+
+Polls polls_on(int device) {
+  Polls p;
+  for (const fake::Op& op : fake::ops()) {
+    if (op.call == fake::OpKind::vmm_create && op.size == kGranule) ++(op.location == device ? p.made : p.elsewhere);
+    if (op.call == fake::OpKind::vmm_release && op.size == kGranule) ++p.given_back;
+  }
+  return p;
+}
+
+// A releasable allocation on `device` under `tag`, dropped by a pause (no host backup).
+std::unique_ptr<Releasable> dropped_by_pause(const char* tag, int device) {
+  REQUIRE(uvm_set_thread_tag(tag) == UVM_OK);
+  auto memory = std::make_unique<Releasable>(kSize, device, 5);
+  REQUIRE(uvm_set_thread_tag(nullptr) == UVM_OK);
+  return memory;
+}
+
+// Timing for the scope; no polls again after (as every test begins).
+struct Timing {
+  explicit Timing(uvm::SettleTiming timing) { uvm::set_settle_timing_for_test(timing); }
+  ~Timing() { FakeMachine::quiet_settling(); }
+};
+}  // namespace
+
+TEST_CASE("after a resume made new memory, uvm's thread makes and gives back the smallest allocation on that device "
+          "until the window ends", "[settle][threads]") {
+  FakeMachine machine;
+  Timing timing({milliseconds(10), milliseconds(10), milliseconds(150)});
+  auto kv = dropped_by_pause("kv_cache", 1);
+  REQUIRE(uvm_pause(1, "kv_cache") == UVM_OK);
+  const size_t handles_paused = fake::physical_handles();
+  fake::reset_ops();
+  const auto woke = std::chrono::steady_clock::now();
+  REQUIRE(uvm_resume(1, "kv_cache") == UVM_OK);
+  CHECK(FakeMachine::ops_named(fake::OpKind::vmm_create).size() == 1);  // the resume's own, at once
+  uvm::wait_until_settled();
+  const auto settled = std::chrono::steady_clock::now();
+  const Polls p = polls_on(1);
+  CHECK(p.made >= 3);  // 10 ms apart over most of 150 ms, however slow the host
+  CHECK(p.given_back == p.made);
+  CHECK(p.elsewhere == 0);
+  CHECK(settled - woke >= milliseconds(140));  // the window, not the first poll, ends it
+  CHECK(fake::physical_handles() == handles_paused + 1);  // the resumed memory; nothing of the polls
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  CHECK(kv->ptr[0] == fake::kFreshPhysical);  // dropped by the pause, mapped again as new memory
+}
+
+TEST_CASE("a release on the device ends its polls; another device's polls go on", "[settle][threads]") {
+  FakeMachine machine;
+  Timing timing({milliseconds(30), milliseconds(10), milliseconds(400)});
+  auto on0 = dropped_by_pause("a", 0);
+  auto on1 = dropped_by_pause("b", 1);
+  REQUIRE(uvm_pause(UVM_ANY_DEVICE, nullptr) == UVM_OK);
+  REQUIRE(uvm_resume(UVM_ANY_DEVICE, nullptr) == UVM_OK);
+  fake::reset_ops();
+  // Device 0 gives memory back before its first poll: none comes; device 1's window goes on.
+  REQUIRE(uvm_pause(0, "a") == UVM_OK);
+  uvm::wait_until_settled();
+  CHECK(polls_on(0).made == 0);
+  CHECK(polls_on(1).made >= 3);
+  // A wake starts device 0's window again; a release while its polls run ends them there and then.
+  fake::reset_ops();
+  const auto woke = std::chrono::steady_clock::now();
+  REQUIRE(uvm_resume(0, "a") == UVM_OK);
+  std::this_thread::sleep_for(milliseconds(80));
+  REQUIRE(uvm_pause(0, "a") == UVM_OK);
+  uvm::wait_until_settled();
+  CHECK(std::chrono::steady_clock::now() - woke < milliseconds(300));  // not the 400 ms window
+  CHECK(polls_on(0).made >= 1);
+  CHECK(polls_on(1).made == 0);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+}
+
+TEST_CASE("a map of spare memory and a new allocation make nothing new at a wake: no polls", "[settle][threads]") {
+  FakeMachine machine;
+  Timing timing({milliseconds(1), milliseconds(1), milliseconds(100)});
+  auto kept = dropped_by_pause("kept", 0);
+  REQUIRE(uvm_set_spare_limit(0, kSize) == UVM_OK);
+  REQUIRE(uvm_pause(0, "kept") == UVM_OK);  // its memory kept as spare
+  fake::reset_ops();
+  REQUIRE(uvm_resume(0, "kept") == UVM_OK);
+  Releasable fresh(kSize, 0, 9);  // made by vmm_allocate: a new allocation, not a wake
+  uvm::wait_until_settled();
+  CHECK(FakeMachine::ops_named(fake::OpKind::vmm_create).size() == 1);  // the new allocation's own
+  CHECK(polls_on(0).made == 0);
+  CHECK(FakeMachine::ops_named(fake::OpKind::vmm_map).size() == 2);  // the spare memory's, the new allocation's
+}
+
+TEST_CASE("an onload's new memory starts the polls too", "[settle][threads]") {
+  FakeMachine machine;
+  Timing timing({milliseconds(5), milliseconds(5), milliseconds(60)});
+  Releasable weights(kSize, 1, 7);
+  const uvm_range all = weights.whole();
+  REQUIRE(uvm_offload_ranges(&all, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
+  fake::reset_ops();
+  REQUIRE(uvm_onload_ranges(&all, 1, nullptr) == UVM_OK);
+  uvm::wait_until_settled();
+  CHECK(polls_on(1).made >= 1);
+  CHECK(polls_on(1).elsewhere == 0);
+  CHECK(weights.intact());
+}
+
+TEST_CASE("a poll the driver refuses is dropped and the next one comes", "[settle][threads]") {
+  FakeMachine machine;
+  Timing timing({milliseconds(5), milliseconds(10), milliseconds(120)});
+  auto kv = dropped_by_pause("kv_cache", 0);
+  REQUIRE(uvm_pause(0, "kv_cache") == UVM_OK);
+  REQUIRE(uvm_resume(0, "kv_cache") == UVM_OK);
+  fake::fail_next("cuMemCreate", cudaErrorMemoryAllocation);
+  fake::reset_ops();
+  uvm::wait_until_settled();
+  CHECK(polls_on(0).made >= 2);
+  CHECK(polls_on(0).given_back == polls_on(0).made);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  CHECK(uvm_last_status() == UVM_OK);  // the polls' thread records nothing on the caller's
+}
+
+TEST_CASE("UVM_SETTLE=0: no polls after any wake", "[settle_off]") {
+  FakeMachine machine;
+  Timing timing({milliseconds(1), milliseconds(1), milliseconds(100)});
+  auto kv = dropped_by_pause("kv_cache", 0);
+  REQUIRE(uvm_pause(0, "kv_cache") == UVM_OK);
+  fake::reset_ops();
+  REQUIRE(uvm_resume(0, "kv_cache") == UVM_OK);
+  std::this_thread::sleep_for(milliseconds(50));
+  uvm::wait_until_settled();
+  CHECK(FakeMachine::ops_named(fake::OpKind::vmm_create).size() == 1);
+  CHECK(polls_on(0).made == 0);
+}

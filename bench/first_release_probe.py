@@ -17,6 +17,8 @@ time, each variant in a process of its own; for each, the steady cycles' (third 
   no decode                no kernel runs between the wake and the sleep
   1 s idle before sleep    the GPU idle after the decode
   0.5 s idle before wake   the GPU idle between the claim's free and the wake
+  uvm settles after wake   uvm's own polls after the wake (alloc/settle.hpp, UVM_SETTLE=1, the default);
+                           every other variant runs with UVM_SETTLE=0, the driver as it is
   torch_memory_saver       the original, as the bench runs it (if installed)
 
     python bench/first_release_probe.py [--cycles 6] [--variants ...]
@@ -48,6 +50,7 @@ VARIANTS = {
     "no decode": {"no_decode": True},
     "1 s idle before sleep": {"idle_sleep": 1.0},
     "0.5 s idle before wake": {"idle_wake": 0.5},
+    "uvm settles after wake": {"settle": True},
     "torch_memory_saver": {"peer": True},
 }
 RAW_BYTES = 2 << 20
@@ -238,8 +241,9 @@ def main(argv=None) -> int:
         if VARIANTS[name].get("peer") and importlib.util.find_spec("torch_memory_saver") is None:
             print(f"| {name} | not installed: left out |", flush=True)
             continue
+        env = dict(os.environ, UVM_SETTLE="1" if VARIANTS[name].get("settle") else "0")
         proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--cycles", str(args.cycles), "--child", name],
-                              capture_output=True, text=True, timeout=600)
+                              capture_output=True, text=True, timeout=600, env=env)
         if proc.returncode != 0:
             print(f"| {name} | FAILED: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode} |", flush=True)
             status = 1

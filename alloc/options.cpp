@@ -79,21 +79,18 @@ bool parse_default_advice(const char* text, Options* into) {
   return true;
 }
 
-bool parse_slabs(const char* text, Options* into) {
+// "1" or "0" into `*on`.
+bool parse_switch(const char* text, bool* on) {
   static const char* const names[] = {"0", "1"};
   size_t index = 0;
   if (!parse_name(text, names, &index)) return false;
-  into->slabs = index == 1;
+  *on = index == 1;
   return true;
 }
 
-bool parse_settle(const char* text, Options* into) {
-  static const char* const names[] = {"0", "1"};
-  size_t index = 0;
-  if (!parse_name(text, names, &index)) return false;
-  into->settle = index == 1;
-  return true;
-}
+bool parse_slabs(const char* text, Options* into) { return parse_switch(text, &into->slabs); }
+
+bool parse_settle(const char* text, Options* into) { return parse_switch(text, &into->settle); }
 
 bool parse_pinned(const char* text, Options* into) {
   static const char* const names[] = {"register", "hostalloc", "pageable"};

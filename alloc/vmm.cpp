@@ -46,7 +46,7 @@ CUmemAllocationProp device_memory(int device) {
 
 // Gives physical memory of `device` back to the driver. Whoever releases pays the driver's pending
 // work after a wake itself, so the polls that would have paid it end (settle.hpp).
-CUresult give_back(CUmemGenericAllocationHandle handle, int device) {
+CUresult release_physical(CUmemGenericAllocationHandle handle, int device) {
   settle_cancel(device);
   return vmm_api().release(handle);
 }
@@ -81,7 +81,7 @@ uvm_status trim_spares(const Call& call, SparePool& pool, int device, size_t kee
       continue;
     }
     pool.held[device] -= it->bytes;
-    if (CUresult r = give_back(it->handle, device)) {
+    if (CUresult r = release_physical(it->handle, device)) {
       if (status == UVM_OK) status = fail_driver(call, r, "cuMemRelease(%zu bytes of spare memory on device %d)", it->bytes, device);
     }
     it = pool.kept.erase(it);
@@ -115,7 +115,7 @@ uvm_status keep_or_release(const Call& call, uintptr_t base, const Mapping& m) {
     pool.held[m.device] += m.reserved;
     return trimmed;
   }
-  if (CUresult r = give_back(m.handle, m.device)) {
+  if (CUresult r = release_physical(m.handle, m.device)) {
     return fail_driver(call, r, "cuMemRelease(physical memory of %p)", reinterpret_cast<void*>(base));
   }
   return UVM_OK;
@@ -179,7 +179,7 @@ uvm_status unmap_physical(const Call& call, uintptr_t base, Mapping* m, bool may
     m->handle = 0;  // kept or given back: no longer this allocation's either way
     return status;
   }
-  if (CUresult r = give_back(m->handle, m->device)) {
+  if (CUresult r = release_physical(m->handle, m->device)) {
     return fail_driver(call, r, "cuMemRelease(physical memory of %p)", reinterpret_cast<void*>(base));
   }
   m->handle = 0;
@@ -232,7 +232,7 @@ uvm_status vmm_free(const Call& call, uintptr_t base, Mapping* mapping) {
   if (mapping->mapped) {
     if (uvm_status s = unmap_physical(call, base, mapping, false)) return s;
   } else if (mapping->handle != 0) {  // unmapped but its release failed before: try again
-    if (CUresult r = give_back(mapping->handle, mapping->device)) {
+    if (CUresult r = release_physical(mapping->handle, mapping->device)) {
       return fail_driver(call, r, "cuMemRelease(physical memory of %p)", reinterpret_cast<void*>(base));
     }
     mapping->handle = 0;

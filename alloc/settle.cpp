@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <new>
@@ -82,7 +83,8 @@ void poll_pending() noexcept {
     lock.unlock();
     (void)vmm_touch_driver(device);
     lock.lock();
-    s.next[device] = Clock::now() + s.timing.every;
+    // A wake while the driver held the poll has put the next one later: it stays there.
+    s.next[device] = std::max(s.next[device], Clock::now() + s.timing.every);
   }
 }
 

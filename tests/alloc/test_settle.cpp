@@ -119,6 +119,23 @@ TEST_CASE("an onload's new memory starts the polls too", "[settle][threads]") {
   CHECK(weights.intact());
 }
 
+TEST_CASE("a wake while a poll waits in the driver puts the next poll a whole delay after it", "[settle][threads]") {
+  FakeMachine machine;
+  Timing timing({milliseconds(5), milliseconds(5), milliseconds(1000)});
+  auto a = dropped_by_pause("a", 0);
+  auto b = dropped_by_pause("b", 0);
+  REQUIRE(uvm_pause(0, nullptr) == UVM_OK);
+  REQUIRE(uvm_resume(0, "a") == UVM_OK);
+  fake::hold_next("cuMemCreate");  // the first poll's
+  REQUIRE(fake::wait_until_held(2000));
+  uvm::set_settle_timing_for_test({milliseconds(200), milliseconds(5), milliseconds(1000)});
+  REQUIRE(uvm_resume(0, "b") == UVM_OK);  // its own map passes: the gate holds one call
+  fake::reset_ops();
+  fake::release_held();
+  std::this_thread::sleep_for(milliseconds(100));
+  CHECK(polls_on(0).made <= 1);  // the held poll's own; none 5 ms after it
+}
+
 TEST_CASE("a poll the driver refuses is dropped and the next one comes", "[settle][threads]") {
   FakeMachine machine;
   Timing timing({milliseconds(5), milliseconds(10), milliseconds(120)});

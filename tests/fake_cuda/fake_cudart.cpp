@@ -356,6 +356,7 @@ CUresult fake_mem_address_free(CUdeviceptr ptr, size_t size) {
 
 CUresult fake_mem_create(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
                          unsigned long long) {
+  pass_gate("cuMemCreate");
   World& w = world();
   std::lock_guard<std::mutex> lock(w.mutex);
   CUresult r;

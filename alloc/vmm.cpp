@@ -300,4 +300,3 @@ extern "C" uvm_status uvm_get_spare_limit(int device, size_t* bytes) {
     return UVM_OK;
   });
 }
-

@@ -9,24 +9,35 @@
 // `./pinned_probe 4 16 wall` times each stage of holding the bytes in fresh host memory apart
 // (faulting in at 1 to 16 threads, the host's write bandwidth, registering, the link), MAP_HUGETLB
 // where the host has huge pages, and the RSS each way: the wall a pause without retained memory meets.
+// `./pinned_probe 4 16 overlap` asks why faulting in and registering do not overlap in a pipeline:
+// each alone, both at once on separate mappings and on one, with the process's CPU time, then whole
+// pauses into fresh memory: uvm's way, a fault-in pool that stays, a mapping per step, and a bounce
+// path (copies into a small pinned ring, threads copying the ring into fresh pageable memory).
 // `./pinned_probe 4 8 first` times instead a first offload with no pinned memory yet: the split of
 // pinning into faulting in and registering, then pinning all before copying (uvm today) against
 // pinning chunk by chunk with the copies of the chunks before running meanwhile, serially, with
 // faulting in a chunk ahead on other threads, and with several threads pinning chunks at once.
 #include <cuda_runtime_api.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/utsname.h>
 
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 namespace {
+
+constexpr size_t kStepBytes = size_t{256} << 20;  // offload/pinned.hpp's kPinStepBytes
 
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -319,6 +330,300 @@ int wall_table(size_t gib, int threads, void* device, cudaStream_t stream) {
   return 0;
 }
 
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+// Wall and process CPU seconds (user + system, every thread) of one stage.
+struct Timed {
+  double wall = 0, cpu = 0;
+};
+
+double cpu_now() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto s = [](const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; };
+  return s(usage.ru_utime) + s(usage.ru_stime);
+}
+
+template <typename Work>
+Timed timed(Work work) {
+  const double wall = now(), cpu = cpu_now();
+  work();
+  return Timed{now() - wall, cpu_now() - cpu};
+}
+
+// Faults [p, p + bytes) in on `threads` threads, each with one MADV_POPULATE_WRITE over its share.
+void populate(char* p, size_t bytes, int threads) {
+  std::vector<std::thread> workers;
+  const size_t share = (bytes / threads + (size_t{2} << 20) - 1) / (size_t{2} << 20) * (size_t{2} << 20);
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([=] {
+      const size_t begin = std::min(bytes, t * share), end = std::min(bytes, begin + share);
+      if (end > begin && madvise(p + begin, end - begin, MADV_POPULATE_WRITE) != 0) {
+        std::perror("madvise(MADV_POPULATE_WRITE)");
+        std::exit(1);
+      }
+    });
+  }
+  for (auto& w : workers) w.join();
+}
+
+constexpr unsigned kUvmFlags = cudaHostRegisterPortable | cudaHostRegisterMapped;  // offload/pinned.cpp's
+
+void register_chunks(char* p, size_t bytes, size_t chunk) {
+  for (size_t at = 0; at < bytes; at += chunk) check(cudaHostRegister(p + at, std::min(chunk, bytes - at), kUvmFlags), "register");
+}
+
+void unregister_chunks(char* p, size_t bytes, size_t chunk) {
+  for (size_t at = 0; at < bytes; at += chunk) check(cudaHostUnregister(p + at), "unregister");
+}
+
+// Threads that stay: each job is cut into one share per thread; run() returns when all are done.
+class Pool {
+ public:
+  explicit Pool(int threads) {
+    for (int t = 0; t < threads; ++t) workers_.emplace_back([this, t, threads] { loop(t, threads); });
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+      ++generation_;
+    }
+    changed_.notify_all();
+    for (auto& w : workers_) w.join();
+  }
+  // Runs job(begin, end) over [0, bytes) in page-aligned shares, one per thread.
+  void run(size_t bytes, std::function<void(size_t, size_t)> job) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    job_ = std::move(job);
+    bytes_ = bytes;
+    left_ = static_cast<int>(workers_.size());
+    ++generation_;
+    changed_.notify_all();
+    done_.wait(lock, [&] { return left_ == 0; });
+  }
+
+ private:
+  void loop(int t, int threads) {
+    size_t seen = 0;
+    for (;;) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      changed_.wait(lock, [&] { return generation_ != seen; });
+      seen = generation_;
+      if (stop_) return;
+      const size_t share = (bytes_ / threads + 4095) / 4096 * 4096;
+      const size_t begin = std::min(bytes_, t * share), end = std::min(bytes_, begin + share);
+      auto job = job_;
+      lock.unlock();
+      if (end > begin) job(begin, end);
+      lock.lock();
+      if (--left_ == 0) done_.notify_all();
+    }
+  }
+  std::vector<std::thread> workers_;
+  std::mutex mutex_;
+  std::condition_variable changed_, done_;
+  std::function<void(size_t, size_t)> job_;
+  size_t bytes_ = 0, generation_ = 0;
+  int left_ = 0;
+  bool stop_ = false;
+};
+
+// A whole pause of `bytes` from `device` into fresh memory, in `step` pieces, seconds until the last
+// copy ends. how: 0 uvm today (offload/pinned.cpp: a thread per step faults the next step in on
+// new threads while this one registers), 1 the same with a pool of fault-in threads that stays,
+// 2 the pool and a mapping of its own per step (PROT_NONE gaps keep the kernel from merging them),
+// 3 the pool faulting in with MADV_POPULATE_WRITE, 4 a bounce path: copies into a pinned ring of
+// `ring` steps, the pool copying each step into fresh pageable memory (nothing registered per pause).
+double fresh_pause(int how, size_t bytes, size_t step, int threads, size_t ring, void* device, cudaStream_t stream) {
+  const size_t steps = bytes / step;
+  const size_t gap = size_t{2} << 20;
+  const size_t stride = how == 2 ? step + gap : step;
+  char* base = how == 2 ? static_cast<char*>(mmap(nullptr, steps * stride, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0))
+                        : map_huge(bytes);
+  if (base == MAP_FAILED) {
+    std::perror("mmap");
+    std::exit(1);
+  }
+  if (how == 2) {
+    for (size_t i = 0; i < steps; ++i) {
+      check(mprotect(base + i * stride, step, PROT_READ | PROT_WRITE) == 0 ? cudaSuccess : cudaErrorUnknown, "mprotect");
+      madvise(base + i * stride, step, MADV_HUGEPAGE);
+    }
+  }
+  auto at = [&](size_t i) { return base + i * stride; };
+  auto from = [&](size_t i) { return static_cast<char*>(device) + i * step; };
+  Pool pool(threads);
+  auto touch = [&](size_t i) {
+    char* p = at(i);
+    if (how == 3) {
+      pool.run(step, [p](size_t b, size_t e) {
+        if (madvise(p + b, e - b, MADV_POPULATE_WRITE) != 0) std::perror("madvise(MADV_POPULATE_WRITE)");
+      });
+    } else {
+      pool.run(step, [p](size_t b, size_t e) { for (size_t k = b; k < e; k += 4096) p[k] = 0; });
+    }
+  };
+  double seconds = 0;
+  if (how == 4) {
+    char* slots = map_huge(ring * step);
+    fault_in(slots, ring * step, threads);
+    check(cudaHostRegister(slots, ring * step, kUvmFlags), "register ring");
+    std::vector<cudaEvent_t> copied(steps);
+    for (auto& e : copied) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "event");
+    const double t = now();
+    for (size_t i = 0; i < std::min(ring, steps); ++i) {
+      check(cudaMemcpyAsync(slots + i * step, from(i), step, cudaMemcpyDeviceToHost, stream), "copy");
+      check(cudaEventRecord(copied[i], stream), "record");
+    }
+    for (size_t i = 0; i < steps; ++i) {
+      check(cudaEventSynchronize(copied[i]), "wait");
+      const char* slot = slots + (i % ring) * step;
+      char* dst = at(i);
+      pool.run(step, [=](size_t b, size_t e) { std::memcpy(dst + b, slot + b, e - b); });
+      if (i + ring < steps) {
+        check(cudaMemcpyAsync(slots + (i % ring) * step, from(i + ring), step, cudaMemcpyDeviceToHost, stream), "copy");
+        check(cudaEventRecord(copied[i + ring], stream), "record");
+      }
+    }
+    seconds = now() - t;
+    for (auto& e : copied) cudaEventDestroy(e);
+    check(cudaHostUnregister(slots), "unregister ring");
+    munmap(slots, ring * step);
+    munmap(base, bytes);
+    return seconds;
+  }
+  const double t = now();
+  if (how == 0) {
+    fault_in(at(0), step, threads);
+    for (size_t i = 0; i < steps; ++i) {
+      std::thread ahead([&, i] { if (i + 1 < steps) fault_in(at(i + 1), step, threads); });
+      check(cudaHostRegister(at(i), step, kUvmFlags), "register");
+      check(cudaMemcpyAsync(at(i), from(i), step, cudaMemcpyDeviceToHost, stream), "copy");
+      ahead.join();
+    }
+  } else {
+    touch(0);
+    for (size_t i = 0; i < steps; ++i) {
+      std::thread ahead([&, i] { if (i + 1 < steps) touch(i + 1); });
+      check(cudaHostRegister(at(i), step, kUvmFlags), "register");
+      check(cudaMemcpyAsync(at(i), from(i), step, cudaMemcpyDeviceToHost, stream), "copy");
+      ahead.join();
+    }
+  }
+  check(cudaStreamSynchronize(stream), "sync");
+  seconds = now() - t;
+  for (size_t i = 0; i < steps; ++i) check(cudaHostUnregister(at(i)), "unregister");
+  munmap(base, how == 2 ? steps * stride : bytes);
+  return seconds;
+}
+
+void print_host() {
+  utsname u{};
+  uname(&u);
+  auto first_line = [](const char* path) {
+    std::string line = "?";
+    if (FILE* f = std::fopen(path, "r")) {
+      char buf[256];
+      if (std::fgets(buf, sizeof buf, f)) line = std::string(buf, std::strcspn(buf, "\n"));
+      std::fclose(f);
+    }
+    return line;
+  };
+  std::printf("kernel %s; CPUs online %u; THP enabled: %s; defrag: %s; shmem: %s\n", u.release,
+              std::thread::hardware_concurrency(), first_line("/sys/kernel/mm/transparent_hugepage/enabled").c_str(),
+              first_line("/sys/kernel/mm/transparent_hugepage/defrag").c_str(),
+              first_line("/sys/kernel/mm/transparent_hugepage/shmem_enabled").c_str());
+}
+
+int overlap_table(size_t gib, int threads, void* device, cudaStream_t stream) {
+  const size_t bytes = gib << 30, step = kStepBytes;
+  auto gbps = [&](double s) { return bytes / s / 1e9; };
+  print_host();
+  std::printf("| stage | wall s | GB/s | CPU s (all threads) |\n|---|---|---|---|\n");
+  auto row = [&](const std::string& name, Timed t) {
+    std::printf("| %s | %.3f | %.1f | %.2f |\n", name.c_str(), t.wall, gbps(t.wall), t.cpu);
+  };
+  const std::string n = std::to_string(threads);
+  for (int round = 0; round < 2; ++round) {
+    char* a = map_huge(bytes);
+    row("fault in A alone, touching (" + n + " threads)", timed([&] { fault_in(a, bytes, threads); }));
+    munmap(a, bytes);
+    a = map_huge(bytes);
+    row("fault in A alone, MADV_POPULATE_WRITE (" + n + " threads)", timed([&] { populate(a, bytes, threads); }));
+    munmap(a, bytes);
+    char* b = map_huge(bytes);
+    fault_in(b, bytes, threads);
+    row("register B alone, faulted in, 256 MiB steps (1 thread)", timed([&] { register_chunks(b, bytes, step); }));
+    unregister_chunks(b, bytes, step);
+    for (int faulters : {threads, threads - 1}) {
+      a = map_huge(bytes);
+      Timed fault{}, reg{};
+      const Timed both = timed([&] {
+        std::thread f([&] { fault = timed([&] { fault_in(a, bytes, faulters); }); });
+        reg = timed([&] { register_chunks(b, bytes, step); });
+        f.join();
+      });
+      const std::string how = "A on " + std::to_string(faulters) + " threads while B registers (separate mappings)";
+      row("both: " + how, both);
+      row("  of which fault in A", fault);
+      row("  of which register B", reg);
+      unregister_chunks(b, bytes, step);
+      munmap(a, bytes);
+    }
+    {  // one mapping: its first half registers while its second half faults in
+      char* c = map_huge(2 * bytes);
+      fault_in(c, bytes, threads);
+      Timed fault{}, reg{};
+      const Timed both = timed([&] {
+        std::thread f([&] { fault = timed([&] { fault_in(c + bytes, bytes, threads); }); });
+        reg = timed([&] { register_chunks(c, bytes, step); });
+        f.join();
+      });
+      row("both: one mapping, first half registers while the second faults in", both);
+      row("  of which fault in", fault);
+      row("  of which register", reg);
+      unregister_chunks(c, bytes, step);
+      munmap(c, 2 * bytes);
+    }
+    {  // does the link slow the kernel's zeroing down, or the zeroing the link?
+      register_chunks(b, bytes, step);
+      a = map_huge(bytes);
+      Timed fault{}, copy{};
+      const Timed both = timed([&] {
+        std::thread f([&] { fault = timed([&] { fault_in(a, bytes, threads); }); });
+        copy = timed([&] {
+          for (size_t at = 0; at < bytes; at += step)
+            check(cudaMemcpyAsync(b + at, static_cast<char*>(device) + at, step, cudaMemcpyDeviceToHost, stream), "copy");
+          check(cudaStreamSynchronize(stream), "sync");
+        });
+        f.join();
+      });
+      row("both: A faults in while the link copies into registered B", both);
+      row("  of which fault in A", fault);
+      row("  of which the copy", copy);
+      unregister_chunks(b, bytes, step);
+      munmap(a, bytes);
+    }
+    munmap(b, bytes);
+  }
+  const char* names[] = {"uvm today: new fault-in threads per step", "a fault-in pool that stays",
+                         "the pool, a mapping per step", "the pool, MADV_POPULATE_WRITE",
+                         "bounce: pinned ring of 4 steps, the pool copies into fresh pageable memory"};
+  std::printf("\n| whole pause into fresh memory, 256 MiB steps | threads | seconds | GB/s |\n|---|---|---|---|\n");
+  for (int round = 0; round < 2; ++round) {
+    for (int how = 0; how < 5; ++how) {
+      const double s = fresh_pause(how, bytes, step, threads, 4, device, stream);
+      std::printf("| %s | %d | %.3f | %.1f |\n", names[how], threads, s, gbps(s));
+    }
+    const double s = fresh_pause(4, bytes, size_t{64} << 20, threads, 8, device, stream);
+    std::printf("| bounce, 64 MiB steps, ring of 8 | %d | %.3f | %.1f |\n", threads, s, gbps(s));
+  }
+  return 0;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -332,6 +637,7 @@ int main(int argc, char** argv) {
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
   if (argc > 3 && std::string(argv[3]) == "first") return first_offload_table(gib, threads, device, stream);
   if (argc > 3 && std::string(argv[3]) == "wall") return wall_table(gib, threads, device, stream);
+  if (argc > 3 && std::string(argv[3]) == "overlap") return overlap_table(gib, threads, device, stream);
   const unsigned reg = cudaHostRegisterPortable;
   auto registered = [&](bool huge, int fault_threads) {
     return [=]() -> void* {

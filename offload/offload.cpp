@@ -181,24 +181,32 @@ uvm_status offload_staged(const Call& call, const std::vector<HintRange>& pieces
   return marked;
 }
 
+// When an offload's round gives back the physical memory of the releasable allocations it emptied.
+// A round that copies into the steps pinned so far while the rest is still being registered leaves
+// it to the round after the pinning: the driver held each cuMemUnmap and cuMemRelease behind the
+// registrations, up to a step's registration each, and the call waited there instead of copying the
+// steps pinned meanwhile (docs/measurements.md, "A pause without retained memory: the wall").
+enum class Release { now, after_pinning };
+
 // Issues the moves under the moves lock, staging reserved: stages, migrates, then gives back the
-// physical memory of releasable allocations left empty.
+// physical memory of releasable allocations left empty (`release`). `done` carries, from round to
+// round, where each releasable allocation's copies end.
 uvm_status issue_offload(const Call& call, const MoveScope& move, const OffloadPieces& pieces,
-                         const Reservation& reserved) {
+                         const Reservation& reserved, Release release, CopiesDone* done) {
   const cudaStream_t stream = move.stream;
   for (const auto* part : {&pieces.staged, &pieces.migrated, &pieces.free}) {
     for (const HintRange& piece : *part) trace_move_bytes(piece.end - piece.begin);
   }
-  CopiesDone done;
   if (!pieces.staged.empty()) {
-    if (uvm_status s = offload_staged(call, pieces.staged, reserved, stream, &done)) return s;
+    if (uvm_status s = offload_staged(call, pieces.staged, reserved, stream, done)) return s;
   }
   if (!pieces.migrated.empty()) {
     if (uvm_status s = prefetch_each(call, pieces.migrated, UVM_LOCATION_CPU, stream)) return s;
     if (uvm_status s = set_last_moves(call, pieces.migrated, stream)) return s;
   }
   if (uvm_status s = drop_free_space(call, pieces.free, stream)) return s;
-  return release_emptied(call, move.ranges, stream, done);
+  if (release == Release::after_pinning) return UVM_OK;
+  return release_emptied(call, move.ranges, stream, *done);
 }
 
 // UVM_STRATEGY_MMAP and UVM_STRATEGY_DISK: once `stream` has reached the call, the bytes are copied
@@ -259,6 +267,10 @@ uvm_status offload_in_rounds(const Call& call, const MoveArgs& args, int request
   // thread would take it every time before the offload's next round.
   const Staging::RoomClaim claim(staging());
   int device = -1;
+  // Where each releasable allocation's copies end, over the rounds. The memory a round leaves to
+  // the last one stays held if a round after it fails (its bytes are on the host); the next offload
+  // of those ranges, or their free, gives it back.
+  CopiesDone done;
   for (;;) {
     MoveScope move;
     if (uvm_status s = begin_move(call, MoveKind::offload, args, stream, &move)) return s;
@@ -278,7 +290,7 @@ uvm_status offload_in_rounds(const Call& call, const MoveArgs& args, int request
       OffloadPieces rewrite;
       rewrite.staged = pieces_placed(pieces.staged, in_place.spans);
       *staged = true;
-      if (uvm_status s = issue_offload(call, move, rewrite, in_place)) return s;
+      if (uvm_status s = issue_offload(call, move, rewrite, in_place, Release::now, &done)) return s;
       continue;
     }
     const std::vector<Span> wanted = spans_of(pieces.staged);
@@ -297,12 +309,12 @@ uvm_status offload_in_rounds(const Call& call, const MoveArgs& args, int request
     const bool all_placed = placed_bytes(reserved.spans) == placed_bytes(wanted);
     pieces.staged = pieces_placed(pieces.staged, reserved.spans);
     *staged = *staged || !pieces.staged.empty();
-    if (all_placed) return finish_move(issue_offload(call, move, pieces, reserved), args, move);
+    if (all_placed) return finish_move(issue_offload(call, move, pieces, reserved, Release::now, &done), args, move);
     if (!reserved.spans.empty()) {
       // The steps pinned so far hold these: copy them now; the next round takes the rest.
       pieces.migrated.clear();
       pieces.free.clear();
-      if (uvm_status s = issue_offload(call, move, pieces, reserved)) return s;
+      if (uvm_status s = issue_offload(call, move, pieces, reserved, Release::after_pinning, &done)) return s;
       continue;
     }
     // Nothing fits yet: wait, with the lock let go, for the pinning in progress; if there is none,

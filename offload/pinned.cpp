@@ -29,11 +29,20 @@ unsigned usable_cpus() {
   return count > 0 ? static_cast<unsigned>(count) : std::max(1u, std::thread::hardware_concurrency());
 }
 
+// Who else runs while pages fault in: nothing, or a registration on a thread of its own, which then
+// keeps a CPU to itself: faulting in on one thread fewer than the CPUs while another mapping
+// registered finished both sooner than on all of them (pinned_probe's overlap table;
+// docs/measurements.md, "A pause without retained memory: the wall").
+enum class Beside { nothing, registration };
+
 // Touches every page of [host, host + bytes) on several threads (one per CPU this process may run
-// on, up to kMaxFaultThreads), so that cudaHostRegister finds them present: the kernel faults
-// pages in many times faster in parallel than the driver does alone.
-void fault_in(char* host, size_t bytes) {
-  const unsigned threads = std::max(1u, std::min(kMaxFaultThreads, usable_cpus()));
+// on, up to kMaxFaultThreads, less one left to a registration beside), so that cudaHostRegister
+// finds them present: the kernel faults pages in many times faster in parallel than the driver
+// does alone.
+void fault_in(char* host, size_t bytes, Beside beside = Beside::nothing) {
+  const unsigned cpus = usable_cpus();
+  const unsigned left_free = beside == Beside::registration && cpus > 1 ? 1 : 0;
+  const unsigned threads = std::min(kMaxFaultThreads, cpus - left_free);
   const size_t share = (bytes / threads + kPageBytes - 1) / kPageBytes * kPageBytes;
   std::vector<std::thread> workers;
   try {
@@ -105,7 +114,7 @@ void pin_steps(char* host, size_t bytes, int device, std::shared_ptr<StepPinning
     const size_t next = at + kPinStepBytes;
     std::thread ahead;
     try {
-      if (next < bytes) ahead = std::thread([=] { fault_in(host + next, step_size(next)); });
+      if (next < bytes) ahead = std::thread([=] { fault_in(host + next, step_size(next), Beside::registration); });
     } catch (...) {
       // No thread: the next step is faulted in by its own registration instead.
     }

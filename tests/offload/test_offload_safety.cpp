@@ -471,6 +471,55 @@ TEST_CASE("an offload in rounds, cut at pinning steps, keeps kept neighbours and
   check_no_staging_left();
 }
 
+// The driver holds a release behind the registrations of a pinning in progress (1–17 ms each, H100),
+// and the offload waited there instead of copying the steps pinned meanwhile: the memory a round
+// empties goes back once the pinning has ended, in the last round, and none is lost on the way.
+TEST_CASE("an offload in rounds gives releasable memory back only after its staging is pinned",
+          "[scenario][steps][cuda13]") {
+  FakeMachine machine;
+  REQUIRE(uvm_release_staging() == UVM_OK);  // nothing pinned: the offload pins in steps
+  const size_t mib = size_t{1} << 20;
+  // Two of 200 MiB: the one at the lower address lies wholly in the first 256 MiB step (the staged
+  // pieces go in address order), the other spans the first two.
+  std::vector<void*> bases;
+  for (size_t size : {200 * mib, 200 * mib}) {
+    bases.push_back(uvm_malloc_releasable(size, 0, nullptr));
+    REQUIRE(bases.back() != nullptr);
+    std::memset(bases.back(), static_cast<int>(bases.size()), size);
+    fake::device_wrote(bases.back(), size);
+  }
+  const std::vector<uvm_range> ranges{{bases[0], 200 * mib}, {bases[1], 200 * mib}};
+  cudaStream_t stream = fake::make_stream();
+  fake::hold_next("cudaHostRegister", 1);  // the second step waits
+  uvm_status offloaded = UVM_ERROR_INTERNAL;
+  std::thread offload([&] {
+    fake::set_thread_context(0);
+    offloaded = uvm_offload_ranges(ranges.data(), ranges.size(), UVM_STRATEGY_STAGED, stream);
+  });
+  REQUIRE(fake::wait_until_held(10000));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (FakeMachine::bytes_of(fake::OpKind::copy_to_host) < 256 * mib && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // time for a round to release, had it done so
+  CHECK(FakeMachine::bytes_of(fake::OpKind::copy_to_host) == 256 * mib);  // the first step's round: all of one allocation
+  CHECK(FakeMachine::ops_named(fake::OpKind::vmm_release).empty());  // and kept its memory while the pinning goes on
+  fake::release_held();
+  offload.join();
+  REQUIRE(offloaded == UVM_OK);
+  CHECK(FakeMachine::bytes_of(fake::OpKind::vmm_release) == 400 * mib);  // all of it once the pinning ended
+  CHECK(fake::mapped_reservations() == 0);
+  REQUIRE(uvm_onload_ranges(ranges.data(), ranges.size(), stream) == UVM_OK);
+  for (size_t i = 0; i < bases.size(); ++i) {
+    const auto* bytes = static_cast<const unsigned char*>(bases[i]);
+    size_t wrong = 0;
+    for (size_t k = 0; k < ranges[i].size; ++k) wrong += bytes[k] != i + 1;
+    CHECK(wrong == 0);
+  }
+  for (size_t i = 0; i < bases.size(); ++i) uvm_free(bases[i], ranges[i].size, 0, nullptr);
+  check_no_staging_left();
+}
+
 TEST_CASE("bytes written again after a discard survive an offload or prefetch that migrates them",
           "[offload][safety][cuda13]") {
   // The driver counts discarded pages written again (by a copy, measured with

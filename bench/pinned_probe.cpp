@@ -433,11 +433,14 @@ class Pool {
 };
 
 // A whole pause of `bytes` from `device` into fresh memory, in `step` pieces, seconds until the last
-// copy ends. how: 0 uvm today (offload/pinned.cpp: a thread per step faults the next step in on
-// new threads while this one registers), 1 the same with a pool of fault-in threads that stays,
+// copy ends. how: 0 uvm's steps (offload/pinned.cpp: a thread per step faults the next step in on
+// new threads while this one registers), its copies issued on the registering thread, 1 the same
+// with a pool of fault-in threads that stays,
 // 2 the pool and a mapping of its own per step (PROT_NONE gaps keep the kernel from merging them),
 // 3 the pool faulting in with MADV_POPULATE_WRITE, 4 a bounce path: copies into a pinned ring of
-// `ring` steps, the pool copying each step into fresh pageable memory (nothing registered per pause).
+// `ring` steps, the pool copying each step into fresh pageable memory (nothing registered per pause),
+// 5 as uvm pins and copies: the steps registered on a thread of their own, the caller issuing each
+// step's copies in 32 MiB pieces once it is registered.
 double fresh_pause(int how, size_t bytes, size_t step, int threads, size_t ring, void* device, cudaStream_t stream) {
   const size_t steps = bytes / step;
   const size_t gap = size_t{2} << 20;
@@ -497,7 +500,26 @@ double fresh_pause(int how, size_t bytes, size_t step, int threads, size_t ring,
     return seconds;
   }
   const double t = now();
-  if (how == 0) {
+  if (how == 5) {  // as uvm pins: a thread of its own registers, the caller copies each step as it is done
+    std::atomic<size_t> registered{0};
+    std::thread pinning([&] {
+      fault_in(at(0), step, threads);
+      for (size_t i = 0; i < steps; ++i) {
+        std::thread ahead([&, i] { if (i + 1 < steps) fault_in(at(i + 1), step, threads - 1); });
+        check(cudaHostRegister(at(i), step, kUvmFlags), "register");
+        registered.store(i + 1, std::memory_order_release);
+        ahead.join();
+      }
+    });
+    const size_t piece = std::min(step, size_t{32} << 20);  // the RL bench's weights are 20-132 MiB tensors
+    for (size_t i = 0; i < steps; ++i) {
+      while (registered.load(std::memory_order_acquire) <= i) std::this_thread::yield();
+      for (size_t p = 0; p < step; p += piece) {
+        check(cudaMemcpyAsync(at(i) + p, from(i) + p, piece, cudaMemcpyDeviceToHost, stream), "copy");
+      }
+    }
+    pinning.join();
+  } else if (how == 0) {
     fault_in(at(0), step, threads);
     for (size_t i = 0; i < steps; ++i) {
       std::thread ahead([&, i] { if (i + 1 < steps) fault_in(at(i + 1), step, threads); });
@@ -610,9 +632,10 @@ int overlap_table(size_t gib, int threads, void* device, cudaStream_t stream) {
     }
     munmap(b, bytes);
   }
-  const char* names[] = {"uvm today: new fault-in threads per step", "a fault-in pool that stays",
+  const char* names[] = {"uvm's steps, copies issued on the registering thread", "a fault-in pool that stays",
                          "the pool, a mapping per step", "the pool, MADV_POPULATE_WRITE",
-                         "bounce: pinned ring of 4 steps, the pool copies into fresh pageable memory"};
+                         "bounce: pinned ring of 4 steps, the pool copies into fresh pageable memory",
+                         "as uvm: a pinning thread registers, the caller copies 32 MiB pieces of each step done"};
   std::printf("\n| whole pause into fresh memory, 256 MiB steps | threads | seconds | GB/s |\n|---|---|---|---|\n");
   for (int round = 0; round < 2; ++round) {
     for (int how = 0; how < 5; ++how) {
@@ -621,6 +644,10 @@ int overlap_table(size_t gib, int threads, void* device, cudaStream_t stream) {
     }
     const double s = fresh_pause(4, bytes, size_t{64} << 20, threads, 8, device, stream);
     std::printf("| bounce, 64 MiB steps, ring of 8 | %d | %.3f | %.1f |\n", threads, s, gbps(s));
+    for (size_t step_mib : {256, 128, 64}) {
+      const double as_uvm = fresh_pause(5, bytes, step_mib << 20, threads, 0, device, stream);
+      std::printf("| %s, %zu MiB steps | %d | %.3f | %.1f |\n", names[5], step_mib, threads, as_uvm, gbps(as_uvm));
+    }
   }
   return 0;
 }

@@ -585,7 +585,7 @@ UVM_API uvm_status uvm_get_staging_info(uvm_staging_info* info);
 
 /* Allocates pinned staging memory ahead of need, so that a later staged offload of up to `bytes` in
  * one call pays no pinning on its critical path: call it at model load. (Without it, an offload
- * that needs more staging pins a new block in 64 MiB steps on a thread of its own and copies into
+ * that needs more staging pins a new block in 256 MiB steps on a thread of its own and copies into
  * each step as soon as it is pinned, at a fraction of the steady speed: docs/performance.md.)
  * Allocates only if no staging block has `bytes` free; 0 does nothing. Holds no lock the moves need
  * (an offload on another thread that needs memory meanwhile waits for this block and uses it).
@@ -598,7 +598,7 @@ UVM_API uvm_status uvm_get_staging_info(uvm_staging_info* info);
 UVM_API uvm_status uvm_reserve_staging(size_t bytes);
 
 /* Frees the pinned staging memory that holds no offloaded data, and the bounce buffers of mmap and
- * disk copies not in use (pinned again at the next such move): empty blocks, and the 64 MiB steps
+ * disk copies not in use (pinned again at the next such move): empty blocks, and the 256 MiB steps
  * of a block pinned in steps past the last one in use (waits for copies still reading it; if that
  * wait fails, the block is kept and the next call tries again). While an offload on another
  * thread is between pinning room for itself and using it, it frees nothing (an offload must not

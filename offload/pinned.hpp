@@ -33,13 +33,10 @@ struct StepPinning {
 };
 
 // The size of a step: big enough that registering it costs little beyond its pages, small enough
-// that the copies into the first steps overlap the pinning of the rest (steps, the next faulted in
-// while this one registers, nearly doubled a first offload's speed against pinning everything
-// first: docs/measurements.md, "The first offload"). 64 MiB rather than 256: a pause into fresh
-// memory copies sooner after its first step and waits for less after its last, and its sleep ran
-// faster in every alternating pair on two H100s, although the probe's pipeline alone did not
-// ("A pause without retained memory: the wall").
-constexpr size_t kPinStepBytes = size_t{64} << 20;
+// that the copies into the first steps overlap the pinning of the rest (256 MiB steps, the next
+// faulted in while this one registers, nearly doubled a first offload's speed against pinning
+// everything first: docs/measurements.md, "The first offload").
+constexpr size_t kPinStepBytes = size_t{256} << 20;
 
 struct PinnedMemory {
   char* host = nullptr;

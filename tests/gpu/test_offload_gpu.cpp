@@ -262,11 +262,9 @@ TEST_CASE("small-tensor segments share slabs: a cycle keeps every byte, a kept t
 
 TEST_CASE("a staging block bigger than the set it now holds gives back its unused steps; copies go on",
           "[gpu][offload][staging]") {
-  // 600 MiB staged once (a block pinned in 64 MiB steps, offload/pinned.hpp's kPinStepBytes, when
-  // UVM_PINNED asks for the registered way), then only 10 MiB: the steps past the first are
-  // unregistered and unmapped in the background while the first step keeps serving copies. Every
-  // byte survives each cycle.
-  constexpr size_t kStep = 64 * MiB;
+  // 600 MiB staged once (a block pinned in three 256 MiB steps, when UVM_PINNED asks for the
+  // registered way), then only 10 MiB: the two steps past the first are unregistered and unmapped
+  // in the background while the first step keeps serving copies. Every byte survives each cycle.
   REQUIRE(gpu::concurrent_managed_access());
   if (!discard_supported()) {
     WARN("not run: staged offload needs CUDA 13 discard");
@@ -289,7 +287,7 @@ TEST_CASE("a staging block bigger than the set it now holds gives back its unuse
     REQUIRE(uvm_release_staging() == UVM_OK);  // waits for the steps given back in the background
     uvm_staging_info after{};
     REQUIRE(uvm_get_staging_info(&after) == UVM_OK);
-    if (in_steps) CHECK(after.capacity_bytes == kStep);
+    if (in_steps) CHECK(after.capacity_bytes == 256 * MiB);
     REQUIRE(uvm_onload_ranges(both, 1, stream) == UVM_OK);
     CUDA_REQUIRE(cudaStreamSynchronize(stream));
     CHECK(matches(small, small_bytes));

@@ -11,7 +11,6 @@
 #include <thread>
 #include <vector>
 
-#include "../../offload/pinned.hpp"
 #include "fixture.hpp"
 
 namespace {
@@ -649,14 +648,13 @@ TEST_CASE("reservations at once take turns: one block, not one each", "[offload]
 }
 
 // Run with UVM_PINNED unset, so that staging is pinned the registered way (tests/meson.build:
-// offload-pinned-in-steps); 256 MiB of it is faulted in for real.
+// offload-pinned-in-steps); 512 MiB of it is faulted in for real.
 TEST_CASE("a first offload copies into the steps pinned so far while the rest is being pinned",
           "[scenario][steps][cuda13]") {
   FakeMachine machine;
   REQUIRE(uvm_release_staging() == UVM_OK);  // nothing pinned yet: this is a first offload
-  const size_t step = uvm::kPinStepBytes;
-  const size_t steps = (size_t{256} << 20) / step;  // the smallest block staging pins
-  Buffer b(steps * step);
+  const size_t step = size_t{256} << 20;
+  Buffer b(2 * step);
   const auto ranges = tensors_in(b, 8);
   cudaStream_t stream = fake::make_stream();
   auto copied_out = [] { return FakeMachine::bytes_of(fake::OpKind::copy_to_host); };
@@ -678,23 +676,23 @@ TEST_CASE("a first offload copies into the steps pinned so far while the rest is
   REQUIRE(uvm_get_staging_info(&pinning) == UVM_OK);
   CHECK(pinning.configured_kind == UVM_PINNED_REGISTERED);
   CHECK(pinning.blocks == 1);
-  CHECK(pinning.registered_bytes == steps * step);
-  CHECK(pinning.pinning_bytes == (steps - 1) * step);  // the second step on are not pinned yet
+  CHECK(pinning.registered_bytes == 2 * step);
+  CHECK(pinning.pinning_bytes == step);  // the second step is not pinned yet
   fake::release_held();
   offload.join();
   REQUIRE(status == UVM_OK);
-  CHECK(copied_out() == steps * step);
-  CHECK(residency().staged_bytes == steps * step);
-  CHECK(report.bytes == steps * step);  // one call, in rounds
+  CHECK(copied_out() == 2 * step);
+  CHECK(residency().staged_bytes == 2 * step);
+  CHECK(report.bytes == 2 * step);  // one call, in two rounds
   uvm_staging_info pinned{};
   REQUIRE(uvm_get_staging_info(&pinned) == UVM_OK);
   CHECK(pinned.pinning_bytes == 0);
-  CHECK(pinned.staged_bytes == steps * step);
+  CHECK(pinned.staged_bytes == 2 * step);
   const void* copy = nullptr;
   REQUIRE(uvm_get_staged_copy(b.ptr, b.size, &copy) == UVM_OK);  // cut where the steps end, yet one copy
   REQUIRE(copy != nullptr);
   CHECK(std::memcmp(copy, b.ptr, 0) == 0);
-  for (size_t i : {size_t{0}, step - 1, step, steps * step - 1}) {
+  for (size_t i : {size_t{0}, step - 1, step, 2 * step - 1}) {
     CHECK(static_cast<const unsigned char*>(copy)[i] == static_cast<unsigned char>(i * 7 + 3));
   }
   REQUIRE(uvm_onload_ranges(ranges.data(), ranges.size(), stream) == UVM_OK);
@@ -730,12 +728,11 @@ TEST_CASE("a first offload never copies across two pinning steps, wherever its t
 TEST_CASE("a block pinned in steps that holds a smaller set gives back the steps past it", "[scenario][steps][cuda13]") {
   FakeMachine machine;
   REQUIRE(uvm_release_staging() == UVM_OK);
-  const size_t step = uvm::kPinStepBytes;
-  const size_t big_steps = (size_t{256} << 20) / step;  // past the smallest block staging pins
-  Buffer small(size_t{10} << 20), big(big_steps * step);
+  const size_t step = size_t{256} << 20;
+  Buffer small(size_t{10} << 20), big(2 * step);
   const uvm_range both[] = {small.whole(), big.whole()};
   cudaStream_t stream = fake::make_stream();
-  REQUIRE(uvm_offload_ranges(both, 2, UVM_STRATEGY_STAGED, stream) == UVM_OK);  // one block, big_steps + 1 steps
+  REQUIRE(uvm_offload_ranges(both, 2, UVM_STRATEGY_STAGED, stream) == UVM_OK);  // one block, three steps
   REQUIRE(uvm_onload_ranges(both, 2, stream) == UVM_OK);
   size_t capacity = 0;
   REQUIRE(uvm_get_staging(&capacity, nullptr) == UVM_OK);
@@ -752,9 +749,9 @@ TEST_CASE("a block pinned in steps that holds a smaller set gives back the steps
   CHECK(capacity == step);  // held: the offloaded set rounded up to a step, not the whole block
   REQUIRE(uvm_release_staging() == UVM_OK);  // waits for the free in the background
   const auto unpinned = FakeMachine::ops_named(fake::OpKind::host_unregister);
-  REQUIRE(unpinned.size() == big_steps);  // the steps past the first, each where its registration starts
+  REQUIRE(unpinned.size() == 2);  // the second and third steps, each where its registration starts
   CHECK(unpinned[0].ptr != unpinned[1].ptr);
-  CHECK(fake::pinned_blocks() == blocks_before - big_steps);  // the block stays, its first step registered
+  CHECK(fake::pinned_blocks() == blocks_before - 2);  // the block stays, its first step registered
   uvm_staging_info info{};
   REQUIRE(uvm_get_staging_info(&info) == UVM_OK);
   CHECK(info.registered_bytes == step);

@@ -10,7 +10,6 @@
 #include <thread>
 #include <vector>
 
-#include "../../offload/pinned.hpp"
 #include "fixture.hpp"
 
 namespace {
@@ -433,15 +432,15 @@ TEST_CASE("every failed CUDA call in an offload or onload rolls back cleanly", "
 }
 
 // Run with UVM_PINNED unset (tests/meson.build: offload-pinned-in-steps): the staging block is
-// pinned in steps (uvm::kPinStepBytes), and the offload copies into each step as it is done, in
-// rounds that let go of the moves lock between them.
+// pinned in 256 MiB steps, and the offload copies into each step as it is done, in rounds that let
+// go of the moves lock between them.
 TEST_CASE("an offload in rounds, cut at pinning steps, keeps kept neighbours and survives an onload between rounds",
           "[scenario][steps][safety][cuda13]") {
   FakeMachine machine;
   REQUIRE(uvm_release_staging() == UVM_OK);  // nothing pinned: the offload pins in steps
   const size_t mib = size_t{1} << 20;
   // Moved pieces of 200, 200 and 150 MiB around kept ones of 1 MiB and 512 B: the staged bytes
-  // span several steps, cut inside the pieces.
+  // span three steps, cut inside the first two pieces.
   Layout layout({200 * mib, mib, 200 * mib, 512, 150 * mib}, 512);
   cudaStream_t stream = fake::make_stream();
   auto copied_out = [] { return FakeMachine::bytes_of(fake::OpKind::copy_to_host); };
@@ -453,10 +452,10 @@ TEST_CASE("an offload in rounds, cut at pinning steps, keeps kept neighbours and
   });
   REQUIRE(fake::wait_until_held(10000));
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (copied_out() < uvm::kPinStepBytes && std::chrono::steady_clock::now() < deadline) {
+  while (copied_out() < 256 * mib && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  CHECK(copied_out() == uvm::kPinStepBytes);  // the first step's round is done; the offload waits, holding no lock
+  CHECK(copied_out() == 256 * mib);  // the first step's round is done; the offload waits, holding no lock
   // An onload of the same ranges on this thread runs between the rounds (the offload may stage
   // what it brought back once more: the offload was asked for all of it); meanwhile the program
   // writes the kept neighbours.
@@ -479,17 +478,17 @@ TEST_CASE("an offload in rounds gives releasable memory back only after its stag
           "[scenario][steps][cuda13]") {
   FakeMachine machine;
   REQUIRE(uvm_release_staging() == UVM_OK);  // nothing pinned: the offload pins in steps
-  const size_t step = uvm::kPinStepBytes, size = step / 8 * 5;  // 2 MiB granules
-  // Two of 5/8 of a step: the one at the lower address lies wholly in the first step (the staged
+  const size_t mib = size_t{1} << 20;
+  // Two of 200 MiB: the one at the lower address lies wholly in the first 256 MiB step (the staged
   // pieces go in address order), the other spans the first two.
   std::vector<void*> bases;
-  for (int i = 0; i < 2; ++i) {
+  for (size_t size : {200 * mib, 200 * mib}) {
     bases.push_back(uvm_malloc_releasable(size, 0, nullptr));
     REQUIRE(bases.back() != nullptr);
     std::memset(bases.back(), static_cast<int>(bases.size()), size);
     fake::device_wrote(bases.back(), size);
   }
-  const std::vector<uvm_range> ranges{{bases[0], size}, {bases[1], size}};
+  const std::vector<uvm_range> ranges{{bases[0], 200 * mib}, {bases[1], 200 * mib}};
   cudaStream_t stream = fake::make_stream();
   fake::hold_next("cudaHostRegister", 1);  // the second step waits
   uvm_status offloaded = UVM_ERROR_INTERNAL;
@@ -499,16 +498,16 @@ TEST_CASE("an offload in rounds gives releasable memory back only after its stag
   });
   REQUIRE(fake::wait_until_held(10000));
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (FakeMachine::bytes_of(fake::OpKind::copy_to_host) < step && std::chrono::steady_clock::now() < deadline) {
+  while (FakeMachine::bytes_of(fake::OpKind::copy_to_host) < 256 * mib && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(20));  // time for a round to release, had it done so
-  CHECK(FakeMachine::bytes_of(fake::OpKind::copy_to_host) == step);  // the first step's round: all of one allocation
+  CHECK(FakeMachine::bytes_of(fake::OpKind::copy_to_host) == 256 * mib);  // the first step's round: all of one allocation
   CHECK(FakeMachine::ops_named(fake::OpKind::vmm_release).empty());  // and kept its memory while the pinning goes on
   fake::release_held();
   offload.join();
   REQUIRE(offloaded == UVM_OK);
-  CHECK(FakeMachine::bytes_of(fake::OpKind::vmm_release) == 2 * size);  // all of it once the pinning ended
+  CHECK(FakeMachine::bytes_of(fake::OpKind::vmm_release) == 400 * mib);  // all of it once the pinning ended
   CHECK(fake::mapped_reservations() == 0);
   REQUIRE(uvm_onload_ranges(ranges.data(), ranges.size(), stream) == UVM_OK);
   for (size_t i = 0; i < bases.size(); ++i) {

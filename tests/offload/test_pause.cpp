@@ -192,7 +192,7 @@ TEST_CASE("a resume that retains keeps the pinned copy at its address; the next 
 TEST_CASE("a retained copy in parts (cut where a step of its first pinning ended) is written again in place, "
           "so a steady pause pins nothing", "[scenario][pause][retain][steps][cuda13]") {
   FakeMachine machine;
-  REQUIRE(uvm_release_staging() == UVM_OK);  // the first pause pins its block in steps
+  REQUIRE(uvm_release_staging() == UVM_OK);  // the first pause pins its block in 256 MiB steps
   Retaining retain;
   // 3 × 100 MiB: the third lies across the end of the first step, so its copy is in two parts.
   std::vector<std::unique_ptr<Releasable>> weights;

@@ -374,7 +374,8 @@ class TorchMemorySaver:
         unless zero_copy=True, which views uvm's host memory: valid until resume, or while retained).
         After a resume with retain_cpu_backup, the retained copy: the bytes as they were paused, at
         the same address. None when the tensor has no CPU backup (a disk backup is not in host
-        memory)."""
+        memory). A zero-copy view across two pinning steps cannot be copied to a GPU in one call
+        (docs/python-api.md)."""
         import torch
         if not isinstance(x, torch.Tensor) or not x.is_cuda:
             raise ValueError(f"get_cpu_backup takes a CUDA tensor, not {type(x).__name__}"

@@ -224,7 +224,7 @@ uvm_status vmm_map(const Call& call, uintptr_t base, int device, Mapping* mappin
   if (mapping->mapped) return UVM_OK;
   bool created = false;
   const uvm_status status = map_physical(call, base, device, mapping, &created);
-  if (created) settle_after_wake(device);
+  if (status == UVM_OK && created) settle_after_wake(device);  // a failed map gave its new memory back
   return status;
 }
 

@@ -136,6 +136,20 @@ TEST_CASE("a wake while a poll waits in the driver puts the next poll a whole de
   CHECK(polls_on(0).made <= 1);  // the held poll's own; none 5 ms after it
 }
 
+TEST_CASE("a wake whose map fails made nothing new: no polls", "[settle][threads]") {
+  FakeMachine machine;
+  Timing timing({milliseconds(1), milliseconds(1), milliseconds(100)});
+  auto kv = dropped_by_pause("kv_cache", 0);
+  REQUIRE(uvm_pause(0, "kv_cache") == UVM_OK);
+  fake::fail_next("cuMemMap", cudaErrorMemoryAllocation);
+  fake::reset_ops();
+  CHECK(uvm_resume(0, "kv_cache") != UVM_OK);  // its new memory given back at once, nothing mapped
+  uvm::wait_until_settled();
+  CHECK(polls_on(0).made == 0);
+  CHECK(fake::mapped_reservations() == 0);
+  REQUIRE(uvm_resume(0, "kv_cache") == UVM_OK);  // tried again, it maps
+}
+
 TEST_CASE("a poll the driver refuses is dropped and the next one comes", "[settle][threads]") {
   FakeMachine machine;
   Timing timing({milliseconds(5), milliseconds(10), milliseconds(120)});

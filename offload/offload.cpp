@@ -1,5 +1,7 @@
 // uvm_offload_ranges: moving memory off a GPU, by migration (prefetch to the CPU) or by staging
 // (copy out to pinned memory, then discard on the device).
+#include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "../alloc/registry.hpp"
@@ -162,6 +164,7 @@ uvm_status offload_staged(const Call& call, const std::vector<HintRange>& pieces
   // there is of these bytes, so it is kept even if waiting for it fails.
   EventRef written;
   const uvm_status marked = mark_or_wait(call, stream, &written);
+  for (const StepsTaken& taken : reserved.steps_taken) note_copies_issued(*taken.pinning, taken.through);
   std::vector<StagedPiece> staged;
   std::vector<const char*> hosts;
   for (size_t i = 0; i < spans.size(); ++i) {
@@ -258,6 +261,32 @@ Reservation retained_room(const std::vector<HintRange>& pieces) {
   return room;
 }
 
+// The pinnings in steps an offload paces (StepPinning): the one it started, whose first pacer it
+// is, and those it took steps of. When it returns, however it returns, it stops pacing them, so
+// that no step waits for copies that will not come.
+class PacedPinnings {
+ public:
+  PacedPinnings() = default;
+  PacedPinnings(const PacedPinnings&) = delete;
+  PacedPinnings& operator=(const PacedPinnings&) = delete;
+  ~PacedPinnings() {
+    for (const auto& pinning : pinnings_) end_pacing(*pinning);
+  }
+  // A pinning ensure_capacity started for this offload: paced by it already.
+  void adopt(const std::shared_ptr<StepPinning>& pinning) {
+    if (pinning) pinnings_.push_back(pinning);
+  }
+  // A pinning this offload reserved steps of.
+  void take(const std::shared_ptr<StepPinning>& pinning) {
+    if (std::find(pinnings_.begin(), pinnings_.end(), pinning) != pinnings_.end()) return;
+    begin_pacing(*pinning);
+    pinnings_.push_back(pinning);
+  }
+
+ private:
+  std::vector<std::shared_ptr<StepPinning>> pinnings_;
+};
+
 uvm_status offload_in_rounds(const Call& call, const MoveArgs& args, int requested, cudaStream_t stream,
                              bool* staged) {
   if (requested == UVM_STRATEGY_MMAP) return offload_kept(call, args, Kept::pageable, stream);
@@ -266,6 +295,7 @@ uvm_status offload_in_rounds(const Call& call, const MoveArgs& args, int request
   // The room made for this offload stays until it is reserved: a release_staging loop on another
   // thread would take it every time before the offload's next round.
   const Staging::RoomClaim claim(staging());
+  PacedPinnings paced;
   int device = -1;
   // Where each releasable allocation's copies end, over the rounds. The memory a round leaves to
   // the last one stays held if a round after it fails (its bytes are on the host); the next offload
@@ -301,10 +331,14 @@ uvm_status offload_in_rounds(const Call& call, const MoveArgs& args, int request
       // an allocation may have been freed, or its bytes moved, meanwhile.
       move.unlock();
       const size_t ahead = staging_to_pin_ahead(placed_bytes(wanted));
-      if (uvm_status s = staging().ensure_capacity(call, wanted, true, ahead)) return s;
+      std::shared_ptr<StepPinning> pinning;
+      const uvm_status grown = staging().ensure_capacity(call, wanted, true, ahead, &pinning);
+      paced.adopt(pinning);
+      if (grown != UVM_OK) return grown;
       continue;
     }
     Reservation reserved = staging().reserve_prefix(wanted);
+    for (const StepsTaken& taken : reserved.steps_taken) paced.take(taken.pinning);
     note_staging_reserved(placed_bytes(reserved.spans));
     const bool all_placed = placed_bytes(reserved.spans) == placed_bytes(wanted);
     pieces.staged = pieces_placed(pieces.staged, reserved.spans);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -98,6 +99,15 @@ char* register_pinned(size_t bytes, std::string* why) {
   return host;
 }
 
+// Before the next step's registration: the copies into the steps pinned so far are issued (or
+// none is coming), StepPinning says why. Under progress.mutex (`lock`).
+void wait_for_copies_issued(StepPinning& progress, std::unique_lock<std::mutex>& lock) {
+  const size_t pinned = progress.pinned;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kPaceWaitMs);
+  progress.changed.wait_until(lock, deadline, [&] { return progress.pacers == 0 || progress.issued >= pinned; });
+  progress.changed.wait(lock, [&] { return progress.pacers == 0 || progress.issued >= progress.reserved; });
+}
+
 // The pinning thread: step by step, the next step faulted in on other threads while this one is
 // registered: the two take about as long as each other, so overlapping them nearly halves the
 // pinning (docs/measurements.md, "The first offload").
@@ -125,9 +135,10 @@ void pin_steps(char* host, size_t bytes, int device, std::shared_ptr<StepPinning
       failure = std::string("cudaHostRegister: ") + cudaGetErrorName(e);
       break;
     }
-    std::lock_guard<std::mutex> lock(progress->mutex);
+    std::unique_lock<std::mutex> lock(progress->mutex);
     progress->pinned = at + step_size(at);
     progress->changed.notify_all();
+    if (next < bytes) wait_for_copies_issued(*progress, lock);
   }
   std::lock_guard<std::mutex> lock(progress->mutex);
   progress->failure = failure;
@@ -164,11 +175,13 @@ uvm_status pin_host_memory(const Call& call, size_t bytes, PinnedKind wanted, Pi
   return UVM_OK;
 }
 
-uvm_status pin_host_memory_in_steps(const Call& call, size_t bytes, int device, PinnedMemory* out) {
+uvm_status pin_host_memory_in_steps(const Call& call, size_t bytes, int device, PinnedMemory* out,
+                                    StepPacing pacing) {
   std::string why;
   char* host = map_for_pinning(bytes, &why);
   if (host == nullptr) return pin_host_memory(call, bytes, PinnedKind::host_alloc, out);
   auto progress = std::make_shared<StepPinning>();
+  progress->pacers = pacing == StepPacing::copies_first ? 1 : 0;
   try {
     std::thread(pin_steps, host, bytes, device, progress).detach();
   } catch (...) {
@@ -177,6 +190,29 @@ uvm_status pin_host_memory_in_steps(const Call& call, size_t bytes, int device, 
   }
   *out = PinnedMemory{host, bytes, PinnedKind::registered, progress};
   return UVM_OK;
+}
+
+void begin_pacing(StepPinning& pinning) {
+  std::lock_guard<std::mutex> lock(pinning.mutex);
+  ++pinning.pacers;
+}
+
+void note_steps_reserved(StepPinning& pinning, size_t through) {
+  std::lock_guard<std::mutex> lock(pinning.mutex);
+  pinning.reserved = std::max(pinning.reserved, through);
+  pinning.changed.notify_all();
+}
+
+void note_copies_issued(StepPinning& pinning, size_t through) {
+  std::lock_guard<std::mutex> lock(pinning.mutex);
+  pinning.issued = std::max(pinning.issued, through);
+  pinning.changed.notify_all();
+}
+
+void end_pacing(StepPinning& pinning) {
+  std::lock_guard<std::mutex> lock(pinning.mutex);
+  pinning.pacers = std::max(0, pinning.pacers - 1);
+  pinning.changed.notify_all();
 }
 
 size_t pinned_bytes_now(const PinnedMemory& memory) {

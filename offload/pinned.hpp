@@ -24,13 +24,30 @@ namespace uvm {
 
 // How far pinning in steps has come: the first `pinned` bytes are registered. Written by the
 // pinning thread, read by whoever waits for room.
+//
+// While paced (an offload copies into each step as it is pinned), the pinning thread registers
+// the next step only once the copies into the steps pinned so far are issued: the driver issued
+// copies slowly beside a registration, and one step's copies then took 26-50 ms of GPU time
+// instead of 5 (H200 traces; docs/measurements.md, "A pause without retained memory: the wall").
+// It waits without bound for copies reserved and not yet issued (the offload issues them at once,
+// or ends the pacing when it fails), and at most kPaceWait for a reservation to come.
 struct StepPinning {
   std::mutex mutex;
   std::condition_variable changed;
   size_t pinned = 0;
   bool done = false;     // every step registered, or one failed (then `failure` says why)
   std::string failure;
+  int pacers = 0;        // offloads taking the steps (begin_pacing, end_pacing): paced while any is
+  size_t reserved = 0;   // the bytes from the start that offloads have reserved
+  size_t issued = 0;     // the bytes from the start whose copies are issued
 };
+
+// How long the pinning thread waits, after a step, for an offload to reserve it: an offload
+// waiting for the step reserves it well within this; past it, no copy is coming.
+constexpr int kPaceWaitMs = 50;
+
+// Whether a pinning in steps waits for the copies into each step before registering the next.
+enum class StepPacing { none, copies_first };
 
 // The size of a step: big enough that registering it costs little beyond its pages, small enough
 // that the copies into the first steps overlap the pinning of the rest (256 MiB steps, the next
@@ -52,9 +69,20 @@ uvm_status pin_host_memory(const Call& call, size_t bytes, PinnedKind wanted, Pi
 
 // Maps `bytes` the registered way and returns at once: a thread of its own faults the pages in
 // and registers them kPinStepBytes at a time, faulting the next step in while it registers this
-// one, on `device`'s context; out->steps says how far it is. Falls back to pin_host_memory when
-// the memory cannot be mapped.
-uvm_status pin_host_memory_in_steps(const Call& call, size_t bytes, int device, PinnedMemory* out);
+// one, on `device`'s context; out->steps says how far it is. With StepPacing::copies_first the
+// caller is its first pacer: it reports its reservations and copies (note_steps_reserved,
+// note_copies_issued) and calls end_pacing when it takes no more steps. Falls back to
+// pin_host_memory when the memory cannot be mapped.
+uvm_status pin_host_memory_in_steps(const Call& call, size_t bytes, int device, PinnedMemory* out,
+                                    StepPacing pacing = StepPacing::none);
+
+// An offload begins taking steps of memory pinned in steps / reserved the first `through` bytes of
+// it / issued the copies into them / takes no more of its steps. Once no offload takes them, the
+// steps left are registered without waiting.
+void begin_pacing(StepPinning& pinning);
+void note_steps_reserved(StepPinning& pinning, size_t through);
+void note_copies_issued(StepPinning& pinning, size_t through);
+void end_pacing(StepPinning& pinning);
 
 // The bytes of `memory` usable now: all of it, or for memory pinned in steps the steps registered.
 size_t pinned_bytes_now(const PinnedMemory& memory);

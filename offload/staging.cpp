@@ -55,7 +55,7 @@ uvm_status Staging::new_block(const Call& call, size_t bytes, bool in_steps, std
   clear_cuda_error(cudaGetDevice(&block->device));
   bytes = std::max(kMinBlockBytes, bytes);
   if (in_steps && configured_pinned_kind() == PinnedKind::registered) {
-    if (uvm_status s = pin_host_memory_in_steps(call, bytes, block->device, &memory)) return s;
+    if (uvm_status s = pin_host_memory_in_steps(call, bytes, block->device, &memory, StepPacing::copies_first)) return s;
   } else {
     HostPhase pinning(Phase::pin);
     if (uvm_status s = pin_host_memory(call, bytes, configured_pinned_kind(), &memory)) return s;
@@ -66,7 +66,8 @@ uvm_status Staging::new_block(const Call& call, size_t bytes, bool in_steps, std
   return UVM_OK;
 }
 
-uvm_status Staging::ensure_capacity(const Call& call, const std::vector<Span>& spans, bool in_steps, size_t ahead) {
+uvm_status Staging::ensure_capacity(const Call& call, const std::vector<Span>& spans, bool in_steps, size_t ahead,
+                                    std::shared_ptr<StepPinning>* paced) {
   std::lock_guard<std::mutex> growing(growth_mutex_);
   size_t missing = 0;
   {
@@ -80,6 +81,7 @@ uvm_status Staging::ensure_capacity(const Call& call, const std::vector<Span>& s
   if (missing == 0) return UVM_OK;
   std::shared_ptr<Block> block;
   if (uvm_status s = new_block(call, missing + ahead, in_steps, &block)) return s;
+  if (paced != nullptr && block->memory.steps) *paced = block->memory.steps;
   std::lock_guard<std::mutex> lock(mutex_);
   blocks_.push_back(std::move(block));
   return UVM_OK;
@@ -144,6 +146,10 @@ Reservation Staging::reserve_prefix(const std::vector<Span>& spans) {
   for (auto& block : touched) {
     prune(&block->reads);
     reserved.reused.insert(reserved.reused.end(), block->reads.begin(), block->reads.end());
+    if (const auto& pinning = block->memory.steps) {
+      note_steps_reserved(*pinning, block->used);
+      reserved.steps_taken.push_back(StepsTaken{pinning, block->used});
+    }
   }
   return reserved;
 }

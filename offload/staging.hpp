@@ -27,11 +27,19 @@
 
 namespace uvm {
 
+// A block being pinned in steps that a reservation reached into, up to `through` bytes from its
+// start: once the copies into them are issued (note_copies_issued), its next step may register.
+struct StepsTaken {
+  std::shared_ptr<StepPinning> pinning;
+  size_t through;
+};
+
 // Host bytes reserved for an offload's staged pieces.
 struct Reservation {
   std::vector<Span> spans;                    // the pieces placed, in order
   std::vector<std::shared_ptr<char>> leases;  // a lease on each one's host bytes, at leases[i].get()
   std::vector<EventRef> reused;               // copies still using those bytes: the writer waits for them
+  std::vector<StepsTaken> steps_taken;        // blocks still being pinned that the pieces reach into
 };
 
 class Staging {
@@ -56,9 +64,11 @@ class Staging {
   // a new block of the registered kind is pinned in steps on a thread of its own and this returns
   // at once; after one such pinning failed, growth pins at once again (cudaHostAlloc fallback).
   // A block still being pinned counts at its full size. A block that must be added anyway is made
-  // `ahead` bytes bigger (a group of moves expects more).
+  // `ahead` bytes bigger (a group of moves expects more). A block pinned in steps is paced
+  // (StepPinning): `paced` receives its pinning, whose pacing the offload ends when it takes no
+  // more of its steps.
   uvm_status ensure_capacity(const Call& call, const std::vector<Span>& spans, bool in_steps = false,
-                             size_t ahead = 0);
+                             size_t ahead = 0, std::shared_ptr<StepPinning>* paced = nullptr);
   // Waits, holding no lock, until a block being pinned in steps pins more or stops; false at once
   // if none is being pinned.
   bool wait_for_pinning();

@@ -75,8 +75,9 @@ void reset();
 void fail_next(const std::string& call_name, cudaError_t error);
 
 // The next call to `call_name` ("cudaHostAlloc", "cudaHostRegister", "cudaFreeHost" or
-// "cudaHostUnregister", which take long on a real machine, "cudaDeviceSynchronize", or "cuMemCreate",
-// which can wait for the driver after a large free) waits, holding no lock of the double's, until release_held(); so a test can check what
+// "cudaHostUnregister", which take long on a real machine, "cudaDeviceSynchronize", "cuMemCreate",
+// which can wait for the driver after a large free, or "cudaMemcpyAsync", which the driver issued
+// slowly beside a registration) waits, holding no lock of the double's, until release_held(); so a test can check what
 // other threads can do meanwhile. wait_until_held gives true once a call is waiting there.
 // `skip` calls of it pass first (hold_next("cudaHostRegister", 1) holds the second).
 void hold_next(const std::string& call_name, int skip = 0);

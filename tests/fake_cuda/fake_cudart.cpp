@@ -995,6 +995,7 @@ cudaError_t cudaHostUnregister(void* ptr) {
 }
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream) {
+  pass_gate("cudaMemcpyAsync");
   World& w = world();
   std::lock_guard<std::mutex> lock(w.mutex);
   cudaError_t error;

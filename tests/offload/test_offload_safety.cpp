@@ -520,6 +520,63 @@ TEST_CASE("an offload in rounds gives releasable memory back only after its stag
   check_no_staging_left();
 }
 
+// On the H200 the driver issued an offload's copies slowly while the pinning thread registered the
+// next step: one step's copies then took 26-50 ms of GPU time instead of 5. The pinning thread
+// registers a step only once the copies into the steps pinned before it are issued.
+TEST_CASE("an offload in rounds issues the copies into a pinned step before the next step is registered",
+          "[scenario][steps][cuda13]") {
+  FakeMachine machine;
+  REQUIRE(uvm_release_staging() == UVM_OK);  // nothing pinned: the offload pins in steps
+  const size_t mib = size_t{1} << 20;
+  // Three of 200 MiB: 600 MiB staged in address order over three steps (256, 256, 88 MiB).
+  std::vector<void*> bases;
+  for (int i = 0; i < 3; ++i) {
+    bases.push_back(uvm_malloc_releasable(200 * mib, 0, nullptr));
+    REQUIRE(bases.back() != nullptr);
+    std::memset(bases.back(), i + 1, 200 * mib);
+    fake::device_wrote(bases.back(), 200 * mib);
+  }
+  std::vector<uvm_range> ranges;
+  for (void* base : bases) ranges.push_back(uvm_range{base, 200 * mib});
+  cudaStream_t stream = fake::make_stream();
+  auto registrations = [] { return FakeMachine::ops_named(fake::OpKind::host_register).size(); };
+  fake::hold_next("cudaMemcpyAsync");  // the first copy into the first step waits
+  uvm_status offloaded = UVM_ERROR_INTERNAL;
+  std::thread offload([&] {
+    fake::set_thread_context(0);
+    offloaded = uvm_offload_ranges(ranges.data(), ranges.size(), UVM_STRATEGY_STAGED, stream);
+  });
+  REQUIRE(fake::wait_until_held(10000));
+  // The second step's pages were being faulted in meanwhile: unpaced, it would register now.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  while (registrations() < 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CHECK(registrations() == 1);
+  fake::release_held();
+  offload.join();
+  REQUIRE(offloaded == UVM_OK);
+  // In the log, each step's registration comes after the copies into the steps before it.
+  size_t copied = 0, steps = 0;
+  for (const fake::Op& op : fake::ops()) {
+    if (op.call == fake::OpKind::copy_to_host) copied += op.size;
+    if (op.call != fake::OpKind::host_register) continue;
+    CAPTURE(steps);
+    CHECK(copied == steps * 256 * mib);
+    ++steps;
+  }
+  CHECK(steps == 3);
+  REQUIRE(uvm_onload_ranges(ranges.data(), ranges.size(), stream) == UVM_OK);
+  for (size_t i = 0; i < bases.size(); ++i) {
+    const auto* bytes = static_cast<const unsigned char*>(bases[i]);
+    size_t wrong = 0;
+    for (size_t k = 0; k < ranges[i].size; ++k) wrong += bytes[k] != i + 1;
+    CHECK(wrong == 0);
+  }
+  for (void* base : bases) uvm_free(base, 200 * mib, 0, nullptr);
+  check_no_staging_left();
+}
+
 TEST_CASE("bytes written again after a discard survive an offload or prefetch that migrates them",
           "[offload][safety][cuda13]") {
   // The driver counts discarded pages written again (by a copy, measured with

@@ -1,7 +1,9 @@
 // Pinned staging memory (offload/pinned.cpp): registered huge-page memory by default, cudaHostAlloc
 // when registering fails or UVM_PINNED=hostalloc asks for it, one clear error when both fail. (The
 // other CPU tests run with UVM_PINNED=hostalloc: see tests/meson.build.)
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "../../offload/pinned.hpp"
 #include "fixture.hpp"
@@ -90,6 +92,63 @@ TEST_CASE("pinning in steps registers step by step on a thread of its own; copie
   CHECK(static_cast<unsigned char>(memory.host[bytes - 1]) == 0);  // faulted in, never written
   REQUIRE(uvm::unpin_host_memory(kCall, memory) == UVM_OK);
   CHECK(FakeMachine::ops_named(fake::OpKind::host_unregister).size() == 3);
+}
+
+namespace {
+size_t registrations() { return FakeMachine::ops_named(fake::OpKind::host_register).size(); }
+
+// Waits until `pinning` has pinned `bytes` or ended; true if it pinned them.
+bool wait_for_pinned(uvm::StepPinning& pinning, size_t bytes) {
+  std::unique_lock<std::mutex> lock(pinning.mutex);
+  pinning.changed.wait(lock, [&] { return pinning.done || pinning.pinned >= bytes; });
+  return pinning.pinned >= bytes;
+}
+
+// Gives the pinning thread the time it would take to register another step, unpaced.
+bool registers_within_half_a_second(size_t count) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  while (registrations() < count && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return registrations() >= count;
+}
+}  // namespace
+
+TEST_CASE("a paced pinning registers the next step once the copies reserved in the steps before it are issued",
+          "[pinned][steps]") {
+  FakeMachine machine;
+  const size_t bytes = 2 * uvm::kPinStepBytes + kBytes;
+  uvm::PinnedMemory memory;
+  REQUIRE(uvm::pin_host_memory_in_steps(kCall, bytes, 0, &memory, uvm::StepPacing::copies_first) == UVM_OK);
+  uvm::StepPinning& pinning = *memory.steps;
+  uvm::note_steps_reserved(pinning, uvm::kPinStepBytes / 2);  // an offload took half the first step
+  REQUIRE(wait_for_pinned(pinning, uvm::kPinStepBytes));
+  CHECK_FALSE(registers_within_half_a_second(2));  // its copies are not issued yet
+  uvm::note_copies_issued(pinning, uvm::kPinStepBytes / 2);
+  REQUIRE(wait_for_pinned(pinning, 2 * uvm::kPinStepBytes));  // no more reserved: past kPaceWaitMs it goes on
+  uvm::note_steps_reserved(pinning, 2 * uvm::kPinStepBytes);
+  CHECK_FALSE(registers_within_half_a_second(3));
+  uvm::end_pacing(pinning);  // the offload ends, its copies never issued (it failed)
+  REQUIRE(wait_for_pinned(pinning, bytes));
+  CHECK(registrations() == 3);
+  REQUIRE(uvm::unpin_host_memory(kCall, memory) == UVM_OK);
+}
+
+TEST_CASE("a pinning with no pacer, or two whose one ends, registers its steps without waiting", "[pinned][steps]") {
+  FakeMachine machine;
+  const size_t bytes = 2 * uvm::kPinStepBytes + kBytes;
+  uvm::PinnedMemory memory;
+  REQUIRE(uvm::pin_host_memory_in_steps(kCall, bytes, 0, &memory, uvm::StepPacing::copies_first) == UVM_OK);
+  uvm::StepPinning& pinning = *memory.steps;
+  uvm::begin_pacing(pinning);  // a second offload takes steps
+  uvm::note_steps_reserved(pinning, uvm::kPinStepBytes);
+  REQUIRE(wait_for_pinned(pinning, uvm::kPinStepBytes));
+  uvm::end_pacing(pinning);  // the first ends; the second still paces
+  CHECK_FALSE(registers_within_half_a_second(2));
+  uvm::end_pacing(pinning);
+  REQUIRE(wait_for_pinned(pinning, bytes));
+  CHECK(registrations() == 3);
+  REQUIRE(uvm::unpin_host_memory(kCall, memory) == UVM_OK);
 }
 
 TEST_CASE("a step that cannot be registered ends the pinning, saying why; what was pinned is given back",

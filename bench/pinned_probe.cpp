@@ -596,8 +596,14 @@ int overlap_table(size_t gib, int threads, void* device, cudaStream_t stream) {
       unregister_chunks(b, bytes, step);
       munmap(a, bytes);
     }
-    {  // one mapping: its first half registers while its second half faults in
+    // One mapping: its first half registers while its second half faults in; then the same with
+    // each step a kernel mapping (VMA) of its own (MADV_WIPEONFORK on every other step, so that
+    // the kernel does not merge them; a change tried in uvm's pinning and not kept).
+    for (const bool split : {false, true}) {
       char* c = map_huge(2 * bytes);
+      for (size_t at = step; split && at < 2 * bytes; at += 2 * step) {
+        madvise(c + at, std::min(step, 2 * bytes - at), MADV_WIPEONFORK);
+      }
       fault_in(c, bytes, threads);
       Timed fault{}, reg{};
       const Timed both = timed([&] {
@@ -605,7 +611,9 @@ int overlap_table(size_t gib, int threads, void* device, cudaStream_t stream) {
         reg = timed([&] { register_chunks(c, bytes, step); });
         f.join();
       });
-      row("both: one mapping, first half registers while the second faults in", both);
+      row(split ? "both: one mapping, a VMA per step (MADV_WIPEONFORK on every other), first half registers while the second faults in"
+                : "both: one mapping, first half registers while the second faults in",
+          both);
       row("  of which fault in", fault);
       row("  of which register", reg);
       unregister_chunks(c, bytes, step);

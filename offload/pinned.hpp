@@ -27,8 +27,8 @@ namespace uvm {
 //
 // While paced (an offload copies into each step as it is pinned), the pinning thread registers
 // the next step only once the copies into the steps pinned so far are issued: the driver issued
-// copies slowly beside a registration, and one step's copies then took 26-50 ms of GPU time
-// instead of 5 (H200 traces; docs/measurements.md, "A pause without retained memory: the wall").
+// copies slowly beside a registration, and one step's copies then took several times as long as
+// the link needs (traces; docs/measurements.md, "A pause without retained memory: the wall").
 // It waits without bound for copies reserved and not yet issued (the offload issues them at once,
 // or ends the pacing when it fails), and at most kPaceWait for a reservation to come.
 struct StepPinning {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstring>
 #include <random>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -471,6 +472,50 @@ TEST_CASE("an offload in rounds, cut at pinning steps, keeps kept neighbours and
   check_no_staging_left();
 }
 
+namespace {
+// `count` releasable allocations of `size` bytes on device 0, the i-th filled with i + 1 as if by
+// the GPU, in address order of allocation; freed when it goes.
+struct ReleasableSet {
+  std::vector<uvm_range> ranges;
+  ReleasableSet(int count, size_t size) {
+    for (int i = 0; i < count; ++i) {
+      void* base = uvm_malloc_releasable(size, 0, nullptr);
+      REQUIRE(base != nullptr);
+      std::memset(base, i + 1, size);
+      fake::device_wrote(base, size);
+      ranges.push_back(uvm_range{base, size});
+    }
+  }
+  ~ReleasableSet() { free(); }
+  void free() {
+    for (const uvm_range& range : ranges) uvm_free(const_cast<void*>(range.ptr), range.size, 0, nullptr);
+    ranges.clear();
+  }
+  // Offloads all of it, staged, on a thread of its own, as a program's pause beside the test.
+  std::thread offload_on_a_thread(cudaStream_t stream, uvm_status* status) const {
+    return std::thread([this, stream, status] {
+      fake::set_thread_context(0);
+      *status = uvm_offload_ranges(ranges.data(), ranges.size(), UVM_STRATEGY_STAGED, stream);
+    });
+  }
+  // The bytes that no longer hold what they were filled with.
+  size_t wrong_bytes() const {
+    size_t wrong = 0;
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      const auto* bytes = static_cast<const unsigned char*>(ranges[i].ptr);
+      for (size_t k = 0; k < ranges[i].size; ++k) wrong += bytes[k] != i + 1;
+    }
+    return wrong;
+  }
+};
+
+// Polls `done` until it holds or `ms` have passed.
+void wait_until(const std::function<bool()>& done, int ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (!done() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+}  // namespace
+
 // The driver holds a release behind the registrations of a pinning in progress (1–17 ms each, H100),
 // and the offload waited there instead of copying the steps pinned meanwhile: the memory a round
 // empties goes back once the pinning has ended, in the last round, and none is lost on the way.
@@ -481,26 +526,14 @@ TEST_CASE("an offload in rounds gives releasable memory back only after its stag
   const size_t mib = size_t{1} << 20;
   // Two of 200 MiB: the one at the lower address lies wholly in the first 256 MiB step (the staged
   // pieces go in address order), the other spans the first two.
-  std::vector<void*> bases;
-  for (size_t size : {200 * mib, 200 * mib}) {
-    bases.push_back(uvm_malloc_releasable(size, 0, nullptr));
-    REQUIRE(bases.back() != nullptr);
-    std::memset(bases.back(), static_cast<int>(bases.size()), size);
-    fake::device_wrote(bases.back(), size);
-  }
-  const std::vector<uvm_range> ranges{{bases[0], 200 * mib}, {bases[1], 200 * mib}};
+  ReleasableSet set(2, 200 * mib);
+  const std::vector<uvm_range>& ranges = set.ranges;
   cudaStream_t stream = fake::make_stream();
   fake::hold_next("cudaHostRegister", 1);  // the second step waits
   uvm_status offloaded = UVM_ERROR_INTERNAL;
-  std::thread offload([&] {
-    fake::set_thread_context(0);
-    offloaded = uvm_offload_ranges(ranges.data(), ranges.size(), UVM_STRATEGY_STAGED, stream);
-  });
+  std::thread offload = set.offload_on_a_thread(stream, &offloaded);
   REQUIRE(fake::wait_until_held(10000));
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (FakeMachine::bytes_of(fake::OpKind::copy_to_host) < 256 * mib && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  wait_until([&] { return FakeMachine::bytes_of(fake::OpKind::copy_to_host) >= 256 * mib; }, 10000);
   std::this_thread::sleep_for(std::chrono::milliseconds(20));  // time for a round to release, had it done so
   CHECK(FakeMachine::bytes_of(fake::OpKind::copy_to_host) == 256 * mib);  // the first step's round: all of one allocation
   CHECK(FakeMachine::ops_named(fake::OpKind::vmm_release).empty());  // and kept its memory while the pinning goes on
@@ -510,18 +543,13 @@ TEST_CASE("an offload in rounds gives releasable memory back only after its stag
   CHECK(FakeMachine::bytes_of(fake::OpKind::vmm_release) == 400 * mib);  // all of it once the pinning ended
   CHECK(fake::mapped_reservations() == 0);
   REQUIRE(uvm_onload_ranges(ranges.data(), ranges.size(), stream) == UVM_OK);
-  for (size_t i = 0; i < bases.size(); ++i) {
-    const auto* bytes = static_cast<const unsigned char*>(bases[i]);
-    size_t wrong = 0;
-    for (size_t k = 0; k < ranges[i].size; ++k) wrong += bytes[k] != i + 1;
-    CHECK(wrong == 0);
-  }
-  for (size_t i = 0; i < bases.size(); ++i) uvm_free(bases[i], ranges[i].size, 0, nullptr);
+  CHECK(set.wrong_bytes() == 0);
+  set.free();
   check_no_staging_left();
 }
 
 // On the H200 the driver issued an offload's copies slowly while the pinning thread registered the
-// next step: one step's copies then took 26-50 ms of GPU time instead of 5. The pinning thread
+// next step (docs/measurements.md, "A pause without retained memory: the wall"). The pinning thread
 // registers a step only once the copies into the steps pinned before it are issued.
 TEST_CASE("an offload in rounds issues the copies into a pinned step before the next step is registered",
           "[scenario][steps][cuda13]") {
@@ -529,29 +557,16 @@ TEST_CASE("an offload in rounds issues the copies into a pinned step before the 
   REQUIRE(uvm_release_staging() == UVM_OK);  // nothing pinned: the offload pins in steps
   const size_t mib = size_t{1} << 20;
   // Three of 200 MiB: 600 MiB staged in address order over three steps (256, 256, 88 MiB).
-  std::vector<void*> bases;
-  for (int i = 0; i < 3; ++i) {
-    bases.push_back(uvm_malloc_releasable(200 * mib, 0, nullptr));
-    REQUIRE(bases.back() != nullptr);
-    std::memset(bases.back(), i + 1, 200 * mib);
-    fake::device_wrote(bases.back(), 200 * mib);
-  }
-  std::vector<uvm_range> ranges;
-  for (void* base : bases) ranges.push_back(uvm_range{base, 200 * mib});
+  ReleasableSet set(3, 200 * mib);
+  const std::vector<uvm_range>& ranges = set.ranges;
   cudaStream_t stream = fake::make_stream();
   auto registrations = [] { return FakeMachine::ops_named(fake::OpKind::host_register).size(); };
   fake::hold_next("cudaMemcpyAsync");  // the first copy into the first step waits
   uvm_status offloaded = UVM_ERROR_INTERNAL;
-  std::thread offload([&] {
-    fake::set_thread_context(0);
-    offloaded = uvm_offload_ranges(ranges.data(), ranges.size(), UVM_STRATEGY_STAGED, stream);
-  });
+  std::thread offload = set.offload_on_a_thread(stream, &offloaded);
   REQUIRE(fake::wait_until_held(10000));
   // The second step's pages were being faulted in meanwhile: unpaced, it would register now.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
-  while (registrations() < 2 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  wait_until([&] { return registrations() >= 2; }, 500);
   CHECK(registrations() == 1);
   fake::release_held();
   offload.join();
@@ -567,13 +582,8 @@ TEST_CASE("an offload in rounds issues the copies into a pinned step before the 
   }
   CHECK(steps == 3);
   REQUIRE(uvm_onload_ranges(ranges.data(), ranges.size(), stream) == UVM_OK);
-  for (size_t i = 0; i < bases.size(); ++i) {
-    const auto* bytes = static_cast<const unsigned char*>(bases[i]);
-    size_t wrong = 0;
-    for (size_t k = 0; k < ranges[i].size; ++k) wrong += bytes[k] != i + 1;
-    CHECK(wrong == 0);
-  }
-  for (void* base : bases) uvm_free(base, 200 * mib, 0, nullptr);
+  CHECK(set.wrong_bytes() == 0);
+  set.free();
   check_no_staging_left();
 }
 

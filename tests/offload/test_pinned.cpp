@@ -115,7 +115,7 @@ bool registers_within_half_a_second(size_t count) {
 }  // namespace
 
 TEST_CASE("a paced pinning registers the next step once the copies reserved in the steps before it are issued",
-          "[pinned][steps]") {
+          "[pinned][steps][threads]") {
   FakeMachine machine;
   const size_t bytes = 2 * uvm::kPinStepBytes + kBytes;
   uvm::PinnedMemory memory;
@@ -134,7 +134,8 @@ TEST_CASE("a paced pinning registers the next step once the copies reserved in t
   REQUIRE(uvm::unpin_host_memory(kCall, memory) == UVM_OK);
 }
 
-TEST_CASE("a pinning with no pacer, or two whose one ends, registers its steps without waiting", "[pinned][steps]") {
+TEST_CASE("a pinning with no pacer, or two whose one ends, registers its steps without waiting",
+          "[pinned][steps][threads]") {
   FakeMachine machine;
   const size_t bytes = 2 * uvm::kPinStepBytes + kBytes;
   uvm::PinnedMemory memory;

@@ -39,7 +39,8 @@ struct Reservation {
   std::vector<Span> spans;                    // the pieces placed, in order
   std::vector<std::shared_ptr<char>> leases;  // a lease on each one's host bytes, at leases[i].get()
   std::vector<EventRef> reused;               // copies still using those bytes: the writer waits for them
-  std::vector<StepsTaken> steps_taken;        // blocks still being pinned that the pieces reach into
+  std::vector<StepsTaken> steps_taken;        // blocks pinned in steps that the pieces reach into (a
+                                              // pinning that has ended ignores what it is told)
 };
 
 class Staging {

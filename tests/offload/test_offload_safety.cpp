@@ -498,6 +498,13 @@ struct ReleasableSet {
       *status = uvm_offload_ranges(ranges.data(), ranges.size(), UVM_STRATEGY_STAGED, stream);
     });
   }
+  // Brings it all back on `stream`, checks every byte, frees it and checks no staging is left.
+  void onload_check_and_free(cudaStream_t stream) {
+    REQUIRE(uvm_onload_ranges(ranges.data(), ranges.size(), stream) == UVM_OK);
+    CHECK(wrong_bytes() == 0);
+    free();
+    check_no_staging_left();
+  }
   // The bytes that no longer hold what they were filled with.
   size_t wrong_bytes() const {
     size_t wrong = 0;
@@ -527,7 +534,6 @@ TEST_CASE("an offload in rounds gives releasable memory back only after its stag
   // Two of 200 MiB: the one at the lower address lies wholly in the first 256 MiB step (the staged
   // pieces go in address order), the other spans the first two.
   ReleasableSet set(2, 200 * mib);
-  const std::vector<uvm_range>& ranges = set.ranges;
   cudaStream_t stream = fake::make_stream();
   fake::hold_next("cudaHostRegister", 1);  // the second step waits
   uvm_status offloaded = UVM_ERROR_INTERNAL;
@@ -542,10 +548,7 @@ TEST_CASE("an offload in rounds gives releasable memory back only after its stag
   REQUIRE(offloaded == UVM_OK);
   CHECK(FakeMachine::bytes_of(fake::OpKind::vmm_release) == 400 * mib);  // all of it once the pinning ended
   CHECK(fake::mapped_reservations() == 0);
-  REQUIRE(uvm_onload_ranges(ranges.data(), ranges.size(), stream) == UVM_OK);
-  CHECK(set.wrong_bytes() == 0);
-  set.free();
-  check_no_staging_left();
+  set.onload_check_and_free(stream);
 }
 
 // On the H200 the driver issued an offload's copies slowly while the pinning thread registered the
@@ -558,7 +561,6 @@ TEST_CASE("an offload in rounds issues the copies into a pinned step before the 
   const size_t mib = size_t{1} << 20;
   // Three of 200 MiB: 600 MiB staged in address order over three steps (256, 256, 88 MiB).
   ReleasableSet set(3, 200 * mib);
-  const std::vector<uvm_range>& ranges = set.ranges;
   cudaStream_t stream = fake::make_stream();
   auto registrations = [] { return FakeMachine::ops_named(fake::OpKind::host_register).size(); };
   fake::hold_next("cudaMemcpyAsync");  // the first copy into the first step waits
@@ -581,10 +583,7 @@ TEST_CASE("an offload in rounds issues the copies into a pinned step before the 
     ++steps;
   }
   CHECK(steps == 3);
-  REQUIRE(uvm_onload_ranges(ranges.data(), ranges.size(), stream) == UVM_OK);
-  CHECK(set.wrong_bytes() == 0);
-  set.free();
-  check_no_staging_left();
+  set.onload_check_and_free(stream);
 }
 
 TEST_CASE("bytes written again after a discard survive an offload or prefetch that migrates them",

@@ -104,6 +104,15 @@ bool wait_for_pinned(uvm::StepPinning& pinning, size_t bytes) {
   return pinning.pinned >= bytes;
 }
 
+// Three steps (two whole, one of kBytes) pinned paced, the caller its first pacer.
+uvm::PinnedMemory paced_three_steps() {
+  uvm::PinnedMemory memory;
+  REQUIRE(uvm::pin_host_memory_in_steps(kCall, 2 * uvm::kPinStepBytes + kBytes, 0, &memory,
+                                        uvm::StepPacing::copies_first) == UVM_OK);
+  REQUIRE(memory.steps != nullptr);
+  return memory;
+}
+
 // Gives the pinning thread the time it would take to register another step, unpaced.
 bool registers_within_half_a_second(size_t count) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
@@ -117,9 +126,8 @@ bool registers_within_half_a_second(size_t count) {
 TEST_CASE("a paced pinning registers the next step once the copies reserved in the steps before it are issued",
           "[pinned][steps][threads]") {
   FakeMachine machine;
-  const size_t bytes = 2 * uvm::kPinStepBytes + kBytes;
-  uvm::PinnedMemory memory;
-  REQUIRE(uvm::pin_host_memory_in_steps(kCall, bytes, 0, &memory, uvm::StepPacing::copies_first) == UVM_OK);
+  const uvm::PinnedMemory memory = paced_three_steps();
+  const size_t bytes = memory.bytes;
   uvm::StepPinning& pinning = *memory.steps;
   uvm::note_steps_reserved(pinning, uvm::kPinStepBytes / 2);  // an offload took half the first step
   REQUIRE(wait_for_pinned(pinning, uvm::kPinStepBytes));
@@ -137,9 +145,8 @@ TEST_CASE("a paced pinning registers the next step once the copies reserved in t
 TEST_CASE("a pinning with no pacer, or two whose one ends, registers its steps without waiting",
           "[pinned][steps][threads]") {
   FakeMachine machine;
-  const size_t bytes = 2 * uvm::kPinStepBytes + kBytes;
-  uvm::PinnedMemory memory;
-  REQUIRE(uvm::pin_host_memory_in_steps(kCall, bytes, 0, &memory, uvm::StepPacing::copies_first) == UVM_OK);
+  const uvm::PinnedMemory memory = paced_three_steps();
+  const size_t bytes = memory.bytes;
   uvm::StepPinning& pinning = *memory.steps;
   uvm::begin_pacing(pinning);  // a second offload takes steps
   uvm::note_steps_reserved(pinning, uvm::kPinStepBytes);

@@ -185,10 +185,11 @@ uvm_status offload_staged(const Call& call, const std::vector<HintRange>& pieces
 }
 
 // When an offload's round gives back the physical memory of the releasable allocations it emptied.
-// A round that copies into the steps pinned so far while the rest is still being registered leaves
-// it to the round after the pinning: the driver held each cuMemUnmap and cuMemRelease behind the
-// registrations, up to a step's registration each, and the call waited there instead of copying the
-// steps pinned meanwhile (docs/measurements.md, "A pause without retained memory: the wall").
+// A round that copies into the steps pinned so far while the rest is still being registered does
+// not: the driver held each cuMemUnmap and cuMemRelease behind the registrations, up to a step's
+// registration each, and the call waited there instead of copying the steps pinned meanwhile
+// (docs/measurements.md, "A pause without retained memory: the wall"). Such a round gives back,
+// before its copies, what earlier rounds emptied (offload_in_rounds).
 enum class Release { now, after_pinning };
 
 // Issues the moves under the moves lock, staging reserved: stages, migrates, then gives back the
@@ -345,7 +346,11 @@ uvm_status offload_in_rounds(const Call& call, const MoveArgs& args, int request
     *staged = *staged || !pieces.staged.empty();
     if (all_placed) return finish_move(issue_offload(call, move, pieces, reserved, Release::now, &done), args, move);
     if (!reserved.spans.empty()) {
-      // The steps pinned so far hold these: copy them now; the next round takes the rest.
+      // The steps pinned so far hold these: copy them now; the next round takes the rest. First,
+      // what earlier rounds emptied goes back: the pinning thread waits for these copies before it
+      // registers the next step, so no registration runs beside the releases, and they do not all
+      // come in one burst at the end, right before the program's next allocation.
+      if (uvm_status s = release_copied_already(call, move.ranges, done)) return s;
       pieces.migrated.clear();
       pieces.free.clear();
       if (uvm_status s = issue_offload(call, move, pieces, reserved, Release::after_pinning, &done)) return s;

@@ -22,6 +22,21 @@ std::set<uintptr_t> releasable_allocations(const std::vector<HintRange>& ranges)
   return found;
 }
 
+// An allocation whose bytes are all off its device, with its mapping, or false.
+bool mapped_yet_moved_off(uintptr_t base, Mapping* mapping) {
+  return registry().mapping(base, mapping) && mapping->mapped && registry().all_off_device(base);
+}
+
+// Gives the physical memory of the emptied allocation at `base` back to the driver.
+uvm_status release_one(const Call& call, uintptr_t base, Mapping* mapping) {
+  HostPhase releasing(Phase::release);
+  const uvm_status status = vmm_unmap(call, base, mapping);
+  registry().set_mapping(base, *mapping);  // what the driver did, even half of it
+  if (status != UVM_OK) return status;
+  releasing.finish(allocation_size(base));
+  return UVM_OK;
+}
+
 }  // namespace
 
 uvm_status release_emptied(const Call& call, const std::vector<HintRange>& ranges, cudaStream_t stream,
@@ -29,7 +44,7 @@ uvm_status release_emptied(const Call& call, const std::vector<HintRange>& range
   bool stream_done = false;
   for (uintptr_t base : releasable_allocations(ranges)) {
     Mapping mapping;
-    if (!registry().mapping(base, &mapping) || !mapping.mapped || !registry().all_off_device(base)) continue;
+    if (!mapped_yet_moved_off(base, &mapping)) continue;
     // Its own copies, when they are known (the later ones keep running meanwhile), else the stream.
     auto copies = done.find(base);
     HostPhase waiting(Phase::wait);
@@ -43,11 +58,18 @@ uvm_status release_emptied(const Call& call, const std::vector<HintRange>& range
       stream_done = true;
     }
     waiting.finish(0);
-    HostPhase releasing(Phase::release);
-    const uvm_status status = vmm_unmap(call, base, &mapping);
-    registry().set_mapping(base, mapping);  // what the driver did, even half of it
-    if (status != UVM_OK) return status;
-    releasing.finish(allocation_size(base));
+    if (uvm_status s = release_one(call, base, &mapping)) return s;
+  }
+  return UVM_OK;
+}
+
+uvm_status release_copied_already(const Call& call, const std::vector<HintRange>& ranges, const CopiesDone& done) {
+  for (uintptr_t base : releasable_allocations(ranges)) {
+    Mapping mapping;
+    auto copies = done.find(base);
+    if (copies == done.end() || !copies->second || !mapped_yet_moved_off(base, &mapping)) continue;
+    if (clear_cuda_error(cudaEventQuery(copies->second->handle)) != cudaSuccess) continue;  // still copying
+    if (uvm_status s = release_one(call, base, &mapping)) return s;
   }
   return UVM_OK;
 }

@@ -9,6 +9,8 @@
 // `./pinned_probe 4 16 wall` times each stage of holding the bytes in fresh host memory apart
 // (faulting in at 1 to 16 threads, the host's write bandwidth, registering, the link), MAP_HUGETLB
 // where the host has huge pages, and the RSS each way: the wall a pause without retained memory meets.
+// `./pinned_probe 4 16 registrars` registers on 1 to 4 threads at once, then pauses with 2 registrars
+// or a 64 MiB first step: the levers left once each step copies at the link.
 // `./pinned_probe 4 16 overlap` asks why faulting in and registering do not overlap in a pipeline:
 // each alone, both at once on separate mappings and on one, with the process's CPU time, then whole
 // pauses into fresh memory: uvm's way, a fault-in pool that stays, a mapping per step, and a bounce
@@ -561,6 +563,105 @@ void print_host() {
               first_line("/sys/kernel/mm/transparent_hugepage/shmem_enabled").c_str());
 }
 
+// A whole pause into fresh memory as uvm pins it, with the two levers left once every step copies at
+// the link: `registrars` threads registering steps in turn (does the driver register two ranges at
+// once?) and a first step of `first` bytes (the copies start once it is pinned). A pool of
+// threads - registrars fault steps in, in order, ahead of the registrations; the caller issues each
+// step's copies in 32 MiB pieces once it is registered. Seconds until the last copy ends.
+double registrars_pause(size_t bytes, size_t first, size_t step, int registrars, int threads, void* device,
+                        cudaStream_t stream) {
+  std::vector<size_t> starts{0};
+  for (size_t at = std::min(first, bytes); at < bytes; at += step) starts.push_back(at);
+  const size_t n = starts.size();
+  auto length = [&](size_t i) { return (i + 1 < n ? starts[i + 1] : bytes) - starts[i]; };
+  char* base = map_huge(bytes);
+  std::atomic<size_t> faulted{0};
+  std::vector<std::atomic<bool>> pinned(n);
+  for (auto& p : pinned) p.store(false);
+  const double t = now();
+  std::thread faulter([&] {
+    Pool pool(threads - registrars);
+    for (size_t i = 0; i < n; ++i) {
+      char* p = base + starts[i];
+      pool.run(length(i), [p](size_t b, size_t e) { for (size_t k = b; k < e; k += 4096) p[k] = 0; });
+      faulted.store(i + 1, std::memory_order_release);
+    }
+  });
+  std::vector<std::thread> registering;
+  for (int r = 0; r < registrars; ++r) {
+    registering.emplace_back([&, r] {
+      for (size_t i = r; i < n; i += registrars) {
+        while (faulted.load(std::memory_order_acquire) <= i) std::this_thread::yield();
+        check(cudaHostRegister(base + starts[i], length(i), kUvmFlags), "register");
+        pinned[i].store(true, std::memory_order_release);
+      }
+    });
+  }
+  const size_t piece = size_t{32} << 20;
+  for (size_t i = 0; i < n; ++i) {
+    while (!pinned[i].load(std::memory_order_acquire)) std::this_thread::yield();
+    for (size_t p = 0; p < length(i); p += piece) {
+      const size_t at = starts[i] + p, len = std::min(piece, length(i) - p);
+      check(cudaMemcpyAsync(base + at, static_cast<char*>(device) + at, len, cudaMemcpyDeviceToHost, stream), "copy");
+    }
+  }
+  check(cudaStreamSynchronize(stream), "sync");
+  const double seconds = now() - t;
+  faulter.join();
+  for (auto& r : registering) r.join();
+  for (size_t i = 0; i < n; ++i) check(cudaHostUnregister(base + starts[i]), "unregister");
+  munmap(base, bytes);
+  return seconds;
+}
+
+// `./pinned_probe 4 16 registrars`: registering alone on 1 to 4 threads (memory already faulted in,
+// one mapping, 256 MiB steps), then whole pauses with 1 or 2 registrars and a first step of 256 or
+// 64 MiB, alternating, three rounds.
+int registrars_table(size_t gib, int threads, void* device, cudaStream_t stream) {
+  const size_t bytes = gib << 30, step = kStepBytes;
+  auto gbps = [&](double s) { return bytes / s / 1e9; };
+  print_host();
+  std::printf("| registering 256 MiB steps of faulted-in memory | threads | seconds | GB/s |\n|---|---|---|---|\n");
+  for (int round = 0; round < 2; ++round) {
+    for (int registrars : {1, 2, 3, 4}) {
+      char* b = map_huge(bytes);
+      fault_in(b, bytes, threads);
+      const size_t n = bytes / step;
+      const double t = now();
+      std::vector<std::thread> regs;
+      for (int r = 0; r < registrars; ++r) {
+        regs.emplace_back([&, r] {
+          for (size_t i = r; i < n; i += registrars) check(cudaHostRegister(b + i * step, step, kUvmFlags), "register");
+        });
+      }
+      for (auto& r : regs) r.join();
+      const double s = now() - t;
+      std::printf("| one mapping | %d | %.3f | %.1f |\n", registrars, s, gbps(s));
+      unregister_chunks(b, bytes, step);
+      munmap(b, bytes);
+    }
+    char* b = map_huge(bytes);  // uvm registers Portable | Mapped: does the plain flag cost less?
+    fault_in(b, bytes, threads);
+    const double t = now();
+    for (size_t at = 0; at < bytes; at += step) check(cudaHostRegister(b + at, step, cudaHostRegisterDefault), "register");
+    const double s = now() - t;
+    std::printf("| one mapping, cudaHostRegisterDefault | 1 | %.3f | %.1f |\n", s, gbps(s));
+    unregister_chunks(b, bytes, step);
+    munmap(b, bytes);
+  }
+  std::printf("\n| whole pause into fresh memory | registrars | first step MiB | seconds | GB/s |\n|---|---|---|---|---|\n");
+  for (int round = 0; round < 3; ++round) {
+    for (int registrars : {1, 2}) {
+      for (size_t first_mib : {256, 64}) {
+        const double s = registrars_pause(bytes, first_mib << 20, step, registrars, threads, device, stream);
+        std::printf("| as uvm, %d fault-in threads | %d | %zu | %.3f | %.1f |\n", threads - registrars, registrars,
+                    first_mib, s, gbps(s));
+      }
+    }
+  }
+  return 0;
+}
+
 int overlap_table(size_t gib, int threads, void* device, cudaStream_t stream) {
   const size_t bytes = gib << 30, step = kStepBytes;
   auto gbps = [&](double s) { return bytes / s / 1e9; };
@@ -673,6 +774,7 @@ int main(int argc, char** argv) {
   if (argc > 3 && std::string(argv[3]) == "first") return first_offload_table(gib, threads, device, stream);
   if (argc > 3 && std::string(argv[3]) == "wall") return wall_table(gib, threads, device, stream);
   if (argc > 3 && std::string(argv[3]) == "overlap") return overlap_table(gib, threads, device, stream);
+  if (argc > 3 && std::string(argv[3]) == "registrars") return registrars_table(gib, threads, device, stream);
   const unsigned reg = cudaHostRegisterPortable;
   auto registered = [&](bool huge, int fault_threads) {
     return [=]() -> void* {

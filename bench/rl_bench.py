@@ -223,7 +223,9 @@ class Method:
             return [("pause kv_cache", lambda: self.saver.pause("kv_cache")),
                     ("pause weights", lambda: self.saver.pause("weights"))]
         if self.name in ("uvm releasable", "uvm managed"):
-            return [("offload weights", lambda: uvm.offload("weights")), ("discard kv", lambda: uvm.discard("kv"))]
+            # The cache first, as the drop-in's row and SGLang pause it: its release then runs on the
+            # driver while the weights copy, not right before the claim (docs/measurements.md).
+            return [("discard kv", lambda: uvm.discard("kv")), ("offload weights", lambda: uvm.offload("weights"))]
         if self.name == "per-tensor prefetch":
             def away():
                 for p in self.model.parameters():

@@ -11,7 +11,7 @@
 #                                when .deps/cuda-12.8 is there: scripts/fetch_cuda12.sh)
 #   MULTI_GPU=1                  runs tests/multi_gpu/run.sh (2+ GPUs)
 #   PROBE=1                      runs bench/transfer_probe.cu with PROBE_ARGS (default "4096 2")
-#   PINNED_PROBE="4 8 [first|wall|overlap]"  runs bench/pinned_probe.cpp with those arguments
+#   PINNED_PROBE="4 8 [first|wall|overlap|registrars]"  runs bench/pinned_probe.cpp with those arguments
 #   GATHER_PROBE="4096 [--before DIR]"  runs bench/gather_probe.py (the shim's per-tensor costs)
 #   RELEASE_PROBE=1              runs bench/first_release_probe.py (what makes a sleep's first release wait)
 #   JIT_BENCH=1                  runs the JIT build benchmark

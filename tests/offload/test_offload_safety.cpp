@@ -499,6 +499,13 @@ struct ReleasableSet {
       *status = uvm_offload_ranges(ranges.data(), ranges.size(), UVM_STRATEGY_STAGED, stream);
     });
   }
+  // The same, the registration of pinning step `step` (0: the first) held until fake::release_held.
+  std::thread offload_with_step_held(cudaStream_t stream, int step, uvm_status* status) const {
+    fake::hold_next("cudaHostRegister", step);
+    std::thread offload = offload_on_a_thread(stream, status);
+    REQUIRE(fake::wait_until_held(10000));
+    return offload;
+  }
   // Brings it all back on `stream`, checks every byte, frees it and checks no staging is left.
   void onload_check_and_free(cudaStream_t stream) {
     REQUIRE(uvm_onload_ranges(ranges.data(), ranges.size(), stream) == UVM_OK);
@@ -536,10 +543,8 @@ TEST_CASE("an offload in rounds gives no releasable memory back while a step of 
   // pieces go in address order), the other spans the first two.
   ReleasableSet set(2, 200 * mib);
   cudaStream_t stream = fake::make_stream();
-  fake::hold_next("cudaHostRegister", 1);  // the second step waits
   uvm_status offloaded = UVM_ERROR_INTERNAL;
-  std::thread offload = set.offload_on_a_thread(stream, &offloaded);
-  REQUIRE(fake::wait_until_held(10000));
+  std::thread offload = set.offload_with_step_held(stream, 1, &offloaded);  // the second step waits
   wait_until([&] { return FakeMachine::bytes_of(fake::OpKind::copy_to_host) >= 256 * mib; }, 10000);
   std::this_thread::sleep_for(std::chrono::milliseconds(20));  // time for a round to release, had it done so
   CHECK(FakeMachine::bytes_of(fake::OpKind::copy_to_host) == 256 * mib);  // the first step's round: all of one allocation
@@ -564,10 +569,9 @@ TEST_CASE("an offload in rounds gives back the memory earlier rounds emptied bef
   // Six of 100 MiB over three steps (256, 256, 88 MiB): the first two lie wholly in the first step.
   ReleasableSet set(6, 100 * mib);
   cudaStream_t stream = fake::make_stream();
-  fake::hold_next("cudaHostRegister", 2);  // the third step waits: at least two rounds come before it
   uvm_status offloaded = UVM_ERROR_INTERNAL;
-  std::thread offload = set.offload_on_a_thread(stream, &offloaded);
-  REQUIRE(fake::wait_until_held(10000));
+  // The third step waits: at least two rounds come before it.
+  std::thread offload = set.offload_with_step_held(stream, 2, &offloaded);
   fake::release_held();
   offload.join();
   REQUIRE(offloaded == UVM_OK);

@@ -404,6 +404,8 @@ CUresult fake_mem_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericA
 CUresult fake_mem_unmap(CUdeviceptr ptr, size_t size) {
   World& w = world();
   std::lock_guard<std::mutex> lock(w.mutex);
+  CUresult r;
+  if (injected_driver(w, "cuMemUnmap", &r)) return r;
   auto it = w.reservations.find(ptr);
   if (it == w.reservations.end() || !it->second.mapped || size != it->second.size) return CUDA_ERROR_INVALID_VALUE;
   it->second.mapped = 0;

@@ -493,16 +493,19 @@ struct ReleasableSet {
     ranges.clear();
   }
   // Offloads all of it, staged, on a thread of its own, as a program's pause beside the test.
-  std::thread offload_on_a_thread(cudaStream_t stream, uvm_status* status) const {
-    return std::thread([this, stream, status] {
+  // A failure's message (uvm_last_error is the thread's) goes to `error` when given.
+  std::thread offload_on_a_thread(cudaStream_t stream, uvm_status* status, std::string* error = nullptr) const {
+    return std::thread([this, stream, status, error] {
       fake::set_thread_context(0);
       *status = uvm_offload_ranges(ranges.data(), ranges.size(), UVM_STRATEGY_STAGED, stream);
+      if (error != nullptr && *status != UVM_OK) *error = uvm_last_error();
     });
   }
   // The same, the registration of pinning step `step` (0: the first) held until fake::release_held.
-  std::thread offload_with_step_held(cudaStream_t stream, int step, uvm_status* status) const {
+  std::thread offload_with_step_held(cudaStream_t stream, int step, uvm_status* status,
+                                     std::string* error = nullptr) const {
     fake::hold_next("cudaHostRegister", step);
-    std::thread offload = offload_on_a_thread(stream, status);
+    std::thread offload = offload_on_a_thread(stream, status, error);
     REQUIRE(fake::wait_until_held(10000));
     return offload;
   }
@@ -596,6 +599,28 @@ TEST_CASE("an offload in rounds gives back the memory earlier rounds emptied bef
   CHECK(released_early >= 2);
   CHECK(fake::mapped_reservations() == 0);
   set.onload_check_and_free(stream);
+}
+
+TEST_CASE("an offload whose release between rounds fails says so, and every byte comes back",
+          "[scenario][steps][cuda13]") {
+  FakeMachine machine;
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  const size_t mib = size_t{1} << 20;
+  ReleasableSet set(6, 100 * mib);
+  cudaStream_t stream = fake::make_stream();
+  fake::fail_next("cuMemUnmap", cudaErrorInvalidValue);  // the first release: the second round's
+  uvm_status offloaded = UVM_OK;
+  std::string error;
+  std::thread offload = set.offload_with_step_held(stream, 2, &offloaded, &error);
+  fake::release_held();
+  offload.join();
+  CHECK(offloaded == UVM_ERROR_CUDA);
+  CAPTURE(error);
+  CHECK(error.find("cuMemUnmap") != std::string::npos);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  CHECK(FakeMachine::bytes_of(fake::OpKind::copy_to_host) == 256 * mib);  // its copies were never issued
+  CHECK(FakeMachine::ops_named(fake::OpKind::vmm_unmap).empty());
+  set.onload_check_and_free(stream);  // staged or still on the device, every byte comes back
 }
 
 // On the H200 the driver issued an offload's copies slowly while the pinning thread registered the

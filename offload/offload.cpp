@@ -145,6 +145,7 @@ uvm_status offload_staged(const Call& call, const std::vector<HintRange>& pieces
     placed.push_back(CopyPiece{spans[i], pieces[i].allocation, reserved.leases[i].get(), pieces[i].memory});
   }
   const auto one_registration = [](const char* host, size_t bytes) { return staging().one_registration(host, bytes); };
+  std::vector<uintptr_t> ended;  // the releasable allocations whose copies this call ends
   for (const CopyRun& run : copy_runs(placed, one_registration)) {
     const void* ptr = reinterpret_cast<const void*>(spans[run.first].begin);
     if (cudaError_t e = cudaMemcpyAsync(reserved.leases[run.first].get(), ptr, run.bytes, cudaMemcpyDefault, stream)) {
@@ -155,7 +156,10 @@ uvm_status offload_staged(const Call& call, const std::vector<HintRange>& pieces
     const size_t last = run.end - 1;
     const bool last_of_allocation = run.end == pieces.size() || pieces[run.end].allocation != pieces[last].allocation;
     if (pieces[last].releasable && last_of_allocation) {
-      if (EventRef copied = try_record(stream)) (*done)[pieces[last].allocation] = copied;
+      if (EventRef copied = try_record(stream)) {
+        (*done)[pieces[last].allocation] = CopiesEnd{copied, nullptr};
+        ended.push_back(pieces[last].allocation);
+      }
     }
   }
   copies.finish(copied_bytes);
@@ -164,6 +168,7 @@ uvm_status offload_staged(const Call& call, const std::vector<HintRange>& pieces
   // there is of these bytes, so it is kept even if waiting for it fails.
   EventRef written;
   const uvm_status marked = mark_or_wait(call, stream, &written);
+  for (uintptr_t base : ended) (*done)[base].moved = written;  // set_last_moves below leaves it there
   for (const StepsTaken& taken : reserved.steps_taken) note_copies_issued(*taken.pinning, taken.through);
   std::vector<StagedPiece> staged;
   std::vector<const char*> hosts;
@@ -310,6 +315,7 @@ uvm_status offload_in_rounds(const Call& call, const MoveArgs& args, int request
       return fail(call, UVM_ERROR_INVALID_ARGUMENT, "the ranges were freed and reallocated on device %d meanwhile",
                   move.device);
     }
+    forget_moved_meanwhile(&done);
     device = move.device;
     const bool discard_supported = move.caps.discard_supported;
     const uvm_strategy strategy = choose_strategy(static_cast<uvm_strategy>(requested), discard_supported);

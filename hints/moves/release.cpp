@@ -1,5 +1,6 @@
 #include "release.hpp"
 
+#include <iterator>
 #include <set>
 
 #include "../../alloc/registry.hpp"
@@ -27,6 +28,12 @@ bool mapped_yet_moved_off(uintptr_t base, Mapping* mapping) {
   return registry().mapping(base, mapping) && mapping->mapped && registry().all_off_device(base);
 }
 
+// Where the offload's own copies out of the allocation at `base` end, if known.
+EventRef own_copies(uintptr_t base, const CopiesDone& done) {
+  auto entry = done.find(base);
+  return entry == done.end() ? nullptr : entry->second.copied;
+}
+
 // Gives the physical memory of the emptied allocation at `base` back to the driver.
 uvm_status release_one(const Call& call, uintptr_t base, Mapping* mapping) {
   HostPhase releasing(Phase::release);
@@ -46,10 +53,9 @@ uvm_status release_emptied(const Call& call, const std::vector<HintRange>& range
     Mapping mapping;
     if (!mapped_yet_moved_off(base, &mapping)) continue;
     // Its own copies, when they are known (the later ones keep running meanwhile), else the stream.
-    auto copies = done.find(base);
+    const EventRef copies = own_copies(base, done);
     HostPhase waiting(Phase::wait);
-    const bool own = copies != done.end() && copies->second &&
-                     clear_cuda_error(cudaEventSynchronize(copies->second->handle)) == cudaSuccess;
+    const bool own = copies && clear_cuda_error(cudaEventSynchronize(copies->handle)) == cudaSuccess;
     if (!own && !stream_done) {
       if (cudaError_t e = cudaStreamSynchronize(stream)) {
         return fail_cuda(call, e, "cudaStreamSynchronize (copies out of %p before releasing its memory)",
@@ -63,12 +69,20 @@ uvm_status release_emptied(const Call& call, const std::vector<HintRange>& range
   return UVM_OK;
 }
 
+void forget_moved_meanwhile(CopiesDone* done) {
+  for (auto entry = done->begin(); entry != done->end();) {
+    const std::vector<EventRef> last = registry().last_move_events({entry->first});
+    const bool still_ours = last.empty() ? !entry->second.moved : last.front() == entry->second.moved;
+    entry = still_ours ? std::next(entry) : done->erase(entry);
+  }
+}
+
 uvm_status release_copied_already(const Call& call, const std::vector<HintRange>& ranges, const CopiesDone& done) {
   for (uintptr_t base : releasable_allocations(ranges)) {
     Mapping mapping;
-    auto copies = done.find(base);
-    if (copies == done.end() || !copies->second || !mapped_yet_moved_off(base, &mapping)) continue;
-    if (clear_cuda_error(cudaEventQuery(copies->second->handle)) != cudaSuccess) continue;  // still copying
+    const EventRef copies = own_copies(base, done);
+    if (!copies || !mapped_yet_moved_off(base, &mapping)) continue;
+    if (clear_cuda_error(cudaEventQuery(copies->handle)) != cudaSuccess) continue;  // still copying
     if (uvm_status s = release_one(call, base, &mapping)) return s;
   }
   return UVM_OK;

@@ -10,9 +10,20 @@
 
 namespace uvm {
 
-// Where the copies out of each releasable allocation (by base) end on the stream, so that its memory
-// can go back while the copies of the next ones still run.
-using CopiesDone = std::map<uintptr_t, EventRef>;
+// Where an offload's copies out of one releasable allocation end on its stream (`copied`), so that
+// its memory can go back while the copies of the next ones still run, and the event the offload
+// left as the allocation's last move (`moved`, alloc/registry.hpp; null: it waited for the move).
+struct CopiesEnd {
+  EventRef copied;
+  EventRef moved;
+};
+using CopiesDone = std::map<uintptr_t, CopiesEnd>;
+
+// At the start of an offload's round, under the moves lock: drops the entries of the allocations
+// another call moved while the lock was let go between rounds (their last move is no longer the one
+// the offload left). For those, the offload's own copies are not all there is to wait for: its
+// stream, which waited for every earlier move of its ranges as the round began, is.
+void forget_moved_meanwhile(CopiesDone* done);
 
 // After an offload or discard of `ranges` issued on `stream`: for each releasable allocation among
 // them that uvm has moved entirely off its device, waits for its copies (its event in `done`, else
@@ -22,9 +33,8 @@ uvm_status release_emptied(const Call& call, const std::vector<HintRange>& range
                            const CopiesDone& done = {});
 
 // The same without waiting: gives back only the allocations among `ranges` that uvm has moved
-// entirely off their device and whose copies, by their event in `done`, have ended already. For a
-// round in the middle of an offload, so that what earlier rounds emptied goes back as the offload
-// goes on, not all at its end.
+// entirely off their device and whose copies, by their event in `done`, have ended already. For a round in the middle of an offload, so that what earlier rounds emptied goes
+// back as the offload goes on, not all at its end.
 uvm_status release_copied_already(const Call& call, const std::vector<HintRange>& ranges, const CopiesDone& done);
 
 // Maps new physical memory for the releasable allocation at `base` if it was released.

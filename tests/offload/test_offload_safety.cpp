@@ -623,6 +623,56 @@ TEST_CASE("an offload whose release between rounds fails says so, and every byte
   set.onload_check_and_free(stream);  // staged or still on the device, every byte comes back
 }
 
+// An offload in rounds knows where its own copies out of each releasable allocation end. If, between
+// its rounds, the allocation came back and another call moved it off again (its copies still
+// running), that knowledge is stale: the offload must wait for the other move too before it gives
+// the allocation's memory back, or the other copies read memory no longer mapped.
+TEST_CASE("an offload in rounds waits for another call's move of an allocation before releasing it",
+          "[scenario][steps][cuda13]") {
+  FakeMachine machine;
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  const size_t mib = size_t{1} << 20;
+  ReleasableSet set(6, 100 * mib);
+  const uvm_range first = *std::min_element(set.ranges.begin(), set.ranges.end(),
+                                            [](const uvm_range& a, const uvm_range& b) { return a.ptr < b.ptr; });
+  cudaStream_t stream = fake::make_stream(), other = fake::make_stream();
+  uvm_status offloaded = UVM_ERROR_INTERNAL;
+  std::thread offload = set.offload_with_step_held(stream, 2, &offloaded);  // two rounds done, the third waits
+  // Meanwhile another call brings the first allocation back and moves it off again (into memory
+  // mapped for it: the staging is the pinning offload's); its move's last event has not been
+  // reached (events stay pending), and its release fails, so the memory stays mapped.
+  REQUIRE(uvm_onload_ranges(&first, 1, other) == UVM_OK);
+  fake::set_events_pending(true);
+  const size_t before_other = fake::ops().size();
+  fake::fail_next("cuMemUnmap", cudaErrorInvalidValue);
+  CHECK(uvm_offload_ranges(&first, 1, UVM_STRATEGY_MMAP, other) == UVM_ERROR_CUDA);
+  const std::vector<fake::Op> after_other = fake::ops();
+  const void* other_move = nullptr;  // where the other call's move ends: its last event
+  for (size_t i = before_other; i < after_other.size(); ++i) {
+    if (after_other[i].call == fake::OpKind::event_record) other_move = after_other[i].ptr;
+  }
+  REQUIRE(other_move != nullptr);
+  REQUIRE(fake::event_pending(static_cast<cudaEvent_t>(const_cast<void*>(other_move))));
+  fake::release_held();
+  offload.join();
+  REQUIRE(offloaded == UVM_OK);
+  // Before the offload unmaps that allocation: a wait for the other move, by its event or by this
+  // offload's stream once the stream waits for it.
+  bool waited = false, stream_waits = false, unmapped = false;
+  const std::vector<fake::Op> log = fake::ops();
+  for (size_t i = after_other.size(); i < log.size() && !unmapped; ++i) {
+    const fake::Op& op = log[i];
+    if (op.call == fake::OpKind::event_sync && op.ptr == other_move) waited = true;
+    if (op.call == fake::OpKind::wait_event && op.ptr == other_move && op.stream == stream) stream_waits = true;
+    if (op.call == fake::OpKind::stream_sync && op.stream == stream && stream_waits) waited = true;
+    unmapped = op.call == fake::OpKind::vmm_unmap && op.ptr == first.ptr;
+  }
+  CHECK(unmapped);
+  CHECK(waited);
+  fake::set_events_pending(false);
+  set.onload_check_and_free(stream);
+}
+
 // On the H200 the driver issued an offload's copies slowly while the pinning thread registered the
 // next step (docs/measurements.md, "A pause without retained memory: the wall"). The pinning thread
 // registers a step only once the copies into the steps pinned before it are issued.

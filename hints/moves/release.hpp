@@ -33,8 +33,9 @@ uvm_status release_emptied(const Call& call, const std::vector<HintRange>& range
                            const CopiesDone& done = {});
 
 // The same without waiting: gives back only the allocations among `ranges` that uvm has moved
-// entirely off their device and whose copies, by their event in `done`, have ended already. For a round in the middle of an offload, so that what earlier rounds emptied goes
-// back as the offload goes on, not all at its end.
+// entirely off their device and whose copies, by their event in `done`, have ended already. For a
+// round in the middle of an offload, so that what earlier rounds emptied goes back as the offload
+// goes on, not all at its end.
 uvm_status release_copied_already(const Call& call, const std::vector<HintRange>& ranges, const CopiesDone& done);
 
 // Maps new physical memory for the releasable allocation at `base` if it was released.

@@ -474,19 +474,26 @@ TEST_CASE("an offload in rounds, cut at pinning steps, keeps kept neighbours and
 }
 
 namespace {
-// `count` releasable allocations of `size` bytes on device 0, the i-th filled with i + 1 as if by
-// the GPU, in address order of allocation; freed when it goes.
+constexpr size_t kMiB = size_t{1} << 20;
+
+// `count` releasable allocations of `size` bytes on device 0, in address order (the order staging
+// places them in), the i-th filled with i + 1 as if by the GPU; freed when it goes.
 struct ReleasableSet {
   std::vector<uvm_range> ranges;
   ReleasableSet(int count, size_t size) {
     for (int i = 0; i < count; ++i) {
       void* base = uvm_malloc_releasable(size, 0, nullptr);
       REQUIRE(base != nullptr);
-      std::memset(base, i + 1, size);
-      fake::device_wrote(base, size);
       ranges.push_back(uvm_range{base, size});
     }
+    std::sort(ranges.begin(), ranges.end(), [](const uvm_range& a, const uvm_range& b) { return a.ptr < b.ptr; });
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      std::memset(const_cast<void*>(ranges[i].ptr), static_cast<int>(i + 1), size);
+      fake::device_wrote(ranges[i].ptr, size);
+    }
   }
+  ReleasableSet(const ReleasableSet&) = delete;
+  ReleasableSet& operator=(const ReleasableSet&) = delete;
   ~ReleasableSet() { free(); }
   void free() {
     for (const uvm_range& range : ranges) uvm_free(const_cast<void*>(range.ptr), range.size, 0, nullptr);
@@ -527,6 +534,12 @@ struct ReleasableSet {
   }
 };
 
+// A set of `count` releasable allocations with no staging pinned, so that its offload pins in steps.
+ReleasableSet with_nothing_pinned(int count, size_t size) {
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  return ReleasableSet(count, size);
+}
+
 // Polls `done` until it holds or `ms` have passed.
 void wait_until(const std::function<bool()>& done, int ms) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
@@ -540,22 +553,20 @@ void wait_until(const std::function<bool()>& done, int ms) {
 TEST_CASE("an offload in rounds gives no releasable memory back while a step of its staging registers",
           "[scenario][steps][cuda13]") {
   FakeMachine machine;
-  REQUIRE(uvm_release_staging() == UVM_OK);  // nothing pinned: the offload pins in steps
-  const size_t mib = size_t{1} << 20;
   // Two of 200 MiB: the one at the lower address lies wholly in the first 256 MiB step (the staged
   // pieces go in address order), the other spans the first two.
-  ReleasableSet set(2, 200 * mib);
+  ReleasableSet set = with_nothing_pinned(2, 200 * kMiB);
   cudaStream_t stream = fake::make_stream();
   uvm_status offloaded = UVM_ERROR_INTERNAL;
   std::thread offload = set.offload_with_step_held(stream, 1, &offloaded);  // the second step waits
-  wait_until([&] { return FakeMachine::bytes_of(fake::OpKind::copy_to_host) >= 256 * mib; }, 10000);
+  wait_until([&] { return FakeMachine::bytes_of(fake::OpKind::copy_to_host) >= 256 * kMiB; }, 10000);
   std::this_thread::sleep_for(std::chrono::milliseconds(20));  // time for a round to release, had it done so
-  CHECK(FakeMachine::bytes_of(fake::OpKind::copy_to_host) == 256 * mib);  // the first step's round: all of one allocation
+  CHECK(FakeMachine::bytes_of(fake::OpKind::copy_to_host) == 256 * kMiB);  // the first step's round: all of one allocation
   CHECK(FakeMachine::ops_named(fake::OpKind::vmm_release).empty());  // and kept its memory while the step registers
   fake::release_held();
   offload.join();
   REQUIRE(offloaded == UVM_OK);
-  CHECK(FakeMachine::bytes_of(fake::OpKind::vmm_release) == 400 * mib);  // all of it once the pinning ended
+  CHECK(FakeMachine::bytes_of(fake::OpKind::vmm_release) == 400 * kMiB);  // all of it once the pinning ended
   CHECK(fake::mapped_reservations() == 0);
   set.onload_check_and_free(stream);
 }
@@ -567,10 +578,8 @@ TEST_CASE("an offload in rounds gives no releasable memory back while a step of 
 TEST_CASE("an offload in rounds gives back the memory earlier rounds emptied before its own copies",
           "[scenario][steps][cuda13]") {
   FakeMachine machine;
-  REQUIRE(uvm_release_staging() == UVM_OK);  // nothing pinned: the offload pins in steps
-  const size_t mib = size_t{1} << 20;
   // Six of 100 MiB over three steps (256, 256, 88 MiB): the first two lie wholly in the first step.
-  ReleasableSet set(6, 100 * mib);
+  ReleasableSet set = with_nothing_pinned(6, 100 * kMiB);
   cudaStream_t stream = fake::make_stream();
   uvm_status offloaded = UVM_ERROR_INTERNAL;
   // The third step waits: at least two rounds come before it.
@@ -579,18 +588,16 @@ TEST_CASE("an offload in rounds gives back the memory earlier rounds emptied bef
   offload.join();
   REQUIRE(offloaded == UVM_OK);
   // In the log: each unmap after every copy out of its allocation, and some before the last copy.
-  std::vector<const void*> by_address;
-  for (const uvm_range& r : set.ranges) by_address.push_back(r.ptr);
-  std::sort(by_address.begin(), by_address.end());
   size_t copied = 0, released_early = 0, unmapped = 0;
-  const size_t total = 600 * mib;
+  const size_t total = 600 * kMiB;
   for (const fake::Op& op : fake::ops()) {
     if (op.call == fake::OpKind::copy_to_host) copied += op.size;
     if (op.call != fake::OpKind::vmm_unmap) continue;
-    const size_t index = std::find(by_address.begin(), by_address.end(), op.ptr) - by_address.begin();
-    REQUIRE(index < by_address.size());
+    const size_t index = std::find_if(set.ranges.begin(), set.ranges.end(),
+                                      [&](const uvm_range& r) { return r.ptr == op.ptr; }) - set.ranges.begin();
+    REQUIRE(index < set.ranges.size());
     CAPTURE(index, copied);
-    CHECK(copied >= (index + 1) * 100 * mib);  // staged in address order: its bytes all copied
+    CHECK(copied >= (index + 1) * 100 * kMiB);  // staged in address order: its bytes all copied
     released_early += copied < total;
     ++unmapped;
   }
@@ -604,9 +611,7 @@ TEST_CASE("an offload in rounds gives back the memory earlier rounds emptied bef
 TEST_CASE("an offload whose release between rounds fails says so, and every byte comes back",
           "[scenario][steps][cuda13]") {
   FakeMachine machine;
-  REQUIRE(uvm_release_staging() == UVM_OK);
-  const size_t mib = size_t{1} << 20;
-  ReleasableSet set(6, 100 * mib);
+  ReleasableSet set = with_nothing_pinned(6, 100 * kMiB);
   cudaStream_t stream = fake::make_stream();
   fake::fail_next("cuMemUnmap", cudaErrorInvalidValue);  // the first release: the second round's
   uvm_status offloaded = UVM_OK;
@@ -618,7 +623,7 @@ TEST_CASE("an offload whose release between rounds fails says so, and every byte
   CAPTURE(error);
   CHECK(error.find("cuMemUnmap") != std::string::npos);
   CHECK(cudaPeekAtLastError() == cudaSuccess);
-  CHECK(FakeMachine::bytes_of(fake::OpKind::copy_to_host) == 256 * mib);  // its copies were never issued
+  CHECK(FakeMachine::bytes_of(fake::OpKind::copy_to_host) == 256 * kMiB);  // its copies were never issued
   CHECK(FakeMachine::ops_named(fake::OpKind::vmm_unmap).empty());
   set.onload_check_and_free(stream);  // staged or still on the device, every byte comes back
 }
@@ -630,11 +635,8 @@ TEST_CASE("an offload whose release between rounds fails says so, and every byte
 TEST_CASE("an offload in rounds waits for another call's move of an allocation before releasing it",
           "[scenario][steps][cuda13]") {
   FakeMachine machine;
-  REQUIRE(uvm_release_staging() == UVM_OK);
-  const size_t mib = size_t{1} << 20;
-  ReleasableSet set(6, 100 * mib);
-  const uvm_range first = *std::min_element(set.ranges.begin(), set.ranges.end(),
-                                            [](const uvm_range& a, const uvm_range& b) { return a.ptr < b.ptr; });
+  ReleasableSet set = with_nothing_pinned(6, 100 * kMiB);
+  const uvm_range first = set.ranges.front();
   cudaStream_t stream = fake::make_stream(), other = fake::make_stream();
   uvm_status offloaded = UVM_ERROR_INTERNAL;
   std::thread offload = set.offload_with_step_held(stream, 2, &offloaded);  // two rounds done, the third waits
@@ -679,10 +681,8 @@ TEST_CASE("an offload in rounds waits for another call's move of an allocation b
 TEST_CASE("an offload in rounds issues the copies into a pinned step before the next step is registered",
           "[scenario][steps][cuda13]") {
   FakeMachine machine;
-  REQUIRE(uvm_release_staging() == UVM_OK);  // nothing pinned: the offload pins in steps
-  const size_t mib = size_t{1} << 20;
   // Three of 200 MiB: 600 MiB staged in address order over three steps (256, 256, 88 MiB).
-  ReleasableSet set(3, 200 * mib);
+  ReleasableSet set = with_nothing_pinned(3, 200 * kMiB);
   cudaStream_t stream = fake::make_stream();
   auto registrations = [] { return FakeMachine::ops_named(fake::OpKind::host_register).size(); };
   fake::hold_next("cudaMemcpyAsync");  // the first copy into the first step waits
@@ -701,7 +701,7 @@ TEST_CASE("an offload in rounds issues the copies into a pinned step before the 
     if (op.call == fake::OpKind::copy_to_host) copied += op.size;
     if (op.call != fake::OpKind::host_register) continue;
     CAPTURE(steps);
-    CHECK(copied == steps * 256 * mib);
+    CHECK(copied == steps * 256 * kMiB);
     ++steps;
   }
   CHECK(steps == 3);

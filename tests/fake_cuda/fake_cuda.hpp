@@ -32,6 +32,9 @@ constexpr unsigned char kFreshPhysical = 0xA5;
 // Live virtual-memory reservations (releasable allocations) and how many are mapped.
 size_t live_reservations();
 size_t mapped_reservations();
+// The next cuMemAddressReserve asks for the range at `address` (when free, the kernel gives it), as
+// the driver hands a freed range out again; so a test can have a new allocation where a freed one was.
+void reserve_next_at(const void* address);
 // Physical memory created (cuMemCreate) and not given back, mapped or not: handles and bytes.
 size_t physical_handles();
 size_t physical_bytes();

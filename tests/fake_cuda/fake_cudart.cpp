@@ -80,6 +80,7 @@ struct World {
     CUmemGenericAllocationHandle mapped = 0;
   };
   std::map<uintptr_t, Reservation> reservations;
+  void* next_reservation_at = nullptr;  // reserve_next_at
   std::map<CUmemGenericAllocationHandle, size_t> handles;
   CUmemGenericAllocationHandle next_handle = 1;
 };
@@ -337,7 +338,8 @@ CUresult fake_mem_address_reserve(CUdeviceptr* ptr, size_t size, size_t alignmen
   CUresult r;
   if (injected_driver(w, "cuMemAddressReserve", &r)) return r;
   if (size == 0 || size % kGranularity || alignment % kGranularity) return CUDA_ERROR_INVALID_VALUE;
-  void* range = mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* range = mmap(w.next_reservation_at, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  w.next_reservation_at = nullptr;
   if (range == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
   w.reservations[reinterpret_cast<uintptr_t>(range)] = World::Reservation{size};
   *ptr = reinterpret_cast<CUdeviceptr>(range);
@@ -532,6 +534,7 @@ void reset() {
   w.allocations.clear();
   for (auto& r : w.reservations) munmap(reinterpret_cast<void*>(r.first), r.second.size);
   w.reservations.clear();
+  w.next_reservation_at = nullptr;
   w.handles.clear();
   w.ops.clear();
   w.preferred.clear();
@@ -642,6 +645,11 @@ size_t physical_bytes() {
   size_t bytes = 0;
   for (const auto& h : world().handles) bytes += h.second;
   return bytes;
+}
+
+void reserve_next_at(const void* address) {
+  std::lock_guard<std::mutex> lock(world().mutex);
+  world().next_reservation_at = const_cast<void*>(address);
 }
 
 size_t mapped_reservations() {

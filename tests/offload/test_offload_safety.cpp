@@ -8,6 +8,7 @@
 #include <cstring>
 #include <random>
 #include <functional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -673,6 +674,73 @@ TEST_CASE("an offload in rounds waits for another call's move of an allocation b
   CHECK(waited);
   fake::set_events_pending(false);
   set.onload_check_and_free(stream);
+}
+
+// Between an offload's rounds the program may free an allocation the offload has moved and get a new
+// one at its address (the driver hands freed ranges out again). The offload's next round moves what
+// the address holds now, the new allocation's bytes; where the old one's copies ended must neither
+// give the new one's memory back before its own copies nor stand for them.
+TEST_CASE("an offload in rounds moves a new allocation made at a freed one's address between its rounds",
+          "[scenario][steps][safety][cuda13]") {
+  for (const bool copies_running : {false, true}) {
+    CAPTURE(copies_running);  // false: the freed one's memory went back early; true: still copying
+    FakeMachine machine;
+    ReleasableSet set = with_nothing_pinned(6, 100 * kMiB);
+    const uvm_range second = set.ranges[1];  // wholly in the first step: copied in the first round
+    cudaStream_t stream = fake::make_stream();
+    fake::set_events_pending(copies_running);
+    uvm_status offloaded = UVM_ERROR_INTERNAL;
+    std::thread offload = set.offload_with_step_held(stream, 2, &offloaded);  // two rounds done, the third waits
+    uvm_free(const_cast<void*>(second.ptr), second.size, 0, nullptr);
+    fake::reserve_next_at(second.ptr);
+    void* again = uvm_malloc_releasable(second.size, 0, nullptr);
+    REQUIRE(again == second.ptr);
+    std::memset(again, 0x5A, second.size);  // the program's new data there
+    fake::device_wrote(again, second.size);
+    const size_t made_again = fake::ops().size();
+    fake::release_held();
+    offload.join();
+    REQUIRE(offloaded == UVM_OK);
+    CHECK(residency().staged_bytes == 600 * kMiB);  // the new allocation's bytes too
+    // Its memory goes back only after every byte of it is copied out and, while copies run, a wait
+    // for its last copy: on its stream, or on an event recorded there after it.
+    size_t copied = 0;
+    cudaStream_t copied_on = nullptr;
+    std::set<const void*> events_after_copy;
+    bool waited = false, unmapped = false;
+    const std::vector<fake::Op> log = fake::ops();
+    for (size_t i = made_again; i < log.size() && !unmapped; ++i) {
+      const fake::Op& op = log[i];
+      const bool inside = op.ptr >= second.ptr && op.ptr < static_cast<const char*>(second.ptr) + second.size;
+      if (op.call == fake::OpKind::copy_to_host && inside) {
+        copied += op.size;
+        copied_on = op.stream;
+        events_after_copy.clear();
+        waited = false;
+      }
+      const bool on_copy_stream = copied > 0 && op.stream == copied_on;
+      if (op.call == fake::OpKind::event_record && on_copy_stream) events_after_copy.insert(op.ptr);
+      if (op.call == fake::OpKind::event_sync && events_after_copy.count(op.ptr)) waited = true;
+      if (op.call == fake::OpKind::stream_sync && on_copy_stream) waited = true;
+      if (op.call == fake::OpKind::vmm_unmap && op.ptr == second.ptr) {
+        unmapped = true;
+        CHECK(copied == second.size);
+        if (copies_running) CHECK(waited);  // else a query may have found them done: no wait in the log
+      }
+    }
+    CHECK(unmapped);
+    fake::set_events_pending(false);
+    REQUIRE(uvm_onload_ranges(set.ranges.data(), set.ranges.size(), stream) == UVM_OK);
+    size_t wrong = 0;
+    for (size_t i = 0; i < set.ranges.size(); ++i) {
+      const auto* bytes = static_cast<const unsigned char*>(set.ranges[i].ptr);
+      const unsigned char expected = i == 1 ? 0x5A : static_cast<unsigned char>(i + 1);
+      for (size_t k = 0; k < set.ranges[i].size; ++k) wrong += bytes[k] != expected;
+    }
+    CHECK(wrong == 0);
+    set.free();
+    check_no_staging_left();
+  }
 }
 
 // On the H200 the driver issued an offload's copies slowly while the pinning thread registered the

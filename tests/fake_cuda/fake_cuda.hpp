@@ -69,9 +69,10 @@ struct Op {
   int context_device; // the device whose context was current when the call ran
 };
 
-// Forgets allocations, the op log, injected failures and capture state; keeps contexts, this
-// thread's current context, pinned memory and events (uvm keeps its staging memory for the life of
-// the process).
+// Forgets allocations, the op log, injected failures and capture state, and lets go of a call held
+// or armed to be held (a test that failed before its release_held leaves the next test nothing to
+// wait on); keeps contexts, this thread's current context, pinned memory and events (uvm keeps its
+// staging memory for the life of the process).
 void reset();
 
 // The next call to `call_name` (e.g. "cudaMallocManaged") returns `error` instead of running.

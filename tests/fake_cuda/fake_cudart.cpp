@@ -528,6 +528,7 @@ const char* name(OpKind kind) {
 std::ostream& operator<<(std::ostream& out, OpKind kind) { return out << name(kind); }
 
 void reset() {
+  release_held();
   World& w = world();
   std::lock_guard<std::mutex> lock(w.mutex);
   for (auto& a : w.allocations) std::free(reinterpret_cast<void*>(a.first));

@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "../../alloc/settle.hpp"
@@ -64,6 +66,27 @@ struct FakeMachine {
     }
     return selected;
   }
+};
+
+// A thread a test starts beside itself, joined when it goes out of scope. A REQUIRE that fails
+// before the test joins it then reports the failure and the run goes on to the next test, where a
+// std::thread still joinable would end the process (the report lost, the disk directory left). A
+// call the fake holds is let go first: the thread may be waiting there.
+class TestThread {
+ public:
+  template <class Body>
+  explicit TestThread(Body&& body) : thread_(std::forward<Body>(body)) {}
+  TestThread(TestThread&&) = default;
+  TestThread& operator=(TestThread&&) = delete;
+  ~TestThread() {
+    if (!thread_.joinable()) return;
+    fake::release_held();
+    thread_.join();
+  }
+  void join() { thread_.join(); }
+
+ private:
+  std::thread thread_;
 };
 
 // uvm's residency counts for `device` (or UVM_ANY_DEVICE) and `tag` (nullptr: any).

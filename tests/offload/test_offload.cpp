@@ -661,7 +661,7 @@ TEST_CASE("a first offload copies into the steps pinned so far while the rest is
   fake::hold_next("cudaHostRegister", 1);  // the second step waits
   uvm_status status = UVM_ERROR_INTERNAL;
   uvm_move_report report{};
-  std::thread offload([&] {
+  TestThread offload([&] {
     fake::set_thread_context(0);
     status = uvm_offload_ranges(ranges.data(), ranges.size(), UVM_STRATEGY_STAGED, stream);
     uvm_last_move(0, &report);

@@ -449,7 +449,7 @@ TEST_CASE("an offload in rounds, cut at pinning steps, keeps kept neighbours and
   auto copied_out = [] { return FakeMachine::bytes_of(fake::OpKind::copy_to_host); };
   fake::hold_next("cudaHostRegister", 1);  // the second step waits
   uvm_status offloaded = UVM_ERROR_INTERNAL;
-  std::thread offload([&] {
+  TestThread offload([&] {
     fake::set_thread_context(0);
     offloaded = uvm_offload_ranges(layout.moved.data(), layout.moved.size(), UVM_STRATEGY_STAGED, stream);
   });
@@ -502,18 +502,18 @@ struct ReleasableSet {
   }
   // Offloads all of it, staged, on a thread of its own, as a program's pause beside the test.
   // A failure's message (uvm_last_error is the thread's) goes to `error` when given.
-  std::thread offload_on_a_thread(cudaStream_t stream, uvm_status* status, std::string* error = nullptr) const {
-    return std::thread([this, stream, status, error] {
+  TestThread offload_on_a_thread(cudaStream_t stream, uvm_status* status, std::string* error = nullptr) const {
+    return TestThread([this, stream, status, error] {
       fake::set_thread_context(0);
       *status = uvm_offload_ranges(ranges.data(), ranges.size(), UVM_STRATEGY_STAGED, stream);
       if (error != nullptr && *status != UVM_OK) *error = uvm_last_error();
     });
   }
   // The same, the registration of pinning step `step` (0: the first) held until fake::release_held.
-  std::thread offload_with_step_held(cudaStream_t stream, int step, uvm_status* status,
+  TestThread offload_with_step_held(cudaStream_t stream, int step, uvm_status* status,
                                      std::string* error = nullptr) const {
     fake::hold_next("cudaHostRegister", step);
-    std::thread offload = offload_on_a_thread(stream, status, error);
+    TestThread offload = offload_on_a_thread(stream, status, error);
     REQUIRE(fake::wait_until_held(10000));
     return offload;
   }
@@ -559,7 +559,7 @@ TEST_CASE("an offload in rounds gives no releasable memory back while a step of 
   ReleasableSet set = with_nothing_pinned(2, 200 * kMiB);
   cudaStream_t stream = fake::make_stream();
   uvm_status offloaded = UVM_ERROR_INTERNAL;
-  std::thread offload = set.offload_with_step_held(stream, 1, &offloaded);  // the second step waits
+  TestThread offload = set.offload_with_step_held(stream, 1, &offloaded);  // the second step waits
   wait_until([&] { return FakeMachine::bytes_of(fake::OpKind::copy_to_host) >= 256 * kMiB; }, 10000);
   std::this_thread::sleep_for(std::chrono::milliseconds(20));  // time for a round to release, had it done so
   CHECK(FakeMachine::bytes_of(fake::OpKind::copy_to_host) == 256 * kMiB);  // the first step's round: all of one allocation
@@ -584,7 +584,7 @@ TEST_CASE("an offload in rounds gives back the memory earlier rounds emptied bef
   cudaStream_t stream = fake::make_stream();
   uvm_status offloaded = UVM_ERROR_INTERNAL;
   // The third step waits: at least two rounds come before it.
-  std::thread offload = set.offload_with_step_held(stream, 2, &offloaded);
+  TestThread offload = set.offload_with_step_held(stream, 2, &offloaded);
   fake::release_held();
   offload.join();
   REQUIRE(offloaded == UVM_OK);
@@ -617,7 +617,7 @@ TEST_CASE("an offload whose release between rounds fails says so, and every byte
   fake::fail_next("cuMemUnmap", cudaErrorInvalidValue);  // the first release: the second round's
   uvm_status offloaded = UVM_OK;
   std::string error;
-  std::thread offload = set.offload_with_step_held(stream, 2, &offloaded, &error);
+  TestThread offload = set.offload_with_step_held(stream, 2, &offloaded, &error);
   fake::release_held();
   offload.join();
   CHECK(offloaded == UVM_ERROR_CUDA);
@@ -640,7 +640,7 @@ TEST_CASE("an offload in rounds waits for another call's move of an allocation b
   const uvm_range first = set.ranges.front();
   cudaStream_t stream = fake::make_stream(), other = fake::make_stream();
   uvm_status offloaded = UVM_ERROR_INTERNAL;
-  std::thread offload = set.offload_with_step_held(stream, 2, &offloaded);  // two rounds done, the third waits
+  TestThread offload = set.offload_with_step_held(stream, 2, &offloaded);  // two rounds done, the third waits
   // Meanwhile another call brings the first allocation back and moves it off again (into memory
   // mapped for it: the staging is the pinning offload's); its move's last event has not been
   // reached (events stay pending), and its release fails, so the memory stays mapped.
@@ -690,7 +690,7 @@ TEST_CASE("an offload in rounds moves a new allocation made at a freed one's add
     cudaStream_t stream = fake::make_stream();
     fake::set_events_pending(copies_running);
     uvm_status offloaded = UVM_ERROR_INTERNAL;
-    std::thread offload = set.offload_with_step_held(stream, 2, &offloaded);  // two rounds done, the third waits
+    TestThread offload = set.offload_with_step_held(stream, 2, &offloaded);  // two rounds done, the third waits
     uvm_free(const_cast<void*>(second.ptr), second.size, 0, nullptr);
     fake::reserve_next_at(second.ptr);
     void* again = uvm_malloc_releasable(second.size, 0, nullptr);
@@ -755,7 +755,7 @@ TEST_CASE("an offload in rounds issues the copies into a pinned step before the 
   auto registrations = [] { return FakeMachine::ops_named(fake::OpKind::host_register).size(); };
   fake::hold_next("cudaMemcpyAsync");  // the first copy into the first step waits
   uvm_status offloaded = UVM_ERROR_INTERNAL;
-  std::thread offload = set.offload_on_a_thread(stream, &offloaded);
+  TestThread offload = set.offload_on_a_thread(stream, &offloaded);
   REQUIRE(fake::wait_until_held(10000));
   // The second step's pages were being faulted in meanwhile: unpaced, it would register now.
   wait_until([&] { return registrations() >= 2; }, 500);

@@ -372,7 +372,7 @@ TEST_CASE("a pause never drops an allocation made, while it waits, at the addres
   REQUIRE(neighbour != nullptr);
   fake::hold_next("cudaDeviceSynchronize");
   uvm_status paused_status = UVM_ERROR_CUDA;
-  std::thread pauser([&] {
+  TestThread pauser([&] {
     fake::set_thread_context(0);
     paused_status = uvm_pause(0, "scratch");
   });

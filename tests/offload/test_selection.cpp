@@ -220,7 +220,7 @@ TEST_CASE("an offload of a tag takes no allocation made at a freed address while
   Tagged stays("scratch", kMiB, 0, 13), neighbour(nullptr, kSlot, 0, 14);  // the neighbour keeps the slab
   fake::hold_next(pinning);
   uvm_status offloaded = UVM_ERROR_CUDA;
-  std::thread offloader([&] {
+  TestThread offloader([&] {
     fake::set_thread_context(0);
     offloaded = uvm_offload_selection(0, Tags{"scratch"}.list(), 1, UVM_STRATEGY_STAGED, nullptr, nullptr);
   });

@@ -487,6 +487,10 @@ TEST_CASE("strategies outside the enum, and managed memory uvm did not allocate,
 // Run alone (meson test offload-no-disk-dir): the process must never have set a directory.
 TEST_CASE("a disk offload with no directory set fails saying how to set one; nothing moves", "[no_disk_dir][cuda13]") {
   FakeMachine machine;
+  char dir[PATH_MAX] = "x";
+  REQUIRE(uvm_get_disk_backup_dir(dir, sizeof dir) == UVM_OK);
+  INFO("the directory this process set before: " << dir);
+  REQUIRE(std::string(dir).empty());  // else the offload below succeeds, and reading the memory it gave back crashes
   Releasable memory(kMiB);
   const size_t mapped = fake::mapped_reservations();
   const uvm_range range = memory.whole();
@@ -494,9 +498,6 @@ TEST_CASE("a disk offload with no directory set fails saying how to set one; not
   CHECK_THAT(last_error(), Has("no disk backup directory: call uvm_set_disk_backup_dir or set UVM_DISK_BACKUP_DIR"));
   CHECK(fake::mapped_reservations() == mapped);
   CHECK(memory.intact());
-  char dir[8] = "x";
-  REQUIRE(uvm_get_disk_backup_dir(dir, sizeof dir) == UVM_OK);
-  CHECK(std::string(dir).empty());
   // A pause of a disk-backed allocation fails the same way and leaves it unpaused, on the device.
   REQUIRE(uvm_set_thread_backup(UVM_BACKUP_DISK) == UVM_OK);
   REQUIRE(uvm_set_thread_tag("weights") == UVM_OK);

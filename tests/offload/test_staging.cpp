@@ -116,7 +116,7 @@ TEST_CASE("freeing pinned staging memory holds up no free on another thread", "[
   void* other = uvm_malloc(kMiB, 0, nullptr);
   REQUIRE(other != nullptr);
   fake::hold_next("cudaFreeHost");
-  std::thread releaser([] { CHECK(uvm_release_staging() == UVM_OK); });
+  TestThread releaser([] { CHECK(uvm_release_staging() == UVM_OK); });
   const bool held = fake::wait_until_held(5000);
   const bool in_time = finishes_in_time([&] { uvm_free(other, kMiB, 0, nullptr); }, [] { fake::release_held(); });
   releaser.join();
@@ -144,8 +144,8 @@ TEST_CASE("offloads that need room pin it with no lock held, one block each when
   // both and pins one of its own, after the first (growers take turns).
   const size_t blocks_before = fake::pinned_blocks();
   fake::hold_next("cudaHostAlloc");
-  std::thread offload_a([&] { CHECK(uvm_offload_ranges(&range_a, 1, UVM_STRATEGY_STAGED, stream_a) == UVM_OK); });
-  std::thread offload_b([&] { CHECK(uvm_offload_ranges(&range_b, 1, UVM_STRATEGY_STAGED, stream_b) == UVM_OK); });
+  TestThread offload_a([&] { CHECK(uvm_offload_ranges(&range_a, 1, UVM_STRATEGY_STAGED, stream_a) == UVM_OK); });
+  TestThread offload_b([&] { CHECK(uvm_offload_ranges(&range_b, 1, UVM_STRATEGY_STAGED, stream_b) == UVM_OK); });
   const bool held = fake::wait_until_held(120000);
   const bool in_time = finishes_in_time([&] { uvm_free(other, kMiB, 0, nullptr); }, [] { fake::release_held(); });
   offload_a.join();
@@ -176,7 +176,7 @@ TEST_CASE("release_staging does not take the room an offload made before the off
   // The offload pins its block with the moves lock let go; the test takes the lock meanwhile, so
   // that the offload, its block pinned, waits for the lock before it reserves the room.
   fake::hold_next("cudaHostAlloc");
-  std::thread offload([&] { CHECK(uvm_offload_ranges(&range, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK); });
+  TestThread offload([&] { CHECK(uvm_offload_ranges(&range, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK); });
   REQUIRE(fake::wait_until_held(5000));
   auto moves = uvm::lock_moves();
   fake::release_held();

@@ -691,6 +691,20 @@ TEST_CASE("an offload in rounds moves a new allocation made at a freed one's add
     fake::set_events_pending(copies_running);
     uvm_status offloaded = UVM_ERROR_INTERNAL;
     TestThread offload = set.offload_with_step_held(stream, 2, &offloaded);  // two rounds done, the third waits
+    // The free comes once the third round has begun: its wait for the earlier rounds' moves is in the
+    // log after their copies. That round found the ranges whole and waits, holding no lock, for the
+    // held step; had it begun between the free and the new allocation, it would have failed on the
+    // freed range instead (UVM_ERROR_INVALID_ARGUMENT, as it should).
+    auto third_round_began = [&] {
+      size_t copied = 0;
+      for (const fake::Op& op : fake::ops()) {
+        if (op.call == fake::OpKind::copy_to_host) copied += op.size;
+        if (op.call == fake::OpKind::wait_event && op.stream == stream && copied >= 512 * kMiB) return true;
+      }
+      return false;
+    };
+    wait_until(third_round_began, 10000);
+    REQUIRE(third_round_began());
     uvm_free(const_cast<void*>(second.ptr), second.size, 0, nullptr);
     fake::reserve_next_at(second.ptr);
     void* again = uvm_malloc_releasable(second.size, 0, nullptr);

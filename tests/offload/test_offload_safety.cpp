@@ -481,6 +481,7 @@ constexpr size_t kMiB = size_t{1} << 20;
 // places them in), the i-th filled with i + 1 as if by the GPU; freed when it goes.
 struct ReleasableSet {
   std::vector<uvm_range> ranges;
+  std::vector<unsigned char> fills;  // the byte each holds
   ReleasableSet(int count, size_t size) {
     for (int i = 0; i < count; ++i) {
       void* base = uvm_malloc_releasable(size, 0, nullptr);
@@ -488,10 +489,8 @@ struct ReleasableSet {
       ranges.push_back(uvm_range{base, size});
     }
     std::sort(ranges.begin(), ranges.end(), [](const uvm_range& a, const uvm_range& b) { return a.ptr < b.ptr; });
-    for (size_t i = 0; i < ranges.size(); ++i) {
-      std::memset(const_cast<void*>(ranges[i].ptr), static_cast<int>(i + 1), size);
-      fake::device_wrote(ranges[i].ptr, size);
-    }
+    fills.resize(ranges.size());
+    for (size_t i = 0; i < ranges.size(); ++i) fill(i, static_cast<unsigned char>(i + 1));
   }
   ReleasableSet(const ReleasableSet&) = delete;
   ReleasableSet& operator=(const ReleasableSet&) = delete;
@@ -517,6 +516,12 @@ struct ReleasableSet {
     REQUIRE(fake::wait_until_held(10000));
     return offload;
   }
+  // Writes `value` over the i-th as if by the GPU: what it holds from now on.
+  void fill(size_t i, unsigned char value) {
+    std::memset(const_cast<void*>(ranges[i].ptr), value, ranges[i].size);
+    fake::device_wrote(ranges[i].ptr, ranges[i].size);
+    fills[i] = value;
+  }
   // Brings it all back on `stream`, checks every byte, frees it and checks no staging is left.
   void onload_check_and_free(cudaStream_t stream) {
     REQUIRE(uvm_onload_ranges(ranges.data(), ranges.size(), stream) == UVM_OK);
@@ -529,7 +534,7 @@ struct ReleasableSet {
     size_t wrong = 0;
     for (size_t i = 0; i < ranges.size(); ++i) {
       const auto* bytes = static_cast<const unsigned char*>(ranges[i].ptr);
-      for (size_t k = 0; k < ranges[i].size; ++k) wrong += bytes[k] != i + 1;
+      for (size_t k = 0; k < ranges[i].size; ++k) wrong += bytes[k] != fills[i];
     }
     return wrong;
   }
@@ -709,8 +714,7 @@ TEST_CASE("an offload in rounds moves a new allocation made at a freed one's add
     fake::reserve_next_at(second.ptr);
     void* again = uvm_malloc_releasable(second.size, 0, nullptr);
     REQUIRE(again == second.ptr);
-    std::memset(again, 0x5A, second.size);  // the program's new data there
-    fake::device_wrote(again, second.size);
+    set.fill(1, 0x5A);  // the program's new data there
     const size_t made_again = fake::ops().size();
     fake::release_held();
     offload.join();
@@ -744,16 +748,7 @@ TEST_CASE("an offload in rounds moves a new allocation made at a freed one's add
     }
     CHECK(unmapped);
     fake::set_events_pending(false);
-    REQUIRE(uvm_onload_ranges(set.ranges.data(), set.ranges.size(), stream) == UVM_OK);
-    size_t wrong = 0;
-    for (size_t i = 0; i < set.ranges.size(); ++i) {
-      const auto* bytes = static_cast<const unsigned char*>(set.ranges[i].ptr);
-      const unsigned char expected = i == 1 ? 0x5A : static_cast<unsigned char>(i + 1);
-      for (size_t k = 0; k < set.ranges[i].size; ++k) wrong += bytes[k] != expected;
-    }
-    CHECK(wrong == 0);
-    set.free();
-    check_no_staging_left();
+    set.onload_check_and_free(stream);
   }
 }
 

@@ -37,6 +37,12 @@
 #                                RL_BEFORE=DIR runs it with the uvm tree in DIR (an older commit's files,
 #                                e.g. from `git archive`) and with this tree, alternating, two rounds
 #                                (instead of the single run)
+#   WHEEL=1                      the wheel as users install it, no compiler or toolkit on PATH
+#                                (scripts/device_wheel.sh; the wheel travels in .deps/dist); with
+#                                SWITCHED=1 also the peers moved onto it by its switch
+#                                (tests/peers/run_switched.sh)
+#   CUDA12=VERSION               builds the library and the GPU suite against CUDA VERSION's headers
+#                                (.deps/cuda-VERSION) and runs that suite on its libcudart.so.12
 #   BUILD=0                      no meson build, no meson tests, no demo (python-only runs: the
 #                                shim builds the library itself)
 #   PYTEST="files"               runs those pytest files (e.g. the Python GPU tests one change needs)
@@ -105,6 +111,18 @@ if [ "${TESTS:-1}" = 1 ]; then
     echo "== gpu suite built against CUDA 12.8"
     run_suite "$build/cuda-12.8" -cuda12 --suite gpu || status=1
   fi
+fi
+
+if [ "${WHEEL:-0}" = 1 ]; then
+  echo "== the wheel, installed as users install it"
+  bash scripts/device_wheel.sh "$OUT" || status=1
+fi
+
+if [ -n "${CUDA12:-}" ]; then
+  echo "== the GPU suite built against CUDA $CUDA12 headers, on its libcudart.so.12"
+  bash tests/cuda12/build_against.sh "$PWD" "$PWD/$build" "$CUDA12" --build-only >"$OUT/cuda12-build.log" 2>&1
+  tail -n 3 "$OUT/cuda12-build.log"
+  run_suite "$build/cuda-$CUDA12" "-cuda$CUDA12" --suite gpu || status=1
 fi
 
 if [ "${MULTI_GPU:-0}" = 1 ]; then

@@ -19,7 +19,21 @@ from .torch import (advise_managed_module_parameters_preferred_location, advise_
                     prefetch_managed_tensor, where)
 from .streaming import Streamed, stream
 
-__version__ = "0.1.0"
+
+
+def _release() -> str:
+    """The release, read from uvm.h (UVM_VERSION_*), the one place it is written."""
+    import re
+    from . import _build
+    try:
+        header = (_build.source_root() / "include" / "uvm.h").read_text()
+    except (OSError, _build.BuildError):
+        return "unknown"
+    parts = [re.search(rf"#define UVM_VERSION_{part} (\d+)", header) for part in ("MAJOR", "MINOR", "PATCH")]
+    return ".".join(part.group(1) for part in parts) if all(parts) else "unknown"
+
+
+__version__ = _release()
 
 # The seed's module state lives in _state and _lib; these names read it there.
 _STATE = {"_compilation_state": _state, "_compilation_error": _state, "_alloc": _state, "_mod": _state,

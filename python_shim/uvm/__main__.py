@@ -1,4 +1,6 @@
-"""python -m uvm doctor — what uvm sees here, and whether a pool can be created (exit 0) or why not.
+"""uvm doctor (or python -m uvm doctor) — what uvm sees here, and whether a pool can be created (exit 0)
+or why not.
+uvm --version — the release.
 python -m uvm bench [args] — the offload/onload benchmark (bench/offload_bench.py; --help).
 python -m uvm bench rl [args] — the sleep/wake cycle benchmark (bench/rl_bench.py; --help).
 python -m uvm bench all [--quick] [--out DIR] — both, one after the other (bench/bench_all.py).
@@ -10,27 +12,22 @@ import os
 import pathlib
 import sys
 
-from . import _build, _errors, _lib, _state
+from . import _build, _errors, _lib, _runtime, _state, _switch
 
 
 def doctor() -> int:
-    print(f"uvm {__import__('uvm').__version__}, python {sys.version.split()[0]}")
+    """Prints what uvm found, one line each; a problem is printed once, with what to do."""
+    print(f"uvm {__import__('uvm').__version__} (distribution uvm-cuda), python {sys.version.split()[0]}")
     problems: list[str] = []
-    try:
-        home = _build.cuda_home()
-        print(f"CUDA toolkit: {home} (CUDART_VERSION {_build.cuda_version(home)})")
-    except _build.BuildError as error:
-        problems.append(str(error))
-    try:
-        print(f"compiler: {_build.compiler()}")
-    except _build.BuildError as error:
-        problems.append(str(error))
-    print(f"cache dir: {os.environ.get('UVM_CACHE_DIR') or '~/.cache/uvm'}; "
-          f"timeout {os.environ.get('UVM_COMPILE_TIMEOUT_S') or _build.DEFAULT_TIMEOUT_S} s")
+    _print_installation(problems)
     lib, option_refused = None, None
     try:
         lib = _lib.library()
         print(f"library: {_lib._so_path}")
+        runtime = _lib.runtime_used or _runtime.mapped()
+        if runtime is not None:
+            print(f"CUDA runtime: {runtime.path} (CUDA {runtime.major}, {runtime.found_by}; "
+                  f"cudaRuntimeGetVersion {_runtime.version(runtime.path)})")
     except _errors.UnifiedMemoryUnsupportedError as error:
         problems.append(str(error))
     if lib is not None:
@@ -64,15 +61,66 @@ def doctor() -> int:
               f"{hasattr(torch.cuda, 'MemPool')}, cuda available: {torch.cuda.is_available()}")
     except ImportError:
         print("torch: not installed")
-    _state.compile_allocator()
-    print(f"compile state: {_state._compilation_state.name}")
-    if _state._compilation_state is not _state.CompilationState.SUCCESS:
-        problems.insert(0, f"a pool cannot be created: {_state._compilation_error}")
-    for problem in problems:
+    if lib is not None:  # a library that cannot load cannot make a pool either: said once above
+        _state.compile_allocator()
+        print(f"compile state: {_state._compilation_state.name}")
+        if _state._compilation_state is _state.CompilationState.SUCCESS:
+            print(f"block hook: {_state.block_hook_status()}")
+        else:
+            problems.insert(0, f"a pool cannot be created: {_state._compilation_error}")
+    for problem in dict.fromkeys(problems):
         print(f"problem: {problem}")
-    ready = _state._compilation_state is _state.CompilationState.SUCCESS and not option_refused
+    ready = lib is not None and _state._compilation_state is _state.CompilationState.SUCCESS and not option_refused
     print("ok: uvm.create_unified_mempool() will work" if ready else f"not ok: {problems[0]}")
     return 0 if ready else 1
+
+
+def _print_installation(problems: list[str]) -> None:
+    """Where the package, its shipped builds, a toolkit and a compiler are, and what is switched."""
+    manifest = _build.shipped_manifest()
+    if manifest is not None:
+        majors = ", ".join(f"CUDA {entry['cuda']}" for entry in manifest["libraries"].values()) or "none"
+        hooks = ", ".join(manifest["torch_hooks"]) or "none"
+        print(f"installed: {_build.SHIPPED.parent}; prebuilt libuvm.so for {majors}; block hooks for torch {hooks}")
+    else:
+        print(f"source tree: {_build.SHIPPED.parent} (libuvm.so is compiled at first use, and cached)")
+    for label, find in (("CUDA toolkit", _build.cuda_home), ("compiler", _build.compiler)):
+        try:
+            found = find()
+            print(f"{label}: {found}" + (f" (CUDART_VERSION {_build.cuda_version(found)})" if label == "CUDA toolkit" else ""))
+        except _build.BuildError as error:
+            needed = manifest is None
+            print(f"{label}: none ({'needed here: ' if needed else 'not needed: '}{error})")
+            if needed:
+                problems.append(str(error))
+    print(f"cache dir: {os.environ.get('UVM_CACHE_DIR') or '~/.cache/uvm'}; "
+          f"timeout {os.environ.get('UVM_COMPILE_TIMEOUT_S') or _build.DEFAULT_TIMEOUT_S} s")
+    owners = _owners_of_uvm()
+    if len(owners) > 1:
+        problems.append(f"several installed distributions provide the `uvm` import: {', '.join(owners)}; "
+                        "uninstall all but uvm-cuda")
+    try:
+        asked = _switch.switched()
+    except ValueError as error:
+        problems.append(str(error))
+        asked = {}
+    active = _switch.active()
+    if not asked:
+        print(f"switch: off ({_switch.ENV} unset): torch_memory_saver and Megatron's unified_memory import as installed")
+    for module, name in asked.items():
+        original = _switch.original_location(module)
+        state = "on" if module in active else "asked for, but uvm_switch.pth did not run in this process"
+        print(f"switch {name}: {state}: `import {module}` gives uvm's; the original is "
+              f"{'at ' + original if original else 'not installed'}")
+
+
+def _owners_of_uvm() -> list[str]:
+    """The installed distributions whose files include the top-level `uvm` package."""
+    import importlib.metadata
+    try:
+        return sorted(set(importlib.metadata.packages_distributions().get("uvm", [])))
+    except Exception:  # noqa: BLE001 - a broken metadata file must not break the doctor
+        return []
 
 
 def _print_options(lib) -> str | None:
@@ -115,7 +163,9 @@ def staging_line() -> str:
             f"block(s){' (' + kinds + ')' if kinds else ''}{pinning}, {s['staged_bytes'] >> 20} MiB in use")
 
 
-USAGE = """usage: python -m uvm doctor          what uvm sees here; exit 0 if a pool can be created
+USAGE = """usage: uvm doctor                    what uvm sees here; exit 0 if a pool can be created
+       uvm --version                 the release
+       (`python -m uvm ...` is the same command)
        python -m uvm bench [--help]    the offload/onload benchmark (needs torch and a GPU)
        python -m uvm bench rl [--help] the RL sleep/wake cycle benchmark, uvm against its peers
        python -m uvm bench all [--quick] [--out DIR]  both: every row of the two tables in one run
@@ -157,6 +207,9 @@ def bench(argv: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] in (["--version"], ["-V"]):
+        print(f"uvm {__import__('uvm').__version__}")
+        return 0
     if argv[:1] == ["doctor"]:
         return doctor()
     if argv[:1] == ["bench"]:
@@ -168,5 +221,10 @@ def main(argv: list[str]) -> int:
     return 2
 
 
-if __name__ == "__main__":
+def console() -> None:
+    """The `uvm` command the wheel installs."""
     sys.exit(main(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    console()

@@ -324,11 +324,19 @@ def unity_groups(sources: list[Path], jobs: int, cost=lambda path: path.stat().s
     return sorted((sorted(group, key=position.__getitem__) for group in groups if group), key=lambda g: position[g[0]])
 
 
+# How a shipped library links the C++ runtime: statically, so that it loads beside any libstdc++ (a
+# conda environment's older one, RHEL 9's GCC 11; no C++ object crosses its C ABI), with unused
+# sections dropped (else std::random_device's arc4random needs glibc 2.36) and the unwinder left in
+# the system's libgcc_s (a static one needs glibc 2.35's _dl_find_object): glibc 2.34 is then the
+# newest the libraries need (setup.py tags the wheel from it).
+STATIC_CXX_RUNTIME = ["-static-libstdc++", "-Wl,--gc-sections"]
+
+
 def compile_library(root: Path, cxx: str, home: Path, out_dir: Path, timeout: float,
-                    watchdog: Watchdog | None = None) -> Path:
+                    watchdog: Watchdog | None = None, link_flags: tuple = ()) -> Path:
     """Compiles the sources as one translation unit per usable CPU (unity runs), in parallel, then
-    links libuvm.so in `out_dir`. meson still builds every file alone, so a file that leans on a
-    header only its neighbour includes fails there."""
+    links libuvm.so in `out_dir` (with `link_flags` added). meson still builds every file alone, so
+    a file that leans on a header only its neighbour includes fails there."""
     deadline = time.monotonic() + timeout
     include = ["-I", str(root / "include"), "-isystem", str(home / "include")]
     listed = SourceList(root)
@@ -351,7 +359,7 @@ def compile_library(root: Path, cxx: str, home: Path, out_dir: Path, timeout: fl
     library = out_dir / "libuvm.so"
     run([cxx, "-shared", "-o", str(library), *map(str, objects),
          f"-Wl,--version-script={root / 'alloc' / 'exports.map'}", "-Wl,-soname,libuvm.so.0",
-         "-L", str(cudart_dir(home)), "-lcudart"],
+         "-L", str(cudart_dir(home)), "-lcudart", *link_flags],
         timeout=max(deadline - time.monotonic(), 0.1), watchdog=watchdog)
     return _produced(cxx, library)
 
@@ -360,14 +368,15 @@ PRELOAD_NAME = "libuvm_preload.so"
 
 
 def compile_preload(root: Path, cxx: str, home: Path, out_dir: Path, timeout: float,
-                    watchdog: Watchdog | None = None) -> Path:
+                    watchdog: Watchdog | None = None, link_flags: tuple = ()) -> Path:
     """Compiles the cudaMalloc interposer (sources.txt's `preload` lines) into `out_dir`. It links
     neither libuvm nor the CUDA runtime: it opens the libuvm.so beside it at load."""
     listed = SourceList(root)
     library = out_dir / PRELOAD_NAME
     run([cxx, *listed.flags, "-I", str(root / "include"), "-isystem", str(home / "include"), "-shared",
          "-o", str(library), *map(str, listed.preload_sources),
-         f"-Wl,--version-script={root / 'preload' / 'exports.map'}", "-ldl"], timeout=timeout, watchdog=watchdog)
+         f"-Wl,--version-script={root / 'preload' / 'exports.map'}", "-ldl", *link_flags], timeout=timeout,
+        watchdog=watchdog)
     return _produced(cxx, library)
 
 
@@ -446,6 +455,130 @@ def _cached_library_is_valid(library: Path) -> bool:
         return False
 
 
+SHIPPED = Path(__file__).resolve().with_name("_prebuilt")  # made by setup.py when the wheel is built
+SHIPPED_MANIFEST = "manifest.json"
+TORCH_HOOK = "libuvm_torch_blocks.so"
+
+
+def ship_libraries(root: Path, out_dir: Path, toolkits: dict, timeout: float) -> dict:
+    """Compiles libuvm.so and its interposer from the sources under `root` once per CUDA major of
+    `toolkits` ({12: toolkit path, 13: ...}), each into `out_dir`/cuda<major>/ with the C++ runtime
+    linked in. Returns the manifest's "libraries": {major: {"cuda": CUDART_VERSION of the headers,
+    "sha256": of libuvm.so}}. setup.py calls this, so that pip users never compile."""
+    cxx = compiler()
+    shipped = {}
+    for major, home in sorted(toolkits.items()):
+        target = out_dir / f"cuda{major}"
+        target.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="uvm-ship-") as scratch:
+            watchdog = Watchdog(Path(scratch))
+            try:
+                built = compile_library(root, cxx, Path(home), Path(scratch), timeout, watchdog, tuple(STATIC_CXX_RUNTIME))
+                interposer = compile_preload(root, cxx, Path(home), Path(scratch), timeout, watchdog,
+                                             tuple(STATIC_CXX_RUNTIME))
+            finally:
+                watchdog.close()
+            shutil.copy2(built, target / "libuvm.so")
+            shutil.copy2(interposer, target / PRELOAD_NAME)
+        shipped[str(major)] = {"cuda": cuda_version(Path(home)), "sha256": _checksum(target / "libuvm.so")}
+    return shipped
+
+
+def torch_hook_standard(minor: str) -> str:
+    """The C++ standard torch `minor`'s c10 headers need: C++20 from 2.14 on (std::strong_ordering,
+    std::bit_width), C++17 before."""
+    major, number = (int(part) for part in minor.split(".")[:2])
+    return "-std=c++20" if (major, number) >= (2, 14) else "-std=c++17"
+
+
+def compile_torch_blocks(cxx: str, include_dir: Path, lib_dir: Path, cxx11_abi: bool, standard: str,
+                         cuda_include: Path, target: Path, timeout: float, watchdog: Watchdog | None = None,
+                         rpath: bool = False) -> Path:
+    """Compiles _torch_blocks.cpp against one torch's c10 headers and libraries (libc10,
+    libc10_cuda, linked with -z defs: a symbol that torch lacks fails here). The hook finds them at
+    load by soname, among the libraries torch already loaded; `rpath` adds lib_dir for a local build."""
+    run([cxx, standard, "-O2", "-fPIC", "-shared", f"-D_GLIBCXX_USE_CXX11_ABI={int(cxx11_abi)}",
+         "-isystem", str(include_dir), "-isystem", str(cuda_include), str(TORCH_BLOCKS_SOURCE), "-o", str(target),
+         "-L", str(lib_dir), "-lc10_cuda", "-lc10", "-Wl,-z,defs", "-Wl,--as-needed",
+         *([f"-Wl,-rpath,{lib_dir}"] if rpath else [])], timeout=timeout, watchdog=watchdog)
+    return _produced(cxx, target)
+
+
+def ship_torch_hooks(releases: dict, out_dir: Path, cuda_include: Path, timeout: float) -> dict:
+    """The block hook, built once per torch release of `releases` ({minor: folder with include/, lib/
+    and release.json, as scripts/torch_headers.py fetches them}) into `out_dir`/torch-<minor>/.
+    Returns the manifest's "torch_hooks": {minor: {"release", "cxx11_abi", "sha256"}}."""
+    import json
+    cxx = compiler()
+    hooks = {}
+    for minor, folder in sorted(releases.items(), key=lambda item: tuple(map(int, item[0].split(".")))):
+        release = json.loads((Path(folder) / "release.json").read_text())
+        target = out_dir / f"torch-{minor}" / TORCH_HOOK
+        target.parent.mkdir(parents=True, exist_ok=True)
+        compile_torch_blocks(cxx, Path(folder) / "include", Path(folder) / "lib", release["cxx11_abi"],
+                             torch_hook_standard(minor), cuda_include, target, timeout)
+        hooks[minor] = {"release": release["release"], "cxx11_abi": release["cxx11_abi"], "sha256": _checksum(target)}
+    return hooks
+
+
+def write_manifest(out_dir: Path, root: Path, libraries: dict, torch_hooks: dict) -> None:
+    """uvm/_prebuilt/manifest.json: the sources' digest, then what was built from them."""
+    import json
+    (out_dir / SHIPPED_MANIFEST).write_text(json.dumps(
+        {"sources": sources_digest(root), "libraries": libraries, "torch_hooks": torch_hooks}, indent=1) + "\n")
+
+
+def shipped_manifest() -> dict | None:
+    """The installed package's manifest, if it has one and its sources are unchanged since."""
+    import json
+    try:
+        manifest = json.loads((SHIPPED / SHIPPED_MANIFEST).read_text())
+        if manifest["sources"] != sources_digest(source_root()):
+            return None
+        manifest["libraries"], manifest["torch_hooks"]  # noqa: B018 - both must be there
+        return manifest
+    except (OSError, ValueError, KeyError, TypeError, BuildError):
+        return None
+
+
+def shipped_majors() -> set[int]:
+    """The CUDA majors the installed package carries a libuvm.so for."""
+    manifest = shipped_manifest()
+    return {int(major) for major in manifest["libraries"]} if manifest else set()
+
+
+def shipped_library(major: int) -> Path | None:
+    """The library the installed package shipped for CUDA `major`, if it is intact and built from
+    the sources beside it; None otherwise (and the library is compiled)."""
+    manifest = shipped_manifest()
+    entry = manifest["libraries"].get(str(major)) if manifest else None
+    library = SHIPPED / f"cuda{major}" / "libuvm.so"
+    if entry is None or not library.is_file() or entry["sha256"] != _checksum(library):
+        return None
+    return library
+
+
+def shipped_torch_hook(torch_version: str, cxx11_abi: bool) -> tuple[Path | None, str]:
+    """The installed package's block hook for this torch ("2.11.0+cu130": its minor), and if there is
+    none (or it does not fit), why not."""
+    manifest = shipped_manifest()
+    if manifest is None:
+        return None, "this installation carries no prebuilt hooks (a source tree, or an edited package)"
+    minor = ".".join(torch_version.split("+")[0].split(".")[:2])
+    hooks = manifest["torch_hooks"]
+    entry = hooks.get(minor)
+    carried = ", ".join(sorted(hooks, key=lambda m: tuple(map(int, m.split("."))))) or "none"
+    if entry is None:
+        return None, f"this installation carries prebuilt hooks for torch {carried}, not {torch_version}"
+    if bool(entry["cxx11_abi"]) != bool(cxx11_abi):
+        return None, (f"its hook for torch {minor} was built for the {'cxx11' if entry['cxx11_abi'] else 'pre-cxx11'} "
+                      f"C++ ABI, and this torch uses the other (_GLIBCXX_USE_CXX11_ABI={int(cxx11_abi)})")
+    hook = SHIPPED / f"torch-{minor}" / TORCH_HOOK
+    if not hook.is_file() or _checksum(hook) != entry["sha256"]:
+        return None, f"its hook for torch {minor} ({hook}) is missing or damaged"
+    return hook, ""
+
+
 def build(timeout: float | None = None) -> Path:
     """Path to a built libuvm.so for the current sources: from the cache (a read-only one too), or
     compiled now."""
@@ -454,86 +587,35 @@ def build(timeout: float | None = None) -> Path:
         if not Path(prebuilt).is_file():
             raise BuildError(f"UVM_LIBRARY={prebuilt!r} does not exist")
         return Path(prebuilt)
-    shipped = shipped_library()
-    if shipped is not None:
-        return shipped
     root, home, cxx = source_root(), cuda_home(), compiler()
     return _cached_build("libuvm.so", build_key(root, cxx, home), timeout,
                          lambda scratch, left, watchdog: compile_library(root, cxx, home, scratch, left, watchdog))
-
-
-SHIPPED = Path(__file__).resolve().with_name("_prebuilt")  # made by setup.py at install time
-SHIPPED_MANIFEST = "manifest.json"
-
-
-def ship_library(root: Path, out_dir: Path, timeout: float) -> Path:
-    """Compiles libuvm.so from the sources under `root` into `out_dir` (an installed package's
-    uvm/_prebuilt), with a manifest of what it was built from: the sources' digest and the CUDA
-    version of the headers. setup.py calls this, so that pip users never compile at import."""
-    import json
-    home, cxx = cuda_home(), compiler()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="uvm-ship-") as scratch:
-        watchdog = Watchdog(Path(scratch))
-        try:
-            built = compile_library(root, cxx, home, Path(scratch), timeout, watchdog)
-            interposer = compile_preload(root, cxx, home, Path(scratch), timeout, watchdog)
-        finally:
-            watchdog.close()
-        shutil.copy2(built, out_dir / "libuvm.so")
-        shutil.copy2(interposer, out_dir / PRELOAD_NAME)
-    (out_dir / SHIPPED_MANIFEST).write_text(json.dumps({
-        "sources": sources_digest(root), "cuda": cuda_version(home),
-        "sha256": _checksum(out_dir / "libuvm.so")}, indent=1) + "\n")
-    return out_dir / "libuvm.so"
-
-
-def shipped_library() -> Path | None:
-    """The library the installed package shipped, if it matches: built from the sources beside it
-    (unchanged since), intact, and for the CUDA major of the toolkit here (any, when no toolkit is
-    found: nothing could be compiled then anyway). None otherwise, and the library is compiled."""
-    import json
-    library = SHIPPED / "libuvm.so"
-    if not library.is_file():
-        return None
-    try:
-        manifest = json.loads((SHIPPED / SHIPPED_MANIFEST).read_text())
-        if manifest["sha256"] != _checksum(library) or manifest["sources"] != sources_digest(source_root()):
-            return None
-    except (OSError, ValueError, KeyError, TypeError, BuildError):
-        return None
-    try:
-        here = cuda_version(cuda_home())
-    except BuildError:
-        return library
-    return library if here[:2] == str(manifest["cuda"])[:2] else None
 
 
 TORCH_BLOCKS_SOURCE = Path(__file__).resolve().with_name("_torch_blocks.cpp")
 
 
 def build_torch_blocks(torch_dir: Path, cxx11_abi: bool, timeout: float | None = None) -> Path:
-    """Path to the hook that reports PyTorch's blocks to uvm (_torch_blocks.cpp), built against the
-    torch installed at `torch_dir` (its include/ and lib/; `cxx11_abi`: torch's
-    _GLIBCXX_USE_CXX11_ABI), from the cache or compiled now (about 2 s: torch's headers)."""
+    """Path to the block hook (_torch_blocks.cpp) built against the torch installed at `torch_dir`
+    (its include/ and lib/; `cxx11_abi`: torch's _GLIBCXX_USE_CXX11_ABI), from the cache or compiled
+    now (about 2 s: torch's headers). For a torch the installation carries no hook for."""
     home, cxx = cuda_home(), compiler()
+    version_file = torch_dir / "version.py"
+    version_text = version_file.read_text() if version_file.is_file() else ""
+    found = re.search(r"^__version__\s*(?::[^=]*)?=\s*['\"](\d+\.\d+)", version_text, re.MULTILINE)
+    standard = torch_hook_standard(found.group(1)) if found else "-std=c++17"
     digest = hashlib.sha256()
     for part in (TORCH_BLOCKS_SOURCE.read_bytes(), str(torch_dir).encode(), str(int(cxx11_abi)).encode(),
-                 (torch_dir / "version.py").read_bytes() if (torch_dir / "version.py").is_file() else b"",
+                 version_text.encode(), standard.encode(),
                  (torch_dir / "include" / "c10" / "cuda" / "CUDACachingAllocator.h").read_bytes(),
                  _compiler_identity(cxx).encode(), cuda_version(home).encode()):
         digest.update(part)
-    library = "libuvm_torch_blocks.so"
 
     def compile_hook(scratch: Path, left: float, watchdog: Watchdog) -> Path:
-        target = scratch / library
-        run([cxx, "-std=c++17", "-O2", "-fPIC", "-shared", f"-D_GLIBCXX_USE_CXX11_ABI={int(cxx11_abi)}",
-             "-isystem", str(torch_dir / "include"), "-isystem", str(home / "include"), str(TORCH_BLOCKS_SOURCE),
-             "-o", str(target), "-L", str(torch_dir / "lib"), "-lc10_cuda", "-lc10",
-             f"-Wl,-rpath,{torch_dir / 'lib'}"], timeout=left, watchdog=watchdog)
-        return _produced(cxx, target)
+        return compile_torch_blocks(cxx, torch_dir / "include", torch_dir / "lib", cxx11_abi, standard,
+                                    home / "include", scratch / TORCH_HOOK, left, watchdog, rpath=True)
 
-    return _cached_build(library, "torch-" + digest.hexdigest()[:24], timeout, compile_hook)
+    return _cached_build(TORCH_HOOK, "torch-" + digest.hexdigest()[:24], timeout, compile_hook)
 
 
 def _cached_build(name: str, key: str, timeout: float | None, compile) -> Path:

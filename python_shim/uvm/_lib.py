@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import os
 import threading
 
-from . import _build
+from . import _build, _runtime
 from ._errors import BuildError, BuildTimeout, UnifiedMemoryCompileTimeoutError, UnifiedMemoryUnsupportedError
 
 # The device sentinels (uvm.h, "Devices and locations"): -1 is the CPU for a location, every device
@@ -170,15 +171,52 @@ _so_path: str | None = None  # the library loaded (the seed's name)
 
 
 def build_library() -> str:
-    """Builds (or finds in the cache) libuvm.so and returns its path; no torch needed. Raises
-    UnifiedMemoryCompileTimeoutError or UnifiedMemoryUnsupportedError with the reason."""
+    """The libuvm.so to load, and its CUDA runtime opened: the one the interposer opened in a
+    preloading process, UVM_LIBRARY, the installed package's build for the CUDA major this process
+    runs (unless UVM_PREBUILT=0), else one compiled here. No torch needed. Raises UnifiedMemoryCompileTimeoutError or
+    UnifiedMemoryUnsupportedError with the reason."""
     try:
         preloaded = _preloaded_libuvm()
-        return preloaded if preloaded is not None else str(_build.build())
+        if preloaded is not None:
+            return preloaded
+        use_shipped = not os.environ.get("UVM_LIBRARY") and os.environ.get("UVM_PREBUILT", "1") != "0"
+        shipped = _shipped_for_this_runtime() if use_shipped else None
+        return str(shipped) if shipped is not None else str(_build.build())
     except BuildTimeout as error:
         raise UnifiedMemoryCompileTimeoutError(str(error)) from None
     except BuildError as error:
         raise UnifiedMemoryUnsupportedError(f"building libuvm.so failed: {error}") from None
+
+
+runtime_used: _runtime.Runtime | None = None  # the CUDA runtime a shipped library was loaded beside
+
+
+def _shipped_for_this_runtime():
+    """The installed package's libuvm.so for the CUDA runtime this process uses (_runtime.choose),
+    with that runtime opened; None where the package ships none (a source tree) or none for that
+    major while a toolkit is here to compile one."""
+    global runtime_used
+    majors = _build.shipped_majors()
+    if not majors:
+        return None
+    runtime = _runtime.choose(majors)
+    if runtime is None:
+        raise UnifiedMemoryUnsupportedError(
+            f"no CUDA runtime found for the libuvm.so builds this installation carries (CUDA "
+            f"{', '.join(map(str, sorted(majors)))}): install torch with CUDA, or NVIDIA's runtime wheel "
+            "(pip install nvidia-cuda-runtime-cu12, or nvidia-cuda-runtime for CUDA 13), or a CUDA toolkit")
+    library = _build.shipped_library(runtime.major)
+    if library is None:
+        try:
+            _build.cuda_home()
+            return None  # a toolkit is here: compile for it
+        except BuildError:
+            raise UnifiedMemoryUnsupportedError(
+                f"this process uses the CUDA {runtime.major} runtime ({runtime.path}, {runtime.found_by}) and this "
+                f"installation carries libuvm.so for CUDA {', '.join(map(str, sorted(majors)))} only") from None
+    _runtime.load(runtime)
+    runtime_used = runtime
+    return library
 
 
 _preloaded: list = []  # [preloaded_process()'s answer], once asked: what a process preloads is fixed at its start
@@ -214,6 +252,7 @@ def load(path: str) -> ctypes.CDLL:
     with _ctypes_lock:
         if _ctypes_lib is None:
             lib = ctypes.CDLL(path)
+            _runtime.check_one_runtime(path)
             for name, (restype, argtypes) in SIGNATURES.items():
                 function = getattr(lib, name)
                 function.restype, function.argtypes = restype, argtypes

@@ -247,6 +247,15 @@ class _State:
                 known.update(_preload.tags(_preload.in_process()))
             return sorted(known) if tag is None else [tag] if tag in known else []
 
+    def require_block_hook(self) -> None:
+        """Hook mode "torch" pauses memory torch cuts into blocks: without uvm's block hook a block of a
+        paused pool handed to a new tensor would lose its bytes or fault, so it is refused, naming why.
+        "preload" pauses whole segments of pools only its regions allocate into, as the original."""
+        if self.mode() == "torch":
+            from . import _state as built
+            built.compile_allocator()
+            built.require_block_hook("uvm.memory_saver in hook_mode 'torch'")
+
     def devices(self) -> list[int]:
         with self.lock:
             return sorted({key[-1] for pools in (self.region_pools, self.graph_pools) for key in pools})
@@ -265,6 +274,7 @@ class TorchMemorySaver:
         or keeps them: in pinned host memory (enable_cpu_backup=True), in pageable memory given back
         at resume (cpu_backup_backend="mmap"), or in files on disk (enable_disk_backup=True; not with
         enable_cpu_backup). Regions nest."""
+        _state.require_block_hook()
         import torch
         _check_tag(tag)
         kind = _backup_kind(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
@@ -282,6 +292,7 @@ class TorchMemorySaver:
         pool, as graphs sharing a graph_pool_handle do (a `pool` given is not used); in "preload",
         the graph uses `pool` (torch's graph pool, as the original) and the interposer catches its
         cudaMalloc. A replay after resume is bit-identical."""
+        _state.require_block_hook()
         import torch
         from . import tag as uvm_tag
         _check_tag(tag)

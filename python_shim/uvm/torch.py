@@ -41,6 +41,8 @@ def _create_pool(device, sync_ranks: bool, releasable: bool):
         reason = _first_failure_across_ranks(reason)
     if reason is not None:
         raise _errors.UnifiedMemoryUnsupportedError(f"unified memory is unavailable: {reason}")
+    if releasable:  # released memory that torch hands out unreported would fault
+        _state.require_block_hook("a releasable pool")
     import torch
     index = _lib.device_ordinal(device)
     _pools.release_dropped_pools()  # a safe point
@@ -550,6 +552,10 @@ def offload(obj, *, stream=None, strategy: str = "auto", include_buffers: bool =
     shared tensors counted once."""
     if strategy not in _lib.STRATEGIES:
         raise ValueError(f"strategy must be one of {sorted(_lib.STRATEGIES)}, not {strategy!r}")
+    if _state.moves_must_migrate():  # no block hook: a kept copy could outlive its block
+        if strategy != "auto":
+            _state.require_block_hook(f"offload strategy {strategy!r}")
+        strategy = "migrate"
     lib = _lib.library()
     code = _lib.STRATEGIES[strategy]
     return _move((lib.uvm_offload_ranges, lib.uvm_offload_selection), obj, stream, include_buffers, code,

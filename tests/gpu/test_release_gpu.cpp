@@ -228,8 +228,15 @@ TEST_CASE("a tag moves in one call: offload frees its memory, onload brings ever
     CHECK(neighbour.holds(expect_neighbour));
   }
   size_t bytes = 0;
-  REQUIRE(uvm_discard_selection(0, &kTag, 1, stream, &bytes) == UVM_OK);
-  CHECK(bytes == weights.size + more.size + managed.size);
+  uvm_device_caps caps{};
+  REQUIRE(uvm_device_capabilities(0, &caps) == UVM_OK);
+  if (caps.discard_supported) {
+    REQUIRE(uvm_discard_selection(0, &kTag, 1, stream, &bytes) == UVM_OK);
+    CHECK(bytes == weights.size + more.size + managed.size);
+  } else {  // a build against CUDA 12 headers: no discard API, refused by name
+    CHECK(uvm_discard_selection(0, &kTag, 1, stream, &bytes) == UVM_ERROR_UNSUPPORTED);
+    CHECK_THAT(std::string(uvm_last_error()), Has("uvm_discard_selection"));
+  }
   CUDA_REQUIRE(cudaStreamSynchronize(stream));
   CHECK(neighbour.holds(expect_neighbour));
   CUDA_REQUIRE(cudaStreamDestroy(stream));

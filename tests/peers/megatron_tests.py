@@ -3,8 +3,10 @@ from its repository at the commit scripts/fetch_peers.sh pins) with uvm standing
 unified-memory module and for torch_memory_saver. Nothing of Megatron's is edited; what this driver
 does around it, and why:
 
-  * sys.modules aliases megatron.core.inference.unified_memory to uvm and torch_memory_saver to
-    uvm.memory_saver before Megatron is imported, as tests/peers/megatron_on_uvm.py does;
+  * with UVM_PEERS_VIA=switch, the installed wheel's switch (UVM_SWITCH) answers
+    megatron.core.inference.unified_memory and torch_memory_saver with uvm's (tests/peers/run_switched.sh);
+    else sys.modules aliases them to this tree's uvm before Megatron is imported, as
+    tests/peers/megatron_on_uvm.py does; either way it prints which modules answered;
   * flash_attn is uvm's plain-PyTorch reference (tests/peers/flash_attn_reference), which claims the
     2.7.4 contract the tests ask for;
   * the test module's first line imports transformer_engine.pytorch.fp8.check_fp8_support, and
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import os
 import sys
 import types
 from pathlib import Path
@@ -27,10 +30,20 @@ HERE = Path(__file__).resolve().parent
 
 def alias_uvm() -> None:
     sys.path.insert(0, str(HERE / "flash_attn_reference"))
+    if os.environ.get("UVM_PEERS_VIA") == "switch":  # the installed wheel's switch answers both names
+        return
     import uvm
     import uvm.memory_saver
     sys.modules["megatron.core.inference.unified_memory"] = uvm
     sys.modules["torch_memory_saver"] = uvm.memory_saver
+
+
+def report_what_answers() -> None:
+    """Prints which modules answer Megatron's two imports (the switch's proof)."""
+    from megatron.core.inference import unified_memory
+    import torch_memory_saver
+    print(f"megatron.core.inference.unified_memory is {unified_memory.__name__} ({unified_memory.__file__}); "
+          f"torch_memory_saver.torch_memory_saver is a {type(torch_memory_saver.torch_memory_saver).__module__} object")
 
 
 class TransformerEngineStandIn:
@@ -64,6 +77,7 @@ def main(argv: list[str]) -> int:
     checkout = Path(argv[0]).resolve()
     sys.path.insert(0, str(checkout))
     alias_uvm()
+    report_what_answers()
     import pytest
     test_file = checkout / "tests/unit_tests/inference/engines/test_dynamic_engine.py"
     return pytest.main([str(test_file), "-p", "no:cacheprovider", "-q", "-rA", "--rootdir", str(checkout),

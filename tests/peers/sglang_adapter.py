@@ -2,7 +2,9 @@
 sgl-project/sglang 1373e4f547, fetched into .deps/sglang by scripts/fetch_peers.sh, run unmodified;
 only `sglang.srt.utils.common.is_xpu`, all it imports from the rest of SGLang, is stubbed here),
 driven through the calls SGLang's engine makes, on uvm.memory_saver under the name
-torch_memory_saver (tests/peers/tms_alias).
+torch_memory_saver: through the installed wheel's switch (UVM_PEERS_VIA=switch, UVM_SWITCH:
+tests/peers/run_switched.sh), else this tree's uvm (tests/peers/tms_alias). Its result names the module
+that answered `import torch_memory_saver`.
 
     python tests/peers/sglang_adapter.py MODE OUT.json     MODE: preload | torch | off
 
@@ -154,14 +156,22 @@ def run_scheduler(mode: str) -> dict:
             adapter.resume(tag)
         cycles.append({"tokens_before_release": tokens, "freed": freed, "claimed": claim * 4})
     final = decode()
-    return {"mode": mode, "sizes": sizes, "cycles": cycles, "tokens_after_last_resume": final,
+    import torch_memory_saver
+    saver = "off" if mode == "off" else type(torch_memory_saver.torch_memory_saver).__module__
+    return {"mode": mode, "sizes": sizes, "cycles": cycles, "tokens_after_last_resume": final, "saver": saver,
             "torch": torch.__version__, "device": torch.cuda.get_device_name(device)}
 
 
 def main() -> int:
     mode, out = sys.argv[1], sys.argv[2]
-    sys.path[:0] = [sglang_on_path(), os.path.join(ROOT, "tests", "peers", "tms_alias"), os.path.join(ROOT, "python_shim")]
-    os.environ["PYTHONPATH"] = os.pathsep.join(sys.path[:3] + [os.environ.get("PYTHONPATH", "")])
+    # UVM_PEERS_VIA=switch: only SGLang's stub is added; what `import torch_memory_saver` gives is the
+    # installed packages' and UVM_SWITCH's affair (tests/peers/run_switched.sh). Else this tree's
+    # uvm under the original's name (tests/peers/tms_alias).
+    added = [sglang_on_path()]
+    if os.environ.get("UVM_PEERS_VIA") != "switch":
+        added += [os.path.join(ROOT, "tests", "peers", "tms_alias"), os.path.join(ROOT, "python_shim")]
+    sys.path[:0] = added
+    os.environ["PYTHONPATH"] = os.pathsep.join(added + [os.environ.get("PYTHONPATH", "")])
     from sglang.srt.utils.torch_memory_saver_adapter import TorchMemorySaverAdapter
     adapter = TorchMemorySaverAdapter.create(enable=mode != "off")
     results = multiprocessing.get_context("spawn").Queue()

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SHIM, builds, python
+from conftest import ROOT, SHIM, UVM_PATH, builds, python
 
-sys.path.insert(0, str(SHIM))
+sys.path.insert(0, str(UVM_PATH))
 
 LOAD = "import uvm; lib = uvm.library(); print(lib.uvm_version().decode())"
 
@@ -90,7 +90,7 @@ def test_bad_timeout_value_is_named(cache):
 
 def test_eight_processes_build_once(cache):
     directory, env = cache
-    full_env = {**os.environ, "PYTHONPATH": str(SHIM), **env}
+    full_env = {**os.environ, "PYTHONPATH": str(UVM_PATH), **env}
     children = [subprocess.Popen([sys.executable, "-c", LOAD], env=full_env, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True) for _ in range(8)]
     outputs = [child.communicate(timeout=300) for child in children]
@@ -104,7 +104,7 @@ def test_a_killed_builder_leaves_no_lock_behind(cache, tmp_path):
     started = tmp_path / "started"
     real = subprocess.run(["sh", "-c", "command -v c++"], capture_output=True, text=True).stdout.strip()
     env_slow = {**env, "UVM_CXX": str(fake_compiler(tmp_path, f'touch {started}; sleep 60; exec {real} "$@"'))}
-    full_env = {**os.environ, "PYTHONPATH": str(SHIM), **env_slow}
+    full_env = {**os.environ, "PYTHONPATH": str(UVM_PATH), **env_slow}
     builder = subprocess.Popen([sys.executable, "-c", LOAD], env=full_env, start_new_session=True)
     deadline = time.monotonic() + 60
     while not started.exists():  # it holds the lock once its compiler runs
@@ -120,7 +120,7 @@ def test_a_killed_builder_leaves_no_compiler_running_and_no_scratch_folder(cache
     directory, env = cache
     started, finished = tmp_path / "started", tmp_path / "finished"
     env["UVM_CXX"] = str(fake_compiler(tmp_path, f"touch {started}; sleep 4; touch {finished}; exit 1"))
-    builder = subprocess.Popen([sys.executable, "-c", LOAD], env={**os.environ, "PYTHONPATH": str(SHIM), **env})
+    builder = subprocess.Popen([sys.executable, "-c", LOAD], env={**os.environ, "PYTHONPATH": str(UVM_PATH), **env})
     deadline = time.monotonic() + 60
     while not started.exists():
         assert time.monotonic() < deadline
@@ -253,105 +253,6 @@ def test_a_prebuilt_library_skips_the_compiler(cache):
     assert "UVM_LIBRARY='/nope/libuvm.so' does not exist" in missing
 
 
-def index_reachable(tmp_path) -> bool:
-    """Whether pip can fetch from its configured package index (a build with isolation needs it)."""
-    probe = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(tmp_path / "probe"),
-                            "setuptools>=70.1"], capture_output=True, text=True, timeout=300)
-    return probe.returncode == 0
-
-
-@pytest.mark.parametrize("isolation", [False, True], ids=["no-build-isolation", "build-isolation"])
-def test_pip_installed_package_carries_and_builds_the_sources(cache, tmp_path, isolation):
-    directory, env = cache
-    if isolation and not index_reachable(tmp_path):
-        pytest.skip("no package index reachable: a build with isolation fetches its backend")
-    target = tmp_path / "site"
-    flags = [] if isolation else ["--no-build-isolation"]
-    install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", *flags,
-                              "--target", str(target), str(SHIM)], capture_output=True, text=True, timeout=300)
-    assert install.returncode == 0, install.stdout + install.stderr
-    assert (target / "uvm" / "_csrc" / "include" / "uvm.h").is_file()
-    code = ("import sys; sys.path.insert(0, %r); import uvm, uvm._build as b; "
-            "print(b.source_root()); print(uvm.library().uvm_version().decode())" % str(target))
-    result = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env, "PYTHONPATH": ""},
-                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    root, version = result.stdout.split()
-    assert root == str(target / "uvm" / "_csrc") and version == "0.1.0"
-
-
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory):
-    """A wheel built from python_shim/ (without isolation: the test venv's setuptools), once."""
-    out = tmp_path_factory.mktemp("wheel")
-    made = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                           "-w", str(out), str(SHIM)], capture_output=True, text=True, timeout=600)
-    assert made.returncode == 0, made.stdout + made.stderr
-    [built] = out.glob("uvm-*.whl")
-    return built
-
-
-def install(wheel: Path, target: Path) -> Path:
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
-                           str(wheel)], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return target
-
-
-WHICH = LOAD + "; import uvm._build as b; print(uvm._so_path)"
-
-
-def run_installed(target: Path, env: dict, cwd: Path) -> list:
-    result = subprocess.run([sys.executable, "-c", WHICH], env={**env, "PYTHONPATH": str(target)},
-                            capture_output=True, text=True, timeout=300, cwd=cwd)
-    assert result.returncode == 0, result.stderr
-    return result.stdout.split()
-
-
-def test_a_wheel_ships_the_library_and_imports_without_a_compiler(wheel, tmp_path):
-    assert "-py3-none-linux_" in wheel.name  # a platform wheel, for any Python 3
-    target = install(wheel, tmp_path / "site")
-    assert (target / "uvm" / "_prebuilt" / "libuvm.so").is_file()
-    cache = tmp_path / "cache"
-    # No compiler anywhere: no PATH, and UVM_CXX names none.
-    env = {"HOME": str(tmp_path), "PATH": "/nonexistent", "UVM_CACHE_DIR": str(cache), "UVM_CXX": "/nonexistent/c++"}
-    version, loaded = run_installed(target, env, tmp_path)
-    assert version == "0.1.0" and loaded == str(target / "uvm" / "_prebuilt" / "libuvm.so")
-    assert not cache.exists()  # nothing was built or even looked up in the cache
-
-
-def _edit_a_source(target: Path) -> None:
-    source = target / "uvm" / "_csrc" / "alloc" / "errors.cpp"
-    source.write_text(source.read_text() + "\n// changed after install\n")
-
-
-def _corrupt_the_library(target: Path) -> None:
-    library = target / "uvm" / "_prebuilt" / "libuvm.so"
-    library.write_bytes(library.read_bytes() + b"\0")
-
-
-@pytest.mark.parametrize("mismatch", ["a source changed", "the library changed", "another CUDA major"])
-def test_a_shipped_library_that_does_not_match_is_compiled_as_before(wheel, tmp_path, mismatch):
-    target = install(wheel, tmp_path / "site")
-    cache = tmp_path / "cache"
-    env = {**os.environ, "UVM_CACHE_DIR": str(cache), "UVM_LIBRARY": "", "UVM_CXX": "", "UVM_COMPILE_TIMEOUT_S": ""}
-    if mismatch == "a source changed":
-        _edit_a_source(target)
-    elif mismatch == "the library changed":
-        _corrupt_the_library(target)
-    else:
-        import json
-        shipped = json.loads((target / "uvm" / "_prebuilt" / "manifest.json").read_text())["cuda"]
-        other = ROOT / ".deps" / ("cuda-12.8" if shipped.startswith("13") else "none")
-        if not (other / "include" / "cuda_runtime_api.h").is_file():
-            pytest.skip(f"no CUDA toolkit of another major than {shipped} here (scripts/fetch_cuda12.sh)")
-        env["CUDA_HOME"] = str(other)
-        env["LD_LIBRARY_PATH"] = str(other / "lib64")  # its libcudart.so.12, which the JIT build links
-    version, loaded = run_installed(target, env, tmp_path)
-    assert version == "0.1.0" and loaded.startswith(str(cache)), loaded
-    assert builds(cache) == 1
-
-
 def test_unity_groups_share_the_cost_and_keep_the_order():
     from uvm import _build
     sources = [Path(f"s{i}.cpp") for i in range(44)]
@@ -415,7 +316,7 @@ def test_rooms_depend_one_way():
 def test_a_compile_error_names_the_file_it_is_in(tmp_path):
     from uvm import _build
     root = tmp_path / "tree"
-    checkout = SHIM.parent
+    checkout = ROOT
     for name in ("alloc", "hints", "offload", "preload", "include"):
         shutil.copytree(checkout / name, root / name)
     shutil.copy(checkout / _build.SOURCE_LIST, root)

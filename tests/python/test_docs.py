@@ -38,7 +38,7 @@ def generated_figures() -> dict:
 def test_every_figure_a_readme_quotes_is_in_the_generated_tables():
     figures = generated_figures()
     assert len(figures["GB/s"]) > 20 and len(figures["×"]) > 20
-    for readme in ("README.md", "python_shim/README.md"):
+    for readme in ("README.md",):
         quoted = re.findall(r"(\d+(?:\.\d+)?)\s*(GB/s|×)", (ROOT / readme).read_text())
         missing = [f"{figure} {unit}" for figure, unit in quoted if figure not in figures[unit]]
         assert not missing, f"{readme} quotes {missing}, which docs/performance.md's tables do not hold"
@@ -91,7 +91,7 @@ def test_every_result_file_is_named_where_it_is_used():
     bench/results (in docs/, the READMEs, current.json, bench/'s scripts or a source comment), or
     its folder is named whole in docs/measurements.md."""
     results = ROOT / "bench" / "results"
-    texts = [p.read_text() for p in [*(ROOT / "docs").glob("*.md"), ROOT / "README.md", ROOT / "python_shim" / "README.md",
+    texts = [p.read_text() for p in [*(ROOT / "docs").glob("*.md"), ROOT / "README.md",
                                      results / "current.json", *(ROOT / "bench").glob("*.py"), *(ROOT / "bench").glob("*.sh")]]
     for room in ("alloc", "hints", "offload"):
         texts += [p.read_text() for p in (ROOT / room).rglob("*.[ch]pp")]
@@ -114,7 +114,7 @@ def test_every_measurements_section_named_elsewhere_exists():
     """A comment or a page that sends the reader to docs/measurements.md names a section that is there."""
     headings = [line.lstrip("#").strip() for line in (ROOT / "docs" / "measurements.md").read_text().splitlines()
                 if line.startswith("#")]
-    sources = [*(ROOT / "docs").glob("*.md"), ROOT / "README.md", ROOT / "python_shim" / "README.md"]
+    sources = [*(ROOT / "docs").glob("*.md"), ROOT / "README.md"]
     for room in ("alloc", "hints", "offload", "preload", "include", "python_shim/uvm"):
         sources += [p for p in (ROOT / room).rglob("*") if p.suffix in (".cpp", ".hpp", ".h", ".py")]
     reference = re.compile(r'measurements\.md`?,? *\(?"([^"]+)"')

@@ -7,9 +7,9 @@ new tensor's kernels run, and a freed tensor's staged copy is dropped. Needs tor
 import sys
 
 import pytest
-from conftest import SHIM
+from conftest import UVM_PATH
 
-sys.path.insert(0, str(SHIM))
+sys.path.insert(0, str(UVM_PATH))
 import uvm  # noqa: E402
 from uvm.memory_saver import torch_memory_saver  # noqa: E402
 

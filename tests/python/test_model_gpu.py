@@ -11,9 +11,9 @@ import os
 import sys
 
 import pytest
-from conftest import SHIM
+from conftest import UVM_PATH
 
-sys.path.insert(0, str(SHIM))
+sys.path.insert(0, str(UVM_PATH))
 import uvm  # noqa: E402
 from uvm.memory_saver import torch_memory_saver  # noqa: E402
 

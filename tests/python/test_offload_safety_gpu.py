@@ -7,9 +7,9 @@ import sys
 import threading
 
 import pytest
-from conftest import SHIM, python
+from conftest import UVM_PATH, python
 
-sys.path.insert(0, str(SHIM))
+sys.path.insert(0, str(UVM_PATH))
 import uvm  # noqa: E402
 
 torch = pytest.importorskip("torch", reason="torch is not installed here")

@@ -9,9 +9,9 @@ import types
 import weakref
 
 import pytest
-from conftest import SHIM
+from conftest import UVM_PATH
 
-sys.path.insert(0, str(SHIM))
+sys.path.insert(0, str(UVM_PATH))
 
 
 class FakeMemPool:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import SHIM
+from conftest import UVM_PATH
 
 torch = pytest.importorskip("torch", reason="torch is not installed here")
 if not torch.cuda.is_available():
@@ -38,9 +38,9 @@ def warm_up(step):  # on a side stream, as torch wants before a capture
 def child(body: str, preload: bool = True, env: dict | None = None, timeout: float = 300):
     """Runs PRELUDE + body in a child, started inside configure_subprocess() when `preload`."""
     import contextlib
-    sys.path.insert(0, str(SHIM))
+    sys.path.insert(0, str(UVM_PATH))
     from uvm import _preload
-    full_env = {**os.environ, "PYTHONPATH": str(SHIM), **(env or {})}
+    full_env = {**os.environ, "PYTHONPATH": str(UVM_PATH), **(env or {})}
     with _preload.child_environment() if preload else contextlib.nullcontext():
         if preload:
             full_env.update({name: os.environ[name] for name in ("LD_PRELOAD", "UVM_PRELOAD_LIBUVM", "UVM_PRELOAD_CUDART")

@@ -8,9 +8,9 @@ import ctypes
 import sys
 
 import pytest
-from conftest import SHIM
+from conftest import UVM_PATH
 
-sys.path.insert(0, str(SHIM))
+sys.path.insert(0, str(UVM_PATH))
 import uvm  # noqa: E402
 
 torch = pytest.importorskip("torch", reason="torch is not installed here")

@@ -7,9 +7,9 @@ from pathlib import Path
 import sys
 
 import pytest
-from conftest import SHIM, python
+from conftest import SHIM, UVM_PATH, python
 
-sys.path.insert(0, str(SHIM))
+sys.path.insert(0, str(UVM_PATH))
 import uvm  # noqa: E402
 
 try:
@@ -149,7 +149,7 @@ print(kept([1, 1, 3] + [1] * 12, 16))  # window 12, 4 left: 1, 1, then 3 does no
 
 def test_the_command_line_helps_and_says_what_is_missing():
     helped = python("import sys, uvm.__main__ as m; sys.exit(m.main(['--help']))", check=False)
-    assert helped.returncode == 0 and "python -m uvm doctor" in helped.stdout
+    assert helped.returncode == 0 and "uvm doctor" in helped.stdout and "uvm --version" in helped.stdout
     bench_help = python(NO_TORCH + "import sys, uvm.__main__ as m; sys.exit(m.main(['bench', '--help']))",
                         check=False)
     assert bench_help.returncode == 0 and "Offload/onload benchmark" in bench_help.stdout, bench_help.stderr
@@ -177,7 +177,7 @@ print(json.dumps({{"status": status, "calls": calls, "full": m.commands('o', Fal
     (offload, shim_a), (rl, shim_b) = result["calls"]
     assert offload == ["-m", "uvm", "bench", "--sizes-mib", "4096", "--cycles", "2", "--out", "/tmp/x/offload"]
     assert rl == ["-m", "uvm", "bench", "rl", "--cycles", "2", "--out", "/tmp/x/rl"]
-    assert shim_a == shim_b == str(SHIM)  # the children import this uvm
+    assert shim_a == shim_b == str(UVM_PATH)  # the children import this uvm
     assert result["full"] == [["--out", os.path.join("o", "offload")], ["rl", "--out", os.path.join("o", "rl")]]
     helped = python(NO_TORCH + "import sys, uvm.__main__ as m; sys.exit(m.main(['bench', 'all', '--help']))",
                     check=False)
@@ -379,14 +379,24 @@ def test_doctor_exits_nonzero_with_the_reason_when_no_pool_can_be_made():
 
 
 def test_one_version_everywhere():
-    """meson.build, uvm.h, pyproject.toml and uvm.__version__ name the same release."""
+    """uvm.h's UVM_VERSION_* numbers are the release: meson reads them (no number in meson.build), the
+    wheel's metadata (setup.py) and uvm.__version__ read them, and no other file states one."""
+    import importlib.metadata
     import re
     root = SHIM.parent
-    meson = re.search(r"version\s*:\s*'([^']+)'", (root / "meson.build").read_text()).group(1)
     header = (root / "include" / "uvm.h").read_text()
     numbers = [re.search(rf"#define UVM_VERSION_{part} (\d+)", header).group(1) for part in ("MAJOR", "MINOR", "PATCH")]
-    pyproject = re.search(r'^version = "([^"]+)"', (SHIM / "pyproject.toml").read_text(), re.MULTILINE).group(1)
-    assert ".".join(numbers) == meson == pyproject == uvm.__version__
+    release = ".".join(numbers)
+    assert uvm.__version__ == release
+    assert "get_define('UVM_VERSION_MAJOR'" in (root / "meson.build").read_text()
+    assert not re.search(r"^\s*version\s*:\s*'", (root / "meson.build").read_text(), re.MULTILINE)
+    assert 'dynamic = ["version"]' in (root / "pyproject.toml").read_text()
+    assert not re.search(r"__version__\s*=\s*[\"']", (Path(uvm.__file__)).read_text())
+    try:
+        installed = importlib.metadata.version("uvm-cuda")
+    except importlib.metadata.PackageNotFoundError:
+        installed = None  # the source tree, not installed
+    assert installed in (None, release)
 
 
 def test_the_build_module_only_builds_and_the_modules_import_without_a_cycle():
@@ -418,7 +428,7 @@ def test_every_source_is_listed_once_in_the_one_list_meson_and_the_jit_read():
     assert set(listed.sources) == on_disk
     assert set(listed.preload_sources) == set((root / "preload").rglob("*.cpp"))
     assert "-std=c++17" in listed.flags and "-fvisibility=hidden" in listed.flags
-    assert "fs.read('sources.txt')" in (root / "meson.build").read_text()
+    assert "fs.read('sources.txt')" in (SHIM.parent / "meson.build").read_text()
 
 
 def _header() -> str:

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import SHIM
+from conftest import UVM_PATH
 
 torch = pytest.importorskip("torch", reason="torch is not installed here")
 if not torch.cuda.is_available():
@@ -34,7 +34,7 @@ def run_ranks(tmp_path, sync: bool) -> list[str]:
     port = str(free_port())
     children = []
     for rank in range(2):
-        env = {**os.environ, "PYTHONPATH": str(SHIM), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+        env = {**os.environ, "PYTHONPATH": str(UVM_PATH), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
                "RANK": str(rank), "UVM_CACHE_DIR": str(tmp_path / f"cache{rank}"), "UVM_LIBRARY": ""}
         if rank == 1:
             env["UVM_CXX"] = "/nonexistent/c++"  # this rank cannot build

@@ -6,9 +6,9 @@ GPU 0 (skipped with the reason otherwise); each child's managed memory stays und
 import sys
 
 import pytest
-from conftest import SHIM, python
+from conftest import UVM_PATH, python
 
-sys.path.insert(0, str(SHIM))
+sys.path.insert(0, str(UVM_PATH))
 
 torch = pytest.importorskip("torch", reason="torch is not installed here")
 if not torch.cuda.is_available():

@@ -6,9 +6,9 @@ import sys
 import threading
 
 import pytest
-from conftest import SHIM
+from conftest import UVM_PATH
 
-sys.path.insert(0, str(SHIM))
+sys.path.insert(0, str(UVM_PATH))
 import uvm  # noqa: E402
 
 torch = pytest.importorskip("torch", reason="torch is not installed here")

@@ -1,0 +1,113 @@
+"""The switch that moves a stack onto uvm without editing it: with UVM_SWITCH set, `import
+torch_memory_saver` gives uvm.memory_saver's API and `megatron.core.inference.unified_memory` gives
+uvm, in this process and in every process it starts (they inherit the environment).
+
+The wheel installs uvm_switch.pth beside the package; Python runs it at every start, and it imports
+this module only when UVM_SWITCH is set (otherwise it costs one environment lookup). install() puts
+a finder first on sys.meta_path for the switched names. Unset, nothing is switched and the originals
+import as before, where they are installed.
+
+    UVM_SWITCH=1 (or "all")                 both
+    UVM_SWITCH=torch_memory_saver,megatron  a comma-separated choice
+    UVM_SWITCH=0 or unset                   off
+"""
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+# What each switch name stands in for: {switch name: module name}.
+TARGETS = {"torch_memory_saver": "torch_memory_saver", "megatron": "megatron.core.inference.unified_memory"}
+ENV = "UVM_SWITCH"
+
+
+def switched() -> dict[str, str]:
+    """{module name: switch name} of what UVM_SWITCH asks for. Raises ValueError naming an unknown
+    name."""
+    value = os.environ.get(ENV, "").strip()
+    if value in ("", "0"):
+        return {}
+    if value in ("1", "all"):
+        names = list(TARGETS)
+    else:
+        names = [name.strip() for name in value.split(",") if name.strip()]
+        unknown = [name for name in names if name not in TARGETS]
+        if unknown:
+            raise ValueError(f"{ENV}={value!r} names {unknown}: use 1, all, or a comma-separated choice of "
+                             f"{', '.join(TARGETS)}")
+    return {TARGETS[name]: name for name in names}
+
+
+def original_location(module: str) -> str | None:
+    """Where the original of `module` is installed (None if it is not), found past the switch."""
+    parent, _, _ = module.rpartition(".")
+    try:
+        path = importlib.import_module(parent).__path__ if parent else None
+    except ImportError:
+        return None
+    spec = importlib.machinery.PathFinder.find_spec(module, path)
+    return spec.origin if spec is not None else None
+
+
+class _Alias(importlib.abc.Loader):
+    """Loads a switched name as uvm's module: the import statement receives it from sys.modules."""
+
+    def __init__(self, switch: str):
+        self.switch = switch
+
+    def create_module(self, spec):
+        return None  # a placeholder, replaced in exec_module
+
+    def exec_module(self, module):
+        name = module.__spec__.name
+        if self.switch == "megatron":
+            import uvm
+            sys.modules[name] = uvm  # Megatron's callers reach its module state (_compilation_state...) too
+            return
+        import uvm.memory_saver as saver
+        # A package of its own: uvm's entry points, and the original's pure-Python submodules
+        # (torch_memory_saver.testing_utils, .utils) where the original is installed.
+        for public in saver.__all__:
+            setattr(module, public, getattr(saver, public))
+        module.__all__ = list(saver.__all__)
+        module.__uvm_switch__ = True
+        original = importlib.machinery.PathFinder.find_spec(name)
+        locations = original.submodule_search_locations if original is not None else None
+        module.__path__ = list(locations or [])
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def __init__(self, names: dict[str, str]):
+        self.names = names
+
+    def find_spec(self, fullname, path=None, target=None):
+        switch = self.names.get(fullname)
+        if switch is None:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, _Alias(switch), is_package=switch == "torch_memory_saver")
+
+
+def install() -> None:
+    """Puts the finder first on sys.meta_path for what UVM_SWITCH asks for; once per process. A bad
+    value is reported on stderr once and switches nothing: a process must start whatever the switch
+    says."""
+    if any(isinstance(finder, _Finder) for finder in sys.meta_path):
+        return
+    try:
+        names = switched()
+    except ValueError as error:
+        print(f"uvm: switch off: {error}", file=sys.stderr)
+        return
+    if names:
+        sys.meta_path.insert(0, _Finder(names))
+
+
+def active() -> dict[str, str]:
+    """{module name: switch name} the finder in this process answers for."""
+    for finder in sys.meta_path:
+        if isinstance(finder, _Finder):
+            return dict(finder.names)
+    return {}

@@ -1,0 +1,300 @@
+"""The wheel users install (setup.py, docs/design.md "The wheel"): what it carries, that it works with
+no compiler and no CUDA_HOME, that it picks the libuvm.so of the CUDA runtime a process uses, which
+block hook a torch gets and what uvm refuses without one, the switch that moves stacks onto uvm, the
+`uvm` command, the sdist it is built from, and a build that cannot build failing loudly.
+
+The wheel is $UVM_TEST_WHEEL (scripts/test_wheel.sh's, in CI) or one built from this tree here.
+Tests that need a process of their own run it in a fresh virtualenv holding only the wheel, with a
+PATH that has no compiler. No GPU needed."""
+import json
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+RELEASE = ".".join(re.search(rf"#define UVM_VERSION_{part} (\d+)", (ROOT / "include" / "uvm.h").read_text()).group(1)
+                   for part in ("MAJOR", "MINOR", "PATCH"))
+SUPPORTED_TORCH = ["2.6", "2.7", "2.8", "2.9", "2.10", "2.11", "2.12", "2.13", "2.14", "2.15"]
+
+
+def build_wheel(out: Path, env: dict | None = None, source: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation", "-w", str(out),
+                           str(source)], capture_output=True, text=True, timeout=900, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    given = os.environ.get("UVM_TEST_WHEEL")
+    if given:
+        return Path(given)
+    out = tmp_path_factory.mktemp("wheel")
+    made = build_wheel(out)
+    assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
+    [built] = out.glob("uvm_cuda-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def venv(wheel, tmp_path_factory) -> Path:
+    """A fresh virtualenv with the wheel installed and nothing else (its python)."""
+    folder = tmp_path_factory.mktemp("venv")
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", str(folder)], check=True, timeout=300)
+    done = subprocess.run([str(folder / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", str(wheel)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return folder / "bin" / "python"
+
+
+def bare_env(python: Path, **extra) -> dict:
+    """An environment with no compiler and no toolkit named: PATH holds only the virtualenv's bin."""
+    return {"HOME": str(python.parents[2]), "PATH": str(python.parent), "UVM_CXX": "/nonexistent/c++",
+            "LANG": "C.UTF-8", **extra}
+
+
+def run(python: Path, code: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=300,
+                          env=env if env is not None else bare_env(python), cwd=cwd or python.parents[2])
+
+
+def test_the_wheel_carries_both_cuda_builds_every_torch_hook_and_the_switch(wheel):
+    assert wheel.name == f"uvm_cuda-{RELEASE}-py3-none-manylinux_2_34_x86_64.whl"
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        manifest = json.loads(archive.read("uvm/_prebuilt/manifest.json"))
+        metadata = archive.read(f"uvm_cuda-{RELEASE}.dist-info/METADATA").decode()
+        entry_points = archive.read(f"uvm_cuda-{RELEASE}.dist-info/entry_points.txt").decode()
+        switch = archive.read("uvm_switch.pth").decode()
+    for major in ("12", "13"):
+        assert {f"uvm/_prebuilt/cuda{major}/libuvm.so", f"uvm/_prebuilt/cuda{major}/libuvm_preload.so"} <= names
+    assert manifest["libraries"]["12"]["cuda"] == "12010"  # the oldest 12.x headers: loads with any 12 runtime
+    assert manifest["libraries"]["13"]["cuda"].startswith("13")
+    assert list(manifest["torch_hooks"]) == SUPPORTED_TORCH
+    assert manifest["torch_hooks"]["2.6"]["cxx11_abi"] is False  # torch 2.6's PyPI wheels use the old ABI
+    assert all(manifest["torch_hooks"][minor]["cxx11_abi"] for minor in SUPPORTED_TORCH[1:])
+    assert {f"uvm/_prebuilt/torch-{minor}/libuvm_torch_blocks.so" for minor in SUPPORTED_TORCH} <= names
+    assert {"uvm/py.typed", "uvm/_csrc/include/uvm.h", "uvm/_csrc/sources.txt", f"uvm_cuda-{RELEASE}.dist-info/licenses/LICENSE"} <= names
+    assert "License-Expression: Apache-2.0" in metadata and f"Version: {RELEASE}" in metadata
+    assert "uvm = uvm.__main__:console" in entry_points
+    assert "UVM_SWITCH" in switch and switch.count("\n") == 1  # one line, run at every interpreter start
+
+
+def test_the_tag_is_the_newest_glibc_the_libraries_need(wheel, tmp_path):
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(tmp_path)
+    needed = set()
+    for library in tmp_path.rglob("*.so"):
+        data = library.read_bytes()
+        needed |= {(int(a), int(b)) for a, b in re.findall(rb"GLIBC_(\d+)\.(\d+)", data)}
+        assert b"libstdc++.so" not in data or "torch-" in str(library), f"{library} needs the system's libstdc++"
+        assert b"GLIBCXX_3.4.2" not in data or "torch-" in str(library), library
+    assert max(needed) == (2, 34)
+
+
+def test_it_loads_its_own_build_with_no_compiler_and_says_where_its_runtime_came_from(venv):
+    shown = run(venv, "import uvm, uvm._lib as l; uvm.library(); print(uvm.__version__); print(uvm._so_path); "
+                      "print(l.runtime_used.major, l.runtime_used.found_by)")
+    assert shown.returncode == 0, shown.stderr
+    version, path, runtime = shown.stdout.splitlines()
+    assert version == RELEASE
+    assert path.endswith("/uvm/_prebuilt/cuda13/libuvm.so") and str(venv.parents[1]) in path
+    assert runtime.startswith("13 ")  # the toolkit's runtime here: CI's machine has CUDA 13's
+
+
+def test_a_cuda_12_runtime_gets_the_cuda_12_build(venv, tmp_path):
+    runtime_wheel = sorted((ROOT / ".deps" / "wheels").glob("nvidia_cuda_runtime_cu12-*.whl"))
+    if not runtime_wheel:
+        fetched = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                                  "--platform", "manylinux2014_x86_64", "-d", str(tmp_path), "nvidia-cuda-runtime-cu12"],
+                                 capture_output=True, text=True, timeout=300)
+        runtime_wheel = sorted(tmp_path.glob("nvidia_cuda_runtime_cu12-*.whl"))
+        if not runtime_wheel:
+            pytest.skip(f"no nvidia-cuda-runtime-cu12 wheel in .deps/wheels and none downloadable: {fetched.stderr[-300:]}")
+    site = tmp_path / "site"
+    done = subprocess.run([str(venv), "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(runtime_wheel[0])],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    shown = run(venv, "import uvm, uvm._lib as l; uvm.library(); print(uvm._so_path); print(l.runtime_used.path)",
+                bare_env(venv, PYTHONPATH=str(site)))
+    assert shown.returncode == 0, shown.stderr
+    path, runtime = shown.stdout.splitlines()
+    assert path.endswith("/uvm/_prebuilt/cuda12/libuvm.so")
+    assert runtime.startswith(str(site)) and runtime.endswith("libcudart.so.12")
+
+
+HOOK_FOR = """
+import uvm._build as b
+for version, abi in (("2.11.0+cu130", True), ("2.14.1", True), ("2.6.0+cu124", False), ("2.6.0", True),
+                     ("2.16.0.dev20261101", True)):
+    hook, why = b.shipped_torch_hook(version, abi)
+    print(repr((version, hook and hook.parent.name, why)))
+"""
+
+
+def test_each_supported_torch_gets_its_hook_and_others_are_told_why_not(venv):
+    shown = run(venv, HOOK_FOR)
+    assert shown.returncode == 0, shown.stderr
+    answers = {version: (folder, why) for version, folder, why in map(eval, shown.stdout.splitlines())}
+    assert answers["2.11.0+cu130"] == ("torch-2.11", "")
+    assert answers["2.14.1"] == ("torch-2.14", "")
+    assert answers["2.6.0+cu124"] == ("torch-2.6", "")
+    assert answers["2.6.0"][0] is None and "pre-cxx11" in answers["2.6.0"][1]
+    assert answers["2.16.0.dev20261101"][0] is None and "2.6, 2.7" in answers["2.16.0.dev20261101"][1]
+
+
+REFUSALS = """
+import uvm, uvm._state as s, uvm.torch as t
+s._compilation_state = s.CompilationState.SUCCESS  # as after a build where no hook could be had
+s._blocks_unavailable = "no hook for this torch (the test's reason)"
+for name, call in (("releasable", lambda: uvm.create_releasable_mempool()),
+                   ("staged", lambda: uvm.offload("weights", strategy="staged")),
+                   ("disk", lambda: uvm.offload("weights", strategy="disk")),
+                   ("saver", lambda: uvm.memory_saver.torch_memory_saver.region().__enter__())):
+    try:
+        call()
+        print(name, "NOT REFUSED")
+    except uvm.UnifiedMemoryUnsupportedError as error:
+        print(name, "refused:", error)
+print("auto moves by migrating:", s.moves_must_migrate())
+"""
+
+
+def test_without_a_hook_what_could_lose_bytes_is_refused_naming_why(venv):
+    import_torch_free = "import sys; sys.modules['torch'] = None\n"  # torch must not be needed to refuse
+    shown = run(venv, import_torch_free + "import uvm.memory_saver\n" + REFUSALS)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    for name in ("releasable", "staged", "disk", "saver"):
+        [line] = [line for line in lines if line.startswith(name + " ")]
+        assert "refused:" in line and "needs uvm's PyTorch block hook" in line and "the test's reason" in line, line
+        assert "hook_mode 'preload' needs no hook" in line
+    assert "auto moves by migrating: True" in lines
+
+
+STAND_INS = {
+    "torch_memory_saver/__init__.py": "ORIGINAL = True\n",
+    "torch_memory_saver/testing_utils.py": "HELPER = 'the original helper'\n",
+    "megatron/__init__.py": "", "megatron/core/__init__.py": "", "megatron/core/inference/__init__.py": "",
+    "megatron/core/inference/unified_memory.py": "ORIGINAL = True\n",
+}
+SWITCH_CHECK = """
+import multiprocessing, subprocess, sys
+def which():
+    import torch_memory_saver
+    from megatron.core.inference import unified_memory
+    tms = "original" if getattr(torch_memory_saver, "ORIGINAL", False) else type(torch_memory_saver.torch_memory_saver).__module__
+    return tms, "original" if getattr(unified_memory, "ORIGINAL", False) else unified_memory.__name__
+def child(queue):
+    queue.put(which())
+if __name__ == "__main__":
+    print("parent", *which())
+    import torch_memory_saver.testing_utils as helpers
+    print("helper", helpers.HELPER)
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=child, args=(queue,))
+    process.start()
+    print("spawned", *queue.get())
+    process.join()
+    code = "import torch_memory_saver as t; print('subprocess', getattr(t, 'ORIGINAL', False) and 'original' or type(t.torch_memory_saver).__module__)"
+    print(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip())
+"""
+
+
+@pytest.fixture
+def originals(tmp_path) -> Path:
+    """Stand-ins for the real torch_memory_saver (with a pure-Python helper module) and Megatron."""
+    for name, text in STAND_INS.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    (tmp_path / "check.py").write_text(SWITCH_CHECK)
+    return tmp_path
+
+
+@pytest.mark.parametrize("value, saver, megatron", [
+    ("1", "uvm.memory_saver", "uvm"), ("all", "uvm.memory_saver", "uvm"),
+    ("torch_memory_saver", "uvm.memory_saver", "original"), ("megatron", "original", "uvm"),
+    ("0", "original", "original"), ("", "original", "original")])
+def test_the_switch_reaches_every_process_and_off_gives_the_originals_back(venv, originals, value, saver, megatron):
+    result = subprocess.run([str(venv), str(originals / "check.py")], capture_output=True, text=True, timeout=300,
+                            env=bare_env(venv, PYTHONPATH=str(originals), UVM_SWITCH=value), cwd=originals)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines == [f"parent {saver} {megatron}", "helper the original helper", f"spawned {saver} {megatron}",
+                     f"subprocess {saver}"]
+
+
+def test_a_bad_switch_value_switches_nothing_and_says_so(venv, originals):
+    result = subprocess.run([str(venv), str(originals / "check.py")], capture_output=True, text=True, timeout=300,
+                            env=bare_env(venv, PYTHONPATH=str(originals), UVM_SWITCH="sglang"), cwd=originals)
+    assert result.returncode == 0 and result.stdout.splitlines()[0] == "parent original original"
+    assert "uvm: switch off: UVM_SWITCH='sglang' names ['sglang']" in result.stderr
+
+
+def test_the_switch_without_the_original_installed_still_gives_uvms(venv):
+    shown = run(venv, "import torch_memory_saver as t; print(type(t.torch_memory_saver).__module__, t.__path__)",
+                bare_env(venv, UVM_SWITCH="1"))
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.strip() == "uvm.memory_saver []"
+
+
+def test_the_uvm_command_gives_its_version_and_the_doctor_says_what_is_installed_and_switched(venv, originals):
+    command = venv.parent / "uvm"
+    version = subprocess.run([str(command), "--version"], capture_output=True, text=True, env=bare_env(venv), timeout=60)
+    assert version.returncode == 0 and version.stdout.strip() == f"uvm {RELEASE}"
+    doctor = subprocess.run([str(command), "doctor"], capture_output=True, text=True, timeout=300,
+                            env=bare_env(venv, PYTHONPATH=str(originals), UVM_SWITCH="torch_memory_saver"))
+    out = doctor.stdout
+    assert f"uvm {RELEASE} (distribution uvm-cuda)" in out
+    assert "prebuilt libuvm.so for CUDA 12010, CUDA 13000; block hooks for torch 2.6, 2.7" in out
+    assert "compiler: none (not needed:" in out
+    assert (f"switch torch_memory_saver: on: `import torch_memory_saver` gives uvm's; the original is at "
+            f"{originals / 'torch_memory_saver' / '__init__.py'}") in out
+    problems = [line for line in out.splitlines() if line.startswith("problem: ")]
+    assert len(problems) == len(set(problems)), out  # each said once
+
+
+def test_the_sdist_carries_the_sources_and_builds_the_same_wheel(wheel, tmp_path):
+    made = subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", str(tmp_path), str(ROOT)],
+                          capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-2000:]
+    [sdist] = tmp_path.glob("uvm_cuda-*.tar.gz")
+    listed = subprocess.run(["tar", "tzf", str(sdist)], capture_output=True, text=True, check=True).stdout.split()
+    top = f"uvm_cuda-{RELEASE}/"
+    for name in ("sources.txt", "include/uvm.h", "alloc/malloc.cpp", "preload/interposer.cpp", "LICENSE", "setup.py",
+                 "scripts/torch_headers.py", "python_shim/uvm_switch.pth", "python_shim/uvm/_torch_blocks.cpp"):
+        assert top + name in listed, name
+    built = build_wheel(tmp_path / "from-sdist", {"UVM_WHEEL_CUDA12": str(ROOT / ".deps" / "cuda-12.1"),
+                                                  "UVM_TORCH_HEADERS_DIR": str(ROOT / ".deps" / "torch")}, sdist)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    [again] = (tmp_path / "from-sdist").glob("uvm_cuda-*.whl")
+    assert again.name == wheel.name
+
+    def contents(path):
+        with zipfile.ZipFile(path) as archive:
+            manifest = json.loads(archive.read("uvm/_prebuilt/manifest.json"))
+            return sorted(n for n in archive.namelist() if not n.endswith("RECORD")), manifest
+    names, manifest = contents(again)
+    expected_names, expected = contents(wheel)
+    assert names == expected_names
+    strip = lambda m: {part: {k: {f: v for f, v in e.items() if f != "sha256"} for k, e in m[part].items()}
+                       for part in ("libraries", "torch_hooks")}
+    assert manifest["sources"] == expected["sources"] and strip(manifest) == strip(expected)
+
+
+def test_a_build_without_a_compiler_fails_saying_what_is_missing_or_says_what_it_left_out(tmp_path):
+    failed = build_wheel(tmp_path / "none", {"UVM_CXX": "/nonexistent/c++"})
+    assert failed.returncode != 0 and not list((tmp_path / "none").glob("*.whl"))
+    assert "uvm: cannot build the wheel: no C++ compiler" in failed.stdout + failed.stderr
+    assert "UVM_WHEEL_PARTIAL=1" in failed.stdout + failed.stderr
+    partial = build_wheel(tmp_path / "partial", {"UVM_CXX": "/nonexistent/c++", "UVM_WHEEL_PARTIAL": "1"})
+    assert partial.returncode == 0, partial.stderr[-2000:]
+    assert "uvm: WARNING: left out of this wheel: no C++ compiler" in partial.stdout + partial.stderr
+    [built] = (tmp_path / "partial").glob("*.whl")
+    with zipfile.ZipFile(built) as archive:
+        assert not [name for name in archive.namelist() if name.startswith("uvm/_prebuilt/")]

@@ -28,7 +28,8 @@ def create_releasable_mempool(device=None, *, sync_ranks: bool = False):
     driver: torch.cuda.mem_get_info() shows it free at once, and the next allocation does not wait
     for the driver to reclaim pages. Not managed memory: prefetch and advise refuse it, and a kernel
     touching offloaded memory faults instead of reading indeterminate bytes. Same arguments as
-    create_unified_mempool."""
+    create_unified_mempool. Refused (UnifiedMemoryUnsupportedError) where PyTorch's block hook is
+    unavailable: a block of released memory handed to a new tensor unreported would fault."""
     return _create_pool(device, sync_ranks, releasable=True)
 
 
@@ -549,7 +550,8 @@ def offload(obj, *, stream=None, strategy: str = "auto", include_buffers: bool =
     Asynchronous on `stream` (default: each device's current stream): synchronize before counting on
     the freed memory; "mmap" and "disk" wait for the stream and return once the copy is made. Only the bytes of what is passed move (with a whole-storage tensor's block padding,
     where no other tensor can lie); neighbours are never touched. Returns the bytes asked for,
-    shared tensors counted once."""
+    shared tensors counted once. Where PyTorch's block hook is unavailable (uvm warned so), "auto"
+    migrates and the strategies that keep a copy raise UnifiedMemoryUnsupportedError (docs/faq.md)."""
     if strategy not in _lib.STRATEGIES:
         raise ValueError(f"strategy must be one of {sorted(_lib.STRATEGIES)}, not {strategy!r}")
     if _state.moves_must_migrate():  # no block hook: a kept copy could outlive its block

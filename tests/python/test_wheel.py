@@ -298,3 +298,87 @@ def test_a_build_without_a_compiler_fails_saying_what_is_missing_or_says_what_it
     [built] = (tmp_path / "partial").glob("*.whl")
     with zipfile.ZipFile(built) as archive:
         assert not [name for name in archive.namelist() if name.startswith("uvm/_prebuilt/")]
+
+
+LOAD_HOOK = """
+import ctypes, sys
+ctypes.CDLL(sys.argv[1])  # resolves libc10.so and libc10_cuda.so by soname, as in a torch process
+print("loaded")
+"""
+
+
+def _release_libraries(minor: str) -> Path | None:
+    folder = ROOT / ".deps" / "torch" / minor
+    return folder if (folder / "lib" / "libc10_cuda.so").is_file() else None
+
+
+def _runtime_dir(cuda_major: int) -> Path | None:
+    # CUDA 12.8's runtime: torch 2.10's libc10_cuda needs 12.5's cudaGetDriverEntryPointByVersion.
+    for folder in ([ROOT / ".deps" / "cuda-12.8" / "lib64"] if cuda_major == 12 else
+                   [Path("/usr/local/cuda/lib64"), Path("/usr/local/cuda/targets/x86_64-linux/lib")]):
+        if (folder / f"libcudart.so.{cuda_major}").exists():
+            return folder
+    return None
+
+
+def _load_beside(wheel_dir: Path, hook_minor: str, torch_minor: str) -> subprocess.CompletedProcess:
+    libraries = _release_libraries(torch_minor)
+    cuda_major = 12 if b"libcudart.so.12" in (libraries / "lib" / "libc10_cuda.so").read_bytes() else 13
+    runtime = _runtime_dir(cuda_major)
+    if runtime is None:
+        pytest.skip(f"no CUDA {cuda_major} runtime here for torch {torch_minor}'s libc10_cuda.so")
+    hook = wheel_dir / "uvm" / "_prebuilt" / f"torch-{hook_minor}" / "libuvm_torch_blocks.so"
+    return subprocess.run([sys.executable, "-c", LOAD_HOOK, str(hook)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "LD_LIBRARY_PATH": f"{libraries / 'lib'}:{runtime}"})
+
+
+@pytest.fixture(scope="module")
+def unpacked(wheel, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("unpacked")
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(folder)
+    return folder
+
+
+@pytest.mark.parametrize("minor", SUPPORTED_TORCH)
+def test_each_hook_loads_beside_its_own_torch_releases_c10_with_every_symbol_resolved(unpacked, minor):
+    """The ends of the supported range (2.6 and 2.15) and every release between, each beside the
+    libc10.so and libc10_cuda.so of that release's own wheel (scripts/torch_headers.py): what the GPU
+    machine, which has one torch, cannot show."""
+    if _release_libraries(minor) is None:
+        pytest.skip(f"torch {minor}'s libraries are not in .deps/torch (python scripts/torch_headers.py)")
+    loaded = _load_beside(unpacked, minor, minor)
+    assert loaded.returncode == 0 and loaded.stdout.strip() == "loaded", loaded.stderr
+
+
+def test_a_hook_beside_another_releases_c10_does_not_load(unpacked):
+    """2.6's hook (the pre-cxx11 ABI) beside 2.15's libc10: the check above can fail."""
+    if _release_libraries("2.6") is None or _release_libraries("2.15") is None:
+        pytest.skip("torch 2.6's or 2.15's libraries are not in .deps/torch")
+    loaded = _load_beside(unpacked, "2.6", "2.15")
+    assert loaded.returncode != 0 and "undefined symbol" in loaded.stderr, loaded.stdout + loaded.stderr
+
+
+SECOND_RUNTIME = """
+import ctypes, sys, uvm
+ctypes.CDLL(sys.argv[1])  # the CUDA 13 runtime, as torch would have loaded it
+try:
+    uvm.library()
+    print("loaded")
+except uvm.UnifiedMemoryUnsupportedError as error:
+    print("refused:", error)
+"""
+
+
+def test_a_library_that_brings_a_second_cuda_runtime_is_refused_naming_both(venv, unpacked):
+    """UVM_LIBRARY forces the CUDA 12 build into a process that already holds CUDA 13's runtime."""
+    runtime13, runtime12 = _runtime_dir(13), _runtime_dir(12)
+    if runtime13 is None or runtime12 is None:
+        pytest.skip("needs a CUDA 13 runtime and .deps/cuda-12.8's CUDA 12 one (scripts/fetch_cuda12.sh)")
+    library = unpacked / "uvm" / "_prebuilt" / "cuda12" / "libuvm.so"
+    shown = subprocess.run([str(venv), "-c", SECOND_RUNTIME, str(runtime13 / "libcudart.so.13")], capture_output=True,
+                           text=True, timeout=120, env=bare_env(venv, UVM_LIBRARY=str(library), LD_LIBRARY_PATH=str(runtime12)))
+    assert shown.returncode == 0, shown.stderr
+    said = shown.stdout.strip()
+    assert said.startswith("refused:") and "brought a second CUDA runtime" in said, said
+    assert "CUDA 12:" in said and "CUDA 13:" in said

@@ -43,9 +43,11 @@ if [ "$tests" != none ]; then
 fi
 if [ "${SWITCHED:-0}" = 1 ]; then
   echo "== the peers through the switch (tests/peers/run_switched.sh)"
-  # Triton (Megatron's speculative decoding kernels) compiles its launchers with a C compiler, so the
-  # peers get one (CC); uvm still has none (UVM_CXX), and the empty cache shows it built nothing.
-  "${bare[@]}" "CC=$(command -v gcc)" bash tests/peers/run_switched.sh "$python" 2>&1 | tee "$out/switched_peers.txt"
+  # The peers run in the machine's own environment: Triton (Megatron's speculative decoding kernels)
+  # compiles its launchers with the system's C toolchain. uvm is still kept from any compiler
+  # (UVM_CXX), and the empty cache below shows it built nothing.
+  env -u CUDA_HOME -u CUDA_PATH "UVM_CXX=/nonexistent/c++" "UVM_CACHE_DIR=$cache/uvm" "OUT=$out" \
+    bash tests/peers/run_switched.sh "$python" 2>&1 | tee "$out/switched_peers.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if [ -f "$cache/uvm/builds.log" ]; then

@@ -86,10 +86,12 @@ else
   grep -E "^megatron.core.inference.unified_memory is" "$out/switched_megatron_lm.log"
   line=$(grep -E '^=* ?[0-9]+ (passed|failed)' "$out/switched_megatron_lm.log" | tail -n 1)
   echo "  $line"
+  count=0
+  [[ "$line" =~ ([0-9]+)\ passed ]] && count=${BASH_REMATCH[1]}  # read before another =~ replaces it
   if grep -q "unified_memory is uvm " "$out/switched_megatron_lm.log" &&
      grep -q "is a uvm.memory_saver object" "$out/switched_megatron_lm.log" &&
-     [[ "$line" =~ ([0-9]+)\ passed ]] && ! [[ "$line" =~ failed|error ]]; then
-    passed=$((passed + BASH_REMATCH[1]))
+     [ "$count" -gt 0 ] && ! [[ "$line" =~ failed|error ]]; then
+    passed=$((passed + count))
   else
     failed=$((failed + 1)); tail -n 30 "$out/switched_megatron_lm.log"
   fi

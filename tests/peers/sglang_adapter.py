@@ -68,7 +68,9 @@ def run_scheduler(mode: str) -> dict:
     adapter = TorchMemorySaverAdapter.create(enable=mode != "off")
     if mode == "preload":
         import torch_memory_saver
-        assert torch_memory_saver.torch_memory_saver.hook_mode == "preload"
+        saver = torch_memory_saver.torch_memory_saver
+        if type(saver).__module__.startswith("uvm."):  # the original fixes its mode later, at first use
+            assert saver.hook_mode == "preload"
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
     torch.manual_seed(0)

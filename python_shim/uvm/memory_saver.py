@@ -209,9 +209,10 @@ class _State:
         preloaded."""
         with self.lock:
             if self.hook_mode is None:
-                self.hook_mode = "preload" if _preload.in_process() is not None else "torch"
-                if self.hook_mode == "preload":
+                chosen = "preload" if _preload.in_process() is not None else "torch"
+                if chosen == "preload":  # before it is recorded: a refused mode is refused at every look
                     _check_preload_settings(self.backing)
+                self.hook_mode = chosen
             return self.hook_mode
 
     def library(self):

@@ -130,6 +130,23 @@ saver.hook_mode = "preload"
     assert "backing 'managed' needs hook_mode 'torch'" in managed.stderr
 
 
+def test_the_preload_settings_refusal_holds_at_every_access(interposer):
+    """Issue 57 item 1: the mode was recorded before its settings were checked, so the second look
+    at hook_mode said "preload" and torch went on allocating past the interposer, unseen."""
+    code = r"""
+import sys
+sys.modules["torch"] = None
+from uvm.memory_saver import torch_memory_saver as saver
+for attempt in range(3):
+    try:
+        print("mode", saver.hook_mode)
+    except RuntimeError as error:
+        print("refused", "expandable_segments:True" in str(error))
+"""
+    result = python(code, env={**interposer, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    assert result.stdout.split("\n")[:3] == ["refused True"] * 3, result.stdout
+
+
 def test_configure_subprocess_preloads_children_started_inside_only(interposer):
     code = r"""
 import os, subprocess, sys

@@ -15,9 +15,12 @@
  *
  * At load the library opens libuvm: $UVM_PRELOAD_LIBUVM, else the libuvm.so beside it, after the CUDA
  * runtime named by $UVM_PRELOAD_CUDART if set (the file the parent process used, so that torch finds
- * the same one). When preloaded and either cannot be opened, it prints why and ends the process
- * (status 127) before main(); loaded with dlopen instead, it records the reason
- * (uvm_preload_load_error) and its calls fail. The initial state of each thread follows
+ * the same one). When either cannot be opened it records why (uvm_preload_load_error) and the
+ * process runs on: calls outside a region reach the runtime as before (the interposer reaches every
+ * descendant of a configured process: shells, compilers), and a cudaMalloc inside a region fails
+ * with cudaErrorInitializationError, printing the reason. The runtime's functions are looked up
+ * until found: in the global scope after this library, else in a runtime loaded without
+ * RTLD_GLOBAL (a library's own). The initial state of each thread follows
  * torch_memory_saver's environment: TMS_INIT_ENABLE=1 starts every thread inside a region with tag
  * "default", TMS_INIT_ENABLE_CPU_BACKUP=1 with a host backup, TMS_INIT_CPU_BACKUP_BACKEND=mmap with
  * an mmap one. torch_memory_saver's own C names (tms_pause, tms_get_interesting_region, …) are

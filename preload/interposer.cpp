@@ -4,8 +4,10 @@
 #include "interposer.hpp"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -85,20 +87,11 @@ bool open_libuvm() {
          look_up(handle, "uvm_release_staging", &e.release_staging);
 }
 
-// At load. Preloaded, a process that cannot reach libuvm ends here with the reason, rather than at
-// its first allocation in a region; opened by dlopen (uvm.memory_saver in hook mode "torch"), the
-// reason is kept for the caller to raise.
-__attribute__((constructor)) void open_libuvm_at_load() {
-  state().opened = open_libuvm();
-  if (!state().opened && uvm_preload_active()) {
-    std::fprintf(stderr,
-                 "uvm preload (pid %d): %s. Start the process inside uvm.memory_saver.configure_subprocess(), "
-                 "or set UVM_PRELOAD_LIBUVM to the libuvm.so uvm built (and UVM_PRELOAD_CUDART to the CUDA "
-                 "runtime it should use).\n",
-                 static_cast<int>(getpid()), state().load_error.c_str());
-    _exit(127);
-  }
-}
+// At load. A process that cannot reach libuvm keeps the reason and runs on: the interposer reaches
+// every descendant of a configured process (shells, compilers, nvidia-smi), and only a cudaMalloc
+// inside a region needs libuvm; that one fails, naming the reason (allocate_in_region), and
+// uvm.memory_saver refuses preload mode with it.
+__attribute__((constructor)) void open_libuvm_at_load() { state().opened = open_libuvm(); }
 
 bool env_flag(const char* name) {
   const char* value = std::getenv(name);
@@ -110,16 +103,56 @@ using Malloc = cudaError_t (*)(void**, size_t);
 using Free = cudaError_t (*)(void*);
 using GetDevice = cudaError_t (*)(int*);
 
-// The runtime's definition after this library's; a process calling cudaMalloc has loaded it.
-template <typename Function>
-Function runtime(const char* name) {
-  auto found = reinterpret_cast<Function>(dlsym(RTLD_NEXT, name));
-  if (found == nullptr) {
-    std::fprintf(stderr, "uvm preload (pid %d): the CUDA runtime's %s is not loaded after this library\n",
-                 static_cast<int>(getpid()), name);
-  }
-  return found;
+// The runtime's definition of `name`: the next after this library's in the global scope, else that
+// of a runtime loaded without RTLD_GLOBAL (a library that opened its own). nullptr while no runtime
+// is loaded; the caller asks again next time (a process may load the runtime after its first call).
+void* find_in_runtime(const char* name) {
+  if (void* next = dlsym(RTLD_NEXT, name); next != nullptr) return next;
+  struct Search {
+    const char* name;
+    void* found;
+  } search{name, nullptr};
+  dl_iterate_phdr(
+      [](dl_phdr_info* object, size_t, void* data) {
+        auto* wanted = static_cast<Search*>(data);
+        const char* path = object->dlpi_name;
+        const char* base = path != nullptr ? std::strrchr(path, '/') : nullptr;
+        if (base == nullptr || std::strncmp(base + 1, "libcudart.so", 12) != 0) return 0;
+        void* handle = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+        if (handle == nullptr) return 0;
+        wanted->found = dlsym(handle, wanted->name);
+        dlclose(handle);  // RTLD_NOLOAD took one more reference; the runtime stays loaded
+        return wanted->found != nullptr ? 1 : 0;
+      },
+      &search);
+  return search.found;
 }
+
+// One runtime function, looked up until found and then kept.
+template <typename Function>
+class RuntimeFunction {
+ public:
+  explicit constexpr RuntimeFunction(const char* name) : name_(name) {}
+  Function get() {
+    if (void* kept = found_.load(std::memory_order_acquire); kept != nullptr) return reinterpret_cast<Function>(kept);
+    void* found = find_in_runtime(name_);
+    if (found == nullptr) {
+      std::fprintf(stderr, "uvm preload (pid %d): the CUDA runtime's %s is not loaded in this process\n",
+                   static_cast<int>(getpid()), name_);
+      return nullptr;
+    }
+    found_.store(found, std::memory_order_release);
+    return reinterpret_cast<Function>(found);
+  }
+
+ private:
+  const char* name_;
+  std::atomic<void*> found_{nullptr};
+};
+
+RuntimeFunction<Malloc> runtime_malloc("cudaMalloc");
+RuntimeFunction<Free> runtime_free("cudaFree");
+RuntimeFunction<GetDevice> runtime_get_device("cudaGetDevice");
 
 void note_tag(const char* tag) {  // under state().lock
   const std::string name = tag != nullptr ? tag : "";
@@ -133,11 +166,14 @@ cudaError_t allocate_in_region(void** ptr, size_t size) {
   if (ptr == nullptr) return cudaErrorInvalidValue;
   const Libuvm* lib = libuvm();
   if (lib == nullptr) {
-    std::fprintf(stderr, "uvm preload (pid %d): cudaMalloc(%zu bytes) in a region: %s\n", static_cast<int>(getpid()),
-                 size, state().load_error.c_str());
+    std::fprintf(stderr,
+                 "uvm preload (pid %d): cudaMalloc(%zu bytes) in a region: %s. Start the process inside "
+                 "uvm.memory_saver.configure_subprocess(), or set UVM_PRELOAD_LIBUVM to the libuvm.so uvm built (and "
+                 "UVM_PRELOAD_CUDART to the CUDA runtime it should use)\n",
+                 static_cast<int>(getpid()), size, state().load_error.c_str());
     return cudaErrorInitializationError;
   }
-  static const GetDevice get_device = runtime<GetDevice>("cudaGetDevice");
+  const GetDevice get_device = runtime_get_device.get();
   int device = 0;
   if (get_device == nullptr) return cudaErrorInitializationError;
   if (const cudaError_t e = get_device(&device); e != cudaSuccess) {
@@ -211,7 +247,7 @@ extern "C" {
 
 UVM_API cudaError_t cudaMalloc(void** ptr, size_t size) {
   if (thread_state().inside_region) return allocate_in_region(ptr, size);
-  static const Malloc real = runtime<Malloc>("cudaMalloc");
+  const Malloc real = runtime_malloc.get();
   return real != nullptr ? real(ptr, size) : cudaErrorInitializationError;
 }
 
@@ -237,7 +273,7 @@ UVM_API cudaError_t cudaFree(void* ptr) {
       return cudaErrorInvalidValue;
     }
   }
-  static const Free real = runtime<Free>("cudaFree");
+  const Free real = runtime_free.get();
   return real != nullptr ? real(ptr) : cudaErrorInitializationError;
 }
 
@@ -245,8 +281,13 @@ UVM_API cudaError_t cudaFree(void* ptr) {
 // process resolves first, the runtime's when this library was only opened.
 extern cudaError_t own_cuda_malloc(void**, size_t) __attribute__((alias("cudaMalloc"), visibility("hidden")));
 
+// The global scope's cudaMalloc, not RTLD_DEFAULT's: from inside a library, RTLD_DEFAULT also searches
+// that library's own scope, and so found this cudaMalloc where the interposer was only opened.
 UVM_API int uvm_preload_active(void) {
-  return dlsym(RTLD_DEFAULT, "cudaMalloc") == reinterpret_cast<void*>(&own_cuda_malloc) ? 1 : 0;
+  void* global_scope = dlopen(nullptr, RTLD_NOW);
+  const bool ours = global_scope != nullptr && dlsym(global_scope, "cudaMalloc") == reinterpret_cast<void*>(&own_cuda_malloc);
+  if (global_scope != nullptr) dlclose(global_scope);
+  return ours ? 1 : 0;
 }
 
 UVM_API const char* uvm_preload_load_error(void) { return state().opened ? nullptr : state().load_error.c_str(); }

@@ -242,6 +242,11 @@ def _preloaded_libuvm() -> str | None:
     if process is None:
         return None
     process.uvm_preload_libuvm_path.restype = ctypes.c_char_p
+    process.uvm_preload_load_error.restype = ctypes.c_char_p
+    if (reason := process.uvm_preload_load_error()) is not None:
+        raise UnifiedMemoryUnsupportedError(f"uvm's cudaMalloc interposer is preloaded but {reason.decode()}: start the "
+                                            "process inside uvm.memory_saver.configure_subprocess(), or set "
+                                            "UVM_PRELOAD_LIBUVM to the libuvm.so uvm uses")
     return process.uvm_preload_libuvm_path().decode()
 
 

@@ -89,7 +89,14 @@ def _inside_region(inside: bool):
 
 def _check_preload_settings(backing: str) -> None:
     """What preload mode cannot catch, refused by name: torch allocating without cudaMalloc, and
-    managed backing (the interposer makes releasable memory)."""
+    managed backing (the interposer makes releasable memory), and an interposer that could not open
+    libuvm (it lets the process run, failing only inside a region)."""
+    process = _preload.in_process()
+    reason = process.uvm_preload_load_error() if process is not None else None
+    if reason:
+        raise RuntimeError(f"hook_mode 'preload': uvm's cudaMalloc interposer is preloaded but {reason.decode()}. Start "
+                           "the process inside uvm.memory_saver.configure_subprocess(), or set UVM_PRELOAD_LIBUVM to "
+                           "the libuvm.so uvm uses")
     conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") + "," + os.environ.get("PYTORCH_ALLOC_CONF", "")
     settings = {item.strip().replace(" ", "") for item in conf.replace(",", " ").split()}
     for setting, why in (("expandable_segments:True", "torch maps expandable segments with the driver API"),

@@ -30,27 +30,90 @@ def interposer():
     return {"LD_PRELOAD": path, "UVM_PRELOAD_LIBUVM": libuvm}
 
 
-def test_a_missing_libuvm_ends_the_process_at_load_naming_it(interposer):
-    result = python("print('main ran')", env={**interposer, "UVM_PRELOAD_LIBUVM": "/nonexistent/libuvm.so"},
-                    check=False)
-    assert result.returncode == 127 and "main ran" not in result.stdout
-    assert "cannot open libuvm at /nonexistent/libuvm.so" in result.stderr
-    assert "configure_subprocess()" in result.stderr
+def test_a_process_that_cannot_open_libuvm_runs_and_fails_only_in_a_region_naming_why(interposer):
+    """Decided in issue 57: the interposer reaches every descendant of a configured process (shells,
+    compilers, nvidia-smi). One that cannot open libuvm runs as without it; a cudaMalloc inside a
+    region fails there, naming the path, and uvm.memory_saver refuses preload mode with the reason."""
+    env = {**interposer, "UVM_PRELOAD_LIBUVM": "/nonexistent/libuvm.so"}
+    assert python("print('main ran')", env=env).stdout.strip() == "main ran"
+    outside = json.loads(python("import ctypes.util\n" + CALL_RUNTIME, env=env).stdout)
+    plain = json.loads(python("import ctypes.util\n" + CALL_RUNTIME).stdout)
+    assert outside["malloc"] == plain["malloc"]
+    inside = python("import ctypes.util\n" + CALL_RUNTIME, env={**env, "TMS_INIT_ENABLE": "1"})
+    assert json.loads(inside.stdout)["malloc"] == 3  # cudaErrorInitializationError
+    assert "cannot open libuvm at /nonexistent/libuvm.so" in inside.stderr and "in a region" in inside.stderr
+    refused = python("import sys\nsys.modules['torch'] = None\n"
+                     "from uvm.memory_saver import torch_memory_saver as s\nprint(s.hook_mode)", env=env, check=False)
+    assert refused.returncode != 0 and "cannot open libuvm at /nonexistent/libuvm.so" in refused.stderr
 
 
-def test_a_missing_cuda_runtime_ends_the_process_at_load_naming_it(interposer):
-    result = python("print('main ran')", env={**interposer, "UVM_PRELOAD_CUDART": "/nonexistent/libcudart.so.13"},
-                    check=False)
-    assert result.returncode == 127 and "main ran" not in result.stdout
-    assert "cannot open the CUDA runtime UVM_PRELOAD_CUDART=/nonexistent/libcudart.so.13" in result.stderr
+def test_a_missing_cuda_runtime_is_named_at_the_first_allocation_in_a_region(interposer):
+    env = {**interposer, "UVM_PRELOAD_CUDART": "/nonexistent/libcudart.so.13"}
+    assert python("print('main ran')", env=env).stdout.strip() == "main ran"
+    inside = python("import ctypes.util\n" + CALL_RUNTIME, env={**env, "TMS_INIT_ENABLE": "1"})
+    assert json.loads(inside.stdout)["malloc"] == 3
+    assert "cannot open the CUDA runtime UVM_PRELOAD_CUDART=/nonexistent/libcudart.so.13" in inside.stderr
 
 
-def test_outside_a_region_the_runtime_answers_as_without_the_interposer(interposer):
-    code = "import ctypes.util\n" + CALL_RUNTIME
-    plain = json.loads(python(code).stdout)
-    preloaded = json.loads(python(code, env=interposer).stdout)
-    assert preloaded == {**plain, "pointer": preloaded["pointer"]}
-    assert (preloaded["pointer"] is None) == (plain["pointer"] is None)
+def test_an_interposer_only_opened_is_not_active_and_a_stale_libuvm_path_does_not_end_the_process(interposer):
+    """Issue 57 item 3: opened with ctypes (hook mode "torch" reads the tms_* names this way), the
+    interposer found its own cudaMalloc and said it was preloaded; with a stale UVM_PRELOAD_LIBUVM
+    inherited from a configured parent, its constructor then ended the process inside ctypes.CDLL."""
+    code = f"""
+import ctypes, ctypes.util
+opened = ctypes.CDLL({interposer["LD_PRELOAD"]!r})
+print(opened.uvm_preload_active())
+ctypes.CDLL(ctypes.util.find_library("cudart") or "libcudart.so.13", mode=ctypes.RTLD_GLOBAL)
+print(opened.uvm_preload_active())
+opened.uvm_preload_load_error.restype = ctypes.c_char_p
+print(opened.uvm_preload_load_error())
+"""
+    fresh = python(code, env={"LD_PRELOAD": "", "UVM_PRELOAD_LIBUVM": ""}).stdout.split("\n")
+    assert fresh[:3] == ["0", "0", "None"]
+    stale = python(code, env={"LD_PRELOAD": "", "UVM_PRELOAD_LIBUVM": "/nonexistent/libuvm.so"})
+    lines = stale.stdout.split("\n")
+    assert lines[:2] == ["0", "0"] and "cannot open libuvm at /nonexistent/libuvm.so" in lines[2]
+
+
+# The runtime's cudaMalloc called before the runtime is in the process, then after it was loaded
+# (globally, or locally as a library that opens its own runtime does), and a control with it loaded first.
+LATE_RUNTIME = r"""
+import ctypes, ctypes.util, json, sys
+name = ctypes.util.find_library("cudart") or "libcudart.so.13"
+mode = {"global": ctypes.RTLD_GLOBAL, "local": ctypes.RTLD_LOCAL}[sys.argv[1]]
+process = ctypes.CDLL(None)
+pointer = ctypes.c_void_p()
+answers = []
+if sys.argv[2] == "late":
+    answers.append(process.cudaMalloc(ctypes.byref(pointer), 1 << 20))
+ctypes.CDLL(name, mode=mode)
+answers.append(process.cudaMalloc(ctypes.byref(pointer), 1 << 20))
+answers.append(process.cudaFree(None))
+print(json.dumps(answers))
+"""
+
+
+@pytest.mark.parametrize("mode", ["global", "local"])
+@pytest.mark.parametrize("libuvm", ["opened", "missing"])
+def test_a_runtime_loaded_after_the_first_call_is_found(interposer, mode, libuvm):
+    """Issue 57 item 2: the first lookup of the runtime's cudaMalloc was kept even when it failed.
+    With libuvm opened, its runtime is loaded but not global, and every cudaMalloc failed (3) where
+    the runtime answers (35 without a driver); without it, no runtime is loaded until the program
+    loads one, and every cudaMalloc after that failed too."""
+    import subprocess
+    import sys
+    def run(how, order, env):
+        result = subprocess.run([sys.executable, "-c", LATE_RUNTIME, how, order], capture_output=True, text=True,
+                                env={**os.environ, **env}, timeout=60, check=True)
+        return json.loads(result.stdout), result.stderr
+    control, _ = run("global", "first", {"LD_PRELOAD": ""})
+    env = interposer if libuvm == "opened" else {**interposer, "UVM_PRELOAD_LIBUVM": "/nonexistent/libuvm.so"}
+    late, stderr = run(mode, "late", env)
+    if libuvm == "opened":  # libuvm's own runtime answers from the first call
+        assert late == [control[0]] + control, (late, control)
+    else:
+        assert late[0] == 3 and "the CUDA runtime's cudaMalloc is not loaded in this process" in stderr
+        assert late[1:] == control, (late, control)
 
 
 def test_inside_a_region_cudaMalloc_is_uvms_and_a_failure_says_why(interposer):

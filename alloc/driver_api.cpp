@@ -41,7 +41,9 @@ uvm_status fail_driver(const Call& call, CUresult result, const char* what_forma
   std::vsnprintf(what, sizeof what, what_format, args);
   va_end(args);
   const uvm_status status = result == CUDA_ERROR_OUT_OF_MEMORY ? UVM_ERROR_OUT_OF_MEMORY : UVM_ERROR_CUDA;
-  return fail(call, status, "%s failed: %s", what, driver_error_name(result));
+  fail(call, status, "%s failed: %s", what, driver_error_name(result));
+  note_cuda_error(static_cast<int>(result));
+  return status;
 }
 
 }  // namespace uvm

@@ -10,6 +10,7 @@ struct LastError {
   uvm_status status = UVM_OK;
   std::string message;
   long long range_index = -1;
+  int cuda_error = 0;  // the CUDA call's own error code behind a failure, 0 for failures of uvm's
 };
 
 LastError& last_error() {
@@ -28,10 +29,11 @@ std::string vformat(const char* format, va_list args) {
   return text;
 }
 
-void record(uvm_status status, long long range_index, std::string message) noexcept {
+void record(uvm_status status, long long range_index, std::string message, int cuda_error = 0) noexcept {
   LastError& error = last_error();
   error.status = status;
   error.range_index = range_index;
+  error.cuda_error = cuda_error;
   try {
     error.message = std::move(message);
   } catch (...) {
@@ -134,9 +136,9 @@ uvm_status fail_cuda(const Call& call, cudaError_t error, const char* what_forma
     std::string message = call.describe() + ": " + what + " failed: " + cudaGetErrorName(error) +
                           " (" + cudaGetErrorString(error) + ")";
     if (status == UVM_ERROR_NO_DEVICE) message += " — no usable CUDA device or driver";
-    record(status, call.range_index, std::move(message));
+    record(status, call.range_index, std::move(message), error);
   } catch (...) {
-    record(status, call.range_index, std::string());
+    record(status, call.range_index, std::string(), error);
   }
   return status;
 }
@@ -157,13 +159,15 @@ uvm_status fail_errno(const Call& call, int error, const char* what_format, ...)
   return UVM_ERROR_IO;
 }
 
+void note_cuda_error(int code) noexcept { last_error().cuda_error = code; }
+
 Failure last_failure() {
   const LastError& error = last_error();
-  return Failure{error.status, error.message};
+  return Failure{error.status, error.message, error.cuda_error};
 }
 
 uvm_status adopt(const Failure& failure) {
-  record(failure.status, -1, failure.message);
+  record(failure.status, -1, failure.message, failure.cuda_error);
   return failure.status;
 }
 
@@ -194,10 +198,13 @@ uvm_status uvm_last_status(void) { return uvm::last_error().status; }
 
 int64_t uvm_last_error_index(void) { return uvm::last_error().range_index; }
 
+int uvm_last_cuda_error(void) { return uvm::last_error().cuda_error; }
+
 void uvm_clear_last_error(void) {
   uvm::LastError& error = uvm::last_error();
   error.status = UVM_OK;
   error.range_index = -1;
+  error.cuda_error = 0;
   error.message.clear();
 }
 

@@ -75,6 +75,9 @@ uvm_status fail(const Call& call, uvm_status status, const char* reason_format, 
 uvm_status fail_cuda(const Call& call, cudaError_t error, const char* what_format, ...)
     __attribute__((format(printf, 3, 4)));
 
+// Records the driver's CUresult behind the failure just recorded (uvm_last_cuda_error).
+void note_cuda_error(int code) noexcept;
+
 // Records a failed file or host-memory operation (disk and mmap backups) as "<call>: <what> failed:
 // <strerror> (<errno name>)" with UVM_ERROR_IO, and returns UVM_ERROR_IO.
 uvm_status fail_errno(const Call& call, int error, const char* what_format, ...)
@@ -85,6 +88,7 @@ uvm_status fail_errno(const Call& call, int error, const char* what_format, ...)
 struct Failure {
   uvm_status status = UVM_OK;
   std::string message;
+  int cuda_error = 0;
 };
 Failure last_failure();
 uvm_status adopt(const Failure& failure);

@@ -71,6 +71,13 @@ uvm_status allocate(const Call& call, size_t size, int device, Backing backing, 
   if (uvm_status s = default_advice(call, &mode)) return s;
   size_t limit = 0;
   if (uvm_status s = effective_limit(call, device, &limit)) return s;
+  Allocation record;  // first: copying the thread's tag may throw, and nothing is held yet
+  record.size = size;
+  record.device = device;
+  record.tag = thread_tag();
+  record.backup = thread_backup();
+  record.backing = backing;
+  record.reported_runtime = blocks_are_reported();
   size_t in_use = 0;
   if (!try_reserve(device, size, limit, &in_use)) {
     return fail(call, UVM_ERROR_LIMIT_EXCEEDED,
@@ -81,13 +88,6 @@ uvm_status allocate(const Call& call, size_t size, int device, Backing backing, 
   ContextScope scope;
   uvm_status status = scope.enter(call, device, ContextScope::When::always);
   void* ptr = nullptr;
-  Allocation record;
-  record.size = size;
-  record.device = device;
-  record.tag = thread_tag();
-  record.backup = thread_backup();
-  record.backing = backing;
-  record.reported_runtime = blocks_are_reported();
   if (status == UVM_OK) {
     status = backing == Backing::managed ? allocate_managed(call, size, device, caps, mode, &ptr, &record.slab)
                                          : vmm_allocate(call, size, device, &ptr, &record.mapping);
@@ -96,8 +96,20 @@ uvm_status allocate(const Call& call, size_t size, int device, Backing backing, 
     cancel_reservation(device, size);
     return status;
   }
-  // A fresh record: nothing uvm knew about these addresses before can describe the new memory.
-  registry().insert(reinterpret_cast<uintptr_t>(ptr), std::move(record));
+  // A fresh record: nothing uvm knew about these addresses before can describe the new memory. With
+  // no host memory to record it in, the memory goes back before the exception goes on (guarded).
+  const Mapping mapping = record.mapping;
+  const uintptr_t slab = record.slab;
+  try {
+    registry().insert(reinterpret_cast<uintptr_t>(ptr), std::move(record));
+  } catch (...) {
+    Mapping undo = mapping;
+    if (backing == Backing::releasable) (void)vmm_free(call, reinterpret_cast<uintptr_t>(ptr), &undo);
+    else if (slab != 0) (void)free_slot(call, slab, ptr, true);
+    else clear_cuda_error(cudaFree(ptr));
+    cancel_reservation(device, size);
+    throw;
+  }
   commit_reservation(device, size);
   *out = ptr;
   return UVM_OK;
@@ -143,6 +155,20 @@ uvm_status synchronize_before(const Call& call, const char* why, bool* exiting) 
 uvm_status free_allocation(const Call& call, void* ptr, size_t size, int device, std::optional<Allocation>* freed,
                            bool* exiting_out) {
   std::optional<Allocation>& found = *freed;
+  bool& exiting = *exiting_out;
+  exiting = false;
+  // Memory that is unmapped or handed out again waits for its device before it is forgotten: a wait
+  // that fails (a sticky error such as an illegal address) leaves it allocated and recorded, for the
+  // caller to free again, instead of forgetting an address range and memory nothing then frees.
+  bool waited = false;
+  if (AllocationView before; registry().find(ptr, &before) && before.base == reinterpret_cast<uintptr_t>(ptr) &&
+                             (before.backing == Backing::releasable || before.slab != 0)) {
+    ContextScope scope;
+    uvm_status s = scope.enter(call, before.device, ContextScope::When::always);
+    if (s == UVM_OK) s = synchronize_before(call, before.slab != 0 ? "reusing the slot" : "unmapping", &exiting);
+    if (s != UVM_OK) return s;  // still allocated: nothing was forgotten
+    waited = true;
+  }
   found = forget_allocation(ptr);
   if (!found) {
     AllocationView inside;
@@ -157,17 +183,15 @@ uvm_status free_allocation(const Call& call, void* ptr, size_t size, int device,
   const size_t moved_off = found->host.total() + found->discarded.total() + found->marked.total();
   record_free(found->device, found->size, found->host.total());
   uvm_status status = UVM_OK;
-  bool& exiting = *exiting_out;
-  exiting = false;
   {
     ContextScope scope;
     status = scope.enter(call, found->device, ContextScope::When::always);
     if (found->backing == Backing::releasable) {
       // At process exit the driver takes the mapping with it: nothing is left to unmap.
-      if (status == UVM_OK) status = synchronize_before(call, "unmapping", &exiting);
+      if (status == UVM_OK && !waited) status = synchronize_before(call, "unmapping", &exiting);
       if (status == UVM_OK && !exiting) status = vmm_free(call, reinterpret_cast<uintptr_t>(ptr), &found->mapping);
     } else if (found->slab != 0) {
-      if (status == UVM_OK) status = synchronize_before(call, "reusing the slot", &exiting);
+      if (status == UVM_OK && !waited) status = synchronize_before(call, "reusing the slot", &exiting);
       // Staged, discarded or discard-marked bytes (host counts staged ones, and migrated ones, to be
       // safe) may leave pages the driver counts as discarded: such a slot is not handed out again.
       if (status == UVM_OK) status = free_slot(call, found->slab, ptr, moved_off == 0);

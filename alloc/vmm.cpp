@@ -207,9 +207,16 @@ uvm_status vmm_allocate(const Call& call, size_t size, int device, void** out, M
     return fail_driver(call, r, "cuMemAddressReserve(%zu bytes)", m.reserved);
   }
   bool created = false;
-  if (uvm_status s = map_physical(call, base, device, &m, &created)) {
+  uvm_status status = UVM_OK;
+  try {
+    status = map_physical(call, base, device, &m, &created);
+  } catch (...) {  // no host memory: the range goes back before the exception goes on (guarded)
     api.address_free(base, m.reserved);
-    return s;
+    throw;
+  }
+  if (status != UVM_OK) {
+    api.address_free(base, m.reserved);
+    return status;
   }
   *mapping = m;
   *out = reinterpret_cast<void*>(base);

@@ -89,7 +89,13 @@ UVM_API uvm_status uvm_last_status(void);
  * range (or none failed). Error messages of batched calls give the number of ranges as count=N. */
 UVM_API int64_t uvm_last_error_index(void);
 
-/* Forget this thread's last error, status and range index. */
+/* For the most recent failed uvm call on this thread: the error code the CUDA call that failed
+ * returned (a cudaError_t; a CUresult where it was a driver call, whose numbers match the runtime's
+ * for the errors both have), so that a caller can hand it on (libuvm_preload.so returns it from
+ * cudaMalloc and cudaFree). 0 when that failure was uvm's own, not a CUDA call's, or none failed. */
+UVM_API int uvm_last_cuda_error(void);
+
+/* Forget this thread's last error, status, range index and CUDA error. */
 UVM_API void uvm_clear_last_error(void);
 
 /* Library version, "MAJOR.MINOR.PATCH". */

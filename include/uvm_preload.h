@@ -50,6 +50,14 @@ UVM_API uvm_status uvm_preload_set_region(int inside);
 /* 1 when this thread is inside a region. */
 UVM_API int uvm_preload_get_region(void);
 
+/* Keeps this thread's regions to one device (UVM_ANY_DEVICE, the default: any): a cudaMalloc inside
+ * a region on another device fails with cudaErrorInvalidDevice, naming both, rather than put region
+ * memory in that device's default pool (uvm.memory_saver sets its region's device). */
+UVM_API uvm_status uvm_preload_set_region_device(int device);
+
+/* The device this thread's regions are kept to, or UVM_ANY_DEVICE. */
+UVM_API int uvm_preload_get_region_device(void);
+
 /* uvm_pause of `tag` on every device; NULL: of every tag this library allocated under. */
 UVM_API uvm_status uvm_preload_pause(const char* tag);
 

@@ -21,6 +21,14 @@
 namespace uvm_preload {
 namespace {
 
+// An allocation handed out: its serial tells it from a later one at the same address (a free that
+// failed drops its record only if no new allocation took the address meanwhile).
+struct Handed {
+  size_t size;
+  int device;
+  uint64_t serial;
+};
+
 // Everything this library keeps, made on first use: the constructor below runs before or after
 // this file's static initializers (the order of the two is not fixed), so none is a global.
 struct State {
@@ -29,10 +37,13 @@ struct State {
   Libuvm entries;
   bool opened = false;
   // The allocations this library handed out, and the tags they were made under. A cudaFree of
-  // any other pointer goes to the runtime untouched; a deque keeps each tag's c_str() valid.
+  // any other pointer goes to the runtime untouched; a deque keeps each tag's c_str() valid. The
+  // lock is never held across a call into libuvm or the runtime, and is taken across fork (a child
+  // never inherits it held by a thread it does not have).
   std::mutex lock;
-  std::unordered_map<void*, std::pair<size_t, int>> handed;  // -> size, device
+  std::unordered_map<void*, Handed> handed;
   std::deque<std::string> tags;
+  uint64_t next_serial = 1;
 };
 
 State& state() {
@@ -84,14 +95,19 @@ bool open_libuvm() {
          look_up(handle, "uvm_get_retain_backups", &e.get_retain_backups) &&
          look_up(handle, "uvm_get_staged_copy", &e.get_staged_copy) &&
          look_up(handle, "uvm_set_disk_backup_dir", &e.set_disk_backup_dir) &&
-         look_up(handle, "uvm_release_staging", &e.release_staging);
+         look_up(handle, "uvm_release_staging", &e.release_staging) &&
+         look_up(handle, "uvm_last_cuda_error", &e.last_cuda_error) &&
+         look_up(handle, "uvm_allocation_info", &e.allocation_info);
 }
 
 // At load. A process that cannot reach libuvm keeps the reason and runs on: the interposer reaches
 // every descendant of a configured process (shells, compilers, nvidia-smi), and only a cudaMalloc
 // inside a region needs libuvm; that one fails, naming the reason (allocate_in_region), and
 // uvm.memory_saver refuses preload mode with it.
-__attribute__((constructor)) void open_libuvm_at_load() { state().opened = open_libuvm(); }
+__attribute__((constructor)) void open_libuvm_at_load() {
+  state().opened = open_libuvm();
+  pthread_atfork([] { state().lock.lock(); }, [] { state().lock.unlock(); }, [] { state().lock.unlock(); });
+}
 
 bool env_flag(const char* name) {
   const char* value = std::getenv(name);
@@ -128,7 +144,8 @@ void* find_in_runtime(const char* name) {
   return search.found;
 }
 
-// One runtime function, looked up until found and then kept.
+// One runtime function, looked up until found and then kept. Constant-initialized (no constructor
+// runs at load), so usable from this library's constructor and any other library's.
 template <typename Function>
 class RuntimeFunction {
  public:
@@ -154,16 +171,49 @@ RuntimeFunction<Malloc> runtime_malloc("cudaMalloc");
 RuntimeFunction<Free> runtime_free("cudaFree");
 RuntimeFunction<GetDevice> runtime_get_device("cudaGetDevice");
 
-void note_tag(const char* tag) {  // under state().lock
-  const std::string name = tag != nullptr ? tag : "";
+void note_tag(const std::string& name) {  // under state().lock
   for (const std::string& known : state().tags) {
     if (known == name) return;
   }
   state().tags.push_back(name);
 }
 
+// The CUDA error a failed libuvm call answers a runtime caller with: the CUDA call's own error where
+// one failed (a sticky error stays visible), else the nearest for uvm's status. Only running out of
+// memory is cudaErrorMemoryAllocation: torch empties its cache and retries on that one alone.
+cudaError_t cuda_error_of(const Libuvm& lib, uvm_status status) {
+  if (const int code = lib.last_cuda_error(); code != 0) return static_cast<cudaError_t>(code);
+  switch (status) {
+    case UVM_ERROR_OUT_OF_MEMORY:
+    case UVM_ERROR_LIMIT_EXCEEDED: return cudaErrorMemoryAllocation;
+    case UVM_ERROR_INVALID_ARGUMENT:
+    case UVM_ERROR_NOT_MANAGED: return cudaErrorInvalidValue;
+    case UVM_ERROR_NO_DEVICE: return cudaErrorNoDevice;
+    case UVM_ERROR_UNSUPPORTED: return cudaErrorNotSupported;
+    case UVM_ERROR_CAPTURING: return cudaErrorStreamCaptureUnsupported;
+    default: return cudaErrorUnknown;
+  }
+}
+
+// The thread's uvm tag, or "default" where it has none: the original's thread tag starts as
+// "default", so its regions' allocations always carry one (tms_pause("default") finds them).
+std::string region_tag(const Libuvm& lib) {
+  const char* tag = lib.get_thread_tag();
+  return tag != nullptr && *tag != '\0' ? tag : "default";
+}
+
+void* allocate_under(const Libuvm& lib, const std::string& tag, size_t size, int device) {
+  const char* own = lib.get_thread_tag();
+  const bool untagged = own == nullptr || *own == '\0';
+  if (untagged && lib.set_thread_tag(tag.c_str()) != UVM_OK) return nullptr;
+  void* allocated = lib.malloc_releasable(size, device, nullptr);
+  if (untagged) lib.set_thread_tag(nullptr);  // as it was (a success leaves the last error as it is)
+  return allocated;
+}
+
 cudaError_t allocate_in_region(void** ptr, size_t size) {
   if (ptr == nullptr) return cudaErrorInvalidValue;
+  *ptr = nullptr;
   const Libuvm* lib = libuvm();
   if (lib == nullptr) {
     std::fprintf(stderr,
@@ -181,34 +231,82 @@ cudaError_t allocate_in_region(void** ptr, size_t size) {
                  static_cast<int>(getpid()), size, static_cast<int>(e));
     return e;
   }
+  const int region_device = thread_state().region_device;
+  if (region_device != UVM_ANY_DEVICE && device != region_device) {
+    std::fprintf(stderr,
+                 "uvm preload (pid %d): cudaMalloc(%zu bytes) on cuda:%d inside a region on cuda:%d: refused (its memory "
+                 "would join cuda:%d's default pool, outside the region). Make it outside the region, or in a region "
+                 "of its own device\n",
+                 static_cast<int>(getpid()), size, device, region_device, device);
+    return cudaErrorInvalidDevice;
+  }
+  if (size == 0) return cudaSuccess;
+  const std::string tag = region_tag(*lib);
   lib->clear_last_error();
-  void* allocated = size == 0 ? nullptr : lib->malloc_releasable(size, device, nullptr);
-  if (allocated == nullptr && size != 0) {
+  void* allocated = allocate_under(*lib, tag, size, device);
+  if (allocated == nullptr) {
     const uvm_status status = lib->last_status();
+    const cudaError_t error = cuda_error_of(*lib, status);
     // The caller (torch) sees only an error code: the reason goes to stderr and stays readable
     // through uvm_last_error on this thread.
     std::fprintf(stderr, "uvm preload (pid %d): cudaMalloc(%zu bytes) on cuda:%d in region tag '%s': %s\n",
-                 static_cast<int>(getpid()), size, device, lib->get_thread_tag() ? lib->get_thread_tag() : "",
-                 lib->last_error());
-    *ptr = nullptr;
-    return status == UVM_ERROR_INVALID_ARGUMENT ? cudaErrorInvalidValue : cudaErrorMemoryAllocation;
+                 static_cast<int>(getpid()), size, device, tag.c_str(), lib->last_error());
+    return error != cudaSuccess ? error : cudaErrorUnknown;
   }
-  if (allocated != nullptr) {
+  try {
     std::lock_guard<std::mutex> hold(state().lock);
-    state().handed[allocated] = {size, device};
-    note_tag(lib->get_thread_tag());
+    state().handed[allocated] = Handed{size, device, state().next_serial++};
+    note_tag(tag);
+  } catch (...) {  // no room to record it: it is given back, and the caller told so
+    {
+      std::lock_guard<std::mutex> hold(state().lock);
+      state().handed.erase(allocated);
+    }
+    lib->free(allocated, size, device, nullptr);
+    std::fprintf(stderr, "uvm preload (pid %d): cudaMalloc(%zu bytes): no host memory to record the allocation\n",
+                 static_cast<int>(getpid()), size);
+    return cudaErrorMemoryAllocation;
   }
   *ptr = allocated;
   return cudaSuccess;
+}
+
+// cudaFree of an allocation this library handed out. Its record goes once uvm no longer has it: a
+// free that failed with the allocation still uvm's (its wait for the device failed) keeps the
+// record, so the caller's next cudaFree of it is uvm's again rather than the runtime's.
+cudaError_t free_handed(void* ptr, const Handed& handed) {
+  const Libuvm& lib = state().entries;
+  lib.clear_last_error();
+  lib.free(ptr, handed.size, handed.device, nullptr);
+  const uvm_status status = lib.last_status();
+  bool still_uvms = false;
+  cudaError_t error = cudaSuccess;
+  if (status != UVM_OK) {
+    error = cuda_error_of(lib, status);
+    std::fprintf(stderr, "uvm preload (pid %d): cudaFree(%p): %s\n", static_cast<int>(getpid()), ptr, lib.last_error());
+    void* base = nullptr;
+    size_t size = 0;
+    int device = 0;
+    still_uvms = lib.allocation_info(ptr, &base, &size, &device) == UVM_OK && base == ptr;
+  }
+  if (!still_uvms) {
+    std::lock_guard<std::mutex> hold(state().lock);
+    if (auto it = state().handed.find(ptr); it != state().handed.end() && it->second.serial == handed.serial) {
+      state().handed.erase(it);
+    }
+  }
+  return error;
 }
 
 // Stops at the first failure, as uvm_pause does within a call.
 uvm_status for_tags(const char* tag, uvm_status (*move)(int, const char*)) {
   if (tag != nullptr) return move(UVM_ANY_DEVICE, tag);
   std::deque<std::string> known;
-  {
+  try {
     std::lock_guard<std::mutex> hold(state().lock);
     known = state().tags;
+  } catch (...) {
+    return UVM_ERROR_INTERNAL;  // no host memory for the copy
   }
   for (const std::string& name : known) {
     if (const uvm_status status = move(UVM_ANY_DEVICE, name.c_str()); status != UVM_OK) return status;
@@ -220,7 +318,7 @@ uvm_status for_tags(const char* tag, uvm_status (*move)(int, const char*)) {
 
 const Libuvm* libuvm() { return state().opened ? &state().entries : nullptr; }
 
-uvm_backup cpu_backup_of(const std::string& backend) { return backend == "mmap" ? UVM_BACKUP_MMAP : UVM_BACKUP_HOST; }
+uvm_backup cpu_backup_of(CpuBackend backend) { return backend == CpuBackend::mmap ? UVM_BACKUP_MMAP : UVM_BACKUP_HOST; }
 
 ThreadState& thread_state() {
   thread_local ThreadState thread;
@@ -228,7 +326,7 @@ ThreadState& thread_state() {
   if (!started) {
     started = true;
     const char* backend = std::getenv("TMS_INIT_CPU_BACKUP_BACKEND");
-    thread.cpu_backup_backend = backend != nullptr && !std::strcmp(backend, "mmap") ? "mmap" : "pinned";
+    thread.cpu_backup_backend = backend != nullptr && !std::strcmp(backend, "mmap") ? CpuBackend::mmap : CpuBackend::pinned;
     thread.inside_region = env_flag("TMS_INIT_ENABLE");
     if (thread.inside_region && libuvm() != nullptr) {
       libuvm()->set_thread_tag("default");
@@ -245,36 +343,36 @@ using namespace uvm_preload;
 
 extern "C" {
 
+// No C++ exception leaves an entry: the catch-alls answer as the runtime would with no host memory.
 UVM_API cudaError_t cudaMalloc(void** ptr, size_t size) {
-  if (thread_state().inside_region) return allocate_in_region(ptr, size);
-  const Malloc real = runtime_malloc.get();
-  return real != nullptr ? real(ptr, size) : cudaErrorInitializationError;
+  try {
+    if (thread_state().inside_region) return allocate_in_region(ptr, size);
+    const Malloc real = runtime_malloc.get();
+    return real != nullptr ? real(ptr, size) : cudaErrorInitializationError;
+  } catch (...) {
+    return cudaErrorMemoryAllocation;
+  }
 }
 
 UVM_API cudaError_t cudaFree(void* ptr) {
-  if (ptr != nullptr) {
-    std::pair<size_t, int> found{};
-    bool ours = false;
-    {
-      std::lock_guard<std::mutex> hold(state().lock);
-      if (auto it = state().handed.find(ptr); it != state().handed.end()) {
-        found = it->second;
-        state().handed.erase(it);
-        ours = true;
+  try {
+    if (ptr != nullptr) {
+      Handed found{};
+      bool ours = false;
+      {
+        std::lock_guard<std::mutex> hold(state().lock);
+        if (auto it = state().handed.find(ptr); it != state().handed.end()) {
+          found = it->second;
+          ours = true;
+        }
       }
+      if (ours) return free_handed(ptr, found);
     }
-    if (ours) {
-      const Libuvm& lib = state().entries;
-      lib.clear_last_error();
-      lib.free(ptr, found.first, found.second, nullptr);
-      if (lib.last_status() == UVM_OK) return cudaSuccess;
-      std::fprintf(stderr, "uvm preload (pid %d): cudaFree(%p): %s\n", static_cast<int>(getpid()), ptr,
-                   lib.last_error());
-      return cudaErrorInvalidValue;
-    }
+    const Free real = runtime_free.get();
+    return real != nullptr ? real(ptr) : cudaErrorInitializationError;
+  } catch (...) {
+    return cudaErrorUnknown;
   }
-  const Free real = runtime_free.get();
-  return real != nullptr ? real(ptr) : cudaErrorInitializationError;
 }
 
 // This library's own cudaMalloc: taking &cudaMalloc here would give whichever definition the
@@ -301,6 +399,14 @@ UVM_API uvm_status uvm_preload_set_region(int inside) {
 
 UVM_API int uvm_preload_get_region(void) { return thread_state().inside_region ? 1 : 0; }
 
+UVM_API uvm_status uvm_preload_set_region_device(int device) {
+  if (device < 0 && device != UVM_ANY_DEVICE) return UVM_ERROR_INVALID_ARGUMENT;
+  thread_state().region_device = device;
+  return UVM_OK;
+}
+
+UVM_API int uvm_preload_get_region_device(void) { return thread_state().region_device; }
+
 UVM_API uvm_status uvm_preload_pause(const char* tag) {
   return libuvm() ? for_tags(tag, libuvm()->pause) : UVM_ERROR_UNSUPPORTED;
 }
@@ -315,7 +421,7 @@ UVM_API const char* uvm_preload_tag_name(size_t index) {
 }
 
 UVM_API size_t uvm_preload_live_allocations(void) {
-  std::lock_guard<std::mutex> hold(state().lock);
+  std::lock_guard<std::mutex> hold(state().lock);  // std::mutex::lock throws only on a broken mutex
   return state().handed.size();
 }
 

@@ -27,20 +27,27 @@ struct Libuvm {
   uvm_status (*get_staged_copy)(const void*, size_t, const void**) = nullptr;
   uvm_status (*set_disk_backup_dir)(const char*) = nullptr;
   uvm_status (*release_staging)(void) = nullptr;
+  int (*last_cuda_error)(void) = nullptr;
+  uvm_status (*allocation_info)(const void*, void**, size_t*, int*) = nullptr;
 };
 
 // The entries, or nullptr when libuvm could not be opened (uvm_preload_load_error says why).
 const Libuvm* libuvm();
 
+// Where a CPU backup is kept: pinned (uvm's staging memory) or mmap'ed pageable memory.
+enum class CpuBackend { pinned, mmap };
+
 // A thread's region state. It starts from torch_memory_saver's environment (TMS_INIT_*), applied
-// at the thread's first call into this library, before anything reads or sets it.
+// at the thread's first call into this library, before anything reads or sets it. Nothing in it
+// allocates, so that starting it never throws.
 struct ThreadState {
   bool inside_region = false;
-  std::string cpu_backup_backend;  // "pinned" or "mmap": kept while the backup is off, as the original's
+  int region_device = UVM_ANY_DEVICE;  // the one device a region's cudaMalloc may allocate on
+  CpuBackend cpu_backup_backend = CpuBackend::pinned;  // kept while the backup is off, as the original's
 };
 ThreadState& thread_state();
 
 // The backup a host copy of `backend` means.
-uvm_backup cpu_backup_of(const std::string& backend);
+uvm_backup cpu_backup_of(CpuBackend backend);
 
 }  // namespace uvm_preload

@@ -2,19 +2,25 @@
 // tms_pause from the process's global symbols; slime reads tms_get_interesting_region). Each is
 // one line over uvm's thread state and uvm_preload.h; they return what the original's return.
 #include <cstring>
-#include <string>
 
 #include "interposer.hpp"
 #include "uvm_preload.h"
 
+using uvm_preload::CpuBackend;
 using uvm_preload::libuvm;
 using uvm_preload::thread_state;
 
 namespace {
 
-uvm_backup current_backup() { return libuvm() ? libuvm()->get_thread_backup() : UVM_BACKUP_NONE; }
+// Both start the thread's state first: a thread's first call may be a setting, which its start from
+// TMS_INIT_ENABLE_CPU_BACKUP must come before, not overwrite.
+uvm_backup current_backup() {
+  thread_state();
+  return libuvm() ? libuvm()->get_thread_backup() : UVM_BACKUP_NONE;
+}
 
 void set_backup(uvm_backup backup) {
+  thread_state();
   if (libuvm()) libuvm()->set_thread_backup(backup);
 }
 
@@ -33,11 +39,12 @@ UVM_API void tms_set_current_tag(const char* tag) {
   if (libuvm()) libuvm()->set_thread_tag(tag);
 }
 
-// The original's tag starts as "default"; uvm's is unset until a region sets it.
+// The original's tag starts as "default"; uvm's is "" until set, and a region's allocation made
+// untagged is made under "default" (interposer.cpp, allocate_in_region).
 UVM_API const char* tms_get_current_tag() {
   thread_state();
   const char* tag = libuvm() ? libuvm()->get_thread_tag() : nullptr;
-  return tag != nullptr ? tag : "default";
+  return tag != nullptr && *tag != '\0' ? tag : "default";
 }
 
 UVM_API void tms_set_enable_cpu_backup(bool enable) {
@@ -53,17 +60,17 @@ UVM_API bool tms_get_enable_cpu_backup() {
 
 // A host copy kept pinned or mmap'ed: remembered while the copy is off, applied when it is on.
 UVM_API void tms_set_cpu_backup_backend(const char* backend) {
-  const std::string chosen = backend != nullptr && !std::strcmp(backend, "mmap") ? "mmap" : "pinned";
+  const CpuBackend chosen = backend != nullptr && !std::strcmp(backend, "mmap") ? CpuBackend::mmap : CpuBackend::pinned;
   thread_state().cpu_backup_backend = chosen;
   if (is_cpu_backup(current_backup())) set_backup(uvm_preload::cpu_backup_of(chosen));
 }
 
 UVM_API const char* tms_get_cpu_backup_backend() {
-  const std::string& remembered = thread_state().cpu_backup_backend;
+  const CpuBackend remembered = thread_state().cpu_backup_backend;
   const uvm_backup now = current_backup();
   if (now == UVM_BACKUP_MMAP) return "mmap";
   if (now == UVM_BACKUP_HOST) return "pinned";
-  return remembered == "mmap" ? "mmap" : "pinned";
+  return remembered == CpuBackend::mmap ? "mmap" : "pinned";
 }
 
 UVM_API void tms_set_enable_disk_backup(bool enable) {

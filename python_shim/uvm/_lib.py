@@ -97,6 +97,7 @@ SIGNATURES = {
     "uvm_last_error": (ctypes.c_char_p, []),
     "uvm_last_status": (_int, []),
     "uvm_last_error_index": (ctypes.c_int64, []),
+    "uvm_last_cuda_error": (ctypes.c_int, []),
     "uvm_clear_last_error": (None, []),
     "uvm_version": (ctypes.c_char_p, []),
     "uvm_option_count": (_int, []),

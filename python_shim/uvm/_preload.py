@@ -123,6 +123,8 @@ _SIGNATURES = {  # torch_memory_saver's declarations of its C names, and the int
     "uvm_preload_libuvm_path": (ctypes.c_char_p, []),
     "uvm_preload_set_region": (ctypes.c_int, [ctypes.c_int]),
     "uvm_preload_get_region": (ctypes.c_int, []),
+    "uvm_preload_set_region_device": (ctypes.c_int, [ctypes.c_int]),
+    "uvm_preload_get_region_device": (ctypes.c_int, []),
     "uvm_preload_pause": (ctypes.c_int, [ctypes.c_char_p]),
     "uvm_preload_resume": (ctypes.c_int, [ctypes.c_char_p]),
     "uvm_preload_tag_name": (ctypes.c_char_p, [ctypes.c_size_t]),

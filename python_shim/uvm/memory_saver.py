@@ -20,7 +20,8 @@ Two hook modes, as the original's. "torch": a region's tensors reach uvm through
 uvm's allocator. "preload": the process was started with uvm's cudaMalloc interposer in LD_PRELOAD
 (`with configure_subprocess(): start the process`; include/uvm_preload.h), and every cudaMalloc a
 thread makes inside a region becomes a uvm allocation, whoever calls it; each region still gets a
-torch MemPool of its own (torch's allocator) so that cached blocks never cross regions. The mode is
+torch MemPool of its own (torch's allocator) so that cached blocks never cross regions (a tensor
+on another device than the region's is refused: it would land in that device's default pool). The mode is
 "preload" in a process that preloads the interposer and "torch" in any other, unless set. In preload
 mode, TMS_INIT_ENABLE=1 (and TMS_INIT_ENABLE_CPU_BACKUP, TMS_INIT_CPU_BACKUP_BACKEND) start every
 thread inside a region with tag "default", as the original. `import uvm.memory_saver` needs no
@@ -72,19 +73,25 @@ def _options_region_config(tag: str, enable_cpu_backup: bool, cpu_backup_backend
 
 
 @contextlib.contextmanager
-def _inside_region(inside: bool):
+def _inside_region(inside: bool, device: int | None = None):
     """This thread's cudaMalloc calls go to uvm (True) or to the runtime (False) inside, in preload
-    mode; nothing in torch mode, where the pool decides."""
+    mode; nothing in torch mode, where the pool decides. `device`: the region's pool's device, the
+    only one its cudaMalloc may allocate on (torch would put another device's memory in that
+    device's default pool, outside the region: the interposer refuses it, naming both)."""
     process = _preload.in_process() if _state.mode() == "preload" else None
     if process is None:
         yield
         return
     previous = process.uvm_preload_get_region()  # first: the thread's TMS_INIT_* state is applied then
+    previous_device = process.uvm_preload_get_region_device()
     process.uvm_preload_set_region(1 if inside else 0)
+    if device is not None:
+        _lib.check(process.uvm_preload_set_region_device(device))
     try:
         yield
     finally:
         process.uvm_preload_set_region(previous)
+        process.uvm_preload_set_region_device(previous_device)
 
 
 def _check_preload_settings(backing: str) -> None:
@@ -289,7 +296,7 @@ class TorchMemorySaver:
         backend = (cpu_backup_backend or _default_cpu_backup_backend()) if enable_cpu_backup else ""
         key = (tag, bool(enable_cpu_backup), bool(enable_disk_backup), backend, torch.cuda.current_device())
         pool = _state.pool(_state.region_pools, key)
-        with _state.open_region(), torch.cuda.use_mem_pool(pool), _inside_region(True), _region_config(tag, kind):
+        with _state.open_region(), torch.cuda.use_mem_pool(pool), _inside_region(True, key[-1]), _region_config(tag, kind):
             yield
 
     @contextlib.contextmanager
@@ -308,7 +315,7 @@ class TorchMemorySaver:
         if _state.mode() == "preload":  # the interposer records the tags it allocates under
             with _state.open_region(), torch.cuda.graph(cuda_graph, pool=pool, stream=stream,
                                                         capture_error_mode=capture_error_mode):
-                with _inside_region(True), _region_config(tag, kind):
+                with _inside_region(True, torch.cuda.current_device()), _region_config(tag, kind):
                     yield
             return
         # The graph captures into the uvm pool of its tag, whatever `pool` says: graphs of one tag

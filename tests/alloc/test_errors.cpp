@@ -1,4 +1,6 @@
 // Status strings, the thread-local last error, and what failure messages name.
+#include <cuda.h>
+
 #include <cstring>
 #include <thread>
 
@@ -107,4 +109,23 @@ TEST_CASE("messages print device sentinels by name and batched calls by count; t
   CHECK_THAT(last_error(), Has("uvm_malloc(size=1048576, device=-1)"));
   CHECK(uvm_last_error_index() == -1);  // a later failure not tied to a range resets it
   uvm_free(managed, 1 << 16, 0, nullptr);
+}
+
+TEST_CASE("the CUDA error behind a failure is kept for callers that answer in CUDA's terms", "[errors]") {
+  FakeMachine machine;
+  CHECK(uvm_last_cuda_error() == 0);
+  fake::fail_next("cudaMallocManaged", cudaErrorLaunchFailure);  // a runtime call's error
+  CHECK(uvm_malloc(1 << 20, 0, nullptr) == nullptr);
+  CHECK(uvm_last_status() == UVM_ERROR_CUDA);
+  CHECK(uvm_last_cuda_error() == cudaErrorLaunchFailure);
+  fake::fail_next("cuMemCreate", cudaErrorInvalidValue);  // the double answers CUDA_ERROR_INVALID_VALUE
+  CHECK(uvm_malloc_releasable(1 << 21, 0, nullptr) == nullptr);
+  CHECK(uvm_last_cuda_error() == CUDA_ERROR_INVALID_VALUE);
+  CHECK(uvm_malloc(4096, 7, nullptr) == nullptr);  // uvm's own refusal: no CUDA error behind it
+  CHECK(uvm_last_status() == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK(uvm_last_cuda_error() == 0);
+  fake::fail_next("cudaMallocManaged", cudaErrorLaunchFailure);
+  CHECK(uvm_malloc(1 << 20, 0, nullptr) == nullptr);
+  uvm_clear_last_error();
+  CHECK(uvm_last_cuda_error() == 0);
 }

@@ -255,3 +255,30 @@ TEST_CASE("a free gives its memory back whatever the spare limit; bad arguments 
   CHECK_THAT(last_error(), Has("uvm_get_spare_limit(device=0)") && Has("bytes is NULL"));
   CHECK(cudaPeekAtLastError() == cudaSuccess);
 }
+
+TEST_CASE("a free whose wait for the device fails leaves the allocation for a second free", "[releasable][errors]") {
+  // Issue 57: the allocation was forgotten before the wait, so a sticky error there leaked its
+  // address range and physical memory (nothing could free them any more).
+  FakeMachine machine;
+  const size_t reservations = fake::live_reservations(), physical = fake::physical_bytes();
+  void* p = uvm_malloc_releasable(2 << 20, 0, nullptr);
+  REQUIRE(p != nullptr);
+  fake::fail_next("cudaDeviceSynchronize", cudaErrorLaunchFailure);
+  uvm_free(p, 2 << 20, 0, nullptr);
+  CHECK(uvm_last_status() == UVM_ERROR_CUDA);
+  CHECK(uvm_last_cuda_error() == cudaErrorLaunchFailure);
+  CHECK_THAT(last_error(), Has("cudaDeviceSynchronize before unmapping failed: cudaErrorLaunchFailure"));
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  void* base = nullptr;
+  size_t size = 0;
+  int device = -1;
+  CHECK(uvm_allocation_info(p, &base, &size, &device) == UVM_OK);  // still uvm's, whole
+  CHECK((base == p && size == (2u << 20) && device == 0));
+  CHECK(fake::live_reservations() == reservations + 1);
+  uvm_clear_last_error();
+  uvm_free(p, 2 << 20, 0, nullptr);
+  CHECK(uvm_last_status() == UVM_OK);
+  CHECK(fake::live_reservations() == reservations);
+  CHECK(fake::physical_bytes() == physical);
+  CHECK(uvm_allocation_info(p, &base, &size, &device) != UVM_OK);
+}

@@ -311,7 +311,9 @@ cudaError_t prefetch_to(const void* ptr, size_t size, int where, unsigned int fl
 bool injected_driver(World& w, const char* call, CUresult* result) {
   auto it = w.injected.find(call);
   if (it == w.injected.end()) return false;
-  *result = it->second == cudaErrorMemoryAllocation ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_INVALID_VALUE;
+  // The driver's code for the runtime's: the numbers match except out of memory (2 and 2 differ in
+  // name only; both are CUDA_ERROR_OUT_OF_MEMORY here).
+  *result = it->second == cudaErrorMemoryAllocation ? CUDA_ERROR_OUT_OF_MEMORY : static_cast<CUresult>(it->second);
   w.injected.erase(it);
   return true;
 }
@@ -791,6 +793,23 @@ cudaError_t cudaMallocManaged(void** ptr, size_t size, unsigned int flags) {
   if (flags != cudaMemAttachGlobal) return set_error(cudaErrorInvalidValue);
   const int device = ensure_context(w);
   void* memory = std::aligned_alloc(256, (size + 255) / 256 * 256);
+  if (memory == nullptr) return set_error(cudaErrorMemoryAllocation);
+  w.allocations[reinterpret_cast<uintptr_t>(memory)] = Allocation{size, {}};
+  log(w, fake::OpKind::malloc, memory, size, device, nullptr);
+  *ptr = memory;
+  return cudaSuccess;
+}
+
+// Plain device memory, as the preload interposer's tests reach it (uvm itself never calls it): kept
+// in host memory like managed memory, logged as a malloc of the current device.
+cudaError_t cudaMalloc(void** ptr, size_t size) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  cudaError_t error;
+  if (injected(w, "cudaMalloc", &error)) return error;
+  if (ptr == nullptr) return set_error(cudaErrorInvalidValue);
+  const int device = ensure_context(w);
+  void* memory = std::aligned_alloc(256, (size + 255) / 256 * 256 + 256);
   if (memory == nullptr) return set_error(cudaErrorMemoryAllocation);
   w.allocations[reinterpret_cast<uintptr_t>(memory)] = Allocation{size, {}};
   log(w, fake::OpKind::malloc, memory, size, device, nullptr);

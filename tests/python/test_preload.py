@@ -168,6 +168,30 @@ print("ok")
     assert python(code, env=env).stdout.strip() == "ok"
 
 
+def test_a_threads_tag_starts_as_default_and_its_first_setting_is_kept(interposer):
+    """Issue 57 item 4: tms_get_current_tag() said "" where the original says "default" (so a C caller's
+    region allocation had no tag and tms_pause("default") paused nothing), and a thread's first call
+    tms_set_enable_cpu_backup(False) was overridden by TMS_INIT_ENABLE_CPU_BACKUP at its next call."""
+    code = r"""
+import threading
+from uvm.memory_saver import torch_memory_saver as saver
+cdll = saver._impl._binary_wrapper.cdll
+seen = {}
+def fresh_thread():
+    cdll.tms_set_enable_cpu_backup(False)
+    seen["backup"] = cdll.tms_get_enable_cpu_backup()
+    seen["tag"] = cdll.tms_get_current_tag()
+thread = threading.Thread(target=fresh_thread)
+thread.start()
+thread.join()
+print(seen)
+"""
+    env = {**interposer, "TMS_INIT_ENABLE": "1", "TMS_INIT_ENABLE_CPU_BACKUP": "1"}
+    assert python(code, env=env).stdout.strip() == "{'backup': False, 'tag': b'default'}"
+    unset = python(code.replace("cdll.tms_set_enable_cpu_backup(False)", "pass"), env=interposer).stdout.strip()
+    assert unset == "{'backup': False, 'tag': b'default'}"
+
+
 def test_hook_mode_follows_the_process_and_preload_elsewhere_names_configure_subprocess(interposer):
     code = r"""
 import sys

@@ -1,6 +1,7 @@
 #include "vmm.hpp"
 
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "devices.hpp"
@@ -19,6 +20,8 @@ struct VmmApi {
   CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long) = nullptr;
   CUresult (*unmap)(CUdeviceptr, size_t) = nullptr;
   CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
+  CUresult (*device_get)(CUdevice*, int) = nullptr;                             // optional: for
+  CUresult (*device_attribute)(int*, CUdevice_attribute, CUdevice) = nullptr;  // rdma_capable only
   bool available = false;
 };
 
@@ -31,9 +34,32 @@ const VmmApi& vmm_api() {
                    resolve_driver("cuMemCreate", &a->create) && resolve_driver("cuMemRelease", &a->release) &&
                    resolve_driver("cuMemMap", &a->map) && resolve_driver("cuMemUnmap", &a->unmap) &&
                    resolve_driver("cuMemSetAccess", &a->set_access);
+    if (!resolve_driver("cuDeviceGet", &a->device_get) || !resolve_driver("cuDeviceGetAttribute", &a->device_attribute)) {
+      a->device_get = nullptr;
+      a->device_attribute = nullptr;
+    }
     return a;
   }();
   return *api;
+}
+
+// Whether the device lets a NIC register VMM memory (GPUDirect RDMA), asked once per device: where it
+// does, releasable memory asks for it, as torch_memory_saver's does, so that NIXL, Mooncake or NCCL
+// over InfiniBand can register tensors made in a region.
+bool rdma_capable(int device) {
+  static std::mutex lock;
+  static auto* known = new std::unordered_map<int, bool>;  // never destroyed: frees run at exit
+  std::lock_guard<std::mutex> hold(lock);
+  if (auto it = known->find(device); it != known->end()) return it->second;
+  const VmmApi& api = vmm_api();
+  CUdevice handle = 0;
+  int value = 0;
+  const bool capable = api.device_attribute != nullptr && api.device_get(&handle, device) == CUDA_SUCCESS &&
+                       api.device_attribute(&value, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+                                            handle) == CUDA_SUCCESS &&
+                       value != 0;
+  known->emplace(device, capable);
+  return capable;
 }
 
 CUmemAllocationProp device_memory(int device) {
@@ -41,6 +67,7 @@ CUmemAllocationProp device_memory(int device) {
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = device;
+  prop.allocFlags.gpuDirectRDMACapable = rdma_capable(device) ? 1 : 0;
   return prop;
 }
 

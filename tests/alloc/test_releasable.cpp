@@ -282,3 +282,15 @@ TEST_CASE("a free whose wait for the device fails leaves the allocation for a se
   CHECK(fake::physical_bytes() == physical);
   CHECK(uvm_allocation_info(p, &base, &size, &device) != UVM_OK);
 }
+
+TEST_CASE("releasable memory is GPUDirect RDMA capable where the device supports it", "[releasable]") {
+  // Issue 57 item 9: the flag was never set, so a NIC could not register region tensors where the
+  // original's could. The double's device 0 supports it, device 1 does not.
+  FakeMachine machine;
+  for (int device : {0, 1}) {
+    void* p = uvm_malloc_releasable(2 << 20, device, nullptr);
+    REQUIRE(p != nullptr);
+    CHECK(fake::last_created_rdma_capable() == (device == 0));
+    uvm_free(p, 2 << 20, device, nullptr);
+  }
+}

@@ -38,6 +38,8 @@ void reserve_next_at(const void* address);
 // Physical memory created (cuMemCreate) and not given back, mapped or not: handles and bytes.
 size_t physical_handles();
 size_t physical_bytes();
+// Whether the last physical memory created (cuMemCreate) asked to be GPUDirect RDMA capable.
+bool last_created_rdma_capable();
 
 // What a logged call did. An enum, not a string, so that a test naming an op that does not exist
 // fails to compile instead of finding none (and passing a check that none happened).

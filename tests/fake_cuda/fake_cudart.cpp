@@ -83,6 +83,7 @@ struct World {
   void* next_reservation_at = nullptr;  // reserve_next_at
   std::map<CUmemGenericAllocationHandle, size_t> handles;
   CUmemGenericAllocationHandle next_handle = 1;
+  bool last_created_rdma_capable = false;
 };
 
 World& world() {
@@ -207,6 +208,13 @@ CUresult fake_ctx_set_current(CUcontext ctx) {
 CUresult fake_device_get(CUdevice* device, int ordinal) {
   if (ordinal < 0 || ordinal >= kDeviceCount) return CUDA_ERROR_INVALID_DEVICE;
   *device = ordinal;
+  return CUDA_SUCCESS;
+}
+// Device 0 can register VMM memory with a NIC (GPUDirect RDMA); the others cannot.
+CUresult fake_device_get_attribute(int* value, CUdevice_attribute attribute, CUdevice device) {
+  if (device < 0 || device >= kDeviceCount) return CUDA_ERROR_INVALID_DEVICE;
+  if (attribute != CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED) return CUDA_ERROR_INVALID_VALUE;
+  *value = device == 0 ? 1 : 0;
   return CUDA_SUCCESS;
 }
 CUresult fake_primary_ctx_retain(CUcontext* ctx, CUdevice device) {
@@ -368,6 +376,7 @@ CUresult fake_mem_create(CUmemGenericAllocationHandle* handle, size_t size, cons
   if (size % kGranularity || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
   *handle = w.next_handle++;
   w.handles[*handle] = size;
+  w.last_created_rdma_capable = prop->allocFlags.gpuDirectRDMACapable != 0;
   log(w, fake::OpKind::vmm_create, nullptr, size, prop->location.id, nullptr);
   return CUDA_SUCCESS;
 }
@@ -491,6 +500,7 @@ cudaError_t entry_point(const char* symbol, void** fn, cudaDriverEntryPointQuery
     if (!std::strcmp(symbol, "cuCtxGetCurrent")) *fn = reinterpret_cast<void*>(&fake_ctx_get_current);
     if (!std::strcmp(symbol, "cuCtxSetCurrent")) *fn = reinterpret_cast<void*>(&fake_ctx_set_current);
     if (!std::strcmp(symbol, "cuDeviceGet")) *fn = reinterpret_cast<void*>(&fake_device_get);
+    if (!std::strcmp(symbol, "cuDeviceGetAttribute")) *fn = reinterpret_cast<void*>(&fake_device_get_attribute);
     if (!std::strcmp(symbol, "cuDevicePrimaryCtxRetain")) *fn = reinterpret_cast<void*>(&fake_primary_ctx_retain);
     const std::pair<const char*, void*> vmm[] = {
         {"cuGetErrorName", reinterpret_cast<void*>(&fake_get_error_name)},
@@ -641,6 +651,11 @@ size_t live_reservations() {
 size_t physical_handles() {
   std::lock_guard<std::mutex> lock(world().mutex);
   return world().handles.size();
+}
+
+bool last_created_rdma_capable() {
+  std::lock_guard<std::mutex> lock(world().mutex);
+  return world().last_created_rdma_capable;
 }
 
 size_t physical_bytes() {

@@ -2,6 +2,8 @@
 // memory back to the driver: cudaMemGetInfo counts it free at once and a plain cudaMalloc of it
 // succeeds; onload maps memory again at the same address and the bytes come back exactly, the
 // neighbouring allocation untouched. Sizes stay far below a quarter of the card.
+#include <cuda.h>
+
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -241,4 +243,30 @@ TEST_CASE("a tag moves in one call: offload frees its memory, onload brings ever
   CHECK(neighbour.holds(expect_neighbour));
   CUDA_REQUIRE(cudaStreamDestroy(stream));
   CHECK(cudaPeekAtLastError() == cudaSuccess);
+}
+
+TEST_CASE("releasable memory is GPUDirect RDMA capable where GPU 0 supports it with VMM", "[release][gpu]") {
+  // Issue 57 item 9: as torch_memory_saver's, so that a NIC can register a region's tensors.
+  using DeviceGet = CUresult (*)(CUdevice*, int);
+  using DeviceAttribute = CUresult (*)(int*, CUdevice_attribute, CUdevice);
+  using RetainHandle = CUresult (*)(CUmemGenericAllocationHandle*, void*);
+  using PropertiesOf = CUresult (*)(CUmemAllocationProp*, CUmemGenericAllocationHandle);
+  using Release = CUresult (*)(CUmemGenericAllocationHandle);
+  const auto device_get = reinterpret_cast<DeviceGet>(gpu::driver_entry_point("cuDeviceGet"));
+  const auto device_attribute = reinterpret_cast<DeviceAttribute>(gpu::driver_entry_point("cuDeviceGetAttribute"));
+  const auto retain = reinterpret_cast<RetainHandle>(gpu::driver_entry_point("cuMemRetainAllocationHandle"));
+  const auto properties_of = reinterpret_cast<PropertiesOf>(gpu::driver_entry_point("cuMemGetAllocationPropertiesFromHandle"));
+  const auto release = reinterpret_cast<Release>(gpu::driver_entry_point("cuMemRelease"));
+  CUdevice device = 0;
+  REQUIRE(device_get(&device, 0) == CUDA_SUCCESS);
+  int supported = -1;
+  REQUIRE(device_attribute(&supported, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, device) == CUDA_SUCCESS);
+  Releasable memory(2 * MiB);
+  CUmemGenericAllocationHandle handle = 0;
+  REQUIRE(retain(&handle, memory.ptr) == CUDA_SUCCESS);
+  CUmemAllocationProp prop{};
+  CHECK(properties_of(&prop, handle) == CUDA_SUCCESS);
+  CHECK(release(handle) == CUDA_SUCCESS);  // the reference retain took
+  INFO("CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED = " << supported);
+  CHECK(prop.allocFlags.gpuDirectRDMACapable == (supported != 0 ? 1 : 0));
 }

@@ -28,6 +28,8 @@
 #                                "--ram-disk 12 --disk-only --disk-rounds 4": a RAM-backed loop disk)
 #   SOAK=1                       runs bench/soak_bench.py: SOAK_CYCLES (default 500) sleep/wake cycles
 #                                through uvm.memory_saver, SOAK_MIB (default 128) MiB per region
+#   TESTS_BEFORE="DIR tests"     runs this tree's pytest tests (file::name ...) against the older tree in DIR
+#                                (an older commit's files, e.g. from `git archive`): a fix's tests must fail there
 #   POOLS_BEFORE=DIR             runs tests/python/test_pools_gpu.py against the older tree in DIR too
 #                                (it must fail there: the pools it checks kept their memory)
 #   RL_BENCH=1                   runs the sleep/wake cycle benchmark (python -m uvm bench rl);
@@ -215,6 +217,17 @@ if [ "${SOAK:-0}" = 1 ]; then
   python3 bench/soak_bench.py --cycles "${SOAK_CYCLES:-500}" --weights-mib "${SOAK_MIB:-128}" \
     --dir "${SOAK_DIR:-/var/tmp/uvm-soak}" --out "$OUT/soak" | tee "$OUT/soak.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if [ -n "${TESTS_BEFORE:-}" ]; then
+  # TESTS_BEFORE="DIR file::test ..." runs this tree's versions of those tests (their files and
+  # conftest.py copied over) against the older tree in DIR: a fix's new tests must fail there.
+  read -r before_dir before_tests <<<"$TESTS_BEFORE"
+  echo "== this tree's tests against the tree in $before_dir (they must fail there): $before_tests"
+  mkdir -p "$before_dir/tests/python"
+  cp tests/python/*.py "$before_dir/tests/python/"
+  (cd "$before_dir" && UVM_TEST_FROM_TREE=1 UVM_CACHE_DIR=/tmp/uvm-cache-before python3 -m pytest $before_tests -v \
+    -p no:cacheprovider 2>&1 | tee "$OUT/tests_before.log" | grep -E "PASSED|FAILED|ERROR|passed|failed" | cut -c1-240 | head -n 40)
 fi
 
 if [ -n "${POOLS_BEFORE:-}" ]; then

@@ -34,7 +34,7 @@ import ctypes
 import os
 import threading
 
-from . import _lib, _preload
+from . import _lib, _pools, _preload
 
 _DEFAULT_TAG = "default"
 _MAX_TAG_LENGTH = 63  # UVM_TAG_MAX_LENGTH
@@ -190,11 +190,6 @@ class _State:
         self.region_pools = PoolsByRegion(self.lock)
         self.graph_pools: dict[tuple, object] = {}
         self.tags: set[str] = set()
-        # torch refuses to destroy a MemPool while any thread allocates to a pool (its assert
-        # "captures_underway.empty()" aborts the process), so disable()'s pools wait here until no
-        # region is open.
-        self.open_regions = 0
-        self.retired_pools: list = []
         self.backing = "releasable"
         self.hook_mode: str | None = None  # chosen at the first use unless set (TorchMemorySaver.hook_mode)
         self.retain_read = False  # env TMS_RETAIN_CPU_BACKUP applied (at the first use of the library)
@@ -239,19 +234,12 @@ class _State:
                     _lib.check(lib.uvm_set_retain_backups(1))
         return lib
 
-    @contextlib.contextmanager
-    def open_region(self):
-        """Counts the regions and captures open in the process; the last to close frees the pools
-        disable() retired meanwhile. Entered before, so left after, the pool it guards."""
-        with self.lock:
-            self.open_regions += 1
-        try:
-            yield
-        finally:
-            with self.lock:
-                self.open_regions -= 1
-                if self.open_regions == 0:
-                    self.retired_pools.clear()
+    @staticmethod
+    def open_region():
+        """A region, capture or disable() under way: torch aborts the process if any MemPool dies while
+        any thread allocates into a pool, so none dies meanwhile (uvm._pools.busy; the pools dropped
+        meanwhile die at the last one's end). Entered before, so left after, the pool it guards."""
+        return _pools.busy()
 
     def selected(self, tag: str | None) -> list[str]:
         """The tags pause(tag)/resume(tag) act on: those of regions, and in preload mode those the
@@ -324,23 +312,22 @@ class TorchMemorySaver:
         with _state.open_region(), uvm_tag(tag), _backup(kind):
             with torch.cuda.graph(cuda_graph, pool=ours.id, stream=stream, capture_error_mode=capture_error_mode):
                 yield
+            # The graph holds its pool for its life: a hold, not an allocation under way.
+            _pools.hold_for_graph(ours, cuda_graph)
 
     @contextlib.contextmanager
     def disable(self):
         """Tensors made inside use torch's own allocator, even within a region. Their pool's cached
-        memory is freed on exit, or once the last open region closes if one is open (torch cannot
-        free a pool while another is in use)."""
+        memory is freed on exit, or once the last open region, capture or disable() in any thread
+        ends (torch aborts the process if a pool dies while another is being allocated into)."""
         import torch
         from . import tag as uvm_tag
-        pool = torch.cuda.MemPool()
+        pools = [torch.cuda.MemPool()]
         try:
-            with uvm_tag(None), _inside_region(False), torch.cuda.use_mem_pool(pool):
+            with _state.open_region(), uvm_tag(None), _inside_region(False), torch.cuda.use_mem_pool(pools[0]):
                 yield
         finally:
-            with _state.lock:
-                if _state.open_regions:
-                    _state.retired_pools.append(pool)
-            del pool
+            _pools.retire(pools.pop())  # its last reference: it dies at a safe point
 
     def pause(self, tag: str | None = None) -> None:
         """Moves the memory of `tag` (None: every tag of a region) off the GPU and gives it back to

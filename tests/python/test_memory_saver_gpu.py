@@ -431,3 +431,55 @@ print("ok")
 """)
     assert not [f for f in os.listdir(disk_dir) if f.endswith(".backup")], "the process left its disk backups behind"
     assert not [f for f in os.listdir(disk_dir) if f.endswith(".lock")], "the process left its lock behind"
+
+
+def test_two_threads_in_disable_with_no_region_open_leave_in_any_order():
+    """Issue 57 item 5: disable() was not counted among open regions, so with none open the first
+    thread to leave destroyed its pool while the other still allocated into its own, and torch
+    aborted the process. Each thread's pool now dies at the end of the last one's."""
+    result = python(PRELUDE + r"""
+import threading
+entered, first_left = threading.Barrier(2), threading.Event()
+kept = {}
+def worker(name, leave_first):
+    with saver.disable():
+        kept[name] = torch.ones(1 << 20, device="cuda")
+        entered.wait()
+        if not leave_first:
+            first_left.wait()
+            kept[name + "-after"] = torch.ones(1 << 20, device="cuda")  # into its pool, the other's gone
+    if leave_first:
+        first_left.set()
+threads = [threading.Thread(target=worker, args=("a", True)), threading.Thread(target=worker, args=("b", False))]
+for t in threads: t.start()
+for t in threads: t.join()
+assert sorted(kept) == ["a", "b", "b-after"], kept
+assert uvm._pools.waiting() == 0
+print("ok")
+""", check=False)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stdout + result.stderr
+
+
+def test_a_dropped_uvm_pool_goes_back_while_a_memory_saver_cuda_graph_lives():
+    """Issue 57 item 6: a memory_saver CUDA graph holds its pool for the graph's life, which counted as
+    an allocation under way, so every uvm pool dropped afterwards waited for the rest of the process."""
+    run(r"""
+import gc
+graph = torch.cuda.CUDAGraph()
+x = torch.ones(1 << 20, device="cuda")
+stream = torch.cuda.Stream()
+with torch.cuda.stream(stream):
+    y = x * 2  # warm-up outside the capture
+torch.cuda.synchronize()
+with saver.cuda_graph(graph, tag="graph"):
+    y = x * 2
+graph.replay()
+pool = uvm.create_unified_mempool()
+with torch.cuda.use_mem_pool(pool):
+    t = torch.empty(8 * MiB, dtype=torch.uint8, device="cuda")
+del t, pool
+gc.collect()
+assert uvm._pools.waiting() == 0, f"{uvm._pools.waiting()} dropped pools wait"
+del graph
+print("ok")
+""")

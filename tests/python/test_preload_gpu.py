@@ -195,3 +195,45 @@ def test_no_region_behaves_as_without_the_interposer():
     without = json.loads(child(NO_REGION, preload=False).strip().splitlines()[-1])
     assert with_it == without
     assert with_it["interposed"] == 0
+
+
+def test_a_c_callers_region_allocation_is_paused_by_the_default_tag():
+    """Issue 57 item 4 on the GPU: tms_set_interesting_region(1), cudaMalloc, tms_pause("default") as a C
+    program calls them through the process's symbols (the original's tag starts as "default")."""
+    out = child(r"""
+import uvm
+torch.cuda.init()
+process.tms_set_interesting_region(True)
+pointer = ctypes.c_void_p()
+assert process.cudaMalloc(ctypes.byref(pointer), 4 * MiB) == 0
+process.tms_set_interesting_region(False)
+before = free()
+assert process.tms_pause(b"default") == 0
+print(json.dumps({"freed": free() - before, "paused": uvm.residency(tag="default")["released_bytes"]}))
+assert process.tms_resume(b"default") == 0
+assert process.cudaFree(pointer) == 0
+""")
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["paused"] >= 4 * (1 << 20), result
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (a region on cuda:0, a tensor on cuda:1)")
+def test_a_tensor_on_another_device_inside_a_region_is_refused_naming_both():
+    """Issue 57 item 8: it became a tagged segment of cuda:1's default pool; a later tensor outside any
+    region reused its block and pause(tag) unmapped it under that tensor (an illegal address)."""
+    out = child(r"""
+import subprocess
+with saver.region(tag="kv"):
+    kept = torch.ones(1 << 20, device="cuda:0")
+    try:
+        torch.empty(1 << 20, device="cuda:1")
+        print("allowed")
+    except RuntimeError as error:
+        print("refused", "invalid device" in str(error).lower())
+outside = torch.ones(1 << 20, device="cuda:1")
+saver.pause("kv")
+assert bool((outside == 1).all())  # untouched: never region memory
+saver.resume("kv")
+assert bool((kept == 1).all())
+""")
+    assert out.strip().splitlines()[0] == "refused True", out

@@ -223,7 +223,7 @@ def test_a_tensor_on_another_device_inside_a_region_is_refused_naming_both():
     region reused its block and pause(tag) unmapped it under that tensor (an illegal address)."""
     out = child(r"""
 import subprocess
-with saver.region(tag="kv"):
+with saver.region(tag="kv", enable_cpu_backup=True):
     kept = torch.ones(1 << 20, device="cuda:0")
     try:
         torch.empty(1 << 20, device="cuda:1")

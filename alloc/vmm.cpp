@@ -234,16 +234,9 @@ uvm_status vmm_allocate(const Call& call, size_t size, int device, void** out, M
     return fail_driver(call, r, "cuMemAddressReserve(%zu bytes)", m.reserved);
   }
   bool created = false;
-  uvm_status status = UVM_OK;
-  try {
-    status = map_physical(call, base, device, &m, &created);
-  } catch (...) {  // no host memory: the range goes back before the exception goes on (guarded)
+  if (uvm_status s = map_physical(call, base, device, &m, &created)) {  // allocates no host memory
     api.address_free(base, m.reserved);
-    throw;
-  }
-  if (status != UVM_OK) {
-    api.address_free(base, m.reserved);
-    return status;
+    return s;
   }
   *mapping = m;
   *out = reinterpret_cast<void*>(base);

@@ -1,17 +1,29 @@
-"""Mutation check: each mutant below survived the CPU suite once (or, for releasable memory, is a
-mistake its tests were written to catch); the tests that kill it now must fail when it is applied. Applies one at a time to the sources, rebuilds the test program in
-BUILD_DIR (default build), runs the named tests, and restores the source. Prints KILLED or
-SURVIVED per mutant; exits 1 if any survived.
+"""Mutation check: each mutant below survived the suite once, or is a mistake its tests were written
+to catch; the tests named with it must fail when it is applied. One at a time it changes the source,
+rebuilds what the tests need in BUILD (default build), runs them, and puts the source back. A mutant
+whose text no longer matches its source exactly once is STALE: the check fails, naming it, before
+anything is mutated. Prints KILLED or SURVIVED per mutant and the kill rate per room; exits 1 if any
+survived or is stale.
 
-    python3 scripts/mutants.py [BUILD_DIR]
+    python3 scripts/mutants.py [--build DIR] [--shard K/N | --shard today/N] [--only I,J,...] [--list]
+                               [--result FILE]
 
-MUTANT_FROM=i MUTANT_TO=j runs mutants i to j-1 only (their positions in MUTANTS), to rerun a few.
+--shard K/N runs the mutants whose position is K modulo N; today/N picks K from the date (days since
+1970 modulo N), so that N consecutive days run every mutant (scripts/test.sh runs today/4 in CI).
+--result writes the outcome as one line of JSON for scripts/summarize_tests.py.
+
+A mutant is (source, original text, mutated text, runner, selection); the texts may be tuples of
+several places changed together. The runner is a Catch2 program of BUILD/tests (the selection is its
+filter), "meson:NAME" (the meson test NAME, its environment included; the selection is unused), or
+"pytest" (the selection is pytest node ids, run against python_shim/ with UVM_TEST_FROM_TREE=1).
 """
+import argparse
+import json
 import os
 import subprocess
 import sys
+import time
 
-BUILD = sys.argv[1] if len(sys.argv) > 1 else "build"
 # (source, original text, mutated text, test program, Catch2 filter); the texts may be tuples
 # of several places changed together
 MUTANTS = [
@@ -65,7 +77,7 @@ MUTANTS = [
  # before its copies back; mapped all at once before them; released before its copies end.
  ("alloc/registry.cpp", "return allocation.host.total() + allocation.discarded.total() == allocation.size;",
   "return allocation.host.total() + allocation.discarded.total() > 0;", "hints_tests", "[release]"),
- ("offload/offload.cpp", "  return release_emptied(call, move.ranges, stream, done);", "  return UVM_OK;", "hints_tests", "[release]"),
+ ("offload/offload.cpp", "  return release_emptied(call, move.ranges, stream, *done);", "  return UVM_OK;", "hints_tests", "[release]"),
  ("offload/onload.cpp", "    if (!managed) {\n      if (uvm_status s = restore_one(call, allocation)) return s;\n    }\n", "", "hints_tests", "[release]"),
  ("offload/onload.cpp", "  if (move.ranges.empty()) return UVM_OK;\n  std::vector<StagedWork> all_staged, staged, kept;",
   "  if (move.ranges.empty()) return UVM_OK;\n  if (uvm_status s = restore_released(call, move.ranges)) return s;\n  std::vector<StagedWork> all_staged, staged, kept;",
@@ -90,7 +102,7 @@ MUTANTS = [
   "hints_tests", "[order]"),
  # A first offload pins all its staging memory before copying (UVM_PINNED unset: the registered
  # way); or copies across the end of a step (two registrations: cudaErrorInvalidValue on an H100).
- ("offload/offload.cpp", "staging().ensure_capacity(call, wanted, true, ahead)", "staging().ensure_capacity(call, wanted, false, ahead)",
+ ("offload/offload.cpp", "staging().ensure_capacity(call, wanted, true, ahead, &pinning)", "staging().ensure_capacity(call, wanted, false, ahead, &pinning)",
   "offload_tests", "[steps]"),
  ("offload/staging.cpp", "std::min({static_cast<size_t>(span.end - at), to_step_end, room(b)})",
   "std::min(static_cast<size_t>(span.end - at), room(b))", "offload_tests", "[steps]"),
@@ -188,31 +200,157 @@ MUTANTS = [
  ("offload/closer.cpp", "    for (size_t i = 0; i < taken; ++i) close(now[i]);",
   "    static int leak = 0;\n    for (size_t i = 0; i < taken; ++i) if (++leak % 10) close(now[i]);",
   "offload_tests", "[soak]"),
+ # Preload (issue 57), on the CUDA double (tests/preload): an untagged region allocation made untagged
+ # (tms_pause("default") pauses nothing); the CUDA error behind a failure replaced by uvm's status; a
+ # failed free that drops the record of an allocation uvm still has; a region's device not kept; the
+ # lock not taken across fork; an allocation that cannot be recorded neither given back nor refused.
+ ("preload/interposer.cpp", "  return tag != nullptr && *tag != '\\0' ? tag : \"default\";", "  return tag != nullptr ? tag : \"\";",
+  "meson:preload", ""),
+ ("preload/interposer.cpp", "  if (const int code = lib.last_cuda_error(); code != 0) return static_cast<cudaError_t>(code);\n", "",
+  "meson:preload", ""),
+ ("preload/interposer.cpp", "    still_uvms = lib.allocation_info(ptr, &base, &size, &device) == UVM_OK && base == ptr;",
+  "    still_uvms = false;", "meson:preload", ""),
+ ("preload/interposer.cpp", "  if (region_device != UVM_ANY_DEVICE && device != region_device) {", "  if (false) {",
+  "meson:preload", ""),
+ ("preload/interposer.cpp", "  pthread_atfork([] { state().lock.lock(); }, [] { state().lock.unlock(); }, [] { state().lock.unlock(); });\n",
+  "", "meson:preload", ""),
+ ("preload/interposer.cpp", ("  try {\n    std::lock_guard<std::mutex> hold(state().lock);\n    state().handed[allocated]",
+                             "  } catch (...) {  // no room to record it"),
+  ("  {\n    std::lock_guard<std::mutex> hold(state().lock);\n    state().handed[allocated]",
+   "  } if (false) {  // no room to record it"), "meson:preload", ""),
+ # libuvm's side of issue 57: a free forgets a releasable allocation before its wait (a sticky error
+ # leaks it); the CUDA error behind a failure is not kept; releasable memory never asks for GPUDirect
+ # RDMA.
+ ("alloc/malloc.cpp", "    if (s != UVM_OK) return s;  // still allocated: nothing was forgotten\n", "",
+  "alloc_tests", "[releasable]"),
+ ("alloc/errors.cpp", "    record(status, call.range_index, std::move(message), error);", "    record(status, call.range_index, std::move(message));",
+  "alloc_tests", "[errors]"),
+ ("alloc/vmm.cpp", "  prop.allocFlags.gpuDirectRDMACapable = rdma_capable(device) ? 1 : 0;\n", "", "alloc_tests", "[releasable]"),
+ # An allocation that cannot be recorded (no host memory) keeps its memory and the limit's room.
+ ("alloc/malloc.cpp", "    if (backing == Backing::releasable) (void)vmm_free(call, reinterpret_cast<uintptr_t>(ptr), &undo);\n    else if",
+  "    if (false) {}\n    else if", "meson:preload", ""),
+ # The Python shim: a refused preload mode recorded before its check (issue 57 item 1); a preloaded
+ # interposer that could not open libuvm not refused; the interposer's tms_* state started after a
+ # thread's first setting (item 4; the shim builds the interposer from preload/ in its cache).
+ ("python_shim/uvm/memory_saver.py", "                    _check_preload_settings(self.backing)\n                self.hook_mode = chosen",
+  "                    self.hook_mode = chosen\n                    _check_preload_settings(self.backing)\n                self.hook_mode = chosen",
+  "pytest", "tests/python/test_preload.py::test_the_preload_settings_refusal_holds_at_every_access"),
+ ("python_shim/uvm/memory_saver.py", "    if reason:\n        raise RuntimeError(f\"hook_mode 'preload': uvm's cudaMalloc interposer", "    if False:\n        raise RuntimeError(f\"hook_mode 'preload': uvm's cudaMalloc interposer",
+  "pytest", "tests/python/test_preload.py::test_a_process_that_cannot_open_libuvm_runs_and_fails_only_in_a_region_naming_why"),
+ ("preload/tms_names.cpp", "uvm_backup current_backup() {\n  thread_state();", "uvm_backup current_backup() {",
+  "pytest", "tests/python/test_preload.py::test_a_threads_tag_starts_as_default_and_its_first_setting_is_kept"),
+ # The runtime's functions looked for in the global scope only (libuvm's own runtime, loaded locally,
+ # is not found; issue 57 item 2).
+ ("preload/interposer.cpp", "  return search.found;\n}", "  return nullptr;\n}",
+  "pytest", "tests/python/test_preload.py::test_a_runtime_loaded_after_the_first_call_is_found"),
 ]
 TAG_ENV = {"[steps]": {"UVM_PINNED": ""}, "[env_malformed]": {"UVM_PINNED": "pinned"}, "[model]": {"UVM_MODEL_SEQUENCES": "300", "UVM_MODEL_THREADED_SEQUENCES": "10"}, "[model]~[threads]": {"UVM_MODEL_SEQUENCES": "300", "UVM_MODEL_FILES_AT_ONCE": "1"}, "[sm_copy]": {"UVM_ONLOAD_COPY": "sm"},
            "[sm_copy_default]": {"UVM_ONLOAD_COPY": "", "FAKE_CUDA_SCENARIO": "pre_volta"},
            "[sm_copy_auto]": {"UVM_ONLOAD_COPY": ""}}
-os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-env = {**os.environ, "UVM_LIMIT_BYTES": "", "UVM_LIMIT_FRACTION": "", "UVM_DEFAULT_ADVICE": "", "UVM_PINNED": "hostalloc"}
-survived = 0
-for path, old, new, binary, tag in MUTANTS[int(os.environ.get('MUTANT_FROM', '0')):int(os.environ.get('MUTANT_TO', '999'))]:
-    src = open(path).read()
-    olds, news = (old, new) if isinstance(old, tuple) else ((old,), (new,))  # a mutant may change several places
-    mutated = src
+def room_of(path: str) -> str:
+    return "python_shim" if path.startswith("python_shim/") else path.split("/")[0]
+
+
+def mutated_text(path: str, old, new):
+    """The source with the mutant applied, or None when a text does not occur in it exactly once."""
+    text = open(path).read()
+    olds, news = (old, new) if isinstance(old, tuple) else ((old,), (new,))
     for before, after in zip(olds, news):
-        assert mutated.count(before) == 1, (path, before)
-        mutated = mutated.replace(before, after)
-    old, new = olds[-1], news[-1]
-    open(path, "w").write(mutated)
-    try:
-        b = subprocess.run(["ninja", "-C", BUILD, f"tests/{binary}"], capture_output=True, text=True)
+        if text.count(before) != 1:
+            return None
+        text = text.replace(before, after)
+    return text
+
+
+def run_mutant(build: str, runner: str, selection: str, env: dict) -> bool:
+    """Rebuilds and runs the mutant's tests; True when they failed (the mutant is killed)."""
+    if runner == "pytest":
+        python = os.environ.get("UVM_PYTHON") or sys.executable
+        r = subprocess.run([python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *selection.split()],
+                           capture_output=True, text=True, errors="replace", timeout=600,
+                           env={**env, "UVM_TEST_FROM_TREE": "1"})
+        return r.returncode != 0
+    if runner.startswith("meson:"):
+        b = subprocess.run(["ninja", "-C", build], capture_output=True, text=True)
         assert b.returncode == 0, b.stdout[-2000:]
-        # The [steps] tests pin the registered way, as UVM_PINNED unset asks; [sm_copy] copies by kernel.
-        run_env = {**env, **TAG_ENV.get(tag, {})}
-        r = subprocess.run([f"{BUILD}/tests/{binary}", tag], capture_output=True, text=True, errors="replace", env=run_env, timeout=300)
-        survived += r.returncode == 0
-        print(f"{'KILLED' if r.returncode else 'SURVIVED'}: {path}: {old.strip()[:60]!r} -> {new.strip()[:60]!r}")
-    finally:
-        open(path, "w").write(src)
-subprocess.run(["ninja", "-C", BUILD], capture_output=True)
-sys.exit(1 if survived else 0)
+        r = subprocess.run(["meson", "test", "-C", build, "--no-rebuild", runner[len("meson:"):]],
+                           capture_output=True, text=True, errors="replace", timeout=600)
+        return r.returncode != 0
+    b = subprocess.run(["ninja", "-C", build, f"tests/{runner}"], capture_output=True, text=True)
+    assert b.returncode == 0, b.stdout[-2000:]
+    r = subprocess.run([f"{build}/tests/{runner}", selection], capture_output=True, text=True, errors="replace",
+                       env={**env, **TAG_ENV.get(selection, {})}, timeout=300)
+    return r.returncode != 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--build", default="build", help="the meson build folder (default: build)")
+    parser.add_argument("--shard", help="K/N or today/N: the mutants at positions K modulo N")
+    parser.add_argument("--only", help="positions, comma-separated")
+    parser.add_argument("--list", action="store_true", help="list the mutants with their positions and rooms")
+    parser.add_argument("--result", help="write the outcome as one line of JSON to this file")
+    args = parser.parse_args()
+    os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    if args.list:
+        for i, (path, old, new, runner, selection) in enumerate(MUTANTS):
+            first = old[-1] if isinstance(old, tuple) else old
+            print(f"{i:3} {room_of(path):12} {path}: {first.strip()[:70]!r} ({runner} {selection})")
+        return 0
+    chosen = list(range(len(MUTANTS)))
+    shard = ""
+    if args.shard:
+        k, n = args.shard.split("/")
+        n = int(n)
+        k = int(time.time() // 86400) % n if k == "today" else int(k)
+        chosen = [i for i in chosen if i % n == k]
+        shard = f" (shard {k} of {n}: every mutant runs once in {n} days)"
+    if args.only:
+        chosen = [int(i) for i in args.only.split(",")]
+    stale = [i for i, (path, old, new, _, _) in enumerate(MUTANTS) if mutated_text(path, old, new) is None]
+    for i in stale:
+        path, old = MUTANTS[i][0], MUTANTS[i][1]
+        first = old[-1] if isinstance(old, tuple) else old
+        print(f"STALE: mutant {i}: {path} no longer holds {first.strip()[:70]!r} exactly once: update the mutant")
+    env = {**os.environ, "UVM_LIMIT_BYTES": "", "UVM_LIMIT_FRACTION": "", "UVM_DEFAULT_ADVICE": "", "UVM_PINNED": "hostalloc"}
+    rooms: dict[str, list[int]] = {}
+    survivors = []
+    for i in chosen:
+        if i in stale:
+            continue
+        path, old, new, runner, selection = MUTANTS[i]
+        source = open(path).read()
+        mutated = mutated_text(path, old, new)
+        try:
+            with open(path, "w") as out:
+                out.write(mutated)
+            killed = run_mutant(args.build, runner, selection, env)
+        finally:
+            with open(path, "w") as out:
+                out.write(source)
+        first_old, first_new = (old[-1], new[-1]) if isinstance(old, tuple) else (old, new)
+        print(f"{'KILLED' if killed else 'SURVIVED'}: mutant {i}: {path}: {first_old.strip()[:60]!r} -> "
+              f"{first_new.strip()[:60]!r}", flush=True)
+        counts = rooms.setdefault(room_of(path), [0, 0])
+        counts[0] += killed
+        counts[1] += 1
+        if not killed:
+            survivors.append(i)
+    subprocess.run(["ninja", "-C", args.build], capture_output=True)
+    for room, (killed, ran) in sorted(rooms.items()):
+        print(f"room {room}: {killed} of {ran} killed")
+    total_killed = sum(k for k, _ in rooms.values())
+    total = sum(n for _, n in rooms.values())
+    summary = f"mutants: {total_killed} of {total} killed, {len(stale)} stale{shard}"
+    print(summary)
+    if args.result:
+        with open(args.result, "w") as out:
+            json.dump({"name": "mutants" + (f" {shard.strip()}" if shard else ""), "passed": total_killed,
+                       "failed": len(survivors) + len(stale), "summary": summary,
+                       "survivors": survivors, "stale": stale}, out)
+            out.write("\n")
+    return 1 if survivors or stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -29,7 +29,9 @@ def counts(stdout):
     return parts.get("passed", 0), parts.get("failed", 0), parts.get("skipped", 0)
 
 
-def main(path):
+def main(path, extra=()):
+    """`extra`: result files of checks run beside meson's tests (scripts/mutants.py --result), each a
+    line of JSON with name, passed, failed and summary: their counts join the total."""
     passed = failed = skipped = model_sequences = 0
     with open(path) as log:
         results = [json.loads(line) for line in log if line.strip()]
@@ -54,9 +56,14 @@ def main(path):
             print("  " + "\n  ".join(stdout.strip().splitlines()[-40:]))
     if model_sequences:
         print(f"stateful model: {model_sequences} random sequences, every tensor's bytes kept")
+    for extra_path in extra:
+        with open(extra_path) as result_file:
+            result = json.loads(result_file.read())
+        print(f"{result['name']}: {result['summary']}")
+        passed, failed = passed + result["passed"], failed + result["failed"]
     print(f"{passed} passed, {failed} failed, {skipped} skipped")
     return 1 if failed or passed == 0 else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1], sys.argv[2:]))

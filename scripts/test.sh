@@ -10,4 +10,17 @@ set +e
 meson test -C "$build" --print-errorlogs "$@" >"$build/meson-test.out" 2>&1
 set -e
 grep -E '^ *[0-9]+/[0-9]+ ' "$build/meson-test.out" || cat "$build/meson-test.out"
-python3 scripts/summarize_tests.py "$build/meson-logs/testlog.json"
+# The mutation check, after the tests (it changes sources and rebuilds): a quarter of the mutants
+# each day, so that four days run them all; every mutant is checked to still apply on every run.
+# Each killed mutant counts as a passed case, a survivor or stale one as a failed one.
+# UVM_MUTANTS=0 leaves it out; UVM_MUTANTS=all runs every mutant.
+extra=()
+if [ "${UVM_MUTANTS:-today}" != 0 ] && [ $# -eq 0 ]; then
+  shard=(--shard today/4)
+  [ "${UVM_MUTANTS:-}" = all ] && shard=()
+  echo "== mutation check (scripts/mutants.py ${shard[*]})"
+  python3 scripts/mutants.py --build "$build" "${shard[@]}" --result "$build/mutants.json" | tee "$build/mutants.out" |
+    grep -E "^(SURVIVED|STALE|room|mutants)" || true
+  extra=("$build/mutants.json")
+fi
+python3 scripts/summarize_tests.py "$build/meson-logs/testlog.json" "${extra[@]}"

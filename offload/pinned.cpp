@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -99,13 +100,19 @@ char* register_pinned(size_t bytes, std::string* why) {
   return host;
 }
 
+std::atomic<uint64_t> times_parked{0};
+
 // Before the next step's registration: the copies into the steps pinned so far are issued (or
 // none is coming), StepPinning says why. Under progress.mutex (`lock`).
 void wait_for_copies_issued(StepPinning& progress, std::unique_lock<std::mutex>& lock) {
   const size_t pinned = progress.pinned;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kPaceWaitMs);
   progress.changed.wait_until(lock, deadline, [&] { return progress.pacers == 0 || progress.issued >= pinned; });
-  progress.changed.wait(lock, [&] { return progress.pacers == 0 || progress.issued >= progress.reserved; });
+  progress.changed.wait(lock, [&] {
+    const bool issued = progress.pacers == 0 || progress.issued >= progress.reserved;
+    if (!issued) times_parked.fetch_add(1);  // under the lock, about to wait: nothing registers until notified
+    return issued;
+  });
 }
 
 // The pinning thread: step by step, the next step faulted in on other threads while this one is
@@ -147,6 +154,8 @@ void pin_steps(char* host, size_t bytes, int device, std::shared_ptr<StepPinning
 }
 
 }  // namespace
+
+uint64_t pinning_parked_count() { return times_parked.load(); }
 
 uvm_status pin_host_memory(const Call& call, size_t bytes, PinnedKind wanted, PinnedMemory* out) {
   std::string why = "UVM_PINNED=hostalloc";

@@ -8,6 +8,7 @@
 
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -41,6 +42,11 @@ struct StepPinning {
   size_t reserved = 0;   // the bytes from the start that offloads have reserved
   size_t issued = 0;     // the bytes from the start whose copies are issued
 };
+
+// How many times a pinning thread has parked waiting for the copies into its steps to be issued
+// (each time, it registers nothing more until an offload notes copies issued or ends its pacing):
+// tests wait for it instead of waiting for time to pass.
+uint64_t pinning_parked_count();
 
 // How long the pinning thread waits, after a step, for an offload to reserve it: an offload
 // waiting for the step reserves it well within this; past it, no copy is coming.

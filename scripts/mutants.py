@@ -229,6 +229,8 @@ MUTANTS = [
  # An allocation that cannot be recorded (no host memory) keeps its memory and the limit's room.
  ("alloc/malloc.cpp", "    if (backing == Backing::releasable) (void)vmm_free(call, reinterpret_cast<uintptr_t>(ptr), &undo);\n    else if",
   "    if (false) {}\n    else if", "meson:preload", ""),
+ # Paced pinning registers the next step without waiting for the copies into the steps before it.
+ ("offload/pinned.cpp", "    return issued;\n  });", "    return true;\n  });", "offload_tests", "[pinned]"),
  # The Python shim: a refused preload mode recorded before its check (issue 57 item 1); a preloaded
  # interposer that could not open libuvm not refused; the interposer's tms_* state started after a
  # thread's first setting (item 4; the shim builds the interposer from preload/ in its cache).

@@ -152,14 +152,16 @@ TEST_CASE("the last move is kept per thread and device", "[trace][cuda13]") {
   CHECK(last_move(1).device == 1);
   CHECK(last_move(UVM_ANY_DEVICE).device == 1);  // the latest, wherever it ran
 
-  std::thread other([] {
+  uvm_status other_status = UVM_ERROR_INTERNAL;
+  uvm_move_report other_report{};
+  std::thread other([&] {  // Catch2 assertions are not thread-safe: checked after the join
     fake::set_thread_context(0);
-    uvm_move_report report;
-    CHECK(uvm_last_move(UVM_ANY_DEVICE, &report) == UVM_OK);
-    CHECK(report.call == nullptr);  // this thread has moved nothing
-    CHECK(report.phase_count == 0);
+    other_status = uvm_last_move(UVM_ANY_DEVICE, &other_report);
   });
   other.join();
+  CHECK(other_status == UVM_OK);
+  CHECK(other_report.call == nullptr);  // that thread has moved nothing
+  CHECK(other_report.phase_count == 0);
   CHECK(last_move(2).call == nullptr);  // nothing moved there
 
   SECTION("a move that fails before reaching a device leaves the last one in place") {
@@ -371,13 +373,17 @@ TEST_CASE("a group of moves is one move per device, published when the group end
     CHECK(std::string(uvm_last_error()).find("uvm_end_moves") != std::string::npos);
     CHECK(std::string(uvm_last_error()).find("no uvm_begin_moves is open on this thread") != std::string::npos);
     uvm_clear_last_error();
-    std::thread other_thread([] {  // a group is the calling thread's: another thread's end finds none
-      CHECK(uvm_begin_moves(0) == UVM_OK);  // a REQUIRE failing here would end the process
-      CHECK(uvm_end_moves() == UVM_OK);
-      CHECK(uvm_end_moves() == UVM_ERROR_INVALID_ARGUMENT);
+    uvm_status begun = UVM_ERROR_INTERNAL, ended = UVM_ERROR_INTERNAL, ended_again = UVM_OK;
+    std::thread other_thread([&] {  // a group is the calling thread's: another thread's end finds none
+      begun = uvm_begin_moves(0);
+      ended = uvm_end_moves();
+      ended_again = uvm_end_moves();
       uvm_clear_last_error();
     });
     other_thread.join();
+    CHECK(begun == UVM_OK);
+    CHECK(ended == UVM_OK);
+    CHECK(ended_again == UVM_ERROR_INVALID_ARGUMENT);
   }
   CHECK(cudaPeekAtLastError() == cudaSuccess);
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "fixture.hpp"
+#include "threads.hpp"
 
 namespace {
 constexpr size_t kSize = 1 << 20;
@@ -635,22 +636,29 @@ TEST_CASE("reservations at once take turns: one block, not one each", "[offload]
   // rather than pin one of their own.
   fake::hold_next("cudaHostAlloc");
   std::vector<std::thread> reservers;
-  reservers.emplace_back([] { CHECK(uvm_reserve_staging(size_t{300} << 20) == UVM_OK); });
-  const bool held = fake::wait_until_held(10000);
-  for (int i = 0; i < 3; ++i) {
-    reservers.emplace_back([] { CHECK(uvm_reserve_staging(size_t{300} << 20) == UVM_OK); });
+  uvm_status reserved[4] = {UVM_ERROR_INTERNAL, UVM_ERROR_INTERNAL, UVM_ERROR_INTERNAL, UVM_ERROR_INTERNAL};
+  std::atomic<pid_t> ids[4] = {};
+  for (int i = 0; i < 4; ++i) {
+    if (i == 1) REQUIRE(fake::wait_until_held(10000));
+    reservers.emplace_back([&, i] {  // Catch2 assertions are not thread-safe: checked after the joins
+      ids[i] = threads::this_id();
+      reserved[i] = uvm_reserve_staging(size_t{300} << 20);
+    });
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // The others wait for the first (asleep) or, wrongly, pinned blocks of their own (ended).
+  bool parked = true;
+  for (int i = 1; i < 4; ++i) parked = threads::wait_until_parked(ids[i]) && parked;
   fake::release_held();
   for (std::thread& t : reservers) t.join();
-  CHECK(held);
+  CHECK(parked);
+  for (uvm_status status : reserved) CHECK(status == UVM_OK);
   CHECK(fake::pinned_blocks() == blocks_before + 1);
 }
 
 // Run with UVM_PINNED unset, so that staging is pinned the registered way (tests/meson.build:
 // offload-pinned-in-steps); 512 MiB of it is faulted in for real.
 TEST_CASE("a first offload copies into the steps pinned so far while the rest is being pinned",
-          "[scenario][steps][cuda13]") {
+          "[scenario][steps][steps_race][cuda13]") {
   FakeMachine machine;
   REQUIRE(uvm_release_staging() == UVM_OK);  // nothing pinned yet: this is a first offload
   const size_t step = size_t{256} << 20;
@@ -772,7 +780,7 @@ TEST_CASE("a block pinned in steps that holds a smaller set gives back the steps
 }
 
 TEST_CASE("steps given back while other threads offload, onload and release staging lose no byte",
-          "[scenario][steps][cuda13]") {
+          "[scenario][steps][steps_race][cuda13]") {
   FakeMachine machine;
   REQUIRE(uvm_release_staging() == UVM_OK);
   const size_t step = size_t{256} << 20;

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "../../offload/pinned.hpp"
 #include "fixture.hpp"
 
 namespace {
@@ -438,7 +439,7 @@ TEST_CASE("every failed CUDA call in an offload or onload rolls back cleanly", "
 // pinned in 256 MiB steps, and the offload copies into each step as it is done, in rounds that let
 // go of the moves lock between them.
 TEST_CASE("an offload in rounds, cut at pinning steps, keeps kept neighbours and survives an onload between rounds",
-          "[scenario][steps][safety][cuda13]") {
+          "[scenario][steps][steps_race][safety][cuda13]") {
   FakeMachine machine;
   REQUIRE(uvm_release_staging() == UVM_OK);  // nothing pinned: the offload pins in steps
   const size_t mib = size_t{1} << 20;
@@ -557,7 +558,7 @@ void wait_until(const std::function<bool()>& done, int ms) {
 // and the offload waited there instead of copying the steps pinned meanwhile: the memory a round
 // empties goes back in a later round, while no step registers, or in the last, and none is lost.
 TEST_CASE("an offload in rounds gives no releasable memory back while a step of its staging registers",
-          "[scenario][steps][cuda13]") {
+          "[scenario][steps][steps_race][cuda13]") {
   FakeMachine machine;
   // Two of 200 MiB: the one at the lower address lies wholly in the first 256 MiB step (the staged
   // pieces go in address order), the other spans the first two.
@@ -639,7 +640,7 @@ TEST_CASE("an offload whose release between rounds fails says so, and every byte
 // running), that knowledge is stale: the offload must wait for the other move too before it gives
 // the allocation's memory back, or the other copies read memory no longer mapped.
 TEST_CASE("an offload in rounds waits for another call's move of an allocation before releasing it",
-          "[scenario][steps][cuda13]") {
+          "[scenario][steps][steps_race][cuda13]") {
   FakeMachine machine;
   ReleasableSet set = with_nothing_pinned(6, 100 * kMiB);
   const uvm_range first = set.ranges.front();
@@ -686,7 +687,7 @@ TEST_CASE("an offload in rounds waits for another call's move of an allocation b
 // the address holds now, the new allocation's bytes; where the old one's copies ended must neither
 // give the new one's memory back before its own copies nor stand for them.
 TEST_CASE("an offload in rounds moves a new allocation made at a freed one's address between its rounds",
-          "[scenario][steps][safety][cuda13]") {
+          "[scenario][steps][steps_race][safety][cuda13]") {
   for (const bool copies_running : {false, true}) {
     CAPTURE(copies_running);  // false: the freed one's memory went back early; true: still copying
     FakeMachine machine;
@@ -756,18 +757,20 @@ TEST_CASE("an offload in rounds moves a new allocation made at a freed one's add
 // next step (docs/measurements.md, "A pause without retained memory: the wall"). The pinning thread
 // registers a step only once the copies into the steps pinned before it are issued.
 TEST_CASE("an offload in rounds issues the copies into a pinned step before the next step is registered",
-          "[scenario][steps][cuda13]") {
+          "[scenario][steps][steps_race][cuda13]") {
   FakeMachine machine;
   // Three of 200 MiB: 600 MiB staged in address order over three steps (256, 256, 88 MiB).
   ReleasableSet set = with_nothing_pinned(3, 200 * kMiB);
   cudaStream_t stream = fake::make_stream();
   auto registrations = [] { return FakeMachine::ops_named(fake::OpKind::host_register).size(); };
   fake::hold_next("cudaMemcpyAsync");  // the first copy into the first step waits
+  const uint64_t parked_before = uvm::pinning_parked_count();
   uvm_status offloaded = UVM_ERROR_INTERNAL;
   TestThread offload = set.offload_on_a_thread(stream, &offloaded);
   REQUIRE(fake::wait_until_held(10000));
-  // The second step's pages were being faulted in meanwhile: unpaced, it would register now.
-  wait_until([&] { return registrations() >= 2; }, 500);
+  // The second step's pages were being faulted in meanwhile: unpaced, it would register now; paced,
+  // the pinning thread parks until the held copy is issued (no time given: a slow host waits longer).
+  wait_until([&] { return registrations() >= 2 || uvm::pinning_parked_count() > parked_before; }, 60000);
   CHECK(registrations() == 1);
   fake::release_held();
   offload.join();

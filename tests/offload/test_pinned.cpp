@@ -113,11 +113,12 @@ uvm::PinnedMemory paced_three_steps() {
   return memory;
 }
 
-// Gives the pinning thread the time it would take to register another step, unpaced.
-bool registers_within_half_a_second(size_t count) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
-  while (registrations() < count && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+// Whether the pinning thread registers step `count` before it parks (uvm::pinning_parked_count
+// passes `parked_before`), waiting for copies: once parked it registers nothing until the test lets
+// it. No time is given: a slow host only makes the wait longer. Unpaced, it registers and never parks.
+bool registers_before_parking(size_t count, uint64_t parked_before) {
+  while (registrations() < count && uvm::pinning_parked_count() <= parked_before) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   return registrations() >= count;
 }
@@ -129,13 +130,15 @@ TEST_CASE("a paced pinning registers the next step once the copies reserved in t
   const uvm::PinnedMemory memory = paced_three_steps();
   const size_t bytes = memory.bytes;
   uvm::StepPinning& pinning = *memory.steps;
+  const uint64_t parked_before = uvm::pinning_parked_count();
   uvm::note_steps_reserved(pinning, uvm::kPinStepBytes / 2);  // an offload took half the first step
   REQUIRE(wait_for_pinned(pinning, uvm::kPinStepBytes));
-  CHECK_FALSE(registers_within_half_a_second(2));  // its copies are not issued yet
+  CHECK_FALSE(registers_before_parking(2, parked_before));  // its copies are not issued yet
+  const uint64_t parked_once = uvm::pinning_parked_count();
   uvm::note_copies_issued(pinning, uvm::kPinStepBytes / 2);
   REQUIRE(wait_for_pinned(pinning, 2 * uvm::kPinStepBytes));  // no more reserved: past kPaceWaitMs it goes on
   uvm::note_steps_reserved(pinning, 2 * uvm::kPinStepBytes);
-  CHECK_FALSE(registers_within_half_a_second(3));
+  CHECK_FALSE(registers_before_parking(3, parked_once));
   uvm::end_pacing(pinning);  // the offload ends, its copies never issued (it failed)
   REQUIRE(wait_for_pinned(pinning, bytes));
   CHECK(registrations() == 3);
@@ -148,11 +151,12 @@ TEST_CASE("a pinning with no pacer, or two whose one ends, registers its steps w
   const uvm::PinnedMemory memory = paced_three_steps();
   const size_t bytes = memory.bytes;
   uvm::StepPinning& pinning = *memory.steps;
+  const uint64_t parked_before = uvm::pinning_parked_count();
   uvm::begin_pacing(pinning);  // a second offload takes steps
   uvm::note_steps_reserved(pinning, uvm::kPinStepBytes);
   REQUIRE(wait_for_pinned(pinning, uvm::kPinStepBytes));
   uvm::end_pacing(pinning);  // the first ends; the second still paces
-  CHECK_FALSE(registers_within_half_a_second(2));
+  CHECK_FALSE(registers_before_parking(2, parked_before));
   uvm::end_pacing(pinning);
   REQUIRE(wait_for_pinned(pinning, bytes));
   CHECK(registrations() == 3);

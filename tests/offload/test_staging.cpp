@@ -1,5 +1,6 @@
 // The staging store (offload/staging.cpp): pinned memory lent by leases, allocated and freed with
 // no lock held that other calls need.
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <future>
@@ -9,6 +10,7 @@
 #include "../../alloc/moves.hpp"
 #include "../../offload/staging.hpp"
 #include "fixture.hpp"
+#include "threads.hpp"
 
 namespace {
 constexpr size_t kMiB = size_t{1} << 20;
@@ -116,10 +118,12 @@ TEST_CASE("freeing pinned staging memory holds up no free on another thread", "[
   void* other = uvm_malloc(kMiB, 0, nullptr);
   REQUIRE(other != nullptr);
   fake::hold_next("cudaFreeHost");
-  TestThread releaser([] { CHECK(uvm_release_staging() == UVM_OK); });
+  uvm_status released = UVM_ERROR_INTERNAL;  // Catch2 assertions are not thread-safe: checked after the join
+  TestThread releaser([&] { released = uvm_release_staging(); });
   const bool held = fake::wait_until_held(5000);
   const bool in_time = finishes_in_time([&] { uvm_free(other, kMiB, 0, nullptr); }, [] { fake::release_held(); });
   releaser.join();
+  CHECK(released == UVM_OK);
   CHECK(held);
   CHECK(in_time);
   CHECK(fake::pinned_blocks() == 0);
@@ -144,12 +148,15 @@ TEST_CASE("offloads that need room pin it with no lock held, one block each when
   // both and pins one of its own, after the first (growers take turns).
   const size_t blocks_before = fake::pinned_blocks();
   fake::hold_next("cudaHostAlloc");
-  TestThread offload_a([&] { CHECK(uvm_offload_ranges(&range_a, 1, UVM_STRATEGY_STAGED, stream_a) == UVM_OK); });
-  TestThread offload_b([&] { CHECK(uvm_offload_ranges(&range_b, 1, UVM_STRATEGY_STAGED, stream_b) == UVM_OK); });
+  uvm_status offloaded_a = UVM_ERROR_INTERNAL, offloaded_b = UVM_ERROR_INTERNAL;  // checked after the joins
+  TestThread offload_a([&] { offloaded_a = uvm_offload_ranges(&range_a, 1, UVM_STRATEGY_STAGED, stream_a); });
+  TestThread offload_b([&] { offloaded_b = uvm_offload_ranges(&range_b, 1, UVM_STRATEGY_STAGED, stream_b); });
   const bool held = fake::wait_until_held(120000);
   const bool in_time = finishes_in_time([&] { uvm_free(other, kMiB, 0, nullptr); }, [] { fake::release_held(); });
   offload_a.join();
   offload_b.join();
+  CHECK(offloaded_a == UVM_OK);
+  CHECK(offloaded_b == UVM_OK);
   CHECK(held);
   CHECK(in_time);
   CHECK(fake::pinned_blocks() == blocks_before + 2);
@@ -176,19 +183,26 @@ TEST_CASE("release_staging does not take the room an offload made before the off
   // The offload pins its block with the moves lock let go; the test takes the lock meanwhile, so
   // that the offload, its block pinned, waits for the lock before it reserves the room.
   fake::hold_next("cudaHostAlloc");
-  TestThread offload([&] { CHECK(uvm_offload_ranges(&range, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK); });
+  uvm_status offloaded = UVM_ERROR_INTERNAL;  // Catch2 assertions are not thread-safe: checked after the join
+  std::atomic<pid_t> offload_id{0};
+  TestThread offload([&] {
+    offload_id = threads::this_id();
+    offloaded = uvm_offload_ranges(&range, 1, UVM_STRATEGY_STAGED, nullptr);
+  });
   REQUIRE(fake::wait_until_held(5000));
   auto moves = uvm::lock_moves();
   fake::release_held();
   for (int i = 0; i < 500 && fake::pinned_blocks() == blocks_before; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const bool parked = threads::wait_until_parked(offload_id);  // at the moves lock the test holds
   const bool grew = fake::pinned_blocks() == blocks_before + 1;
   CHECK(uvm_release_staging() == UVM_OK);  // before the offload could reserve: frees nothing
   const size_t blocks_after_release = fake::pinned_blocks();
   moves.unlock();
   offload.join();
+  CHECK(offloaded == UVM_OK);
+  CHECK(parked);
   CHECK(grew);
   CHECK(blocks_after_release == blocks_before + 1);
   CHECK(FakeMachine::pinnings() == 1);  // no second pinning: the room it made was there to reserve

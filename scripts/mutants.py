@@ -231,6 +231,12 @@ MUTANTS = [
   "    if (false) {}\n    else if", "meson:preload", ""),
  # Paced pinning registers the next step without waiting for the copies into the steps before it.
  ("offload/pinned.cpp", "    return issued;\n  });", "    return true;\n  });", "offload_tests", "[pinned]"),
+ # A releasable allocation whose access cannot be set keeps its physical memory; one whose mapping
+ # cannot be made keeps its address range.
+ ("alloc/vmm.cpp", "    api.unmap(base, m->reserved);\n    api.release(handle);\n", "    api.unmap(base, m->reserved);\n",
+  "alloc_tests", "[releasable]"),
+ ("alloc/vmm.cpp", "  if (uvm_status s = map_physical(call, base, device, &m, &created)) {  // allocates no host memory\n    api.address_free(base, m.reserved);",
+  "  if (uvm_status s = map_physical(call, base, device, &m, &created)) {  // allocates no host memory", "alloc_tests", "[releasable]"),
  # The Python shim: a refused preload mode recorded before its check (issue 57 item 1); a preloaded
  # interposer that could not open libuvm not refused; the interposer's tms_* state started after a
  # thread's first setting (item 4; the shim builds the interposer from preload/ in its cache).

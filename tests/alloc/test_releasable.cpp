@@ -1,5 +1,7 @@
 // uvm_malloc_releasable and uvm_free of releasable memory against the fake driver: address range,
 // physical memory and bookkeeping appear and go together, and every failure leaves nothing behind.
+#include <cuda.h>
+
 #include <cstring>
 #include <string>
 
@@ -293,4 +295,28 @@ TEST_CASE("releasable memory is GPUDirect RDMA capable where the device supports
     CHECK(fake::last_created_rdma_capable() == (device == 0));
     uvm_free(p, 2 << 20, device, nullptr);
   }
+}
+
+TEST_CASE("a releasable allocation whose mapping cannot be made leaves nothing behind and says which call failed",
+          "[releasable][errors]") {
+  FakeMachine machine;
+  const size_t reservations = fake::live_reservations(), handles = fake::physical_handles();
+  const uvm_stats before = stats_of(0);
+  for (const char* call : {"cuMemAddressReserve", "cuMemSetAccess", "cuMemMap"}) {
+    CAPTURE(call);
+    fake::fail_next(call, cudaErrorLaunchFailure);
+    uvm_clear_last_error();
+    CHECK(uvm_malloc_releasable(2 << 20, 0, nullptr) == nullptr);
+    CHECK(uvm_last_status() == UVM_ERROR_CUDA);
+    CHECK_THAT(last_error(), Has(std::string(call) + "("));
+    CHECK(uvm_last_cuda_error() == CUDA_ERROR_LAUNCH_FAILED);
+    CHECK(no_cuda_error_pending());
+    CHECK(fake::live_reservations() == reservations);  // the range went back
+    CHECK(fake::physical_handles() == handles);        // and the physical memory
+    const uvm_stats after = stats_of(0);
+    CHECK(after.live_bytes == before.live_bytes);      // and the limit's room
+  }
+  void* p = uvm_malloc_releasable(2 << 20, 0, nullptr);  // the next one works
+  REQUIRE(p != nullptr);
+  uvm_free(p, 2 << 20, 0, nullptr);
 }

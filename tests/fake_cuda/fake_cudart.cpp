@@ -432,6 +432,8 @@ CUresult fake_mem_unmap(CUdeviceptr ptr, size_t size) {
 CUresult fake_mem_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
   World& w = world();
   std::lock_guard<std::mutex> lock(w.mutex);
+  CUresult r;
+  if (injected_driver(w, "cuMemSetAccess", &r)) return r;
   auto it = w.reservations.find(ptr);
   if (it == w.reservations.end() || !it->second.mapped || size != it->second.size || count != 1 ||
       desc->flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {

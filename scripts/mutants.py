@@ -281,7 +281,8 @@ def run_mutant(build: str, runner: str, selection: str, env: dict) -> bool:
     if runner.startswith("meson:"):
         b = subprocess.run(["ninja", "-C", build], capture_output=True, text=True)
         assert b.returncode == 0, b.stdout[-2000:]
-        r = subprocess.run(["meson", "test", "-C", build, "--no-rebuild", runner[len("meson:"):]],
+        # A log of its own: the suite's testlog.json, which scripts/test.sh summarizes, stays as it was.
+        r = subprocess.run(["meson", "test", "-C", build, "--no-rebuild", "--logbase", "mutant", runner[len("meson:"):]],
                            capture_output=True, text=True, errors="replace", timeout=600)
         return r.returncode != 0
     b = subprocess.run(["ninja", "-C", build, f"tests/{runner}"], capture_output=True, text=True)

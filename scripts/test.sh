@@ -10,6 +10,7 @@ set +e
 meson test -C "$build" --print-errorlogs "$@" >"$build/meson-test.out" 2>&1
 set -e
 grep -E '^ *[0-9]+/[0-9]+ ' "$build/meson-test.out" || cat "$build/meson-test.out"
+cp "$build/meson-logs/testlog.json" "$build/suite-testlog.json"  # what is summarized, whatever runs next
 # The mutation check, after the tests (it changes sources and rebuilds): a quarter of the mutants
 # each day, so that four days run them all; every mutant is checked to still apply on every run.
 # Each killed mutant counts as a passed case, a survivor or stale one as a failed one.
@@ -23,4 +24,4 @@ if [ "${UVM_MUTANTS:-today}" != 0 ] && [ $# -eq 0 ]; then
     grep -E "^(SURVIVED|STALE|room|mutants)" || true
   extra=("$build/mutants.json")
 fi
-python3 scripts/summarize_tests.py "$build/meson-logs/testlog.json" "${extra[@]}"
+python3 scripts/summarize_tests.py "$build/suite-testlog.json" "${extra[@]}"

@@ -195,19 +195,16 @@ cudaError_t cuda_error_of(const Libuvm& lib, uvm_status status) {
   }
 }
 
-// The thread's uvm tag, or "default" where it has none: the original's thread tag starts as
-// "default", so its regions' allocations always carry one (tms_pause("default") finds them).
-std::string region_tag(const Libuvm& lib) {
-  const char* tag = lib.get_thread_tag();
-  return tag != nullptr && *tag != '\0' ? tag : "default";
-}
-
-void* allocate_under(const Libuvm& lib, const std::string& tag, size_t size, int device) {
+// A region's allocation made under the thread's uvm tag, or under "default" where it has none (the
+// original's thread tag starts as "default", so tms_pause("default") finds it); the thread's own
+// tag is left as it was. `tag` says which it was made under.
+void* allocate_tagged(const Libuvm& lib, size_t size, int device, std::string* tag) {
   const char* own = lib.get_thread_tag();
   const bool untagged = own == nullptr || *own == '\0';
-  if (untagged && lib.set_thread_tag(tag.c_str()) != UVM_OK) return nullptr;
+  *tag = untagged ? "default" : own;
+  if (untagged && lib.set_thread_tag("default") != UVM_OK) return nullptr;
   void* allocated = lib.malloc_releasable(size, device, nullptr);
-  if (untagged) lib.set_thread_tag(nullptr);  // as it was (a success leaves the last error as it is)
+  if (untagged) lib.set_thread_tag(nullptr);  // a success leaves the last error as it is
   return allocated;
 }
 
@@ -241,9 +238,9 @@ cudaError_t allocate_in_region(void** ptr, size_t size) {
     return cudaErrorInvalidDevice;
   }
   if (size == 0) return cudaSuccess;
-  const std::string tag = region_tag(*lib);
+  std::string tag;
   lib->clear_last_error();
-  void* allocated = allocate_under(*lib, tag, size, device);
+  void* allocated = allocate_tagged(*lib, size, device, &tag);
   if (allocated == nullptr) {
     const uvm_status status = lib->last_status();
     const cudaError_t error = cuda_error_of(*lib, status);

@@ -204,7 +204,7 @@ MUTANTS = [
  # (tms_pause("default") pauses nothing); the CUDA error behind a failure replaced by uvm's status; a
  # failed free that drops the record of an allocation uvm still has; a region's device not kept; the
  # lock not taken across fork; an allocation that cannot be recorded neither given back nor refused.
- ("preload/interposer.cpp", "  return tag != nullptr && *tag != '\\0' ? tag : \"default\";", "  return tag != nullptr ? tag : \"\";",
+ ("preload/interposer.cpp", "  if (untagged && lib.set_thread_tag(\"default\") != UVM_OK) return nullptr;\n", "",
   "meson:preload", ""),
  ("preload/interposer.cpp", "  if (const int code = lib.last_cuda_error(); code != 0) return static_cast<cudaError_t>(code);\n", "",
   "meson:preload", ""),

@@ -38,7 +38,7 @@ uvm_status apply_advice(const Call& call, void* ptr, size_t size, int device, uv
 
 // Gives a slot back after the work that may still use it finished (cudaFree would wait too), and
 // frees its slab once no slot of it is in use.
-uvm_status free_slot(const Call& call, uintptr_t slab, void* ptr, bool reusable);
+uvm_status free_slot(const Call& call, uintptr_t slab, void* ptr, bool reusable, bool* slot_freed = nullptr);
 
 // Managed memory with the default advice applied: its own cudaMallocManaged, or a slot of a slab
 // (alloc/slabs.hpp), whose base goes to `slab`.
@@ -119,13 +119,20 @@ bool exiting_error(cudaError_t e) {
   return e == cudaErrorCudartUnloading || e == cudaErrorContextIsDestroyed;
 }
 
-uvm_status free_slot(const Call& call, uintptr_t slab, void* ptr, bool reusable) {
+// Gives the slot at `ptr` back to its slab, and frees the slab if that emptied it. `*slot_freed`:
+// the slot is no longer the caller's, even when freeing its slab then failed (the slab stays, to
+// serve the next slot).
+uvm_status free_slot(const Call& call, uintptr_t slab, void* ptr, bool reusable, bool* slot_freed) {
   bool emptied = false;
   if (uvm_status s = give_back_slot(call, slab, ptr, reusable, &emptied)) return s;
+  if (slot_freed != nullptr) *slot_freed = true;
   if (!emptied) return UVM_OK;
   const cudaError_t e = cudaFree(reinterpret_cast<void*>(slab));
-  if (e != cudaSuccess && !exiting_error(e)) {
-    return fail_cuda(call, e, "cudaFree(%p: a slab of small-tensor segments)", reinterpret_cast<void*>(slab));
+  const bool failed = e != cudaSuccess && !exiting_error(e);
+  close_slab(slab, !failed);
+  if (failed) {
+    return fail_cuda(call, e, "cudaFree(%p: a slab of small-tensor segments, emptied by this free; the slot was freed "
+                     "and the slab stays for the next one)", reinterpret_cast<void*>(slab));
   }
   clear_cuda_error(e);
   return UVM_OK;
@@ -181,8 +188,8 @@ uvm_status free_allocation(const Call& call, void* ptr, size_t size, int device,
                 "pointer was not allocated by uvm_malloc (or was already freed); not freed");
   }
   const size_t moved_off = found->host.total() + found->discarded.total() + found->marked.total();
-  record_free(found->device, found->size, found->host.total());
   uvm_status status = UVM_OK;
+  bool gone = false;  // the memory left uvm: a failure before that leaves it to free again
   {
     ContextScope scope;
     status = scope.enter(call, found->device, ContextScope::When::always);
@@ -190,18 +197,29 @@ uvm_status free_allocation(const Call& call, void* ptr, size_t size, int device,
       // At process exit the driver takes the mapping with it: nothing is left to unmap.
       if (status == UVM_OK && !waited) status = synchronize_before(call, "unmapping", &exiting);
       if (status == UVM_OK && !exiting) status = vmm_free(call, reinterpret_cast<uintptr_t>(ptr), &found->mapping);
+      gone = status == UVM_OK;
     } else if (found->slab != 0) {
       if (status == UVM_OK && !waited) status = synchronize_before(call, "reusing the slot", &exiting);
       // Staged, discarded or discard-marked bytes (host counts staged ones, and migrated ones, to be
       // safe) may leave pages the driver counts as discarded: such a slot is not handed out again.
-      if (status == UVM_OK) status = free_slot(call, found->slab, ptr, moved_off == 0);
-    } else {
+      if (status == UVM_OK) status = free_slot(call, found->slab, ptr, moved_off == 0, &gone);
+    } else if (status == UVM_OK) {
       const cudaError_t e = cudaFree(ptr);
-      if (e != cudaSuccess && !exiting_error(e)) status = fail_cuda(call, e, "cudaFree");
-      else clear_cuda_error(e);
       exiting = exiting_error(e);
+      if (e != cudaSuccess && !exiting) status = fail_cuda(call, e, "cudaFree");
+      else clear_cuda_error(e);
+      gone = status == UVM_OK;
     }
   }
+  if (!gone) {
+    // Still allocated, with whatever part of the way the driver went (vmm_free keeps what it could
+    // not give back): recorded again, for a second free. The range is still uvm's, so no allocation
+    // made meanwhile can have taken its address.
+    registry().insert(reinterpret_cast<uintptr_t>(ptr), std::move(*found));
+    found.reset();
+    return status;
+  }
+  record_free(found->device, found->size, found->host.total());
   if (status == UVM_OK && (size != found->size || device != found->device)) {
     return fail(call, UVM_ERROR_INVALID_ARGUMENT,
                 "allocation was made with size=%zu device=%d; freed anyway", found->size,

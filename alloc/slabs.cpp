@@ -20,6 +20,7 @@ struct Slab {
 struct Slabs {
   std::mutex mutex;
   std::map<uintptr_t, Slab> by_base;
+  std::map<uintptr_t, Slab> closing;  // emptied, being freed: handed no slot until close_slab says how it went
 };
 
 Slabs& slabs() {
@@ -73,16 +74,25 @@ uvm_status give_back_slot(const Call& call, uintptr_t slab, void* ptr, bool reus
   found.used.reset(index);
   if (!reusable) found.retired.set(index);
   if (found.used.none()) {
-    all.by_base.erase(it);
+    all.closing.insert(all.by_base.extract(it));
     *emptied = true;
   }
   return UVM_OK;
 }
 
+void close_slab(uintptr_t slab, bool freed) {
+  Slabs& all = slabs();
+  std::lock_guard<std::mutex> lock(all.mutex);
+  auto it = all.closing.find(slab);
+  if (it == all.closing.end()) return;
+  if (freed) all.closing.erase(it);
+  else all.by_base.insert(all.closing.extract(it));
+}
+
 size_t live_slabs() {
   Slabs& all = slabs();
   std::lock_guard<std::mutex> lock(all.mutex);
-  return all.by_base.size();
+  return all.by_base.size() + all.closing.size();
 }
 
 }  // namespace uvm

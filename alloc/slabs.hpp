@@ -30,10 +30,15 @@ uvm_status take_slot(const Call& call, int device, void** slot, uintptr_t* slab)
 // Returns the slot at `ptr` to the slab at `slab`. `reusable`: false when the driver may still count
 // some of its pages as discarded (staged or discarded when it was freed): a copy into such a page
 // leaves it discardable, so a later owner could lose data it copied in; such a slot waits for its
-// slab to be freed. Once none of its slots is in use the slab leaves the books and `emptied` is set:
-// the caller then frees it (cudaFree), which ends any discard state with it. The caller has waited
-// for the work that may still use the slot, as cudaFree would.
+// slab to be freed. Once none of its slots is in use the slab hands out no slot and `emptied` is
+// set: the caller then frees it (cudaFree), which ends any discard state with it, and says how that
+// went with close_slab. The caller has waited for the work that may still use the slot, as cudaFree
+// would.
 uvm_status give_back_slot(const Call& call, uintptr_t slab, void* ptr, bool reusable, bool* emptied);
+
+// The end of freeing an emptied slab: `freed`, it leaves the books; else (cudaFree failed) it stays,
+// empty, to serve the next slot, and goes with the next free that empties it.
+void close_slab(uintptr_t slab, bool freed);
 
 // Slabs alive (all devices), for tests and doctor.
 size_t live_slabs();

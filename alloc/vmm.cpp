@@ -98,19 +98,24 @@ SparePool& spare_pool() {
   return *pool;
 }
 
-// Gives spare memory of `device` back, oldest first, until at most `keep` bytes are held; the
-// first failure is the call's (its handle is forgotten: the driver would not take it either).
+// Gives spare memory of `device` back, oldest first, until at most `keep` bytes are held. Memory the
+// driver would not take stays spare, for the next try (a later trim, or a map of its size); the
+// first failure is the call's.
 uvm_status trim_spares(const Call& call, SparePool& pool, int device, size_t keep) {
   uvm_status status = UVM_OK;
-  for (auto it = pool.kept.begin(); it != pool.kept.end() && pool.held[device] > keep;) {
+  size_t kept_back = 0;  // bytes whose release failed: they stay, and do not stop the others going
+  for (auto it = pool.kept.begin(); it != pool.kept.end() && pool.held[device] > keep + kept_back;) {
     if (it->device != device) {
       ++it;
       continue;
     }
-    pool.held[device] -= it->bytes;
     if (CUresult r = release_physical(it->handle, device)) {
       if (status == UVM_OK) status = fail_driver(call, r, "cuMemRelease(%zu bytes of spare memory on device %d)", it->bytes, device);
+      kept_back += it->bytes;
+      ++it;
+      continue;
     }
+    pool.held[device] -= it->bytes;
     it = pool.kept.erase(it);
   }
   return status;
@@ -131,20 +136,24 @@ CUmemGenericAllocationHandle take_spare(int device, size_t bytes) {
   return 0;
 }
 
-// Keeps `handle` (unmapped) as spare memory if the device's limit has room for it, giving back
-// older spares to make room; else gives it back.
-uvm_status keep_or_release(const Call& call, uintptr_t base, const Mapping& m) {
+// Gives the unmapped physical memory of `m` back, or keeps it as spare memory if the device's limit
+// has room for it (giving back older spares to make room). Either way it is no longer `m`'s; memory
+// the driver would not take stays `m`'s (the next map maps it, the free tries again).
+uvm_status release_or_keep(const Call& call, uintptr_t base, Mapping* m) {
   SparePool& pool = spare_pool();
-  std::lock_guard<std::mutex> lock(pool.mutex);
-  if (m.device >= 0 && m.device < kMaxDevices && m.reserved <= pool.limit[m.device]) {
-    const uvm_status trimmed = trim_spares(call, pool, m.device, pool.limit[m.device] - m.reserved);
-    pool.kept.push_back(Spare{m.device, m.reserved, m.handle});
-    pool.held[m.device] += m.reserved;
+  std::unique_lock<std::mutex> lock(pool.mutex);
+  if (m->device >= 0 && m->device < kMaxDevices && m->reserved <= pool.limit[m->device]) {
+    const uvm_status trimmed = trim_spares(call, pool, m->device, pool.limit[m->device] - m->reserved);
+    pool.kept.push_back(Spare{m->device, m->reserved, m->handle});
+    pool.held[m->device] += m->reserved;
+    m->handle = 0;
     return trimmed;
   }
-  if (CUresult r = release_physical(m.handle, m.device)) {
+  lock.unlock();
+  if (CUresult r = release_physical(m->handle, m->device)) {
     return fail_driver(call, r, "cuMemRelease(physical memory of %p)", reinterpret_cast<void*>(base));
   }
+  m->handle = 0;
   return UVM_OK;
 }
 
@@ -169,14 +178,22 @@ uvm_status create_physical(const Call& call, int device, const Mapping& m, CUmem
 }
 
 // Maps physical memory on `device` for `m` at `base`, read-write for that device (`*created`: new
-// physical memory, not spare); on failure nothing stays created or mapped.
+// physical memory, not spare): memory `m` still holds (its release failed) first. On failure nothing
+// new stays created or mapped.
 uvm_status map_physical(const Call& call, uintptr_t base, int device, Mapping* m, bool* created) {
   const VmmApi& api = vmm_api();
   const CUmemAllocationProp prop = device_memory(device);
-  CUmemGenericAllocationHandle handle = 0;
-  if (uvm_status s = create_physical(call, device, *m, &handle, created)) return s;
+  CUmemGenericAllocationHandle handle = m->handle;
+  *created = false;
+  if (handle == 0) {
+    if (uvm_status s = create_physical(call, device, *m, &handle, created)) return s;
+  }
+  // Memory this call took (new or spare) goes back on failure; memory `m` held stays `m`'s.
+  const auto give_back_taken = [&] {
+    if (handle != m->handle) api.release(handle);
+  };
   if (CUresult r = api.map(base, m->reserved, 0, handle, 0)) {
-    api.release(handle);
+    give_back_taken();
     return fail_driver(call, r, "cuMemMap(%p, %zu bytes)", reinterpret_cast<void*>(base), m->reserved);
   }
   CUmemAccessDesc access{};
@@ -184,7 +201,7 @@ uvm_status map_physical(const Call& call, uintptr_t base, int device, Mapping* m
   access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   if (CUresult r = api.set_access(base, m->reserved, &access, 1)) {
     api.unmap(base, m->reserved);
-    api.release(handle);
+    give_back_taken();
     return fail_driver(call, r, "cuMemSetAccess(%p, %zu bytes, device %d)", reinterpret_cast<void*>(base),
                        m->reserved, device);
   }
@@ -201,11 +218,7 @@ uvm_status unmap_physical(const Call& call, uintptr_t base, Mapping* m, bool may
     return fail_driver(call, r, "cuMemUnmap(%p, %zu bytes)", reinterpret_cast<void*>(base), m->reserved);
   }
   m->mapped = false;
-  if (may_keep) {
-    const uvm_status status = keep_or_release(call, base, *m);
-    m->handle = 0;  // kept or given back: no longer this allocation's either way
-    return status;
-  }
+  if (may_keep) return release_or_keep(call, base, m);
   if (CUresult r = release_physical(m->handle, m->device)) {
     return fail_driver(call, r, "cuMemRelease(physical memory of %p)", reinterpret_cast<void*>(base));
   }

@@ -233,7 +233,7 @@ MUTANTS = [
  ("offload/pinned.cpp", "    return issued;\n  });", "    return true;\n  });", "offload_tests", "[pinned]"),
  # A releasable allocation whose access cannot be set keeps its physical memory; one whose mapping
  # cannot be made keeps its address range.
- ("alloc/vmm.cpp", "    api.unmap(base, m->reserved);\n    api.release(handle);\n", "    api.unmap(base, m->reserved);\n",
+ ("alloc/vmm.cpp", "    api.unmap(base, m->reserved);\n    give_back_taken();\n", "    api.unmap(base, m->reserved);\n",
   "alloc_tests", "[releasable]"),
  ("alloc/vmm.cpp", "  if (uvm_status s = map_physical(call, base, device, &m, &created)) {  // allocates no host memory\n    api.address_free(base, m.reserved);",
   "  if (uvm_status s = map_physical(call, base, device, &m, &created)) {  // allocates no host memory", "alloc_tests", "[releasable]"),
@@ -251,6 +251,16 @@ MUTANTS = [
  # is not found; issue 57 item 2).
  ("preload/interposer.cpp", "  return search.found;\n}", "  return nullptr;\n}",
   "pytest", "tests/python/test_preload.py::test_a_runtime_loaded_after_the_first_call_is_found"),
+ # Memory the driver would not take back (issue 58 item 5): a free's record forgotten all the same; a
+ # spare, or an offload's physical memory, forgotten; an emptied slab's failed cudaFree losing it.
+ ("alloc/malloc.cpp", "    registry().insert(reinterpret_cast<uintptr_t>(ptr), std::move(*found));\n    found.reset();\n    return status;",
+  "    found.reset();\n    return status;", "alloc_tests", "[errors]"),
+ ("alloc/vmm.cpp", "      kept_back += it->bytes;\n      ++it;\n      continue;\n", "      kept_back += it->bytes;\n",
+  "alloc_tests", "[errors]"),
+ ("alloc/vmm.cpp", "  CUmemGenericAllocationHandle handle = m->handle;\n", "  CUmemGenericAllocationHandle handle = 0;\n",
+  "alloc_tests", "[errors]"),
+ ("alloc/slabs.cpp", "  else all.by_base.insert(all.closing.extract(it));", "  else all.closing.erase(it);",
+  "alloc_tests", "[errors]"),
 ]
 TAG_ENV = {"[steps]": {"UVM_PINNED": ""}, "[env_malformed]": {"UVM_PINNED": "pinned"}, "[model]": {"UVM_MODEL_SEQUENCES": "300", "UVM_MODEL_THREADED_SEQUENCES": "10"}, "[model]~[threads]": {"UVM_MODEL_SEQUENCES": "300", "UVM_MODEL_FILES_AT_ONCE": "1"}, "[sm_copy]": {"UVM_ONLOAD_COPY": "sm"},
            "[sm_copy_default]": {"UVM_ONLOAD_COPY": "", "FAKE_CUDA_SCENARIO": "pre_volta"},

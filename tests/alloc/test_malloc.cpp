@@ -185,6 +185,29 @@ TEST_CASE("uvm_free: NULL, unknown, interior, double and mismatched frees", "[ma
   }
 }
 
+TEST_CASE("a managed allocation whose cudaFree fails stays recorded and counted for a second free", "[malloc][free][errors]") {
+  // Issue 58 item 5: the record and its counts went first, so the memory was lost to uvm.
+  FakeMachine machine;
+  const uint64_t frees = stats_of(0).total_frees;
+  void* ptr = uvm_malloc(4096, 0, nullptr);
+  REQUIRE(ptr != nullptr);
+  fake::fail_next("cudaFree", cudaErrorLaunchFailure);
+  uvm_free(ptr, 4096, 0, nullptr);
+  CHECK(uvm_last_status() == UVM_ERROR_CUDA);
+  CHECK_THAT(last_error(), Has("uvm_free(") && Has("cudaFree") && Has("cudaErrorLaunchFailure"));
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  CHECK(uvm_is_managed(ptr) == 1);
+  CHECK(stats_of(0).live_bytes == 4096);
+  CHECK(stats_of(0).live_allocations == 1);
+  CHECK(stats_of(0).total_frees == frees);
+  uvm_clear_last_error();
+  uvm_free(ptr, 4096, 0, nullptr);
+  CHECK(uvm_last_status() == UVM_OK);
+  CHECK(fake::live_allocations() == 0);
+  CHECK(stats_of(0).live_bytes == 0);
+  CHECK(stats_of(0).total_frees == frees + 1);
+}
+
 TEST_CASE("allocating on another device restores the caller's context", "[malloc][context]") {
   FakeMachine machine;
   SECTION("from device 0's context") {

@@ -320,3 +320,71 @@ TEST_CASE("a releasable allocation whose mapping cannot be made leaves nothing b
   REQUIRE(p != nullptr);
   uvm_free(p, 2 << 20, 0, nullptr);
 }
+
+TEST_CASE("a free whose unmap, release or address free fails keeps the allocation recorded and counted for a second free",
+          "[releasable][errors]") {
+  // Issue 58 item 5: the record and its counts went before the memory, so a failure there left an
+  // address range and physical memory that nothing could free any more.
+  FakeMachine machine;
+  const size_t reservations = fake::live_reservations(), handles = fake::physical_handles();
+  const size_t live = stats_of(0).live_bytes;
+  for (const char* call : {"cuMemUnmap", "cuMemRelease", "cuMemAddressFree"}) {
+    CAPTURE(call);
+    void* p = uvm_malloc_releasable(2 << 20, 0, nullptr);
+    REQUIRE(p != nullptr);
+    std::memset(p, 0x5a, 2 << 20);
+    fake::fail_next(call, cudaErrorLaunchFailure);
+    uvm_clear_last_error();
+    uvm_free(p, 2 << 20, 0, nullptr);
+    CHECK(uvm_last_status() == UVM_ERROR_CUDA);
+    CHECK_THAT(last_error(), Has("uvm_free(") && Has(std::string(call) + "(") && Has("CUDA_ERROR_LAUNCH_FAILED"));
+    CHECK(uvm_last_cuda_error() == CUDA_ERROR_LAUNCH_FAILED);
+    CHECK(no_cuda_error_pending());
+    void* base = nullptr;
+    size_t size = 0;
+    int device = -1;
+    CHECK(uvm_allocation_info(p, &base, &size, &device) == UVM_OK);  // still uvm's
+    CHECK(stats_of(0).live_bytes == live + (2 << 20));               // and still counted
+    CHECK(fake::live_reservations() == reservations + 1);
+    uvm_clear_last_error();
+    uvm_free(p, 2 << 20, 0, nullptr);  // the second free finishes what the first began
+    CHECK(uvm_last_status() == UVM_OK);
+    CHECK(fake::live_reservations() == reservations);
+    CHECK(fake::physical_handles() == handles);
+    CHECK(stats_of(0).live_bytes == live);
+  }
+}
+
+TEST_CASE("physical memory the driver would not take back stays uvm's: mapped again, freed with its allocation",
+          "[releasable][spare][errors]") {
+  FakeMachine machine;
+  const size_t handles = fake::physical_handles();
+  Releasable a(kSize, 0, 1);
+  const uvm_range ra = a.whole();
+  SECTION("an offload's release") {
+    fake::fail_next("cuMemRelease", cudaErrorLaunchFailure);
+    CHECK(uvm_offload_ranges(&ra, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_ERROR_CUDA);
+    CHECK_THAT(last_error(), Has("cuMemRelease(") && Has("CUDA_ERROR_LAUNCH_FAILED"));
+    CHECK(no_cuda_error_pending());
+    CHECK(fake::physical_handles() == handles + 1);  // still there, and still a's
+    fake::reset_ops();
+    REQUIRE(uvm_onload_ranges(&ra, 1, nullptr) == UVM_OK);
+    CHECK(FakeMachine::ops_named(fake::OpKind::vmm_create).empty());  // its own memory, mapped again
+    CHECK(a.intact());
+  }
+  SECTION("a spare's release when the limit falls") {
+    SpareLimit limit(0, reserved_of(kSize));
+    REQUIRE(uvm_offload_ranges(&ra, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
+    CHECK(stats_of(0).spare_bytes == reserved_of(kSize));
+    fake::fail_next("cuMemRelease", cudaErrorLaunchFailure);
+    CHECK(uvm_set_spare_limit(0, 0) == UVM_ERROR_CUDA);
+    CHECK_THAT(last_error(), Has("cuMemRelease(") && Has("spare memory"));
+    CHECK(stats_of(0).spare_bytes == reserved_of(kSize));  // kept, for the next try
+    CHECK(fake::physical_handles() == handles + 1);
+    REQUIRE(uvm_set_spare_limit(0, 0) == UVM_OK);
+    CHECK(stats_of(0).spare_bytes == 0);
+    CHECK(fake::physical_handles() == handles);
+    REQUIRE(uvm_onload_ranges(&ra, 1, nullptr) == UVM_OK);
+    CHECK(a.intact());
+  }
+}

@@ -113,6 +113,31 @@ TEST_CASE("a slab that cannot be allocated fails the allocation cleanly", "[mall
   CHECK(stats_of(0).live_allocations == 0);
 }
 
+TEST_CASE("an emptied slab whose cudaFree fails stays, empty, for the next slot", "[malloc][slabs][errors]") {
+  // Issue 58 item 5: the slab left uvm's books before cudaFree, so a failure there lost it.
+  FakeMachine machine;
+  void* slot = uvm_malloc(kSlot, 0, nullptr);
+  REQUIRE(slot != nullptr);
+  fake::fail_next("cudaFree", cudaErrorLaunchFailure);
+  uvm_free(slot, kSlot, 0, nullptr);
+  CHECK(uvm_last_status() == UVM_ERROR_CUDA);
+  CHECK_THAT(std::string(uvm_last_error()), Has("a slab of small-tensor segments") && Has("cudaErrorLaunchFailure") &&
+                                                Has("the slot was freed"));
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  CHECK(uvm_allocation_info(slot, nullptr, nullptr, nullptr) == UVM_ERROR_NOT_MANAGED);  // the slot went
+  CHECK(stats_of(0).live_bytes == 0);
+  CHECK(uvm::live_slabs() == 1);  // its slab stayed
+  const size_t slabs_made = ops_of(fake::OpKind::malloc);
+  void* again = uvm_malloc(kSlot, 0, nullptr);
+  REQUIRE(again != nullptr);
+  CHECK(ops_of(fake::OpKind::malloc) == slabs_made);  // the kept slab served it
+  uvm_clear_last_error();
+  uvm_free(again, kSlot, 0, nullptr);
+  CHECK(uvm_last_status() == UVM_OK);
+  CHECK(uvm::live_slabs() == 0);
+  CHECK(fake::live_allocations() == 0);
+}
+
 TEST_CASE("threads allocating and freeing slots never share one", "[slabs][threads]") {
   FakeMachine machine;
   std::mutex mutex;

@@ -332,6 +332,7 @@ CUresult fake_get_error_name(CUresult result, const char** name) {
   *name = result == CUDA_ERROR_OUT_OF_MEMORY ? "CUDA_ERROR_OUT_OF_MEMORY"
           : result == CUDA_ERROR_INVALID_VALUE ? "CUDA_ERROR_INVALID_VALUE"
           : result == CUDA_ERROR_ILLEGAL_ADDRESS ? "CUDA_ERROR_ILLEGAL_ADDRESS"
+          : result == CUDA_ERROR_LAUNCH_FAILED   ? "CUDA_ERROR_LAUNCH_FAILED"
                                                : "CUDA_ERROR_UNKNOWN";
   return CUDA_SUCCESS;
 }
@@ -359,6 +360,8 @@ CUresult fake_mem_address_reserve(CUdeviceptr* ptr, size_t size, size_t alignmen
 CUresult fake_mem_address_free(CUdeviceptr ptr, size_t size) {
   World& w = world();
   std::lock_guard<std::mutex> lock(w.mutex);
+  CUresult r;
+  if (injected_driver(w, "cuMemAddressFree", &r)) return r;
   auto it = w.reservations.find(ptr);
   if (it == w.reservations.end() || it->second.size != size || it->second.mapped) return CUDA_ERROR_INVALID_VALUE;
   munmap(reinterpret_cast<void*>(ptr), size);
@@ -384,6 +387,8 @@ CUresult fake_mem_create(CUmemGenericAllocationHandle* handle, size_t size, cons
 CUresult fake_mem_release(CUmemGenericAllocationHandle handle) {
   World& w = world();
   std::lock_guard<std::mutex> lock(w.mutex);
+  CUresult r;
+  if (injected_driver(w, "cuMemRelease", &r)) return r;
   for (const auto& r : w.reservations) {
     if (r.second.mapped == handle) return CUDA_ERROR_INVALID_VALUE;  // still mapped (the fake is strict)
   }

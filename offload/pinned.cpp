@@ -240,34 +240,49 @@ size_t pinned_bytes_eventually(const PinnedMemory& memory) {
   return pinning_failed(memory) ? pinned_bytes_now(memory) : memory.bytes;
 }
 
-uvm_status unpin_steps(const Call& call, char* host, size_t bytes) {
+uvm_status unpin_steps(const Call& call, char* host, size_t bytes, size_t* given_back) {
+  *given_back = 0;
   for (size_t at = 0; at < bytes; at += kPinStepBytes) {
-    if (cudaError_t e = cudaHostUnregister(host + at)) return fail_cuda(call, e, "cudaHostUnregister(%p)", host + at);
+    if (cudaError_t e = cudaHostUnregister(host + at)) {
+      if (at > 0) munmap(host, at);  // the steps unregistered so far go; the rest stays whole
+      *given_back = at;
+      return fail_cuda(call, e, "cudaHostUnregister(%p)", host + at);
+    }
   }
   munmap(host, bytes);
+  *given_back = bytes;
   return UVM_OK;
 }
 
-uvm_status unpin_host_memory(const Call& call, const PinnedMemory& memory) {
-  if (memory.kind == PinnedKind::host_alloc) {
-    if (cudaError_t e = cudaFreeHost(memory.host)) return fail_cuda(call, e, "cudaFreeHost(%p)", memory.host);
+uvm_status unpin_host_memory(const Call& call, PinnedMemory* memory) {
+  if (memory->kind == PinnedKind::host_alloc) {
+    if (cudaError_t e = cudaFreeHost(memory->host)) return fail_cuda(call, e, "cudaFreeHost(%p)", memory->host);
     return UVM_OK;
   }
-  if (memory.kind == PinnedKind::pageable) {
-    munmap(memory.host, memory.bytes);
+  if (memory->kind == PinnedKind::pageable) {
+    munmap(memory->host, memory->bytes);
     return UVM_OK;
   }
-  if (memory.steps) {
-    std::unique_lock<std::mutex> lock(memory.steps->mutex);
-    memory.steps->changed.wait(lock, [&] { return memory.steps->done; });
-    const size_t pinned = memory.steps->pinned;
+  if (memory->steps) {
+    StepPinning& steps = *memory->steps;
+    std::unique_lock<std::mutex> lock(steps.mutex);
+    steps.changed.wait(lock, [&] { return steps.done; });
+    const size_t pinned = steps.pinned;
     lock.unlock();
-    if (uvm_status s = unpin_steps(call, memory.host, pinned)) return s;
-    if (memory.bytes > pinned) munmap(memory.host + pinned, memory.bytes - pinned);  // a step failed
+    size_t given_back = 0;
+    const uvm_status status = unpin_steps(call, memory->host, pinned, &given_back);
+    if (status != UVM_OK) {  // what is left starts at the step that failed: the next try starts there
+      memory->host += given_back;
+      memory->bytes -= given_back;
+      lock.lock();
+      steps.pinned = pinned - given_back;
+      return status;
+    }
+    if (memory->bytes > pinned) munmap(memory->host + pinned, memory->bytes - pinned);  // a step failed
     return UVM_OK;
   }
-  if (cudaError_t e = cudaHostUnregister(memory.host)) return fail_cuda(call, e, "cudaHostUnregister(%p)", memory.host);
-  munmap(memory.host, memory.bytes);
+  if (cudaError_t e = cudaHostUnregister(memory->host)) return fail_cuda(call, e, "cudaHostUnregister(%p)", memory->host);
+  munmap(memory->host, memory->bytes);
   return UVM_OK;
 }
 

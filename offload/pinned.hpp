@@ -101,12 +101,15 @@ bool pinning_failed(const PinnedMemory& memory);
 
 // Gives back `bytes` (a multiple of kPinStepBytes, or up to the end of the memory) of memory pinned
 // in steps from `host`, where a step starts: each step is unregistered, then all of it unmapped.
-// An unregistration that fails stops there, naming cudaHostUnregister, and unmaps nothing.
-uvm_status unpin_steps(const Call& call, char* host, size_t bytes);
+// An unregistration that fails stops there, naming cudaHostUnregister: the steps before it are
+// unmapped, and `given_back` says how many bytes they hold (all of them on success); the rest is
+// still registered and mapped, for another try.
+uvm_status unpin_steps(const Call& call, char* host, size_t bytes, size_t* given_back);
 
 // Gives back memory from pin_host_memory or pin_host_memory_in_steps (waiting for its pinning to
-// end: cudaHostUnregister + munmap, or cudaFreeHost).
-uvm_status unpin_host_memory(const Call& call, const PinnedMemory& memory);
+// end: cudaHostUnregister + munmap, or cudaFreeHost). On failure `memory` describes what is left
+// (for memory pinned in steps, the steps from the one that failed), and a second call gives it back.
+uvm_status unpin_host_memory(const Call& call, PinnedMemory* memory);
 
 // The kind UVM_PINNED asks for.
 inline PinnedKind configured_pinned_kind() { return options().pinned; }

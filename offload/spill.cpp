@@ -507,7 +507,7 @@ uvm_status spill_in(const Call& call, int device, cudaStream_t stream, const std
 void set_files_at_once_for_test(size_t most) { files_at_once_for_test = most; }
 
 uvm_status free_bounce_buffers(const Call& call) {
-  std::vector<PinnedMemory> unused;  // blocks none of whose buffers is in use
+  std::vector<BouncePool::Block> unused;  // blocks none of whose buffers is in use
   {
     BouncePool& pool = bounce_pool();
     std::lock_guard<std::mutex> lock(pool.mutex);
@@ -521,14 +521,22 @@ uvm_status free_bounce_buffers(const Call& call) {
         continue;
       }
       idle.erase(std::remove_if(idle.begin(), idle.end(), inside), idle.end());
-      unused.push_back(memory);
+      unused.push_back(*block);
       block = pool.blocks.erase(block);
     }
   }
   uvm_status status = UVM_OK;
-  for (const PinnedMemory& block : unused) {
-    const uvm_status freed = unpin_host_memory(call, block);
+  for (BouncePool::Block& block : unused) {
+    const uvm_status freed = unpin_host_memory(call, &block.memory);
+    if (freed == UVM_OK) continue;
     if (status == UVM_OK) status = freed;
+    // Still pinned: back in the pool, its buffers idle, for the next spill or the next try.
+    BouncePool& pool = bounce_pool();
+    std::lock_guard<std::mutex> lock(pool.mutex);
+    for (size_t at = 0; at + block.buffer_bytes <= block.memory.bytes; at += block.buffer_bytes) {
+      pool.idle[block.buffer_bytes].push_back(block.memory.host + at);
+    }
+    pool.blocks.push_back(block);
   }
   return status;
 }

@@ -196,13 +196,13 @@ std::shared_ptr<Staging::Block> Staging::block_holding(const char* host) const {
   return nullptr;
 }
 
-uvm_status Staging::free_block(const Call& call, const Block& block) {
+uvm_status Staging::free_block(const Call& call, Block& block) {
   ContextScope scope;
   if (uvm_status s = scope.enter(call, block.device, ContextScope::When::only_if_none_current)) return s;
   for (const EventRef& read : block.reads) {
     if (cudaError_t e = cudaEventSynchronize(read->handle)) return fail_cuda(call, e, "cudaEventSynchronize");
   }
-  return unpin_host_memory(call, block.memory);
+  return unpin_host_memory(call, &block.memory);
 }
 
 Staging::RoomClaim::RoomClaim(Staging& store) : store_(store) {
@@ -265,10 +265,26 @@ uvm_status Staging::trim_steps(const Call& call) {
     for (size_t i = 0; s == UVM_OK && i < tail.reads.size(); ++i) {
       if (cudaError_t e = cudaEventSynchronize(tail.reads[i]->handle)) s = fail_cuda(call, e, "cudaEventSynchronize");
     }
-    if (s == UVM_OK) s = unpin_steps(call, tail.host, tail.bytes);
+    size_t given_back = 0;
+    if (s == UVM_OK) s = unpin_steps(call, tail.host, tail.bytes, &given_back);
+    if (s != UVM_OK) keep_as_block(tail.host + given_back, tail.bytes - given_back, tail.device, tail.reads);
     if (status == UVM_OK) status = s;
   }
   return status;
+}
+
+void Staging::keep_as_block(char* host, size_t bytes, int device, std::vector<EventRef> reads) {
+  auto block = std::make_shared<Block>();
+  block->memory.host = host;
+  block->memory.bytes = bytes;
+  block->memory.kind = PinnedKind::registered;
+  block->memory.steps = std::make_shared<StepPinning>();
+  block->memory.steps->pinned = bytes;
+  block->memory.steps->done = true;
+  block->device = device;
+  block->reads = std::move(reads);
+  std::lock_guard<std::mutex> lock(mutex_);
+  blocks_.push_back(std::move(block));
 }
 
 uvm_status Staging::free_unused_now(const Call& call) {

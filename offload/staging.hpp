@@ -119,7 +119,8 @@ class Staging {
   // at their full size instead of their steps done.
   size_t unplaced_bytes(const std::vector<Span>& spans, bool pinning_done = false) const;
   static uvm_status new_block(const Call& call, size_t bytes, bool in_steps, std::shared_ptr<Block>* out);
-  static uvm_status free_block(const Call& call, const Block& block);
+  // Frees an unused block; on failure the block holds what is left, for the next try.
+  static uvm_status free_block(const Call& call, Block& block);
   // A lease on [host, host + bytes) of `block`: the bytes count as lent until it is dropped.
   std::shared_ptr<char> lend(const std::shared_ptr<Block>& block, char* host, size_t bytes);
   uvm_status free_unused_now(const Call& call);
@@ -129,9 +130,12 @@ class Staging {
   // Cuts those steps off every block that has them: the block shrinks under mutex_ (no reservation
   // reaches them after), then, with no lock held, the reads of the block are waited for and the
   // steps unregistered and unmapped. Holding them held pinned memory up to a whole first offload's
-  // size after the set offloaded shrank. A failed wait or unregistration leaves the steps mapped
-  // (lost to uvm, as they hold no data) and is reported.
+  // size after the set offloaded shrank. A failed wait or unregistration is reported, and the steps
+  // not given back become a block of their own (keep_as_block): counted, usable, and freed with the
+  // next unused blocks.
   uvm_status trim_steps(const Call& call);
+  // Adopts pinned steps [host, host + bytes) that could not be given back as an unused block.
+  void keep_as_block(char* host, size_t bytes, int device, std::vector<EventRef> reads);
 
   mutable std::mutex mutex_;
   std::mutex growth_mutex_;  // held across pinning by ensure_capacity only; never with mutex_ waiting on it

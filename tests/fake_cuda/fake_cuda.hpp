@@ -77,8 +77,13 @@ struct Op {
 // staging memory for the life of the process).
 void reset();
 
-// The next call to `call_name` (e.g. "cudaMallocManaged") returns `error` instead of running.
-void fail_next(const std::string& call_name, cudaError_t error);
+// The next call to `call_name` (e.g. "cudaMallocManaged") returns `error` instead of running;
+// `skip` calls of it pass first (fail_next("cudaHostUnregister", e, 1) fails the second).
+void fail_next(const std::string& call_name, cudaError_t error, int skip = 0);
+// Whether a failure asked for with fail_next has not happened yet (its calls never came), and
+// forgetting every such failure.
+bool injection_left(const std::string& call_name);
+void clear_injections();
 
 // The next call to `call_name` ("cudaHostAlloc", "cudaHostRegister", "cudaFreeHost" or
 // "cudaHostUnregister", which take long on a real machine, "cudaDeviceSynchronize", "cuMemCreate",

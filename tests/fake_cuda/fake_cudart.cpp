@@ -56,7 +56,11 @@ struct World {
   std::map<uintptr_t, Allocation> allocations;
   std::vector<fake::Op> ops;
   std::vector<LocationRecord> preferred, prefetched;
-  std::map<std::string, cudaError_t> injected;
+  struct Injection {
+    cudaError_t error;
+    int skip;  // calls that pass first
+  };
+  std::map<std::string, Injection> injected;
   std::set<cudaStream_t> capturing;  // each in the global mode
   bool capture_invalidated = false;
   bool context_created[kDeviceCount] = {};
@@ -136,12 +140,23 @@ void pass_gate(const char* call) {
   --g.waiting;
 }
 
-// Returns the injected error for `call`, if any (World mutex held by caller).
-bool injected(World& w, const char* call, cudaError_t* error) {
+// Whether the call named `call` fails now, with which error: an injection whose skipped calls have
+// passed (World mutex held by caller).
+bool take_injection(World& w, const char* call, cudaError_t* error) {
   auto it = w.injected.find(call);
   if (it == w.injected.end()) return false;
-  *error = it->second;
+  if (it->second.skip > 0) {
+    --it->second.skip;
+    return false;
+  }
+  *error = it->second.error;
   w.injected.erase(it);
+  return true;
+}
+
+// The same for a runtime call, which also leaves its error for cudaGetLastError.
+bool injected(World& w, const char* call, cudaError_t* error) {
+  if (!take_injection(w, call, error)) return false;
   set_error(*error);
   return true;
 }
@@ -317,12 +332,11 @@ cudaError_t prefetch_to(const void* ptr, size_t size, int where, unsigned int fl
 // An injected failure for a driver call: CUDA_ERROR_OUT_OF_MEMORY for cudaErrorMemoryAllocation,
 // else CUDA_ERROR_INVALID_VALUE. The driver API leaves no runtime error pending.
 bool injected_driver(World& w, const char* call, CUresult* result) {
-  auto it = w.injected.find(call);
-  if (it == w.injected.end()) return false;
+  cudaError_t error = cudaSuccess;
+  if (!take_injection(w, call, &error)) return false;
   // The driver's code for the runtime's: the numbers match except out of memory (2 and 2 differ in
   // name only; both are CUDA_ERROR_OUT_OF_MEMORY here).
-  *result = it->second == cudaErrorMemoryAllocation ? CUDA_ERROR_OUT_OF_MEMORY : static_cast<CUresult>(it->second);
-  w.injected.erase(it);
+  *result = error == cudaErrorMemoryAllocation ? CUDA_ERROR_OUT_OF_MEMORY : static_cast<CUresult>(error);
   return true;
 }
 
@@ -587,9 +601,19 @@ bool event_pending(cudaEvent_t event) {
   return world().pending_events.count(event) != 0;
 }
 
-void fail_next(const std::string& call_name, cudaError_t error) {
+void fail_next(const std::string& call_name, cudaError_t error, int skip) {
   std::lock_guard<std::mutex> lock(world().mutex);
-  world().injected[call_name] = error;
+  world().injected[call_name] = World::Injection{error, skip};
+}
+
+bool injection_left(const std::string& call_name) {
+  std::lock_guard<std::mutex> lock(world().mutex);
+  return world().injected.count(call_name) != 0;
+}
+
+void clear_injections() {
+  std::lock_guard<std::mutex> lock(world().mutex);
+  world().injected.clear();
 }
 
 void hold_next(const std::string& call_name, int skip) {

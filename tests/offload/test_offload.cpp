@@ -779,6 +779,35 @@ TEST_CASE("a block pinned in steps that holds a smaller set gives back the steps
   CHECK(cudaPeekAtLastError() == cudaSuccess);
 }
 
+TEST_CASE("steps of a block that cannot be given back stay uvm's staging memory, and the next release frees them",
+          "[scenario][steps][cuda13]") {
+  // Issue 58 item 5: the block was cut before its steps were unregistered, so a failure there left
+  // them registered and mapped, known to no one.
+  FakeMachine machine;
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  const size_t step = size_t{256} << 20;
+  Buffer small(size_t{10} << 20), big(2 * step);
+  const uvm_range both[] = {small.whole(), big.whole()};
+  cudaStream_t stream = fake::make_stream();
+  REQUIRE(uvm_offload_ranges(both, 2, UVM_STRATEGY_STAGED, stream) == UVM_OK);  // one block, three steps
+  REQUIRE(uvm_onload_ranges(both, 2, stream) == UVM_OK);
+  const size_t blocks_before = fake::pinned_blocks();
+  fake::fail_next("cudaHostUnregister", cudaErrorInvalidValue, 1);  // the third step
+  REQUIRE(uvm_offload_ranges(&both[0], 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);  // the first step holds it
+  (void)uvm_release_staging();  // it, or the cut in the background, fails at the third step
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  REQUIRE(uvm_release_staging() == UVM_OK);  // the step left is tried again
+  CHECK(fake::pinned_blocks() == blocks_before - 2);
+  size_t capacity = 0;
+  REQUIRE(uvm_get_staging(&capacity, nullptr) == UVM_OK);
+  CHECK(capacity == step);
+  REQUIRE(uvm_onload_ranges(&both[0], 1, stream) == UVM_OK);
+  CHECK(small.intact());
+  CHECK(big.intact());
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  CHECK(fake::pinned_blocks() == 0);
+}
+
 TEST_CASE("steps given back while other threads offload, onload and release staging lose no byte",
           "[scenario][steps][steps_race][cuda13]") {
   FakeMachine machine;
@@ -863,4 +892,52 @@ TEST_CASE("UVM_PINNED=pageable stages in memory it never pins, and the data surv
   REQUIRE(uvm_get_staging(&capacity, nullptr) == UVM_OK);
   CHECK(capacity == 0);
   CHECK(FakeMachine::ops_named(fake::OpKind::host_unregister).empty());
+}
+
+TEST_CASE("a cycle whose every runtime call fails in turn names the call, leaves nothing pending and loses no byte",
+          "[offload][errors][cuda13]") {
+  // Issue 58 item 5: each failure of each call an offload and an onload make, one at a time (the
+  // k-th call of that name fails), managed and releasable memory side by side; after it the onload
+  // is tried again until it works, and every byte must be back.
+  FakeMachine machine;
+  Buffer managed(kSize);
+  Releasable released(kSize, 0, 9);
+  cudaStream_t stream = fake::make_stream();
+  std::vector<uvm_range> ranges = tensors_in(managed, 4);
+  ranges.push_back(released.whole());
+  for (const char* call : {"cudaStreamWaitEvent", "cudaEventRecord", "cudaEventSynchronize", "cudaMemcpyAsync",
+                           "cudaMemPrefetchAsync", "cudaMemDiscardBatchAsync",
+                           "cudaEventCreateWithFlags", "cuMemUnmap", "cuMemRelease", "cuMemCreate", "cuMemMap",
+                           "cuMemSetAccess"}) {
+    for (int skip = 0;; ++skip) {
+      CAPTURE(call, skip);
+      REQUIRE(skip < 64);
+      fake::fail_next(call, cudaErrorLaunchFailure, skip);
+      uvm_clear_last_error();
+      if (uvm_offload_ranges(ranges.data(), ranges.size(), UVM_STRATEGY_STAGED, stream) != UVM_OK) {
+        CHECK_THAT(last_error(), Has(call));
+      }
+      CHECK(cudaPeekAtLastError() == cudaSuccess);
+      const bool failed_in_offload = !fake::injection_left(call);
+      uvm_clear_last_error();
+      uvm_status onloaded = uvm_onload_ranges(ranges.data(), ranges.size(), stream);
+      if (onloaded != UVM_OK) {
+        CHECK(!failed_in_offload);
+        CHECK_THAT(last_error(), Has(call));
+        CHECK(cudaPeekAtLastError() == cudaSuccess);
+        onloaded = uvm_onload_ranges(ranges.data(), ranges.size(), stream);
+      }
+      REQUIRE(onloaded == UVM_OK);
+      CHECK(cudaPeekAtLastError() == cudaSuccess);
+      CHECK(managed.intact());
+      CHECK(released.intact());
+      CHECK(residency().staged_bytes == 0);
+      const bool happened = !fake::injection_left(call);
+      fake::clear_injections();
+      if (happened) continue;
+      CHECK(skip > 0);  // the cycle calls it at least once: the sweep failed something
+      break;            // and each of its calls was failed in turn
+    }
+  }
+  REQUIRE(uvm_release_staging() == UVM_OK);
 }

@@ -25,7 +25,7 @@ TEST_CASE("staging memory is mapped, faulted in and registered, and given back t
   CHECK(FakeMachine::ops_named(fake::OpKind::host_alloc).empty());
   std::memset(memory.host, 0x5a, kBytes);  // all of it is there to write
   CHECK(static_cast<unsigned char>(memory.host[kBytes - 1]) == 0x5a);
-  REQUIRE(uvm::unpin_host_memory(kCall, memory) == UVM_OK);
+  REQUIRE(uvm::unpin_host_memory(kCall, &memory) == UVM_OK);
   CHECK(FakeMachine::ops_named(fake::OpKind::host_unregister).size() == 1);
   CHECK(FakeMachine::ops_named(fake::OpKind::host_free).empty());
 }
@@ -38,7 +38,7 @@ TEST_CASE("when registering fails, cudaHostAlloc serves, and cudaFreeHost gives 
   CHECK(memory.kind == uvm::PinnedKind::host_alloc);
   CHECK(FakeMachine::ops_named(fake::OpKind::host_alloc).size() == 1);
   CHECK(cudaPeekAtLastError() == cudaSuccess);  // the failed registration left nothing pending
-  REQUIRE(uvm::unpin_host_memory(kCall, memory) == UVM_OK);
+  REQUIRE(uvm::unpin_host_memory(kCall, &memory) == UVM_OK);
   CHECK(FakeMachine::ops_named(fake::OpKind::host_free).size() == 1);
   CHECK(FakeMachine::ops_named(fake::OpKind::host_unregister).empty());
 }
@@ -62,7 +62,7 @@ TEST_CASE("hostalloc pins with cudaHostAlloc alone", "[pinned]") {
   REQUIRE(uvm::pin_host_memory(kCall, kBytes, uvm::PinnedKind::host_alloc, &memory) == UVM_OK);
   CHECK(memory.kind == uvm::PinnedKind::host_alloc);
   CHECK(FakeMachine::ops_named(fake::OpKind::host_register).empty());
-  REQUIRE(uvm::unpin_host_memory(kCall, memory) == UVM_OK);
+  REQUIRE(uvm::unpin_host_memory(kCall, &memory) == UVM_OK);
 }
 
 TEST_CASE("pinning in steps registers step by step on a thread of its own; copies may use each step done",
@@ -90,7 +90,7 @@ TEST_CASE("pinning in steps registers step by step on a thread of its own; copie
   CHECK(registered[1].size == uvm::kPinStepBytes);
   CHECK(registered[2].size == kBytes);
   CHECK(static_cast<unsigned char>(memory.host[bytes - 1]) == 0);  // faulted in, never written
-  REQUIRE(uvm::unpin_host_memory(kCall, memory) == UVM_OK);
+  REQUIRE(uvm::unpin_host_memory(kCall, &memory) == UVM_OK);
   CHECK(FakeMachine::ops_named(fake::OpKind::host_unregister).size() == 3);
 }
 
@@ -127,7 +127,7 @@ bool registers_before_parking(size_t count, uint64_t parked_before) {
 TEST_CASE("a paced pinning registers the next step once the copies reserved in the steps before it are issued",
           "[pinned][steps][threads]") {
   FakeMachine machine;
-  const uvm::PinnedMemory memory = paced_three_steps();
+  uvm::PinnedMemory memory = paced_three_steps();
   const size_t bytes = memory.bytes;
   uvm::StepPinning& pinning = *memory.steps;
   const uint64_t parked_before = uvm::pinning_parked_count();
@@ -142,13 +142,13 @@ TEST_CASE("a paced pinning registers the next step once the copies reserved in t
   uvm::end_pacing(pinning);  // the offload ends, its copies never issued (it failed)
   REQUIRE(wait_for_pinned(pinning, bytes));
   CHECK(registrations() == 3);
-  REQUIRE(uvm::unpin_host_memory(kCall, memory) == UVM_OK);
+  REQUIRE(uvm::unpin_host_memory(kCall, &memory) == UVM_OK);
 }
 
 TEST_CASE("a pinning with no pacer, or two whose one ends, registers its steps without waiting",
           "[pinned][steps][threads]") {
   FakeMachine machine;
-  const uvm::PinnedMemory memory = paced_three_steps();
+  uvm::PinnedMemory memory = paced_three_steps();
   const size_t bytes = memory.bytes;
   uvm::StepPinning& pinning = *memory.steps;
   const uint64_t parked_before = uvm::pinning_parked_count();
@@ -160,7 +160,7 @@ TEST_CASE("a pinning with no pacer, or two whose one ends, registers its steps w
   uvm::end_pacing(pinning);
   REQUIRE(wait_for_pinned(pinning, bytes));
   CHECK(registrations() == 3);
-  REQUIRE(uvm::unpin_host_memory(kCall, memory) == UVM_OK);
+  REQUIRE(uvm::unpin_host_memory(kCall, &memory) == UVM_OK);
 }
 
 TEST_CASE("a step that cannot be registered ends the pinning, saying why; what was pinned is given back",
@@ -176,7 +176,7 @@ TEST_CASE("a step that cannot be registered ends the pinning, saying why; what w
     CHECK(memory.steps->pinned == 0);
   }
   CHECK(cudaPeekAtLastError() == cudaSuccess);
-  REQUIRE(uvm::unpin_host_memory(kCall, memory) == UVM_OK);
+  REQUIRE(uvm::unpin_host_memory(kCall, &memory) == UVM_OK);
   CHECK(FakeMachine::ops_named(fake::OpKind::host_unregister).empty());  // nothing was registered
 }
 
@@ -187,7 +187,40 @@ TEST_CASE("pageable staging memory is mapped and faulted in, never pinned, and u
   CHECK(memory.kind == uvm::PinnedKind::pageable);
   CHECK(FakeMachine::pinnings() == 0);
   std::memset(memory.host, 0x5a, kBytes);
-  REQUIRE(uvm::unpin_host_memory(kCall, memory) == UVM_OK);
+  REQUIRE(uvm::unpin_host_memory(kCall, &memory) == UVM_OK);
   CHECK(FakeMachine::ops_named(fake::OpKind::host_unregister).empty());
   CHECK(FakeMachine::ops_named(fake::OpKind::host_free).empty());
+}
+
+TEST_CASE("an unpinning that fails names the call, leaves nothing pending, and a second one gives all back",
+          "[pinned][errors]") {
+  // Issue 58 item 5: a failed unregistration in steps left the steps before it unregistered, and the
+  // next try unregistered them again, failing for ever: the memory could never go back.
+  FakeMachine machine;
+  const size_t blocks_before = fake::pinned_blocks();
+  uvm::PinnedMemory memory;
+  SECTION("registered at once") {
+    REQUIRE(uvm::pin_host_memory(kCall, kBytes, uvm::PinnedKind::registered, &memory) == UVM_OK);
+    fake::fail_next("cudaHostUnregister", cudaErrorInvalidValue);
+    CHECK(uvm::unpin_host_memory(kCall, &memory) == UVM_ERROR_CUDA);
+    CHECK_THAT(last_error(), Has("cudaHostUnregister(") && Has("cudaErrorInvalidValue"));
+  }
+  SECTION("by cudaHostAlloc") {
+    REQUIRE(uvm::pin_host_memory(kCall, kBytes, uvm::PinnedKind::host_alloc, &memory) == UVM_OK);
+    fake::fail_next("cudaFreeHost", cudaErrorInvalidValue);
+    CHECK(uvm::unpin_host_memory(kCall, &memory) == UVM_ERROR_CUDA);
+    CHECK_THAT(last_error(), Has("cudaFreeHost(") && Has("cudaErrorInvalidValue"));
+  }
+  SECTION("in steps, failing at the second") {
+    REQUIRE(uvm::pin_host_memory_in_steps(kCall, 2 * uvm::kPinStepBytes + kBytes, 0, &memory) == UVM_OK);
+    REQUIRE(wait_for_pinned(*memory.steps, 2 * uvm::kPinStepBytes + kBytes));
+    fake::fail_next("cudaHostUnregister", cudaErrorInvalidValue, 1);
+    CHECK(uvm::unpin_host_memory(kCall, &memory) == UVM_ERROR_CUDA);
+    CHECK_THAT(last_error(), Has("cudaHostUnregister(") && Has("cudaErrorInvalidValue"));
+    CHECK(fake::pinned_blocks() == blocks_before + 2);  // the first step went; the second and third stay
+  }
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  CHECK(fake::pinned_blocks() > blocks_before);
+  REQUIRE(uvm::unpin_host_memory(kCall, &memory) == UVM_OK);
+  CHECK(fake::pinned_blocks() == blocks_before);
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <set>
+#include <thread>
 
 #include "devices.hpp"
 #include "errors.hpp"
@@ -13,6 +14,15 @@ namespace uvm {
 void Registry::insert(uintptr_t base, Allocation allocation) {
   std::lock_guard<std::mutex> lock(mutex_);
   allocations_[base] = std::move(allocation);
+}
+
+bool Registry::lock_is_free_for_test() const {
+  bool free = false;
+  std::thread([&] {
+    free = mutex_.try_lock();
+    if (free) mutex_.unlock();
+  }).join();
+  return free;
 }
 
 std::optional<Allocation> Registry::erase(uintptr_t base) {

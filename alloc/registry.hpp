@@ -135,6 +135,9 @@ class Registry {
   std::vector<AllocationView> select(const Selection& selection) const;
   // The devices holding selected allocations, in order.
   std::vector<int> devices_of(const Selection& selection) const;
+  // For tests: whether no thread holds the registry's lock now (asked from a thread of its own,
+  // which tries the lock without waiting: the answer takes no time and the caller may hold it).
+  bool lock_is_free_for_test() const;
 
   // Where bytes are. Records that [begin, end) of the allocation at `base` moved (nothing if it
   // was freed meanwhile); returns the signed change in its host-resident bytes. Host copies are

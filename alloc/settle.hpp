@@ -36,4 +36,11 @@ struct SettleTiming {
 void set_settle_timing_for_test(SettleTiming timing);
 void wait_until_settled();
 
+// For tests: a clock that moves only when told (true), so that no test waits for time to pass or
+// depends on how fast the host is; switching clocks ends the pending polls. advance moves it on
+// and returns once every poll due by then has run; settling says whether any poll is pending.
+void set_settle_clock_for_test(bool manual);
+void advance_settle_clock_for_test(std::chrono::milliseconds by);
+bool settling();
+
 }  // namespace uvm

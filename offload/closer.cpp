@@ -34,6 +34,7 @@ struct Closer {
   size_t count = 0;
   bool running = false;  // a closing thread exists: it ends only with nothing waiting
   bool held = false;
+  int callers_waiting = 0;  // in wait_for_closed_files (tests wait for one to come)
 };
 
 Closer& closer() {
@@ -98,7 +99,17 @@ void close_in_background(int fd) noexcept {
 void wait_for_closed_files() {
   Closer& state = closer();
   std::unique_lock<std::mutex> lock(state.mutex);
+  if (!state.running) return;
+  ++state.callers_waiting;
+  state.changed.notify_all();
   state.changed.wait(lock, [&] { return !state.running; });
+  --state.callers_waiting;
+}
+
+void wait_for_a_caller_waiting_for_test() {
+  Closer& state = closer();
+  std::unique_lock<std::mutex> lock(state.mutex);
+  state.changed.wait(lock, [&] { return state.callers_waiting > 0; });
 }
 
 void hold_closing_for_test(bool held) {

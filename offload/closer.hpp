@@ -16,7 +16,9 @@ void close_in_background(int fd) noexcept;
 // Returns once every descriptor handed to close_in_background is closed: their blocks are free.
 void wait_for_closed_files();
 
-// For tests: while held, the closing thread closes nothing (what waits for it waits on).
+// For tests: while held, the closing thread closes nothing (what waits for it waits on); and
+// returning once a caller waits in wait_for_closed_files.
 void hold_closing_for_test(bool held);
+void wait_for_a_caller_waiting_for_test();
 
 }  // namespace uvm

@@ -216,10 +216,7 @@ Staging::RoomClaim::~RoomClaim() {
 }
 
 uvm_status Staging::free_unused(const Call& call) {
-  {
-    std::unique_lock<std::mutex> lock(mutex_);
-    background_done_.wait(lock, [&] { return !freeing_in_background_; });
-  }
+  wait_for_background_free();
   return free_unused_now(call);
 }
 
@@ -315,6 +312,7 @@ void Staging::free_unused_in_background() {
       return b->live == 0 || unused_step_bytes(*b) != 0;
     });
     if (!any_to_free) return;
+    ++background_frees_asked_;
     if (freeing_in_background_) {  // the running thread frees once more: these blocks may have emptied after its look
       free_again_ = true;
       return;
@@ -341,6 +339,16 @@ size_t Staging::capacity_bytes() const {
   size_t total = 0;
   for (const auto& block : blocks_) total += block->memory.bytes;
   return total;
+}
+
+void Staging::wait_for_background_free() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  background_done_.wait(lock, [&] { return !freeing_in_background_; });
+}
+
+uint64_t Staging::background_frees_asked() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return background_frees_asked_;
 }
 
 uvm_staging_info Staging::info() const {

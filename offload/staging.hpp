@@ -85,6 +85,11 @@ class Staging {
   // Starts nothing when there is nothing to free; while a thread runs, it frees once more.
   // uvm_release_staging_async is this.
   void free_unused_in_background();
+  // How many times free_unused_in_background found something to free (started a thread, or asked
+  // the running one to free again): tests check that a call asked for none, without waiting to see.
+  uint64_t background_frees_asked() const;
+  // Returns once no free in the background runs (it frees nothing itself).
+  void wait_for_background_free();
 
   // Held by an offload from making room (ensure_capacity) until it has reserved it: the room is
   // not freed under it. Without it a release_staging loop on another thread took the room every
@@ -144,6 +149,7 @@ class Staging {
   bool step_pinning_failed_ = false;     // then growth pins at once
   bool freeing_in_background_ = false;   // a free_unused_in_background thread runs
   bool free_again_ = false;              // asked again while it ran: it frees once more
+  uint64_t background_frees_asked_ = 0;
   std::condition_variable background_done_;
 };
 

@@ -267,6 +267,19 @@ MUTANTS = [
   "offload_tests", "[pinned]"),
  ("offload/staging.cpp", "    if (s != UVM_OK) keep_as_block(tail.host + given_back, tail.bytes - given_back, tail.device, tail.reads);\n", "",
   "offload_tests", "[steps]"),
+ # Settling (alloc/settle.cpp): a wake while the driver held a poll, forgotten (the next poll comes
+ # a delay after the held one); a release that leaves the device's polls running; the window never
+ # ending them.
+ ("alloc/settle.cpp", "    s.next[device] = std::max(s.next[device], now(s) + s.timing.every);",
+  "    s.next[device] = now(s) + s.timing.every;", "alloc_tests", "[settle]"),
+ ("alloc/settle.cpp", "  if (!pending(s, device)) return;\n  s.until[device] = {};", "  if (!pending(s, device)) return;",
+  "alloc_tests", "[settle]"),
+ ("alloc/settle.cpp", "    if (s.next[d] > s.until[d]) {", "    if (s.next[d] > s.until[d] + s.timing.window) {",
+  "alloc_tests", "[settle]"),
+ # A group of moves whose offloads each ask for a free in the background (issue 58 item 4: seen by a
+ # counter, not after a sleep).
+ ("offload/group.cpp", "void free_unused_staging_after_offload() {\n  if (in_group()) {",
+  "void free_unused_staging_after_offload() {\n  if (false) {", "offload_tests", "[group]"),
 ]
 TAG_ENV = {"[steps]": {"UVM_PINNED": ""}, "[env_malformed]": {"UVM_PINNED": "pinned"}, "[model]": {"UVM_MODEL_SEQUENCES": "300", "UVM_MODEL_THREADED_SEQUENCES": "10"}, "[model]~[threads]": {"UVM_MODEL_SEQUENCES": "300", "UVM_MODEL_FILES_AT_ONCE": "1"}, "[sm_copy]": {"UVM_ONLOAD_COPY": "sm"},
            "[sm_copy_default]": {"UVM_ONLOAD_COPY": "", "FAKE_CUDA_SCENARIO": "pre_volta"},
@@ -287,7 +300,16 @@ def mutated_text(path: str, old, new):
 
 
 def run_mutant(build: str, runner: str, selection: str, env: dict) -> bool:
-    """Rebuilds and runs the mutant's tests; True when they failed (the mutant is killed)."""
+    """Rebuilds and runs the mutant's tests; True when they failed (the mutant is killed). Tests
+    that hang under the mutant (past their timeout) failed too: a suite that never ends is red."""
+    try:
+        return run_mutant_tests(build, runner, selection, env)
+    except subprocess.TimeoutExpired as hung:
+        print(f"  (its tests did not end within {hung.timeout:.0f} s: killed)")
+        return True
+
+
+def run_mutant_tests(build: str, runner: str, selection: str, env: dict) -> bool:
     if runner == "pytest":
         python = os.environ.get("UVM_PYTHON") or sys.executable
         r = subprocess.run([python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *selection.split()],

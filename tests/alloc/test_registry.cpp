@@ -1,8 +1,6 @@
 // The registry's queries (alloc/registry.cpp): which allocations uvm holds, found by pointer, by
 // device and by tag, each listed with its device and backing; and what it asks of the part of a
 // record another room keeps there (RoomPart).
-#include <chrono>
-#include <future>
 #include <memory>
 #include <thread>
 #include <utility>
@@ -13,19 +11,8 @@
 
 namespace {
 
-// Whether another thread can take the registry's lock within a second (false: this thread holds it).
-// The thread is detached, so that a lock held here does not hold up the caller: it ends once the
-// lock is let go.
-bool registry_lock_is_free() {
-  auto found = std::make_shared<std::promise<void>>();
-  std::future<void> done = found->get_future();
-  std::thread([found] {
-    uvm::AllocationView view;
-    (void)uvm::registry().find(nullptr, &view);
-    found->set_value();
-  }).detach();
-  return done.wait_for(std::chrono::seconds(1)) == std::future_status::ready;
-}
+// Whether no thread holds the registry's lock (false: this thread holds it). Tried, not waited for.
+bool registry_lock_is_free() { return uvm::registry().lock_is_free_for_test(); }
 
 // What a part gives back from forget(): notes, when destroyed, whether the registry's lock was free.
 struct LetGo final : uvm::RoomPart {

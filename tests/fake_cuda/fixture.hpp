@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
@@ -15,6 +17,7 @@
 
 #include "../../alloc/settle.hpp"
 #include "fake_cuda.hpp"
+#include "threads.hpp"
 #include "uvm_test.hpp"
 
 struct FakeMachine {
@@ -75,7 +78,12 @@ struct FakeMachine {
 class TestThread {
  public:
   template <class Body>
-  explicit TestThread(Body&& body) : thread_(std::forward<Body>(body)) {}
+  explicit TestThread(Body&& body)
+      : id_(std::make_shared<std::atomic<pid_t>>(0)),
+        thread_([id = id_, body = std::forward<Body>(body)]() mutable {
+          *id = threads::this_id();
+          body();
+        }) {}
   TestThread(TestThread&&) = default;
   TestThread& operator=(TestThread&&) = delete;
   ~TestThread() {
@@ -84,8 +92,11 @@ class TestThread {
     thread_.join();
   }
   void join() { thread_.join(); }
+  // The thread's id as /proc names it (0 until it has started): for threads::wait_until_parked.
+  const std::atomic<pid_t>& id() const { return *id_; }
 
  private:
+  std::shared_ptr<std::atomic<pid_t>> id_;
   std::thread thread_;
 };
 

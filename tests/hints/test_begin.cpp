@@ -6,6 +6,7 @@
 #include "../../alloc/moves.hpp"
 #include "../../hints/moves/begin.hpp"
 #include "fixture.hpp"
+#include "threads.hpp"
 
 namespace {
 constexpr size_t kSize = size_t{1} << 20;
@@ -108,15 +109,17 @@ TEST_CASE("a begun move holds the moves lock until it ends or lets go", "[begin]
   void* a = uvm_malloc(kSize, 0, nullptr);
   REQUIRE(a != nullptr);
   std::atomic<bool> locked{false};
+  std::atomic<pid_t> other_id{0};
   std::thread other;
   {
     uvm::MoveScope move;
     REQUIRE(uvm::begin_move(kCall, uvm::MoveKind::prefetch, uvm::MoveArgs::one(a, kSize), nullptr, &move) == UVM_OK);
     other = std::thread([&] {
+      other_id = threads::this_id();
       const auto moves = uvm::lock_moves();
       locked = true;
     });
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    REQUIRE(threads::wait_until_parked(other_id));  // at the lock: it takes it only once let go
     CHECK_FALSE(locked);
     move.unlock();
     other.join();

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "../../offload/staging.hpp"
 #include "fixture.hpp"
 #include "threads.hpp"
 
@@ -574,8 +575,9 @@ TEST_CASE("in a group of moves the staging left empty goes back once the group e
 
   // The shim's move of a module: its tensors in slices, each offloaded as soon as it is found.
   REQUIRE(uvm_begin_moves(0) == UVM_OK);
+  const uint64_t frees_asked = uvm::staging().background_frees_asked();
   REQUIRE(uvm_offload_ranges(&both[0], 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // alone, y's empty block would go meanwhile
+  CHECK(uvm::staging().background_frees_asked() == frees_asked);  // alone, it would ask to free y's empty block
   REQUIRE(uvm_get_staging(&held, nullptr) == UVM_OK);
   CHECK(held == x.size + y.size);
   REQUIRE(uvm_offload_ranges(&both[1], 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);

@@ -567,7 +567,8 @@ TEST_CASE("an offload in rounds gives no releasable memory back while a step of 
   uvm_status offloaded = UVM_ERROR_INTERNAL;
   TestThread offload = set.offload_with_step_held(stream, 1, &offloaded);  // the second step waits
   wait_until([&] { return FakeMachine::bytes_of(fake::OpKind::copy_to_host) >= 256 * kMiB; }, 10000);
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // time for a round to release, had it done so
+  // Parked: waiting for the held step, with whatever it would release before that released.
+  REQUIRE(threads::wait_until_parked(offload.id()));
   CHECK(FakeMachine::bytes_of(fake::OpKind::copy_to_host) == 256 * kMiB);  // the first step's round: all of one allocation
   CHECK(FakeMachine::ops_named(fake::OpKind::vmm_release).empty());  // and kept its memory while the step registers
   fake::release_held();

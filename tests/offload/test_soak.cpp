@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "../../offload/staging.hpp"
 #include "fixture.hpp"
 
 namespace {
@@ -41,18 +42,12 @@ size_t resident_kib() {
   return 0;
 }
 
-// The pinned bytes uvm holds once a resume's asynchronous give-back has run: two reads 10 ms apart
-// that agree (at most 2 s).
+// The pinned bytes uvm holds once a resume's asynchronous give-back has run (waited for, not guessed).
 size_t settled_pinned_bytes() {
-  size_t last = SIZE_MAX;
-  for (int i = 0; i < 200; ++i) {
-    uvm_staging_info staging{};
-    REQUIRE(uvm_get_staging_info(&staging) == UVM_OK);
-    if (staging.capacity_bytes == last) break;
-    last = staging.capacity_bytes;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return last;
+  uvm::staging().wait_for_background_free();
+  uvm_staging_info staging{};
+  REQUIRE(uvm_get_staging_info(&staging) == UVM_OK);
+  return staging.capacity_bytes;
 }
 
 struct Sample {

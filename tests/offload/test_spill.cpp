@@ -681,7 +681,7 @@ TEST_CASE("a full disk fails the offload and the pause by name; bytes stay on th
     CHECK(backup_files(dir).empty());     // the name went at once
     CHECK(free_bytes() < free_before);    // the blocks are still held
     std::thread let_go([] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      uvm::wait_for_a_caller_waiting_for_test();  // the offload, finding the disk full
       uvm::hold_closing_for_test(false);
     });
     const uvm_status offloaded = uvm_offload_ranges(&b, 1, UVM_STRATEGY_DISK, nullptr);

@@ -24,14 +24,21 @@ def fake_compiler(tmp_path: Path, body: str) -> Path:
     return script
 
 
+def running(pid: int) -> bool:
+    """Whether process `pid` exists and has not ended (a zombie waiting to be reaped has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
 def test_build_then_cache_hit(cache):
     directory, env = cache
     assert python(LOAD, env).stdout.strip() == "0.1.0"
     assert builds(directory) == 1
-    started = time.monotonic()
     assert python(LOAD, env).stdout.strip() == "0.1.0"
-    assert builds(directory) == 1  # second process: no build
-    assert time.monotonic() - started < 30
+    assert builds(directory) == 1  # second process: no build (how fast a hit is: bench, not here)
 
 
 def test_hanging_compiler_times_out_from_a_worker_thread(cache, tmp_path):
@@ -54,21 +61,20 @@ uvm.compile_allocator()  # attempted once: a no-op now
 print(uvm._compilation_state.name)
 """
     elapsed, error, state, state_after = python(code, env).stdout.strip().splitlines()
-    assert float(elapsed) < 2 + 1
+    assert float(elapsed) < 60  # not the compiler's 60 s: the timeout ended it (no tighter bound: a loaded host)
     assert "building libuvm.so did not finish within 2 s" in error and "was killed" in error
     assert state == state_after == "FAILURE"
 
 
 def test_env_timeout_kills_the_compiler(cache, tmp_path):
     directory, env = cache
-    marker = tmp_path / "still-running"
-    env["UVM_CXX"] = str(fake_compiler(tmp_path, f"sleep 3; touch {marker}"))
+    pid_file = tmp_path / "compiler.pid"
+    env["UVM_CXX"] = str(fake_compiler(tmp_path, f"echo $$ > {pid_file}; sleep 60"))
     env["UVM_COMPILE_TIMEOUT_S"] = "1"
     result = python("import uvm\ntry:\n    uvm.library()\nexcept uvm.UnifiedMemoryCompileTimeoutError as e:\n"
                     "    print('timeout', e)", env)
     assert result.stdout.startswith("timeout")
-    time.sleep(3)
-    assert not marker.exists()  # the compiler was killed, not left running
+    assert not running(int(pid_file.read_text())), "the compiler was left running"
 
 
 def test_missing_compiler_is_a_recorded_failure(cache):
@@ -119,17 +125,21 @@ def test_a_killed_builder_leaves_no_lock_behind(cache, tmp_path):
 def test_a_killed_builder_leaves_no_compiler_running_and_no_scratch_folder(cache, tmp_path):
     directory, env = cache
     started, finished = tmp_path / "started", tmp_path / "finished"
-    env["UVM_CXX"] = str(fake_compiler(tmp_path, f"touch {started}; sleep 4; touch {finished}; exit 1"))
+    env["UVM_CXX"] = str(fake_compiler(tmp_path, f"echo $$ > {started}; sleep 4; touch {finished}; exit 1"))
     builder = subprocess.Popen([sys.executable, "-c", LOAD], env={**os.environ, "PYTHONPATH": str(UVM_PATH), **env})
     deadline = time.monotonic() + 60
-    while not started.exists():
+    while not started.exists() or not started.read_text().strip():
         assert time.monotonic() < deadline
         time.sleep(0.05)
     builder.kill()  # the builder alone, as an OOM killer or a job scheduler would
     builder.wait()
-    time.sleep(6)
+    # Until the compiler and the scratch folder are gone, however long that takes: a compiler that
+    # outlived the builder ends by writing `finished`, so no sleep decides the answer.
+    compiler = int(started.read_text())
+    while running(compiler) or list(directory.glob("*/.build-*")):
+        assert time.monotonic() < deadline + 60, "the compiler or the scratch folder outlived the builder"
+        time.sleep(0.05)
     assert not finished.exists(), "a compiler outlived the builder"
-    assert not list(directory.glob("*/.build-*")), "the killed builder's scratch folder is still there"
 
 
 def test_nan_or_infinite_timeouts_are_refused_by_name(cache):

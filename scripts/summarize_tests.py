@@ -2,6 +2,7 @@
 other tests count as one. Prints each test's result, the reason of every skip and the output of
 every failure, then 'N passed, N failed, N skipped'. Exits 1 if anything failed or nothing ran."""
 import json
+import os
 import re
 import sys
 
@@ -61,6 +62,9 @@ def main(path, extra=()):
             result = json.loads(result_file.read())
         print(f"{result['name']}: {result['summary']}")
         passed, failed = passed + result["passed"], failed + result["failed"]
+    distinct = os.environ.get("UVM_DISTINCT_CASES", "").strip()
+    print("counted per run: a Catch2 case that several builds (plain, ASan, TSan, CUDA 12 headers) or tag "
+          "selections run counts once in each" + (f"; the programs hold {distinct} distinct Catch2 cases" if distinct else ""))
     print(f"{passed} passed, {failed} failed, {skipped} skipped")
     return 1 if failed or passed == 0 else 0
 

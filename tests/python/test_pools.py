@@ -125,3 +125,70 @@ def test_release_pool_refuses_a_pool_uvm_did_not_make(pools):
     with pytest.raises(ValueError, match="made by uvm.create_unified_mempool .* not a FakeMemPool"):
         uvm.release_pool(FakeMemPool("other"))
     assert uvm.release_pool() == 0
+
+
+def test_a_pool_whose_safety_cannot_be_checked_waits_instead_of_dying(pools):
+    """At interpreter exit torch may be half torn down: a check that raises means "not now"."""
+    def torn_down():
+        raise RuntimeError("torch is being torn down")
+
+    import torch  # the stand-in
+    checks = torch.cuda.is_current_stream_capturing
+    torch.cuda.is_current_stream_capturing = torn_down
+    try:
+        dropped = pools.make("allocator", 0)
+        seen = dead_when_dropped(dropped)
+        del dropped
+        assert not seen["dead"] and pools.waiting() == 1
+    finally:
+        torch.cuda.is_current_stream_capturing = checks
+    assert pools.release_dropped_pools() == 0 and seen["dead"]
+
+
+def test_a_pools_death_is_decided_and_done_under_the_lock_busy_takes(pools):
+    """No uvm entry of a pool (busy()) can start between the check that a pool may die and its death:
+    while one thread checks, the lock is held, and busy() counts its entry under that lock."""
+    other = pools.make("allocator", 0)
+    checking, go_on = threading.Event(), threading.Event()
+
+    def slow_use_count():
+        checking.set()
+        assert go_on.wait(60)
+        return 1
+
+    other.use_count = slow_use_count
+    holder = [pools.make("allocator", 0)]
+    seen = dead_when_dropped(holder[0])
+    dropping = threading.Thread(target=holder.clear)  # the pool's last reference goes in that thread
+    dropping.start()
+    assert checking.wait(60)
+    got_the_lock = pools._lock.acquire(blocking=False)  # tried, not waited for: the answer is now
+    if got_the_lock:
+        pools._lock.release()
+    go_on.set()
+    dropping.join()
+    assert not got_the_lock, "a pool's check ran without the lock"
+    assert seen["dead"]
+
+    class Recording:
+        """The lock, noting the entries' count of uvm allocations under way as it is taken and let go."""
+
+        def __init__(self, real):
+            self.real, self.seen = real, []
+
+        def __enter__(self):
+            self.real.acquire()
+            self.seen.append(("taken", pools._busy))
+
+        def __exit__(self, *exc):
+            self.seen.append(("let go", pools._busy))
+            self.real.release()
+
+    recording = Recording(pools._lock)
+    real_lock = pools._lock
+    pools._lock = recording
+    try:
+        with pools.busy():
+            assert recording.seen[:2] == [("taken", 0), ("let go", 1)], "busy() counted its entry outside the lock"
+    finally:
+        pools._lock = real_lock

@@ -285,7 +285,7 @@ MUTANTS = [
  ("hints/discard.cpp", "    if (range.releasable) continue;  // device memory: uvm releases it instead (release.hpp)\n", "",
   "offload_tests", "[releasable]"),
  ("hints/discard.cpp", "    if (!range.releasable && range.allocation != 0) registry().mark_discarded(range.allocation, range.begin, range.end);\n",
-  "", "hints_tests", "[discard]"),
+  "", "offload_tests", "[safety]"),
  # Advise: the CPU taken as a device for accessed-by; releasable memory advised.
  ("hints/advise.cpp", "\"SetAccessedBy\", device,\n                             false);", "\"SetAccessedBy\", device,\n                             true);",
   "hints_tests", "[advise]"),

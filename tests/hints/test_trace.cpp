@@ -47,6 +47,14 @@ const uvm_move_phase* phase(const uvm_move_report& report, const char* name) {
 
 double gbps(const uvm_move_phase& p) { return p.bytes / p.seconds / 1e9; }
 
+// Whether the report lists its phases in order of start, as uvm.h says.
+bool in_order_of_start(const uvm_move_report& report) {
+  for (size_t i = 1; i < report.phase_count; ++i) {
+    if (report.phases[i].start < report.phases[i - 1].start) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 TEST_CASE("a staged offload reports pinning, copies and the discard, with their bytes and speeds", "[trace][cuda13]") {
@@ -130,6 +138,7 @@ TEST_CASE("releasable memory reports the wait for its copies, its release, and i
   REQUIRE(phase(report, "release") != nullptr);
   CHECK(phase(report, "release")->bytes == kSize);
   CHECK(phase(report, "discard") == nullptr);  // the memory is released, not discarded
+  CHECK(in_order_of_start(report));  // the copies, then the wait for them, then the release
 
   REQUIRE(uvm_onload_ranges(&whole, 1, stream) == UVM_OK);
   report = last_move();
@@ -138,6 +147,7 @@ TEST_CASE("releasable memory reports the wait for its copies, its release, and i
   REQUIRE(phase(report, "copy") != nullptr);
   CHECK(phase(report, "copy")->bytes == kSize);
   CHECK(phase(report, "populate") == nullptr);  // device memory needs no population
+  CHECK(in_order_of_start(report));
   uvm_free(ptr, kSize, 0, nullptr);
 }
 

@@ -306,6 +306,13 @@ MUTANTS = [
   "pytest", "tests/python/test_pools.py"),
  ("python_shim/uvm/_pools.py", "    global _busy\n    with _lock:\n        _busy += 1", "    global _busy\n    if True:\n        _busy += 1",
   "pytest", "tests/python/test_pools.py"),
+ # The switch's torch_memory_saver falling through to the original's submodules (issue 58 item 7).
+ ("python_shim/uvm/_switch.py", "        module.__path__ = list(layout.__path__)",
+  "        original = importlib.machinery.PathFinder.find_spec(name)\n        module.__path__ = list(original.submodule_search_locations or []) if original else []",
+  "pytest", "tests/python/test_wheel.py"),
+ ("tests/peers/tms_alias/torch_memory_saver/__init__.py", "__path__ = list(_layout.__path__)",
+  "__path__ = list(_layout.__path__)\nimport sys as _sys, os as _os\n__path__[:0] = [_os.path.join(p, 'torch_memory_saver') for p in _sys.path if _os.path.isfile(_os.path.join(p, 'torch_memory_saver', 'utils.py'))]",
+  "pytest", "tests/python/test_tms_layout.py"),
  ("hints/moves/trace_file.cpp", "    if (wrote_any_) std::fseek(file_, -3, SEEK_END);  // back over \"\\n]\\n\"\n", "",
   "meson:hints-trace-file", ""),
 ]

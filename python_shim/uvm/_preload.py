@@ -80,12 +80,14 @@ def _mapped_cuda_runtime() -> str | None:
 
 
 @contextlib.contextmanager
-def child_environment():
-    """os.environ as a child process needs it to preload the interposer: LD_PRELOAD first, the
-    libuvm.so it must open, and the CUDA runtime this process uses; put back on exit."""
-    interposer = str(library_path())
-    wanted = {"LD_PRELOAD": ":".join(filter(None, [interposer, os.environ.get("LD_PRELOAD", "")])),
-              "UVM_PRELOAD_LIBUVM": _lib._so_path}
+def child_environment(interposer=None):
+    """os.environ as a child process needs it to preload the interposer (`interposer`, default the
+    one beside this process's libuvm.so): LD_PRELOAD first, the entries already there kept after it,
+    the libuvm.so it must open, and the CUDA runtime this process uses; put back on exit."""
+    interposer = str(interposer if interposer is not None else library_path())
+    wanted = {"LD_PRELOAD": ":".join(filter(None, [interposer, os.environ.get("LD_PRELOAD", "")]))}
+    if _lib._so_path is not None:
+        wanted["UVM_PRELOAD_LIBUVM"] = _lib._so_path
     runtime = cuda_runtime_in_use()
     if runtime is not None:
         wanted["UVM_PRELOAD_CUDART"] = runtime

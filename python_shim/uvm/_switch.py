@@ -68,15 +68,14 @@ class _Alias(importlib.abc.Loader):
             sys.modules[name] = uvm  # Megatron's callers reach its module state (_compilation_state...) too
             return
         import uvm.memory_saver as saver
-        # A package of its own: uvm's entry points, and the original's pure-Python submodules
-        # (torch_memory_saver.testing_utils, .utils) where the original is installed.
+        import uvm.tms_layout as layout
+        # A package of its own: uvm's entry points, and the original's submodules as uvm answers
+        # them (uvm.tms_layout), never the original's code, installed or not.
         for public in saver.__all__:
             setattr(module, public, getattr(saver, public))
         module.__all__ = list(saver.__all__)
         module.__uvm_switch__ = True
-        original = importlib.machinery.PathFinder.find_spec(name)
-        locations = original.submodule_search_locations if original is not None else None
-        module.__path__ = list(locations or [])
+        module.__path__ = list(layout.__path__)
 
 
 class _Finder(importlib.abc.MetaPathFinder):

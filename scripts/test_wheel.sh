@@ -32,6 +32,9 @@ rm -rf "$venv"
 "$base" -m venv "$venv"
 if [ -n "${UVM_WHEEL_SITE:-}" ]; then
   echo "$UVM_WHEEL_SITE" >"$("$venv/bin/python" -c 'import site; print(site.getsitepackages()[0])')/uvm-test-site.pth"
+  # The tools come from that site too (pytest, build, setuptools): the setuptools a fresh venv of
+  # Python 3.11 bundles would come first, and it is too old to build a wheel (no bdist_wheel).
+  "$venv/bin/python" -m pip uninstall -q -y setuptools >/dev/null 2>&1 || true
 fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps "$wheel"
 if ! "$venv/bin/python" -c 'import pytest' 2>/dev/null; then

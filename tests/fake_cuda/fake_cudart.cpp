@@ -161,6 +161,13 @@ bool injected(World& w, const char* call, cudaError_t* error) {
   return true;
 }
 
+// The same, for calls that do not hold the World mutex otherwise.
+bool injected_now(const char* call, cudaError_t* error) {
+  std::lock_guard<std::mutex> lock(world().mutex);
+  return injected(world(), call, error);
+}
+bool injected_driver_now(const char* call, CUresult* result);
+
 // The runtime creates the selected device's context on the first call that needs one.
 int ensure_context(World& w) {
   if (current_context == fake::kNoContext) {
@@ -208,10 +215,12 @@ char context_handles[kDeviceCount];
 CUcontext handle_of(int device) { return reinterpret_cast<CUcontext>(&context_handles[device]); }
 
 CUresult fake_ctx_get_current(CUcontext* ctx) {
+  if (CUresult r; injected_driver_now("cuCtxGetCurrent", &r)) return r;
   *ctx = current_context == fake::kNoContext ? nullptr : handle_of(current_context);
   return CUDA_SUCCESS;
 }
 CUresult fake_ctx_set_current(CUcontext ctx) {
+  if (CUresult r; injected_driver_now("cuCtxSetCurrent", &r)) return r;
   current_context = ctx == nullptr ? fake::kNoContext
                                    : static_cast<int>(reinterpret_cast<char*>(ctx) - context_handles);
   if (ctx != nullptr) {
@@ -221,18 +230,21 @@ CUresult fake_ctx_set_current(CUcontext ctx) {
   return CUDA_SUCCESS;
 }
 CUresult fake_device_get(CUdevice* device, int ordinal) {
+  if (CUresult r; injected_driver_now("cuDeviceGet", &r)) return r;
   if (ordinal < 0 || ordinal >= kDeviceCount) return CUDA_ERROR_INVALID_DEVICE;
   *device = ordinal;
   return CUDA_SUCCESS;
 }
 // Device 0 can register VMM memory with a NIC (GPUDirect RDMA); the others cannot.
 CUresult fake_device_get_attribute(int* value, CUdevice_attribute attribute, CUdevice device) {
+  if (CUresult r; injected_driver_now("cuDeviceGetAttribute", &r)) return r;
   if (device < 0 || device >= kDeviceCount) return CUDA_ERROR_INVALID_DEVICE;
   if (attribute != CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED) return CUDA_ERROR_INVALID_VALUE;
   *value = device == 0 ? 1 : 0;
   return CUDA_SUCCESS;
 }
 CUresult fake_primary_ctx_retain(CUcontext* ctx, CUdevice device) {
+  if (CUresult r; injected_driver_now("cuDevicePrimaryCtxRetain", &r)) return r;
   std::lock_guard<std::mutex> lock(world().mutex);
   world().context_created[device] = true;
   *ctx = handle_of(device);
@@ -340,6 +352,11 @@ bool injected_driver(World& w, const char* call, CUresult* result) {
   return true;
 }
 
+bool injected_driver_now(const char* call, CUresult* result) {
+  std::lock_guard<std::mutex> lock(world().mutex);
+  return injected_driver(world(), call, result);
+}
+
 constexpr size_t kGranularity = size_t{64} << 10;
 
 CUresult fake_get_error_name(CUresult result, const char** name) {
@@ -352,6 +369,7 @@ CUresult fake_get_error_name(CUresult result, const char** name) {
 }
 
 CUresult fake_mem_get_granularity(size_t* granularity, const CUmemAllocationProp* prop, CUmemAllocationGranularity_flags) {
+  if (CUresult r; injected_driver_now("cuMemGetAllocationGranularity", &r)) return r;
   if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop->location.id >= kDeviceCount) return CUDA_ERROR_INVALID_VALUE;
   *granularity = kGranularity;
   return CUDA_SUCCESS;
@@ -478,6 +496,7 @@ CUresult fake_module_load_data(CUmodule* module, const void* image) {
 }
 
 CUresult fake_module_get_function(CUfunction* function, CUmodule module, const char* name) {
+  if (CUresult r; injected_driver_now("cuModuleGetFunction", &r)) return r;
   if (module != kCopyModule || std::strcmp(name, "uvm_copy_words") != 0) return CUDA_ERROR_INVALID_VALUE;
   *function = kCopyFunction;
   return CUDA_SUCCESS;
@@ -775,11 +794,13 @@ cudaError_t cudaGetDeviceCount(int* count) {
 }
 
 cudaError_t cudaGetDevice(int* device) {
+  if (cudaError_t e; injected_now("cudaGetDevice", &e)) return e;
   *device = current_context != fake::kNoContext ? current_context : selected_device;
   return cudaSuccess;
 }
 
 cudaError_t cudaSetDevice(int device) {
+  if (cudaError_t e; injected_now("cudaSetDevice", &e)) return e;
   if (device < 0 || device >= kDeviceCount) return set_error(cudaErrorInvalidDevice);
   std::lock_guard<std::mutex> lock(world().mutex);
   world().context_created[device] = true;
@@ -788,6 +809,7 @@ cudaError_t cudaSetDevice(int device) {
 }
 
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (cudaError_t e; injected_now("cudaDeviceGetAttribute", &e)) return e;
   if (device < 0 || device >= kDeviceCount) return set_error(cudaErrorInvalidDevice);
   const DeviceModel& d = kDevices[device];
   switch (attr) {
@@ -803,6 +825,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
 }
 
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (cudaError_t e; injected_now("cudaGetDeviceProperties", &e)) return e;
   if (device < 0 || device >= kDeviceCount) return set_error(cudaErrorInvalidDevice);
   std::memset(prop, 0, sizeof *prop);
   prop->totalGlobalMem = kDevices[device].total_memory;
@@ -878,6 +901,7 @@ cudaError_t cudaFree(void* ptr) {
 }
 
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* ptr) {
+  if (cudaError_t e; injected_now("cudaPointerGetAttributes", &e)) return e;
   World& w = world();
   std::lock_guard<std::mutex> lock(w.mutex);
   std::memset(attributes, 0, sizeof *attributes);
@@ -936,6 +960,7 @@ cudaError_t cudaMemDiscardBatchAsync(void** ptrs, size_t* sizes, size_t count, u
 
 cudaError_t cudaMemRangeGetAttribute(void* data, size_t data_size, cudaMemRangeAttribute attribute,
                                      const void* ptr, size_t count) {
+  if (cudaError_t e; injected_now("cudaMemRangeGetAttribute", &e)) return e;
   World& w = world();
   std::lock_guard<std::mutex> lock(w.mutex);
   ensure_context(w);
@@ -952,6 +977,7 @@ cudaError_t cudaMemRangeGetAttribute(void* data, size_t data_size, cudaMemRangeA
 }
 
 cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  if (cudaError_t e; injected_now("cudaStreamIsCapturing", &e)) return e;
   World& w = world();
   std::lock_guard<std::mutex> lock(w.mutex);
   ensure_context(w);
@@ -960,6 +986,7 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* 
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
+  if (cudaError_t e; injected_now("cudaStreamCreateWithFlags", &e)) return e;
   World& w = world();
   std::lock_guard<std::mutex> lock(w.mutex);
   ensure_context(w);
@@ -967,7 +994,10 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int) {
   return cudaSuccess;
 }
 
-cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamDestroy(cudaStream_t) {
+  if (cudaError_t e; injected_now("cudaStreamDestroy", &e)) return e;
+  return cudaSuccess;
+}
 
 // Free memory as the driver counts it: managed allocations stay counted however uvm moved them
 // (the driver takes them back only when someone allocates), mapped reservations count until
@@ -1161,6 +1191,7 @@ bool unsafe_during_capture(World& w) {
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t event) {
+  if (cudaError_t e; injected_now("cudaEventQuery", &e)) return e;
   World& w = world();
   std::lock_guard<std::mutex> lock(w.mutex);
   ensure_context(w);
@@ -1187,6 +1218,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 }
 
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  if (cudaError_t e; injected_now("cudaEventDestroy", &e)) return e;
   World& w = world();
   std::lock_guard<std::mutex> lock(w.mutex);
   ensure_context(w);

@@ -910,7 +910,8 @@ TEST_CASE("a cycle whose every runtime call fails in turn names the call, leaves
   for (const char* call : {"cudaStreamWaitEvent", "cudaEventRecord", "cudaEventSynchronize", "cudaMemcpyAsync",
                            "cudaMemPrefetchAsync", "cudaMemDiscardBatchAsync",
                            "cudaEventCreateWithFlags", "cuMemUnmap", "cuMemRelease", "cuMemCreate", "cuMemMap",
-                           "cuMemSetAccess"}) {
+                           "cuMemSetAccess", "cudaGetDevice", "cudaDeviceGetAttribute", "cudaStreamIsCapturing",
+                           "cudaEventQuery", "cudaEventDestroy", "cuCtxGetCurrent", "cudaMemGetInfo"}) {
     for (int skip = 0;; ++skip) {
       CAPTURE(call, skip);
       REQUIRE(skip < 64);
@@ -942,4 +943,66 @@ TEST_CASE("a cycle whose every runtime call fails in turn names the call, leaves
     }
   }
   REQUIRE(uvm_release_staging() == UVM_OK);
+}
+
+TEST_CASE("an allocation, a query and a free on a new thread whose every call fails in turn name it and leave nothing",
+          "[malloc][errors][cuda13]") {
+  // Issue 58 item 5, the calls an offload does not make: a thread with no context allocating on
+  // another device (context calls), managed and releasable, asked where its bytes are, then freed.
+  FakeMachine machine;
+  for (const char* call : {"cuCtxGetCurrent", "cuCtxSetCurrent", "cuMemGetAllocationGranularity", "cudaMemRangeGetAttribute",
+                           "cudaMallocManaged", "cudaMemAdvise", "cuMemAddressReserve",
+                           "cuMemCreate", "cudaDeviceSynchronize", "cudaFree", "cuMemUnmap", "cuMemRelease",
+                           "cuMemAddressFree"}) {
+    for (int skip = 0;; ++skip) {
+      CAPTURE(call, skip);
+      REQUIRE(skip < 64);
+      const size_t allocations = fake::live_allocations(), reservations = fake::live_reservations();
+      bool ok = true;
+      std::thread([&] {  // a thread of its own: no context yet
+        fake::set_thread_context(fake::kNoContext);
+        fake::fail_next(call, cudaErrorLaunchFailure, skip);
+        const auto failed_naming_it = [&] {
+          const bool named = std::string(uvm_last_error()).find(call) != std::string::npos;
+          return named && cudaPeekAtLastError() == cudaSuccess;
+        };
+        void* managed = nullptr;
+        void* released = nullptr;
+        for (int attempt = 0; attempt < 2 && managed == nullptr; ++attempt) {
+          uvm_clear_last_error();
+          if ((managed = uvm_malloc(kSize, 1, nullptr)) == nullptr) ok = ok && failed_naming_it();
+        }
+        for (int attempt = 0; attempt < 2 && released == nullptr; ++attempt) {
+          uvm_clear_last_error();
+          if ((released = uvm_malloc_releasable(kSize, 1, nullptr)) == nullptr) ok = ok && failed_naming_it();
+        }
+        if (managed == nullptr || released == nullptr) {
+          ok = false;
+          return;
+        }
+        int preferred = 0, prefetched = 0;
+        uvm_clear_last_error();
+        if (uvm_query_location(managed, kSize, &preferred, &prefetched) != UVM_OK) ok = ok && failed_naming_it();
+        for (void* p : {managed, released}) {
+          uvm_clear_last_error();
+          uvm_free(p, kSize, 1, nullptr);
+          if (uvm_last_status() != UVM_OK) {
+            ok = ok && failed_naming_it();
+            uvm_clear_last_error();
+            uvm_free(p, kSize, 1, nullptr);  // the second free finishes
+            ok = ok && uvm_last_status() == UVM_OK;
+          }
+        }
+      }).join();
+      INFO(uvm_last_error());
+      CHECK(ok);
+      CHECK(fake::live_allocations() == allocations);
+      CHECK(fake::live_reservations() == reservations);
+      const bool happened = !fake::injection_left(call);
+      fake::clear_injections();
+      if (happened) continue;
+      CHECK(skip > 0);
+      break;
+    }
+  }
 }

@@ -86,11 +86,9 @@ uvm_status primary_context(const Call& call, int device, CUcontext* out) {
   if (context == nullptr) {
     const DriverApi& d = driver_api();
     CUdevice handle = 0;
-    CUresult r = d.device_get(&handle, device);
-    if (r == CUDA_SUCCESS) r = d.primary_ctx_retain(&context, handle);
-    if (r != CUDA_SUCCESS) {
-      return fail(call, UVM_ERROR_CUDA, "cuDevicePrimaryCtxRetain(device=%d) failed: CUresult %d",
-                  device, static_cast<int>(r));
+    if (CUresult r = d.device_get(&handle, device)) return fail_driver(call, r, "cuDeviceGet(%d)", device);
+    if (CUresult r = d.primary_ctx_retain(&context, handle)) {
+      return fail_driver(call, r, "cuDevicePrimaryCtxRetain(device %d)", device);
     }
     CUcontext expected = nullptr;
     if (!slot.compare_exchange_strong(expected, context)) context = expected;  // another thread won

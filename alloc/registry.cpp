@@ -258,10 +258,11 @@ uvm_status select_arguments(const Call& call, int device, const char* const* tag
   return UVM_OK;
 }
 
-bool cuda_reports_managed(const void* ptr) {
+cudaError_t cuda_reports_managed(const void* ptr, bool* managed) {
   cudaPointerAttributes attributes{};
-  if (clear_cuda_error(cudaPointerGetAttributes(&attributes, ptr)) != cudaSuccess) return false;
-  return attributes.type == cudaMemoryTypeManaged;
+  const cudaError_t e = clear_cuda_error(cudaPointerGetAttributes(&attributes, ptr));
+  *managed = e == cudaSuccess && attributes.type == cudaMemoryTypeManaged;
+  return e;
 }
 
 namespace {
@@ -293,7 +294,9 @@ int uvm_is_managed(const void* ptr) {
   try {
     uvm::AllocationView found;
     if (uvm::registry().find(ptr, &found)) return found.backing == uvm::Backing::managed ? 1 : 0;
-    return uvm::cuda_reports_managed(ptr) ? 1 : 0;
+    bool managed = false;
+    (void)uvm::cuda_reports_managed(ptr, &managed);  // a failed query says "no": the int has no error to give
+    return managed ? 1 : 0;
   } catch (...) {
     return 0;
   }

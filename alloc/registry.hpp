@@ -227,7 +227,8 @@ class Registry {
 // The process-wide registry (never destroyed: frees may arrive from static destructors at exit).
 Registry& registry();
 
-// True if CUDA reports `ptr` as managed memory (any allocator). Leaves no CUDA error pending.
-bool cuda_reports_managed(const void* ptr);
+// Whether CUDA reports `ptr` as managed memory (any allocator), in `managed`; the query's error, if
+// it failed (then `managed` is false). Leaves no CUDA error pending.
+cudaError_t cuda_reports_managed(const void* ptr, bool* managed);
 
 }  // namespace uvm

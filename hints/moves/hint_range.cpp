@@ -21,7 +21,16 @@ uvm_status resolve_range(const Call& call, const void* ptr, size_t size, HintRan
     return UVM_OK;
   }
   const void* last = reinterpret_cast<const void*>(begin + size - 1);
-  if (!cuda_reports_managed(ptr) || !cuda_reports_managed(last)) {
+  // A query that fails for another reason than the pointer (which older drivers refuse with
+  // cudaErrorInvalidValue for host memory) is the caller's to know, not "not managed".
+  bool managed[2] = {false, false};
+  const void* ends[2] = {ptr, last};
+  for (int i = 0; i < 2; ++i) {
+    if (cudaError_t e = cuda_reports_managed(ends[i], &managed[i]); e != cudaSuccess && e != cudaErrorInvalidValue) {
+      return fail_cuda(call, e, "cudaPointerGetAttributes(%p)", ends[i]);
+    }
+  }
+  if (!managed[0] || !managed[1]) {
     return fail(call, UVM_ERROR_NOT_MANAGED,
                 "not CUDA managed memory (neither a uvm allocation nor cudaMallocManaged memory); "
                 "allocate it with uvm_malloc or a uvm pool");

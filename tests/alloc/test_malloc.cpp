@@ -237,6 +237,46 @@ TEST_CASE("allocating on another device restores the caller's context", "[malloc
   }
 }
 
+TEST_CASE("without driver entry points a device switch that fails names it and allocates nothing",
+          "[no_entry_points][scenario]") {
+  // Issue 58 item 5: the runtime's switch is the only way to another device there.
+  FakeMachine machine;
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  const size_t before = fake::live_allocations();
+  fake::fail_next("cudaSetDevice", cudaErrorLaunchFailure);
+  CHECK(uvm_malloc(4096, 1, nullptr) == nullptr);
+  CHECK_THAT(last_error(), Has("cudaSetDevice(1)") && Has("cudaErrorLaunchFailure"));
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  CHECK(fake::live_allocations() == before);
+  CHECK(stats_of(1).live_bytes == 0);
+  int device = -1;
+  cudaGetDevice(&device);
+  CHECK(device == 0);
+  void* ptr = uvm_malloc(4096, 1, nullptr);  // asked again, it switches
+  REQUIRE(ptr != nullptr);
+  uvm_free(ptr, 4096, 1, nullptr);
+}
+
+TEST_CASE("a device whose primary context cannot be had is refused naming the call and its error",
+          "[primary_context][scenario]") {
+  // Issue 58 item 5: the message gave a CUresult number, and named cuDevicePrimaryCtxRetain when
+  // cuDeviceGet had failed. In a process of its own: a device's context is had once.
+  FakeMachine machine;
+  for (const char* call : {"cuDeviceGet", "cuDevicePrimaryCtxRetain"}) {
+    CAPTURE(call);
+    fake::fail_next(call, cudaErrorLaunchFailure);
+    uvm_clear_last_error();
+    CHECK(uvm_malloc(4096, 2, nullptr) == nullptr);
+    CHECK_THAT(last_error(), Has(std::string(call) + "(") && Has("CUDA_ERROR_LAUNCH_FAILED"));
+    CHECK(uvm_last_status() == UVM_ERROR_CUDA);
+    CHECK(cudaPeekAtLastError() == cudaSuccess);
+    CHECK(stats_of(2).live_bytes == 0);
+  }
+  void* ptr = uvm_malloc(4096, 2, nullptr);
+  REQUIRE(ptr != nullptr);
+  uvm_free(ptr, 4096, 2, nullptr);
+}
+
 TEST_CASE("without driver entry points the runtime device switch is restored", "[no_entry_points][scenario]") {
   FakeMachine machine;
   REQUIRE(cudaSetDevice(0) == cudaSuccess);

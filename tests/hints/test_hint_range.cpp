@@ -73,3 +73,22 @@ TEST_CASE("a range is refused by name before any driver call", "[hint_range]") {
   CHECK(cudaPeekAtLastError() == cudaSuccess);
   uvm_free(a, kSize, 0, nullptr);
 }
+
+TEST_CASE("memory uvm did not allocate whose pointer query fails is refused with the query's error, not as unmanaged",
+          "[hint_range][errors]") {
+  // Issue 58 item 5: a failed cudaPointerGetAttributes read as "not managed memory".
+  FakeMachine machine;
+  void* foreign = nullptr;
+  REQUIRE(cudaMallocManaged(&foreign, kSize, cudaMemAttachGlobal) == cudaSuccess);
+  fake::fail_next("cudaPointerGetAttributes", cudaErrorLaunchFailure);
+  uvm_clear_last_error();
+  CHECK(uvm_prefetch(foreign, kSize, 0, nullptr) == UVM_ERROR_CUDA);
+  CHECK_THAT(last_error(), Has("cudaPointerGetAttributes(") && Has("cudaErrorLaunchFailure"));
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  REQUIRE(uvm_prefetch(foreign, kSize, 0, nullptr) == UVM_OK);  // asked again, it is managed
+  fake::fail_next("cudaPointerGetAttributes", cudaErrorLaunchFailure);
+  CHECK(uvm_is_managed(foreign) == 0);  // an int has no error to give: "no", and nothing pending
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  CHECK(uvm_is_managed(foreign) == 1);
+  REQUIRE(cudaFree(foreign) == cudaSuccess);
+}

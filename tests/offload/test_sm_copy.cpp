@@ -53,6 +53,13 @@ TEST_CASE("a kernel that cannot be loaded or launched fails the onload by name a
   Releasable a(2 * kMiB, 0, 7);
   cudaStream_t stream = fake::make_stream();
   const uvm_range whole = a.whole();
+  // The kernel's function not found (its module loaded): the next onload loads it again.
+  REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+  fake::fail_next("cuModuleGetFunction", cudaErrorInvalidValue);
+  CHECK(uvm_onload_ranges(&whole, 1, stream) == UVM_ERROR_CUDA);
+  CHECK(mentions(uvm_last_error(), "cuModuleGetFunction(uvm_copy_words"));
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  CHECK(residency().staged_bytes == a.size);
   for (const char* call : {"cuModuleLoadData", "cuLaunchKernel"}) {
     INFO(call);
     REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);

@@ -752,3 +752,34 @@ TEST_CASE("mmap copies move on one thread per CPU, 8 to 16; disk writes on 8, di
     CHECK(fake::pinned_blocks() == 0);  // every block given back, whatever its buffers' size
   }
 }
+
+TEST_CASE("a backup worker whose stream cannot be made or destroyed names it and loses nothing", "[spill][errors][cuda13]") {
+  // Issue 58 item 5: each mmap move starts its workers with a stream of their own.
+  test_disk_dir();
+  FakeMachine machine;
+  Releasable whole(40 * kMiB, 0, 7);
+  const uvm_range range = whole.whole();
+  // The k-th stream made fails, until it is a worker's (other streams are made once, or are the
+  // trace's, which does without one).
+  bool worker_failed = false;
+  for (int skip = 0; skip < 16 && !worker_failed; ++skip) {
+    fake::fail_next("cudaStreamCreateWithFlags", cudaErrorLaunchFailure, skip);
+    uvm_clear_last_error();
+    const uvm_status offloaded = uvm_offload_ranges(&range, 1, UVM_STRATEGY_MMAP, nullptr);
+    CHECK(cudaPeekAtLastError() == cudaSuccess);
+    worker_failed = offloaded != UVM_OK && last_error().find("for a backup worker") != std::string::npos;
+    if (offloaded != UVM_OK) {
+      CHECK_THAT(last_error(), Has("cudaStreamCreateWithFlags") && Has("cudaErrorLaunchFailure"));
+    }
+    fake::clear_injections();
+    REQUIRE(uvm_onload_ranges(&range, 1, nullptr) == UVM_OK);  // whatever moved comes back
+    CHECK(whole.intact());
+  }
+  CHECK(worker_failed);
+  fake::fail_next("cudaStreamDestroy", cudaErrorLaunchFailure);  // after the work: nothing to undo
+  REQUIRE(uvm_offload_ranges(&range, 1, UVM_STRATEGY_MMAP, nullptr) == UVM_OK);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  REQUIRE(uvm_onload_ranges(&range, 1, nullptr) == UVM_OK);
+  CHECK(whole.intact());
+  CHECK(kept_copies().pageable_bytes == 0);
+}

@@ -47,6 +47,30 @@ std::vector<uvm_range> tensors_in(const Buffer& b, size_t count) {
   return ranges;
 }
 
+// The staging memory held once the free an offload asked for in the background has run (waited
+// for, not polled).
+size_t staging_held_after_background_free() {
+  uvm::staging().wait_for_background_free();
+  size_t held = 0;
+  REQUIRE(uvm_get_staging(&held, nullptr) == UVM_OK);
+  return held;
+}
+
+// A small tensor and a big one staged together as one block of three pinning steps, and brought
+// back: an offload of the small one alone then leaves the block's last two steps unused.
+struct ThreeSteps {
+  static constexpr size_t kStep = size_t{256} << 20;
+  Buffer small{size_t{10} << 20};
+  Buffer big{2 * kStep};
+  const uvm_range both[2] = {small.whole(), big.whole()};
+  cudaStream_t stream = fake::make_stream();
+  ThreeSteps() {
+    REQUIRE(uvm_release_staging() == UVM_OK);
+    REQUIRE(uvm_offload_ranges(both, 2, UVM_STRATEGY_STAGED, stream) == UVM_OK);
+    REQUIRE(uvm_onload_ranges(both, 2, stream) == UVM_OK);
+  }
+};
+
 }  // namespace
 
 TEST_CASE("staged offload copies out and discards; onload restores the bytes", "[offload][cuda13]") {
@@ -543,11 +567,7 @@ TEST_CASE("when the set offloaded shrinks, the staging left empty goes back in t
   CHECK(capacity == x.size + y.size);  // a migration leaves the blocks for the next staged offload
 
   REQUIRE(uvm_offload_ranges(&both[0], 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);  // one block holds it
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (uvm_get_staging(&capacity, nullptr) == UVM_OK && capacity != x.size &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  capacity = staging_held_after_background_free();
   CHECK(capacity == x.size);  // held: what is offloaded, and no more
   size_t staged = 0;
   REQUIRE(uvm_release_staging() == UVM_OK);  // waits for the free in the background
@@ -591,10 +611,7 @@ TEST_CASE("in a group of moves the staging left empty goes back once the group e
   REQUIRE(uvm_begin_moves(0) == UVM_OK);
   REQUIRE(uvm_offload_ranges(&both[0], 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);
   REQUIRE(uvm_end_moves() == UVM_OK);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (uvm_get_staging(&held, nullptr) == UVM_OK && held != x.size && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  held = staging_held_after_background_free();
   CHECK(held == x.size);
   REQUIRE(uvm_onload_ranges(&both[0], 1, stream) == UVM_OK);
   CHECK(x.intact());
@@ -737,13 +754,11 @@ TEST_CASE("a first offload never copies across two pinning steps, wherever its t
 
 TEST_CASE("a block pinned in steps that holds a smaller set gives back the steps past it", "[scenario][steps][cuda13]") {
   FakeMachine machine;
-  REQUIRE(uvm_release_staging() == UVM_OK);
-  const size_t step = size_t{256} << 20;
-  Buffer small(size_t{10} << 20), big(2 * step);
-  const uvm_range both[] = {small.whole(), big.whole()};
-  cudaStream_t stream = fake::make_stream();
-  REQUIRE(uvm_offload_ranges(both, 2, UVM_STRATEGY_STAGED, stream) == UVM_OK);  // one block, three steps
-  REQUIRE(uvm_onload_ranges(both, 2, stream) == UVM_OK);
+  ThreeSteps set;
+  const size_t step = ThreeSteps::kStep;
+  const Buffer &small = set.small, &big = set.big;
+  const uvm_range* both = set.both;
+  cudaStream_t stream = set.stream;
   size_t capacity = 0;
   REQUIRE(uvm_get_staging(&capacity, nullptr) == UVM_OK);
   REQUIRE(capacity == small.size + big.size);
@@ -751,11 +766,7 @@ TEST_CASE("a block pinned in steps that holds a smaller set gives back the steps
 
   fake::reset_ops();
   REQUIRE(uvm_offload_ranges(&both[0], 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);  // the first step holds it
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (uvm_get_staging(&capacity, nullptr) == UVM_OK && capacity != step &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  capacity = staging_held_after_background_free();
   CHECK(capacity == step);  // held: the offloaded set rounded up to a step, not the whole block
   REQUIRE(uvm_release_staging() == UVM_OK);  // waits for the free in the background
   const auto unpinned = FakeMachine::ops_named(fake::OpKind::host_unregister);
@@ -786,13 +797,11 @@ TEST_CASE("steps of a block that cannot be given back stay uvm's staging memory,
   // Issue 58 item 5: the block was cut before its steps were unregistered, so a failure there left
   // them registered and mapped, known to no one.
   FakeMachine machine;
-  REQUIRE(uvm_release_staging() == UVM_OK);
-  const size_t step = size_t{256} << 20;
-  Buffer small(size_t{10} << 20), big(2 * step);
-  const uvm_range both[] = {small.whole(), big.whole()};
-  cudaStream_t stream = fake::make_stream();
-  REQUIRE(uvm_offload_ranges(both, 2, UVM_STRATEGY_STAGED, stream) == UVM_OK);  // one block, three steps
-  REQUIRE(uvm_onload_ranges(both, 2, stream) == UVM_OK);
+  ThreeSteps set;
+  const size_t step = ThreeSteps::kStep;
+  const Buffer &small = set.small, &big = set.big;
+  const uvm_range* both = set.both;
+  cudaStream_t stream = set.stream;
   const size_t blocks_before = fake::pinned_blocks();
   fake::fail_next("cudaHostUnregister", cudaErrorInvalidValue, 1);  // the third step
   REQUIRE(uvm_offload_ranges(&both[0], 1, UVM_STRATEGY_STAGED, stream) == UVM_OK);  // the first step holds it

@@ -20,11 +20,12 @@ DeviceCountProbe& device_count_probe() {
   return *probe;
 }
 
+// A device's capabilities, asked until a query succeeds: a failed query (a driver busy resetting, an
+// injected failure) is the caller's error, not the device's for the life of the process.
 struct CapsProbe {
-  std::once_flag once;
-  DeviceCaps caps;
-  cudaError_t error = cudaSuccess;
-  const char* failed_query = "";
+  std::mutex mutex;
+  std::atomic<bool> known{false};
+  DeviceCaps caps;  // written once, under `mutex`, before `known`
 };
 
 CapsProbe* caps_probes() {
@@ -127,25 +128,25 @@ uvm_status check_device(const Call& call, int device, bool allow_cpu) {
 uvm_status device_caps(const Call& call, int device, DeviceCaps* caps) {
   if (uvm_status s = check_device(call, device, false)) return s;
   CapsProbe& probe = caps_probes()[device];
-  std::call_once(probe.once, [&probe, device] {
-    cudaError_t error = cudaSuccess;
-    probe.caps.managed_memory = attribute(cudaDevAttrManagedMemory, device, &error) != 0;
-    probe.caps.concurrent_managed_access =
-        attribute(cudaDevAttrConcurrentManagedAccess, device, &error) != 0;
-    probe.caps.pageable_memory_access =
-        attribute(cudaDevAttrPageableMemoryAccess, device, &error) != 0;
-    probe.failed_query = "cudaDeviceGetAttribute";
-    if (error == cudaSuccess) {
+  if (!probe.known.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> hold(probe.mutex);
+    if (!probe.known.load(std::memory_order_relaxed)) {
+      DeviceCaps found;
+      cudaError_t error = cudaSuccess;
+      found.managed_memory = attribute(cudaDevAttrManagedMemory, device, &error) != 0;
+      found.concurrent_managed_access = attribute(cudaDevAttrConcurrentManagedAccess, device, &error) != 0;
+      found.pageable_memory_access = attribute(cudaDevAttrPageableMemoryAccess, device, &error) != 0;
+      if (error != cudaSuccess) return fail_cuda(call, error, "cudaDeviceGetAttribute(device %d)", device);
       cudaDeviceProp properties{};
-      error = cudaGetDeviceProperties(&properties, device);
-      probe.caps.total_memory = properties.totalGlobalMem;
-      probe.failed_query = "cudaGetDeviceProperties";
+      if (cudaError_t e = cudaGetDeviceProperties(&properties, device)) {
+        return fail_cuda(call, e, "cudaGetDeviceProperties(device %d)", device);
+      }
+      found.total_memory = properties.totalGlobalMem;
+      found.discard_supported = discard_available(found.concurrent_managed_access);
+      probe.caps = found;
+      probe.known.store(true, std::memory_order_release);
     }
-    clear_cuda_error(error);
-    probe.error = error;
-    probe.caps.discard_supported = discard_available(probe.caps.concurrent_managed_access);
-  });
-  if (probe.error != cudaSuccess) return fail_cuda(call, probe.error, "%s", probe.failed_query);
+  }
   *caps = probe.caps;
   return UVM_OK;
 }

@@ -43,32 +43,47 @@ const VmmApi& vmm_api() {
   return *api;
 }
 
-// Whether the device lets a NIC register VMM memory (GPUDirect RDMA), asked once per device: where it
+// Whether the device lets a NIC register VMM memory (GPUDirect RDMA), known once asked: where it
 // does, releasable memory asks for it, as torch_memory_saver's does, so that NIXL, Mooncake or NCCL
-// over InfiniBand can register tensors made in a region.
-bool rdma_capable(int device) {
+// over InfiniBand can register tensors made in a region. A driver without the attribute
+// (CUDA_ERROR_INVALID_VALUE) or without the calls has no such memory; any other failure is the
+// caller's error and is asked again next time, since memory made without the flag would fail only
+// later, in the NIC's registration, far from its cause.
+uvm_status rdma_capable(const Call& call, int device, bool* capable) {
   static std::mutex lock;
   static auto* known = new std::unordered_map<int, bool>;  // never destroyed: frees run at exit
   std::lock_guard<std::mutex> hold(lock);
-  if (auto it = known->find(device); it != known->end()) return it->second;
+  if (auto it = known->find(device); it != known->end()) {
+    *capable = it->second;
+    return UVM_OK;
+  }
   const VmmApi& api = vmm_api();
-  CUdevice handle = 0;
   int value = 0;
-  const bool capable = api.device_attribute != nullptr && api.device_get(&handle, device) == CUDA_SUCCESS &&
-                       api.device_attribute(&value, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
-                                            handle) == CUDA_SUCCESS &&
-                       value != 0;
-  known->emplace(device, capable);
-  return capable;
+  if (api.device_attribute != nullptr) {
+    CUdevice handle = 0;
+    if (CUresult r = api.device_get(&handle, device)) return fail_driver(call, r, "cuDeviceGet(%d)", device);
+    const CUresult r =
+        api.device_attribute(&value, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, handle);
+    if (r == CUDA_ERROR_INVALID_VALUE) value = 0;
+    else if (r != CUDA_SUCCESS) {
+      return fail_driver(call, r, "cuDeviceGetAttribute(GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, device %d)", device);
+    }
+  }
+  *capable = value != 0;
+  known->emplace(device, *capable);
+  return UVM_OK;
 }
 
-CUmemAllocationProp device_memory(int device) {
-  CUmemAllocationProp prop{};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = device;
-  prop.allocFlags.gpuDirectRDMACapable = rdma_capable(device) ? 1 : 0;
-  return prop;
+// What physical memory of `device` is asked to be.
+uvm_status device_memory(const Call& call, int device, CUmemAllocationProp* prop) {
+  bool rdma = false;
+  if (uvm_status s = rdma_capable(call, device, &rdma)) return s;
+  *prop = CUmemAllocationProp{};
+  prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop->location.id = device;
+  prop->allocFlags.gpuDirectRDMACapable = rdma ? 1 : 0;
+  return UVM_OK;
 }
 
 // Gives physical memory of `device` back to the driver. Whoever releases pays the driver's pending
@@ -158,11 +173,10 @@ uvm_status release_or_keep(const Call& call, uintptr_t base, Mapping* m) {
 }
 
 // Physical memory for `m` on `device`: spare memory of its size, else new (`*created`).
-uvm_status create_physical(const Call& call, int device, const Mapping& m, CUmemGenericAllocationHandle* out,
-                           bool* created) {
+uvm_status create_physical(const Call& call, int device, const CUmemAllocationProp& prop, const Mapping& m,
+                           CUmemGenericAllocationHandle* out, bool* created) {
   *created = false;
   if ((*out = take_spare(device, m.reserved)) != 0) return UVM_OK;
-  const CUmemAllocationProp prop = device_memory(device);
   CUresult r = vmm_api().create(out, m.reserved, &prop, 0);
   if (r == CUDA_ERROR_OUT_OF_MEMORY && vmm_spare_bytes(device) > 0) {  // spare memory of other sizes
     {
@@ -182,11 +196,12 @@ uvm_status create_physical(const Call& call, int device, const Mapping& m, CUmem
 // new stays created or mapped.
 uvm_status map_physical(const Call& call, uintptr_t base, int device, Mapping* m, bool* created) {
   const VmmApi& api = vmm_api();
-  const CUmemAllocationProp prop = device_memory(device);
-  CUmemGenericAllocationHandle handle = m->handle;
   *created = false;
+  CUmemAllocationProp prop;
+  if (uvm_status s = device_memory(call, device, &prop)) return s;
+  CUmemGenericAllocationHandle handle = m->handle;
   if (handle == 0) {
-    if (uvm_status s = create_physical(call, device, *m, &handle, created)) return s;
+    if (uvm_status s = create_physical(call, device, prop, *m, &handle, created)) return s;
   }
   // Memory this call took (new or spare) goes back on failure; memory `m` held stays `m`'s.
   const auto give_back_taken = [&] {
@@ -235,7 +250,8 @@ uvm_status vmm_allocate(const Call& call, size_t size, int device, void** out, M
                 "the driver lacks the virtual memory management calls (cuMemCreate, cuMemMap) that "
                 "releasable allocations need; use uvm_malloc (managed memory)");
   }
-  const CUmemAllocationProp prop = device_memory(device);
+  CUmemAllocationProp prop;
+  if (uvm_status s = device_memory(call, device, &prop)) return s;
   size_t granularity = 0;
   if (CUresult r = api.get_granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)) {
     return fail_driver(call, r, "cuMemGetAllocationGranularity(device %d)", device);
@@ -310,7 +326,8 @@ bool vmm_touch_driver(int device) noexcept {
     const Call call = Call::of("uvm's settling thread");
     ContextScope scope;
     if (scope.enter(call, device, ContextScope::When::always) != UVM_OK) return false;
-    const CUmemAllocationProp prop = device_memory(device);
+    CUmemAllocationProp prop;
+    if (device_memory(call, device, &prop) != UVM_OK) return false;
     size_t granularity = 0;
     if (api.get_granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS) return false;
     CUmemGenericAllocationHandle handle = 0;

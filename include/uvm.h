@@ -354,7 +354,8 @@ typedef struct uvm_device_caps {
 /* Number of CUDA devices; 0 (and UVM_ERROR_NO_DEVICE recorded) when there is no device or driver. */
 UVM_API int uvm_device_count(void);
 
-/* Fills `caps` for `device` without creating a context. */
+/* Fills `caps` for `device` without creating a context. The answer is kept once had; a query that
+ * fails is this call's error (naming it), and the next call asks again. */
 UVM_API uvm_status uvm_device_capabilities(int device, uvm_device_caps* caps);
 
 /* Waits for all work on `device` (cudaDeviceSynchronize in its primary context; the caller's context

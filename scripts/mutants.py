@@ -225,7 +225,17 @@ MUTANTS = [
   "alloc_tests", "[releasable]"),
  ("alloc/errors.cpp", "    record(status, call.range_index, std::move(message), error);", "    record(status, call.range_index, std::move(message));",
   "alloc_tests", "[errors]"),
- ("alloc/vmm.cpp", "  prop.allocFlags.gpuDirectRDMACapable = rdma_capable(device) ? 1 : 0;\n", "", "alloc_tests", "[releasable]"),
+ ("alloc/vmm.cpp", "  prop->allocFlags.gpuDirectRDMACapable = rdma ? 1 : 0;\n", "", "alloc_tests", "[releasable]"),
+ # A first probe that fails is kept for the life of the process: the device's capabilities (all
+ # false, no memory), a device's RDMA support ("not capable"); an ordering stream that could not be
+ # made is taken for made.
+ ("alloc/devices.cpp", "      if (error != cudaSuccess) return fail_cuda(",
+  "      if (error != cudaSuccess) probe.known.store(true);\n      if (error != cudaSuccess) return fail_cuda(",
+  "meson:alloc-first-probe", ""),
+ ("alloc/vmm.cpp", "    if (r == CUDA_ERROR_INVALID_VALUE) value = 0;", "    if (r != CUDA_SUCCESS) value = 0;",
+  "meson:alloc-first-probe", ""),
+ ("hints/moves/streams.cpp", "    if (cudaError_t e = cudaStreamCreateWithFlags(&stream, flags)) {",
+  "    if (cudaError_t e = cudaStreamCreateWithFlags(&stream, flags); e && false) {", "meson:hints-first-stream", ""),
  # An allocation that cannot be recorded (no host memory) keeps its memory and the limit's room.
  ("alloc/malloc.cpp", "    if (backing == Backing::releasable) (void)vmm_free(call, reinterpret_cast<uintptr_t>(ptr), &undo);\n    else if",
   "    if (false) {}\n    else if", "meson:preload", ""),

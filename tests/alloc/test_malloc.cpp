@@ -277,6 +277,35 @@ TEST_CASE("a device whose primary context cannot be had is refused naming the ca
   uvm_free(ptr, 4096, 2, nullptr);
 }
 
+TEST_CASE("a device whose capabilities cannot be asked is asked again by the next call", "[first_probe][scenario]") {
+  // Issue 58 item 5: the probe ran once per process, so one failed query made the device fail every
+  // call for the life of the process. In a process of its own: a device's answer, once had, is kept.
+  FakeMachine machine;
+  const struct {
+    int device;
+    const char* call;
+  } cases[] = {{1, "cudaDeviceGetAttribute"}, {2, "cudaGetDeviceProperties"}};
+  for (const auto& c : cases) {
+    CAPTURE(c.call, c.device);
+    fake::fail_next(c.call, cudaErrorLaunchFailure);
+    uvm_device_caps caps{};
+    CHECK(uvm_device_capabilities(c.device, &caps) == UVM_ERROR_CUDA);
+    CHECK_THAT(last_error(), Has(std::string(c.call) + "(device " + std::to_string(c.device) + ")") &&
+                                 Has("cudaErrorLaunchFailure"));
+    CHECK(cudaPeekAtLastError() == cudaSuccess);
+    CHECK_FALSE(fake::injection_left(c.call));
+    REQUIRE(uvm_device_capabilities(c.device, &caps) == UVM_OK);
+    CHECK(caps.managed_memory == 1);
+    CHECK(caps.concurrent_managed_access == (c.device != 2));
+    CHECK(caps.total_memory == (c.device == 1 ? size_t{512} << 20 : size_t{256} << 20));
+    // Known now: the next failure of the query is not asked for.
+    fake::fail_next(c.call, cudaErrorLaunchFailure);
+    CHECK(uvm_device_capabilities(c.device, &caps) == UVM_OK);
+    CHECK(fake::injection_left(c.call));
+    fake::clear_injections();
+  }
+}
+
 TEST_CASE("without driver entry points the runtime device switch is restored", "[no_entry_points][scenario]") {
   FakeMachine machine;
   REQUIRE(cudaSetDevice(0) == cudaSuccess);

@@ -297,6 +297,44 @@ TEST_CASE("releasable memory is GPUDirect RDMA capable where the device supports
   }
 }
 
+TEST_CASE("a device whose RDMA support cannot be asked refuses the allocation and is asked again",
+          "[first_probe][scenario]") {
+  // Issue 58 item 5: a failed query was cached as "not capable", so every later allocation on a
+  // device that supports GPUDirect RDMA silently lacked it. In a process of its own: a device's
+  // answer, once had, is kept.
+  FakeMachine machine;
+  const size_t reservations = fake::live_reservations();
+  fake::fail_next("cuDeviceGetAttribute", cudaErrorLaunchFailure);
+  uvm_clear_last_error();
+  CHECK(uvm_malloc_releasable(2 << 20, 0, nullptr) == nullptr);
+  CHECK(uvm_last_status() == UVM_ERROR_CUDA);
+  CHECK_THAT(last_error(), Has("cuDeviceGetAttribute(GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, device 0)") &&
+                               Has("CUDA_ERROR_LAUNCH_FAILED"));
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  CHECK(fake::live_reservations() == reservations);
+  uvm_stats stats{};
+  REQUIRE(uvm_get_stats(0, &stats) == UVM_OK);
+  CHECK(stats.live_bytes == 0);
+  void* p = uvm_malloc_releasable(2 << 20, 0, nullptr);
+  REQUIRE(p != nullptr);
+  CHECK(fake::last_created_rdma_capable());
+  uvm_free(p, 2 << 20, 0, nullptr);
+
+  // A driver that does not know the attribute has no such memory: the allocation goes on without
+  // it, and the answer is kept (the next failure of the query is not asked for).
+  fake::fail_next("cuDeviceGetAttribute", cudaErrorInvalidValue);
+  p = uvm_malloc_releasable(2 << 20, 1, nullptr);
+  REQUIRE(p != nullptr);
+  CHECK_FALSE(fake::last_created_rdma_capable());
+  uvm_free(p, 2 << 20, 1, nullptr);
+  fake::fail_next("cuDeviceGetAttribute", cudaErrorLaunchFailure);
+  p = uvm_malloc_releasable(2 << 20, 1, nullptr);
+  CHECK(p != nullptr);
+  CHECK(fake::injection_left("cuDeviceGetAttribute"));
+  fake::clear_injections();
+  uvm_free(p, 2 << 20, 1, nullptr);
+}
+
 TEST_CASE("a releasable allocation whose mapping cannot be made leaves nothing behind and says which call failed",
           "[releasable][errors]") {
   FakeMachine machine;

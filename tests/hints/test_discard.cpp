@@ -43,6 +43,37 @@ TEST_CASE("discard on the legacy stream goes through uvm's ordering stream", "[d
   uvm_free(ptr, kSize, 0, nullptr);
 }
 
+TEST_CASE("an ordering stream that cannot be made fails the discard, and the next discard makes it",
+          "[first_stream][scenario][cuda13]") {
+  // Issue 58 item 5. In a process of its own: uvm makes a device's ordering stream once.
+  FakeMachine machine;
+  char* ptr = static_cast<char*>(uvm_malloc(kSize, 0, nullptr));
+  REQUIRE(ptr != nullptr);
+  REQUIRE(uvm_prefetch(ptr, kSize, UVM_LOCATION_CPU, nullptr) == UVM_OK);
+  const uvm_stats before = [] {
+    uvm_stats s{};
+    uvm_get_stats(0, &s);
+    return s;
+  }();
+  fake::fail_next("cudaStreamCreateWithFlags", cudaErrorLaunchFailure);
+  CHECK(uvm_discard(ptr, kSize, nullptr) == UVM_ERROR_CUDA);
+  CHECK_THAT(last_error(), Has("uvm_discard(ptr=") && Has("cudaStreamCreateWithFlags") &&
+                               Has("device 0") && Has("cudaErrorLaunchFailure"));
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  CHECK(FakeMachine::ops_named(fake::OpKind::discard).empty());
+  uvm_stats after{};
+  REQUIRE(uvm_get_stats(0, &after) == UVM_OK);
+  CHECK(after.bytes_discarded == before.bytes_discarded);
+  CHECK(after.host_resident_bytes == before.host_resident_bytes);
+
+  REQUIRE(uvm_discard(ptr, kSize, nullptr) == UVM_OK);
+  const auto discards = FakeMachine::ops_named(fake::OpKind::discard);
+  REQUIRE(discards.size() == 1);
+  CHECK(discards[0].stream != nullptr);
+  CHECK(discards[0].stream != cudaStreamLegacy);
+  uvm_free(ptr, kSize, 0, nullptr);
+}
+
 TEST_CASE("discard refuses what it cannot do", "[discard][cuda13]") {
   FakeMachine machine;
   char* ptr = static_cast<char*>(uvm_malloc(kSize, 0, nullptr));

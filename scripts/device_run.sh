@@ -18,6 +18,9 @@
 #   STREAM_BENCH=1               runs the streaming benchmark (python -m uvm bench stream) with
 #                                STREAM_ARGS (default: 12 GiB of layers, a 4 GiB budget)
 #   LIFETIME_BENCH=1             runs bench/lifetime_bench.py (what learning of a block's death costs)
+#   CLAIM_PROBE=1                runs bench/claim_probe.py (host→device copies right after a giant free)
+#   PAGEABLE_BENCH=1             the offload bench at 4 GiB, staged, with UVM_PINNED=pageable and
+#                                registered, alternating, two rounds
 #   PEERS=1                      runs torch_memory_saver's examples on uvm.memory_saver
 #                                (tests/peers/run_tms_examples.sh) and the Megatron-Core harness
 #   PRELOAD=1                    hook mode "preload": tests/python/test_preload*.py, torch_memory_saver's
@@ -189,6 +192,27 @@ fi
 if [ "${LIFETIME_BENCH:-0}" = 1 ]; then
   echo "== block lifetime bench"
   PYTHONPATH=python_shim python3 bench/lifetime_bench.py --json "$OUT/lifetime.json" | tee "$OUT/lifetime.txt" || status=1
+fi
+
+# The versions a probe's text output is read with (the benchmarks' JSON records its own).
+versions() {
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+}
+
+if [ "${CLAIM_PROBE:-0}" = 1 ]; then
+  echo "== claim probe"
+  { versions; python3 bench/claim_probe.py; } | tee "$OUT/claim_probe.txt" || status=1
+fi
+
+if [ "${PAGEABLE_BENCH:-0}" = 1 ]; then
+  for round in 1 2; do
+    for pinned in pageable registered; do
+      echo "== offload bench, UVM_PINNED=$pinned, round $round"
+      UVM_PINNED=$([ $pinned = pageable ] && echo pageable) PYTHONPATH=python_shim python3 -m uvm bench \
+        --sizes-mib 4096 --small-mib 0 --methods "uvm staged" --out "$OUT/pinned-$pinned-$round" || status=1
+    done
+  done
 fi
 
 if [ -n "${PINNED_PROBE:-}" ]; then

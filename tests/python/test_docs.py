@@ -128,3 +128,66 @@ def test_every_measurements_section_named_elsewhere_exists():
                 missing.append(f"{source.relative_to(ROOT)}: {title!r}")
     assert found > 20, found
     assert not missing, missing
+
+
+def doc_figures():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import doc_figures as module
+    finally:
+        sys.path.pop(0)
+    return module
+
+
+def test_every_figure_the_docs_state_is_backed_by_a_result_file():
+    """scripts/doc_figures.py: every time, speed, ratio and test count in README and docs/ is in the
+    generated tables, or in a result file its paragraph or section names, or in a measurements.md
+    or performance.md section it cites (see the script for the rules)."""
+    from collections import Counter
+    figures = doc_figures()
+    found = [problem for page in figures.PAGES for problem in figures.unbacked(page)]
+    assert not figures.settings_drifted(), figures.settings_drifted()
+    elsewhere = [str(p) for p in found if p.page != "docs/measurements.md"]
+    assert not elsewhere, "\n".join(elsewhere)
+    listed = Counter(line for line in (ROOT / "tests/python/measurements_unbacked.txt").read_text().splitlines()
+                     if line and not line.startswith("#"))
+    unbacked = Counter(p.key() for p in found)
+    new = unbacked - listed
+    assert not new, "measurements.md states figures no result file backs:\n" + "\n".join(
+        str(p) for p in found if p.key() in new)
+    backed_now = listed - unbacked
+    assert not backed_now, "backed now: take these out of tests/python/measurements_unbacked.txt\n" + "\n".join(backed_now)
+
+
+# Claims a review found with no result file behind them, or a different one: (page, the text that
+# replaced it, the claim as it stood).
+PUT_BACK = [
+    ("docs/faq.md", "In the\nsleep/wake benchmark with the GPU otherwise full (H200, `bench/results/rl/h200.json`, pattern\n"
+     "\"full\"), a managed pool's offload showed 0 bytes freed, and the training step's allocation of the\n"
+     "bytes it had moved then took 103.4–113.6 ms (783.8 ms the first time), against 0.4–0.9 ms after a\n"
+     "releasable pause.",
+     "Measured\non an H200 with the GPU otherwise full, 0 bytes showed as freed, and allocating 3.5 GiB that could\n"
+     "only come from them took 76–93 ms (4 ms after torch_memory_saver's release)."),
+    ("docs/faq.md", "(H100, `bench/results/rl/h100.json`, pattern \"full\": 0.6–0.8 ms",
+     "(0.5–11 ms for 4.4 GiB with the GPU otherwise full, against 78–89 ms for a managed pool: 0.6–0.8 ms"),
+    ("docs/faq.md", "(`bench/results/peers/tms-tests-h100.txt`): the original `25 passed, 11 skipped`, uvm `25 passed,\n11 skipped`",
+     "(2026-11-25): the original `19 passed, 11 skipped`, uvm `19 passed,\n11 skipped`"),
+    ("docs/faq.md", "`bench/results/lifetime/h100.json`): allocating", "`bench/lifetime_bench.py`): 12.5 ms, 7.9 ms; allocating"),
+    ("docs/faq.md", "torch_memory_saver (H100, `bench/results/rl/h100.json`).",
+     "torch_memory_saver; 0.44–0.61 s a cycle with uvm, 2.4–2.5 s with torch_memory_saver."),
+    ("docs/performance.md", "(H100, `bench/results/claim_probe/h100.txt`)", "(27.6 against 55.4 GB/s, H200)"),
+]
+
+
+def test_the_claims_a_review_found_fail_when_put_back(monkeypatch):
+    figures = doc_figures()
+    pages = {page: (ROOT / page).read_text() for page, _, _ in PUT_BACK}
+    for page, now, before in PUT_BACK:
+        assert now in pages[page], (page, now)
+        assert not [p for p in figures.unbacked(page) if p.page == page], page
+        lines = tuple(pages[page].replace(now, before, 1).splitlines())
+        monkeypatch.setattr(figures, "page_lines", lambda name, lines=lines, page=page:
+                            lines if name == page else tuple((ROOT / name).read_text().splitlines()))
+        flagged = [p.figure for p in figures.unbacked(page)]
+        assert flagged, f"{page}: {before!r} in place of {now!r} went unnoticed"
+        monkeypatch.undo()

@@ -5,7 +5,8 @@ new run replaces a result file and this script rewrites the block between the ma
 
     python bench/tables.py              prints the block
     python bench/tables.py --write      rewrites it in docs/performance.md
-    python bench/tables.py --check      fails when docs/performance.md's block is not what the results give (CI)
+    python bench/tables.py --check      fails when docs/performance.md's block is not what the results give,
+                                        or a ratio shown is not the quotient of the cells shown beside it (CI)
 """
 from __future__ import annotations
 
@@ -66,9 +67,12 @@ def rl(gpu: str, bench: str = "rl", title: str = "Sleep/wake cycle") -> list[str
     data, path = load(bench, gpu)
     if data is None:
         return []
+    # Only the current run of each method: the drop-in's rows come from its own, newer run.
+    newer = bench == "rl" and load("rl_hook_modes", gpu)[0] is not None
     body = []
     for pattern in ("big", "full"):
-        summaries = {s["method"]: s for s in data["summaries"] if s["pattern"] == pattern}
+        summaries = {s["method"]: s for s in data["summaries"] if s["pattern"] == pattern
+                     and not (newer and s["method"].startswith("uvm memory_saver"))}
         memcpy = summaries.get("pinned memcpy")
         for method, s in summaries.items():
             cycle = s["steady"]["cycle_s"]
@@ -90,12 +94,13 @@ def stream(gpu: str) -> list[str]:
     data, path = load("stream", gpu)
     if data is None:
         return []
-    body = [[name, f"{r['resident_s']:.3f}", f"{r['link_ideal_s']:.3f}", f"{r['uvm_stream_s']:.3f}",
+    # The bound is the link's time for the bytes uvm.stream moves (layers it keeps resident move once).
+    body = [[name, f"{r['resident_s']:.3f}", f"{r['link_ideal_moved_s']:.3f}", f"{r['uvm_stream_s']:.3f}",
              f"{r['accelerate_s']:.3f}", f"{r['accelerate_s'] / r['uvm_stream_s']:.1f}×",
-             f"{r['uvm_over_bound']:.2f}×"] for name, r in data["rows"].items()]
+             f"{r['uvm_stream_s'] / r['link_ideal_moved_s']:.2f}×"] for name, r in data["rows"].items()]
     return [f"**A model larger than its budget, streamed** (`python -m uvm bench stream`: {data['streamed_gib']:.1f} GiB "
             f"of layers through a {data['budget_gib']:.1f} GiB budget): {versions(data['versions'], path)}", "",
-            *table(["forward", "resident s", "link bound s", "uvm.stream s", "accelerate cpu_offload s",
+            *table(["forward", "resident s", "link bound s (bytes moved)", "uvm.stream s", "accelerate cpu_offload s",
                     "uvm faster than accelerate", "uvm / link bound"], body), ""]
 
 
@@ -152,6 +157,70 @@ def block() -> str:
     return "\n".join(lines)
 
 
+def parse_tables(text: str) -> list[tuple[list[str], list[list[str]]]]:
+    """The markdown tables of `text`: (header, rows of cells)."""
+    tables, header, rows = [], None, []
+    for line in [*text.splitlines(), ""]:
+        if line.startswith("|"):
+            cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+            if header is None:
+                header = cells
+            elif not set("".join(cells)) <= set("-: "):
+                rows.append(cells)
+        elif header is not None:
+            tables.append((header, rows))
+            header, rows = None, []
+    return tables
+
+
+def bounds(cell: str) -> tuple[float, float]:
+    """The interval a number rounded as written stands for."""
+    number = cell.rstrip("×%").strip()
+    half = 0.5 * 10 ** -(len(number.split(".")[1]) if "." in number else 0)
+    scale = 0.01 if cell.endswith("%") else 1
+    return (float(number) - half) * scale, (float(number) + half) * scale
+
+
+def agrees(shown: str, numerator: str, denominator: str) -> bool:
+    """Whether a ratio as shown can be the quotient of the two cells as shown."""
+    low, high = bounds(shown)
+    (n_low, n_high), (d_low, d_high) = bounds(numerator), bounds(denominator)
+    return n_low / d_high <= high and n_high / d_low >= low
+
+
+def contradictions(text: str) -> list[str]:
+    """Ratio cells of the generated tables that the cells shown beside them do not give."""
+    found = []
+    for header, rows in parse_tables(text):
+        column = {name: i for i, name in enumerate(header)}
+        column.update({name.split(" (")[0]: i for i, name in enumerate(header)})  # "link bound s (bytes moved)"
+
+        def check(ratio: str, row: list[str], numerator: str, denominator: str) -> None:
+            if row[column[ratio]] and not agrees(row[column[ratio]], numerator, denominator):
+                found.append(f"{' | '.join(row[:2])}: {ratio} {row[column[ratio]]} is not {numerator} / {denominator}")
+
+        for row in rows:
+            if "uvm faster than accelerate" in column:
+                check("uvm faster than accelerate", row, row[column["accelerate cpu_offload s"]], row[column["uvm.stream s"]])
+                check("uvm / link bound", row, row[column["uvm.stream s"]], row[column["link bound s"]])
+            if "offload / pinned memcpy" in column:
+                memcpy = next(r for r in rows if r[0] == "pinned memcpy")
+                for way in ("offload", "onload"):
+                    check(f"{way} / pinned memcpy", row, row[column[f"{way} GB/s"]], memcpy[column[f"{way} GB/s"]])
+            if "time / pinned memcpy" in column:
+                same = [r for r in rows if r[0] == row[0]]
+                cycle = row[column["steady cycle s"]]
+                memcpy = next((r for r in same if r[1] == "pinned memcpy"), None)
+                if memcpy:
+                    check("time / pinned memcpy", row, cycle, memcpy[column["steady cycle s"]])
+                # as rl() chose: the drop-in against the original's row of the same setting
+                peer_name = row[1].replace("uvm memory_saver", "torch_memory_saver") if row[1].startswith("uvm memory_saver") else None
+                peer = next((r for r in same if r[1] == peer_name), None) or next((r for r in same if r[1] == "torch_memory_saver"), None)
+                if peer:
+                    check("faster than torch_memory_saver", row, peer[column["steady cycle s"]], cycle)
+    return found
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write", action="store_true")
@@ -169,6 +238,9 @@ def main() -> int:
     if args.check:
         if text[start:end] != generated:
             print(f"{DOC}: the current figures differ from bench/results: run `python bench/tables.py --write`")
+            return 1
+        if problems := contradictions(generated):
+            print("ratios the cells beside them do not give:\n" + "\n".join(problems))
             return 1
         print("docs/performance.md's tables match bench/results")
         return 0

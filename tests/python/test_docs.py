@@ -191,3 +191,22 @@ def test_the_claims_a_review_found_fail_when_put_back(monkeypatch):
         flagged = [p.figure for p in figures.unbacked(page)]
         assert flagged, f"{page}: {before!r} in place of {now!r} went unnoticed"
         monkeypatch.undo()
+
+
+def test_a_ratio_the_cells_beside_it_do_not_give_is_caught():
+    """bench/tables.py --check recomputes every ratio column from the cells it stands beside: the
+    streaming table once printed the link-bound time for all bytes (0.230 s) beside a ratio taken
+    over the bytes moved (1.04× for 0.207 s)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import tables
+    finally:
+        sys.path.pop(0)
+    generated = tables.block()
+    assert not tables.contradictions(generated)
+    assert "| 0.198 | 0.207 |" in generated
+    assert tables.contradictions(generated.replace("| 0.198 | 0.207 |", "| 0.230 | 0.207 |"))
+    big_uvm = next(line for line in generated.splitlines() if line.startswith("| big | uvm releasable |"))
+    cells = big_uvm.split(" | ")
+    cells[5] = "9.99×"  # faster than torch_memory_saver
+    assert tables.contradictions(generated.replace(big_uvm, " | ".join(cells)))

@@ -170,7 +170,7 @@ PUT_BACK = [
      "only come from them took 76–93 ms (4 ms after torch_memory_saver's release)."),
     ("docs/faq.md", "(H100, `bench/results/rl/h100.json`, pattern \"full\": 0.6–0.8 ms",
      "(0.5–11 ms for 4.4 GiB with the GPU otherwise full, against 78–89 ms for a managed pool: 0.6–0.8 ms"),
-    ("docs/faq.md", "(`bench/results/peers/tms-tests-h100.txt`): the original `25 passed, 11 skipped`, uvm `25 passed,\n11 skipped`",
+    ("docs/faq.md", "(`bench/results/peers/tms-tests-h100.txt`): torch_memory_saver `25 passed, 11 skipped`, uvm `25 passed,\n11 skipped`",
      "(2026-11-25): the original `19 passed, 11 skipped`, uvm `19 passed,\n11 skipped`"),
     ("docs/faq.md", "`bench/results/lifetime/h100.json`): allocating", "`bench/lifetime_bench.py`): 12.5 ms, 7.9 ms; allocating"),
     ("docs/faq.md", "torch_memory_saver (H100, `bench/results/rl/h100.json`).",
@@ -210,3 +210,54 @@ def test_a_ratio_the_cells_beside_it_do_not_give_is_caught():
     cells = big_uvm.split(" | ")
     cells[5] = "9.99×"  # faster than torch_memory_saver
     assert tables.contradictions(generated.replace(big_uvm, " | ".join(cells)))
+
+
+def test_every_section_a_page_cites_is_there():
+    """The docs send the reader on as (`docs/faq.md`, "Title"): the page exists and has a heading, or
+    a table caption, that starts with the title."""
+    citation = re.compile(r'`(?:docs/)?([\w-]+)\.md`?,? *\(?"([^"]+)"')
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+    def titles(page: Path) -> list:
+        lines = page.read_text().splitlines()
+        return [line.lstrip("#").strip() for line in lines if line.startswith("#")] + \
+               [m.group(1) for line in lines if (m := re.match(r"\*\*(.*?)\*\*", line))]
+
+    found, missing = 0, []
+    for page in pages:
+        for name, title in citation.findall(re.sub(r"\s+", " ", page.read_text())):
+            found += 1
+            target = ROOT / "README.md" if name == "README" else ROOT / "docs" / f"{name}.md"
+            if not target.exists() or not any(t.startswith(title) for t in titles(target)):
+                missing.append(f"{page.name}: {name}.md, {title!r}")
+    assert found > 30, found
+    assert not missing, missing
+
+
+# The team's words, which mean nothing to a user: where a run happened (a machine's name, a lease,
+# a commit, a day), and what the team calls things ("the original", "the seed", "the peer", "rooms").
+TEAM_WORDS = {
+    "a commit hash": r"(?<![\w/.-])[0-9a-f]{7,12}(?![\w/.-])",
+    "an internal machine name": r"nvidia-h[12]00",
+    # a device lent for a while; a staged piece's lease on its block is a thing in the code
+    "a lease": r"(?<!by )\bleases?\b(?! is dropped)",
+    "an experiment's date": r"\b20\d\d-\d\d-\d\d\b",
+    "the team's name for a project": r"\bthe (?:original|seed|peer)\b",
+    "the team's name for a part of the tree": r"\brooms?\b",
+}
+
+
+def test_the_docs_speak_the_users_words():
+    """README and docs/ say torch_memory_saver, Megatron-Core, a part of the tree, an H100 — not the
+    team's names for them — and carry no commit hashes or dates of experiments (a generated table's
+    caption keeps the day of its run, with the rest of its record)."""
+    found = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        if page.name == "changelog.md":  # releases carry their dates
+            continue
+        text = page.read_text()
+        if "<!-- tables: generated" in text:
+            text = text[:text.index("<!-- tables: generated")] + text[text.index("<!-- tables: end -->"):]
+        for what, pattern in TEAM_WORDS.items():
+            found += [f"{page.name}: {what}: {m.group(0)!r}" for m in re.finditer(pattern, text)]
+    assert not found, "\n".join(found)

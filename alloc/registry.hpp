@@ -60,7 +60,7 @@ struct Allocation {
   SpanSet discarded;        // offsets discarded with no copy kept
   // Managed offsets discarded on the device that no prefetch to the device has followed since: the
   // driver still counts them as discarded once written again (measured for copies into them,
-  // bench/transfer_probe.cu hazard), and a prefetch to the CPU would drop what was written.
+  // bench/probes/transfer_probe.cu hazard), and a prefetch to the CPU would drop what was written.
   SpanSet marked;
   // Made after uvm_report_blocks: a runtime that cuts it into blocks reports every one of them.
   bool reported_runtime = false;

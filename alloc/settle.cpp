@@ -19,7 +19,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // The driver's background work after a large free outlasts a wake's copies and then goes on for
-// several times as long (bench/first_release_probe.py); a poll that finds nothing to wait for costs
+// several times as long (bench/probes/first_release_probe.py); a poll that finds nothing to wait for costs
 // one small cuMemCreate and cuMemRelease.
 constexpr SettleTiming kTiming{std::chrono::milliseconds(100), std::chrono::milliseconds(50),
                                std::chrono::milliseconds(2000)};

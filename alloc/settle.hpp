@@ -3,7 +3,7 @@
 // After a large free (a training step's memory given back just before a wake), the driver takes the
 // freed memory back in the background for a while, and the first cuMemCreate or cuMemRelease after
 // that work has gone on waits for it, once (the figures: docs/measurements.md, "The drop-in at the
-// native calls' speed"; bench/first_release_probe.py). A wake that maps new memory during that time
+// native calls' speed"; bench/probes/first_release_probe.py). A wake that maps new memory during that time
 // leaves the wait to whoever makes or gives back memory next: usually the next sleep's first
 // release, where a pause with nothing to copy has no copy to hide it behind.
 //

@@ -45,7 +45,7 @@ uvm_status vmm_free(const Call& call, uintptr_t base, Mapping* mapping);
 
 // Spare memory (uvm_set_spare_limit): physical memory an unmap kept for the next map of the same
 // size on the same device. Giving physical memory back to the driver (cuMemRelease) while a copy
-// into other memory runs slows that copy by 11 % (bench/map_probe.cu); streaming unmaps one layer
+// into other memory runs slows that copy by 11 % (bench/probes/map_probe.cu); streaming unmaps one layer
 // and maps the next every step, so it keeps the memory instead. Lowering the limit gives back what
 // is above it, oldest first.
 uvm_status vmm_set_spare_limit(const Call& call, int device, size_t bytes);

@@ -25,7 +25,7 @@ PyTorch serves allocations up to 1 MiB from 2 MiB segments, so 2 GiB of them is 
 
 Why pinned memcpy skips the claim: for about a second after a plain allocation of nearly the whole
 card is freed, every host-to-device copy runs at half speed (27.6 against 55.4 GB/s on an H200;
-bench/claim_probe.py) while the driver takes the memory back. Measured after a claim, the limit
+bench/probes/claim_probe.py) while the driver takes the memory back. Measured after a claim, the limit
 would read half of what the link does. --settle-s adds a pause (sleeping, or with --settle-spin
 busy-waiting) after the claim, before each onload.
 

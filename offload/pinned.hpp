@@ -1,7 +1,7 @@
 // Pinned (page-locked) host memory for staging, got the fastest way measured, with
 // cudaHostAlloc as the fallback: mmap + transparent huge pages + up to 16 threads faulting the pages in +
 // cudaHostRegister was several times faster to get and to free than cudaHostAlloc, cudaMallocHost
-// or a plain registration, and copies run at the same speed either way (bench/pinned_probe.cpp;
+// or a plain registration, and copies run at the same speed either way (bench/probes/pinned_probe.cpp;
 // docs/measurements.md, "Pinned memory"). Most of cudaHostAlloc's time is the kernel faulting
 // 4 KiB pages in one at a time on one thread.
 #pragma once

@@ -59,7 +59,7 @@ DONE:
 )";
 
 constexpr size_t kWordBytes = 16;
-// Threads in flight per SM: two blocks of 1,024, as bench/transfer_probe.cu ran it, to keep enough
+// Threads in flight per SM: two blocks of 1,024, as bench/probes/transfer_probe.cu ran it, to keep enough
 // 16-byte reads in flight over PCIe.
 constexpr unsigned kThreadsPerBlock = 1024;
 constexpr unsigned kBlocksPerSm = 2;

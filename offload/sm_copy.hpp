@@ -1,7 +1,7 @@
 // Copies from pinned staging memory into device memory with the GPU's SMs instead of a copy
 // engine. Right after a bulk free, copy-engine host→device copies run at half speed while a
 // kernel reading the pinned memory keeps its speed; steady, the copy engine is faster
-// (bench/transfer_probe.cu; docs/performance.md, "The driver behaviour behind the design").
+// (bench/probes/transfer_probe.cu; docs/performance.md, "The driver behaviour behind the design").
 //
 // The kernel is PTX in this file, loaded through the driver (cuModuleLoadData) once per device,
 // since libuvm.so is built without nvcc.

@@ -93,7 +93,7 @@ enum class SpillWork { memory, disk_write, disk_read };
 
 // The worker threads of a spill: UVM_BACKUP_THREADS, else by their work. Copies in memory are CPU
 // work (the kernel faulting in and zeroing the mapping's pages, memcpy): 16 threads wrote a fresh
-// mapping at the speed of the pinned backup's pause and 8 did not (bench/mmap_probe.cpp), so one
+// mapping at the speed of the pinned backup's pause and 8 did not (bench/probes/mmap_probe.cpp), so one
 // per CPU this process may run on, 8 to 16. Disk writes: 8 (16 paused slower). Disk reads: 4
 // requests of kDiskReadBytes in flight (docs/measurements.md, "Backups in mmap'ed memory").
 size_t worker_threads(SpillWork work) {

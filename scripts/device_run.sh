@@ -10,15 +10,15 @@
 #   TESTS=0                      skips the tests (else also the GPU suite built against CUDA 12.8,
 #                                when .deps/cuda-12.8 is there: scripts/fetch_cuda12.sh)
 #   MULTI_GPU=1                  runs tests/multi_gpu/run.sh (2+ GPUs)
-#   PROBE=1                      runs bench/transfer_probe.cu with PROBE_ARGS (default "4096 2")
-#   PINNED_PROBE="4 8 [first|wall|overlap|registrars]"  runs bench/pinned_probe.cpp with those arguments
-#   GATHER_PROBE="4096 [--before DIR]"  runs bench/gather_probe.py (the shim's per-tensor costs)
-#   RELEASE_PROBE=1              runs bench/first_release_probe.py (what makes a sleep's first release wait)
+#   PROBE=1                      runs bench/probes/transfer_probe.cu with PROBE_ARGS (default "4096 2")
+#   PINNED_PROBE="4 8 [first|wall|overlap|registrars]"  runs bench/probes/pinned_probe.cpp with those arguments
+#   GATHER_PROBE="4096 [--before DIR]"  runs bench/probes/gather_probe.py (the shim's per-tensor costs)
+#   RELEASE_PROBE=1              runs bench/probes/first_release_probe.py (what makes a sleep's first release wait)
 #   JIT_BENCH=1                  runs the JIT build benchmark
 #   STREAM_BENCH=1               runs the streaming benchmark (python -m uvm bench stream) with
 #                                STREAM_ARGS (default: 12 GiB of layers, a 4 GiB budget)
 #   LIFETIME_BENCH=1             runs bench/lifetime_bench.py (what learning of a block's death costs)
-#   CLAIM_PROBE=1                runs bench/claim_probe.py (host→device copies right after a giant free)
+#   CLAIM_PROBE=1                runs bench/probes/claim_probe.py (host→device copies right after a giant free)
 #   PAGEABLE_BENCH=1             the offload bench at 4 GiB, staged, with UVM_PINNED=pageable and
 #                                registered, alternating, two rounds
 #   PEERS=1                      runs torch_memory_saver's examples on uvm.memory_saver
@@ -38,7 +38,7 @@
 #   RL_BENCH=1                   runs the sleep/wake cycle benchmark (python -m uvm bench rl);
 #                                RL_ALSO="VAR=x;VAR=y" runs it again with each environment;
 #                                RL_TRACE=1 writes each child's UVM_TRACE into $OUT/rl-traces.tar.gz
-#                                and each wake's floor (bench/wake_floor.py) into $OUT/rl/floors.txt;
+#                                and each wake's floor (bench/probes/wake_floor.py) into $OUT/rl/floors.txt;
 #                                RL_BEFORE=DIR runs it with the uvm tree in DIR (an older commit's files,
 #                                e.g. from `git archive`) and with this tree, alternating, two rounds
 #                                (instead of the single run)
@@ -176,7 +176,7 @@ PYTHONPATH=python_shim python3 -m uvm doctor
 
 if [ "${PROBE:-0}" = 1 ]; then
   echo "== transfer probe"
-  nvcc -O2 -std=c++17 -arch=native -o "$build/transfer_probe" bench/transfer_probe.cu && "$build/transfer_probe" ${PROBE_ARGS:-4096 2} | tee "$OUT/probe.txt"
+  nvcc -O2 -std=c++17 -arch=native -o "$build/transfer_probe" bench/probes/transfer_probe.cu && "$build/transfer_probe" ${PROBE_ARGS:-4096 2} | tee "$OUT/probe.txt"
 fi
 
 if [ "${JIT_BENCH:-0}" = 1 ]; then
@@ -202,7 +202,7 @@ versions() {
 
 if [ "${CLAIM_PROBE:-0}" = 1 ]; then
   echo "== claim probe"
-  { versions; python3 bench/claim_probe.py; } | tee "$OUT/claim_probe.txt" || status=1
+  { versions; python3 bench/probes/claim_probe.py; } | tee "$OUT/claim_probe.txt" || status=1
 fi
 
 if [ "${PAGEABLE_BENCH:-0}" = 1 ]; then
@@ -217,14 +217,14 @@ fi
 
 if [ -n "${PINNED_PROBE:-}" ]; then
   echo "== pinned memory probe ($PINNED_PROBE)"
-  g++ -O2 -std=c++17 bench/pinned_probe.cpp -I"${CUDA_HOME:-/usr/local/cuda}/include" \
+  g++ -O2 -std=c++17 bench/probes/pinned_probe.cpp -I"${CUDA_HOME:-/usr/local/cuda}/include" \
     -L"${CUDA_HOME:-/usr/local/cuda}/lib64" -lcudart -lpthread -o "$build/pinned_probe" &&
     "$build/pinned_probe" $PINNED_PROBE | tee "$OUT/pinned_probe.txt" || status=1
 fi
 
 if [ -n "${GATHER_PROBE:-}" ]; then
   echo "== gather probe ($GATHER_PROBE)"
-  python3 bench/gather_probe.py $GATHER_PROBE --json "$OUT/gather_probe.json" | tee "$OUT/gather_probe.txt" || status=1
+  python3 bench/probes/gather_probe.py $GATHER_PROBE --json "$OUT/gather_probe.json" | tee "$OUT/gather_probe.txt" || status=1
 fi
 
 if [ "${BACKUP_BENCH:-0}" = 1 ]; then
@@ -269,8 +269,8 @@ if [ "${RL_BENCH:-0}" = 1 ] || [ "${RELEASE_PROBE:-0}" = 1 ]; then
 fi
 
 if [ "${RELEASE_PROBE:-0}" = 1 ]; then
-  echo "== what makes a sleep's first release wait (bench/first_release_probe.py)"
-  PYTHONPATH=python_shim:/tmp/peer-site python3 bench/first_release_probe.py | tee "$OUT/first_release_probe.txt" || status=1
+  echo "== what makes a sleep's first release wait (bench/probes/first_release_probe.py)"
+  PYTHONPATH=python_shim:/tmp/peer-site python3 bench/probes/first_release_probe.py | tee "$OUT/first_release_probe.txt" || status=1
 fi
 
 if [ "${RL_BENCH:-0}" = 1 ]; then
@@ -283,8 +283,8 @@ if [ "${RL_BENCH:-0}" = 1 ]; then
   fi
   if [ "${RL_TRACE:-0}" = 1 ]; then
     tar -czf "$OUT/rl-traces.tar.gz" -C /tmp rl-traces
-    echo "== the floors under each traced wake and the sleep calls' releases (bench/wake_floor.py)"
-    python3 bench/wake_floor.py "$OUT/rl/results.json" /tmp/rl-traces | tee "$OUT/rl/floors.txt" || status=1
+    echo "== the floors under each traced wake and the sleep calls' releases (bench/probes/wake_floor.py)"
+    python3 bench/probes/wake_floor.py "$OUT/rl/results.json" /tmp/rl-traces | tee "$OUT/rl/floors.txt" || status=1
   fi
   IFS=';' read -r -a rl_also <<<"${RL_ALSO:-}"
   for i in "${!rl_also[@]}"; do

@@ -244,7 +244,7 @@ def _add_move_spans(tensors, whats, into: dict) -> None:
     """Adds to `into` ({device: {bytes to move: (what, the tensor's own bytes)}}) each tensor's bytes as
     _block_span gives them, `whats[i]` saying what tensors[i] is; a tensor already there (shared)
     counts once, an empty one not at all. A contiguous CUDA tensor takes a short path: a few
-    attribute reads (bench/gather_probe.py). Everything else goes the long
+    attribute reads (bench/probes/gather_probe.py). Everything else goes the long
     way, which also says what is wrong. Moves give the library their tensors in slices, so only the
     first slice's reads come before the copies start (_SlicedMove)."""
     last_device, named = None, None
@@ -273,7 +273,7 @@ def _add_move_spans(tensors, whats, into: dict) -> None:
 def _members(obj, include_buffers: bool) -> tuple[list, list]:
     """The tensors of a tensor or module, and what each is (as _describe reads it): the tensors that
     named_parameters() and named_buffers() give. Making their names costs twenty times reading the
-    tensors (bench/gather_probe.py), so when those methods are torch's own the tensors are read from
+    tensors (bench/probes/gather_probe.py), so when those methods are torch's own the tensors are read from
     each submodule's dicts instead, and a message names them by searching."""
     import torch
     if isinstance(obj, torch.Tensor):
@@ -534,7 +534,7 @@ def _move(entries, obj, stream, include_buffers: bool, *extra, undo=None, sliced
 def _range_array(spans: list):
     """A uvm_range array of (ptr, size) pairs, built as one array of 64-bit integers that the ctypes
     array shares (and keeps alive): a tenth of the cost of a ctypes object each
-    (bench/gather_probe.py)."""
+    (bench/probes/gather_probe.py)."""
     flat = array.array("Q", itertools.chain.from_iterable(spans))
     return (_lib.Range * len(spans)).from_buffer(flat)
 

@@ -29,7 +29,7 @@ const DeviceModel kDevices[] = {
     {true, true, size_t{1} << 30}, {true, true, size_t{512} << 20}, {true, false, size_t{256} << 20}};
 constexpr int kDeviceCount = 3;
 
-// What the driver believes about a managed byte, as measured with bench/transfer_probe.cu (hazard
+// What the driver believes about a managed byte, as measured with bench/probes/transfer_probe.cu (hazard
 // mode): a discard marks bytes discardable; a copy into them restores the data but not the
 // driver's belief; a prefetch to a device after such a write undoes the discard. A prefetch to the
 // CPU drops bytes still marked (they arrive as zeros). A prefetch before the write is modelled as

@@ -792,7 +792,7 @@ TEST_CASE("an offload in rounds issues the copies into a pinned step before the 
 TEST_CASE("bytes written again after a discard survive an offload or prefetch that migrates them",
           "[offload][safety][cuda13]") {
   // The driver counts discarded pages written again (by a copy, measured with
-  // bench/transfer_probe.cu hazard; a kernel is assumed alike) as discarded until a prefetch to the
+  // bench/probes/transfer_probe.cu hazard; a kernel is assumed alike) as discarded until a prefetch to the
   // device follows the write, and a prefetch to the CPU drops them. Found by the model
   // (test_model.cpp, seed 52): a block handed out over staged pages, written, then migrated.
   constexpr size_t kSize = size_t{1} << 20;

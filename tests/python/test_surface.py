@@ -309,7 +309,7 @@ def test_wake_floor_bounds_a_wake_by_its_map_stall_and_finds_releases_with_nothi
     """A wake whose third map stalls 30 ms: only the 1 GB mapped before it can move meanwhile, so
     at a 50 GB/s link the floor is 30.2 ms + 2 GB / 50 GB/s = 70.2 ms; a release with no copy
     beside it is the call's own wait, one under copies is hidden."""
-    sys.path.insert(0, str(SHIM.parent / "bench"))
+    sys.path.insert(0, str(SHIM.parent / "bench" / "probes"))
     import wake_floor as w
 
     def ev(name, ts_ms, dur_ms, call, tid=1, nbytes=0, gbps=0.0):

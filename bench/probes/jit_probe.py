@@ -3,7 +3,7 @@ start, the shared headers, each unity unit compiled alone and all of them at onc
 whole build through uvm._build; then variants of the units (fewer of them, -O1, -pipe), each
 timed as the build runs them, taking turns. Prints a table and writes JSON to $OUT/jit_probe.json.
 
-    PYTHONPATH=python_shim python3 bench/jit_probe.py [--rounds 3]
+    PYTHONPATH=python_shim python3 bench/probes/jit_probe.py [--rounds 3]
 """
 import argparse
 import concurrent.futures
@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "python_shim"))
 from uvm import _build as b  # noqa: E402
 

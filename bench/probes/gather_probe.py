@@ -4,7 +4,7 @@ Times, for a module of N small CUDA parameters (plain torch memory: only attribu
 step the shim takes per tensor and each way of building the ctypes range array, the best of several
 rounds; with --before DIR (an older tree, e.g. from `git archive`) also that tree's whole shim path,
 alternating with this one's. Run on a GPU machine:
-python3 bench/gather_probe.py [N] [--before DIR] [--json FILE]
+python3 bench/probes/gather_probe.py [N] [--before DIR] [--json FILE]
 """
 import argparse
 import array
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python_shim"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python_shim"))
 import uvm.torch  # noqa: E402
 from uvm import _lib  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/
 from offload_bench import ranges_by_device  # noqa: E402  (the shim's gather, as a move runs it)
 
 

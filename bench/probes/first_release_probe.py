@@ -21,7 +21,7 @@ time, each variant in a process of its own; for each, the steady cycles' (third 
                            every other variant runs with UVM_SETTLE=0, the driver as it is
   torch_memory_saver       the original, as the bench runs it (if installed)
 
-    python bench/first_release_probe.py [--cycles 6] [--variants ...]
+    python bench/probes/first_release_probe.py [--cycles 6] [--variants ...]
 
 Managed memory: none (CUDA VMM and plain allocations only)."""
 from __future__ import annotations
@@ -151,7 +151,7 @@ def decode(graph, cache, state, raw: RawAllocation | None, when: str | None, row
 
 def child(knobs: dict, cycles: int) -> list[dict]:
     import torch
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/
     import rl_bench as bench
 
     torch.cuda.set_device(0)

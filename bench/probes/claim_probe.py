@@ -2,7 +2,7 @@
 H2D is 55 GB/s)? Its cycle has a plain allocation claim nearly all free memory, then frees it
 (empty_cache) before the onload. This measures a pinned H2D copy of 4 GiB with and without that
 claim step, as one call and as 64 MiB chunks over 4 streams, and after a pause. Plain device memory
-only (no managed memory). Run: python3 bench/claim_probe.py"""
+only (no managed memory). Run: python3 bench/probes/claim_probe.py"""
 import ctypes
 import time
 

@@ -12,7 +12,7 @@ with the link the fastest copy of the trace (a lone copy of at least 16 MiB). A 
 releases, and whether copies ran beside them (a release with no copies beside it is a wait the
 call cannot hide: measurements.md, "The drop-in at the native calls' speed").
 
-    python bench/wake_floor.py RESULTS_JSON TRACE_DIR   # traces named rl-<pid>.json, as device_run writes
+    python bench/probes/wake_floor.py RESULTS_JSON TRACE_DIR   # traces named rl-<pid>.json, as device_run writes
 """
 from __future__ import annotations
 

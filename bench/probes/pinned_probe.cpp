@@ -4,7 +4,7 @@
 //   pages) + cudaHostRegister, and a memory pool of the host's NUMA node (the driver allocating and
 //   pinning the pages itself, CUDA 12.2+); then how long each takes to give back.
 // Plain C++ against cudart, no kernel (arguments: GiB, threads):
-//   g++ -O2 -std=c++17 bench/pinned_probe.cpp -I$CUDA_HOME/include -L$CUDA_HOME/lib64 -lcudart
+//   g++ -O2 -std=c++17 bench/probes/pinned_probe.cpp -I$CUDA_HOME/include -L$CUDA_HOME/lib64 -lcudart
 //       -lpthread -o pinned_probe && ./pinned_probe 4 8
 // `./pinned_probe 4 16 wall` times each stage of holding the bytes in fresh host memory apart
 // (faulting in at 1 to 16 threads, the host's write bandwidth, registering, the link), MAP_HUGETLB

@@ -14,7 +14,7 @@
 //                and 16 threads copying batches of 16 MiB - 64 B (as uvm planned them before).
 // Prints GB/s per way and round, and the median.
 //
-//   g++ -O2 -std=c++17 bench/mmap_probe.cpp -I$CUDA_HOME/include -L$CUDA_HOME/lib64 -lcudart -lpthread -o mmap_probe
+//   g++ -O2 -std=c++17 bench/probes/mmap_probe.cpp -I$CUDA_HOME/include -L$CUDA_HOME/lib64 -lcudart -lpthread -o mmap_probe
 //   ./mmap_probe [GiB=4] [rounds=3]
 #include <cuda_runtime_api.h>
 #include <sys/mman.h>

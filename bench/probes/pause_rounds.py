@@ -6,7 +6,7 @@ releases ran. A pause without retained backups pins its staging in 256 MiB steps
 step, with the waits between them mean the pinning bounds the pause; copies slower than the link
 mean something held them up.
 
-    python bench/pause_rounds.py TRACE_DIR   # traces named rl-<pid>.json, as device_run writes
+    python bench/probes/pause_rounds.py TRACE_DIR   # traces named rl-<pid>.json, as device_run writes
 """
 from __future__ import annotations
 

@@ -27,10 +27,12 @@ import json
 import mmap
 import os
 import statistics
+import sys
 import threading
 import time
 
-from ram_disk import ram_disk
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/
+from ram_disk import ram_disk  # noqa: E402
 
 MiB = 1 << 20
 

@@ -11,7 +11,7 @@
 //   vmm kept, 2 in turn     two physical allocations kept; the previous one only unmapped beside
 //                           the copy into the next
 //
-//   nvcc -O2 -std=c++17 -o map_probe bench/map_probe.cu -lcuda && ./map_probe [MiB=436] [rounds=20]
+//   nvcc -O2 -std=c++17 -o map_probe bench/probes/map_probe.cu -lcuda && ./map_probe [MiB=436] [rounds=20]
 #include <cuda.h>
 #include <cuda_runtime.h>
 

@@ -46,8 +46,6 @@ def test_every_figure_a_readme_quotes_is_in_the_generated_tables():
 
 def test_the_docs_name_no_issue_numbers():
     for page in sorted((ROOT / "docs").glob("*.md")):
-        if page.name == "changelog.md":  # what changed when: its entries may name the work
-            continue
         found = re.findall(r"[Ii]ssues? \d+", page.read_text())
         assert not found, f"{page.name}: {found}"
 
@@ -253,11 +251,28 @@ def test_the_docs_speak_the_users_words():
     caption keeps the day of its run, with the rest of its record)."""
     found = []
     for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
-        if page.name == "changelog.md":  # releases carry their dates
-            continue
         text = page.read_text()
+        if page.name == "changelog.md":  # a release's heading carries its date
+            text = "\n".join(line for line in text.splitlines() if not line.startswith("## "))
         if "<!-- tables: generated" in text:
             text = text[:text.index("<!-- tables: generated")] + text[text.index("<!-- tables: end -->"):]
         for what, pattern in TEAM_WORDS.items():
             found += [f"{page.name}: {what}: {m.group(0)!r}" for m in re.finditer(pattern, text)]
     assert not found, "\n".join(found)
+
+
+def test_the_changelog_reads_as_releases():
+    """Each release is a heading with its version and its date (or "not yet released"), and its
+    entries sit under New, Changed, Fixed or Removed: what changed for the user, not the order the
+    work was done in."""
+    text = (ROOT / "docs" / "changelog.md").read_text()
+    releases = re.findall(r"^## (\S+) — (.+)$", text, re.M)
+    assert releases, "no release heading"
+    for version, when in releases:
+        assert re.fullmatch(r"\d+\.\d+\.\d+", version), version
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d|not yet released", when), when
+    kinds = re.findall(r"^### (.+)$", text, re.M)
+    assert kinds and all(re.match(r"(New|Changed|Fixed|Removed)\b", kind) for kind in kinds), kinds
+    header = (ROOT / "include" / "uvm.h").read_text()
+    version = ".".join(re.search(rf"#define UVM_VERSION_{part} (\d+)", header).group(1) for part in ("MAJOR", "MINOR", "PATCH"))
+    assert releases[0][0] == version, f"the newest release is {releases[0][0]}, uvm.h says {version}"

@@ -240,7 +240,7 @@ TEAM_WORDS = {
     # a device lent for a while; a staged piece's lease on its block is a thing in the code
     "a lease": r"(?<!by )\bleases?\b(?! is dropped)",
     "an experiment's date": r"\b20\d\d-\d\d-\d\d\b",
-    "the team's name for a project": r"\bthe (?:original|seed|peer)\b",
+    "the team's name for a project": r"\bthe (?:originals?|seed|peers?)\b",
     "the team's name for a part of the tree": r"\brooms?\b",
 }
 
@@ -276,3 +276,12 @@ def test_the_changelog_reads_as_releases():
     header = (ROOT / "include" / "uvm.h").read_text()
     version = ".".join(re.search(rf"#define UVM_VERSION_{part} (\d+)", header).group(1) for part in ("MAJOR", "MINOR", "PATCH"))
     assert releases[0][0] == version, f"the newest release is {releases[0][0]}, uvm.h says {version}"
+
+
+def test_a_newcomer_reads_the_readme_in_order():
+    """Install, switch a stack, see how fast it is on this GPU, know what to do when something is
+    wrong: README's sections come in that order, before building from source."""
+    headings = re.findall(r"^## (.+)$", (ROOT / "README.md").read_text(), re.M)
+    path = ["Install", "Switch a stack onto uvm", "How fast on my GPU", "When something is wrong",
+            "Build from source: two commands"]
+    assert [h for h in headings if h in path] == path, headings

@@ -12,6 +12,7 @@
 #   MULTI_GPU=1                  runs tests/multi_gpu/run.sh (2+ GPUs)
 #   PROBE=1                      runs bench/probes/transfer_probe.cu with PROBE_ARGS (default "4096 2")
 #   PINNED_PROBE="4 8 [first|wall|overlap|registrars]"  runs bench/probes/pinned_probe.cpp with those arguments
+#                                (several runs: separated by ';', each into pinned_probe-K.txt)
 #   GATHER_PROBE="4096 [--before DIR]"  runs bench/probes/gather_probe.py (the shim's per-tensor costs)
 #   RELEASE_PROBE=1              runs bench/probes/first_release_probe.py (what makes a sleep's first release wait)
 #   JIT_BENCH=1                  runs the JIT build benchmark
@@ -21,6 +22,8 @@
 #   CLAIM_PROBE=1                runs bench/probes/claim_probe.py (host→device copies right after a giant free)
 #   PAGEABLE_BENCH=1             the offload bench at 4 GiB, staged, with UVM_PINNED=pageable and
 #                                registered, alternating, two rounds
+#   SLABS_BENCH=1                the offload bench's small-tensor model (2 GiB of 512 KiB tensors),
+#                                staged and as a pool, with UVM_SLABS=0 and 1, alternating, two rounds
 #   PEERS=1                      runs torch_memory_saver's examples on uvm.memory_saver
 #                                (tests/peers/run_tms_examples.sh) and the Megatron-Core harness
 #   PRELOAD=1                    hook mode "preload": tests/python/test_preload*.py, torch_memory_saver's
@@ -61,6 +64,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/device-out}
 mkdir -p "$OUT"
+# The versions a probe's text output is read with (the benchmarks' JSON records its own).
+versions() {
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+}
 exec > >(tee "$OUT/device_run.log") 2>&1
 
 echo "== environment"
@@ -176,7 +184,9 @@ PYTHONPATH=python_shim python3 -m uvm doctor
 
 if [ "${PROBE:-0}" = 1 ]; then
   echo "== transfer probe"
-  nvcc -O2 -std=c++17 -arch=native -o "$build/transfer_probe" bench/probes/transfer_probe.cu && "$build/transfer_probe" ${PROBE_ARGS:-4096 2} | tee "$OUT/probe.txt"
+  mkdir -p "$build"
+  nvcc -O2 -std=c++17 -arch=native -o "$build/transfer_probe" bench/probes/transfer_probe.cu &&
+    { versions; echo "transfer_probe ${PROBE_ARGS:-4096 2}"; "$build/transfer_probe" ${PROBE_ARGS:-4096 2}; } | tee "$OUT/probe.txt"
 fi
 
 if [ "${JIT_BENCH:-0}" = 1 ]; then
@@ -194,12 +204,6 @@ if [ "${LIFETIME_BENCH:-0}" = 1 ]; then
   PYTHONPATH=python_shim python3 bench/lifetime_bench.py --json "$OUT/lifetime.json" | tee "$OUT/lifetime.txt" || status=1
 fi
 
-# The versions a probe's text output is read with (the benchmarks' JSON records its own).
-versions() {
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
-}
-
 if [ "${CLAIM_PROBE:-0}" = 1 ]; then
   echo "== claim probe"
   { versions; python3 bench/probes/claim_probe.py; } | tee "$OUT/claim_probe.txt" || status=1
@@ -215,11 +219,31 @@ if [ "${PAGEABLE_BENCH:-0}" = 1 ]; then
   done
 fi
 
+if [ "${SLABS_BENCH:-0}" = 1 ]; then
+  for round in 1 2; do
+    for slabs in 0 1; do
+      echo "== offload bench, small tensors, UVM_SLABS=$slabs, round $round"
+      UVM_SLABS=$slabs PYTHONPATH=python_shim python3 -m uvm bench --sizes-mib "" --small-mib 2048 \
+        --methods "uvm staged,uvm pool" --out "$OUT/slabs-$slabs-$round" || status=1
+    done
+  done
+fi
+
 if [ -n "${PINNED_PROBE:-}" ]; then
   echo "== pinned memory probe ($PINNED_PROBE)"
-  g++ -O2 -std=c++17 bench/probes/pinned_probe.cpp -I"${CUDA_HOME:-/usr/local/cuda}/include" \
-    -L"${CUDA_HOME:-/usr/local/cuda}/lib64" -lcudart -lpthread -o "$build/pinned_probe" &&
-    "$build/pinned_probe" $PINNED_PROBE | tee "$OUT/pinned_probe.txt" || status=1
+  mkdir -p "$build"
+  if g++ -O2 -std=c++17 bench/probes/pinned_probe.cpp -I"${CUDA_HOME:-/usr/local/cuda}/include" \
+       -L"${CUDA_HOME:-/usr/local/cuda}/lib64" -lcudart -lpthread -o "$build/pinned_probe"; then
+    IFS=';' read -r -a specs <<<"$PINNED_PROBE"
+    k=0
+    for spec in "${specs[@]}"; do
+      k=$((k + 1))
+      # shellcheck disable=SC2086  # a spec is the probe's arguments, split as words
+      { versions; echo "pinned_probe $spec"; "$build/pinned_probe" $spec; } | tee "$OUT/pinned_probe-$k.txt" || status=1
+    done
+  else
+    status=1
+  fi
 fi
 
 if [ -n "${GATHER_PROBE:-}" ]; then

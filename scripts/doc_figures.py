@@ -1,10 +1,11 @@
 """Lists the measured figures the docs state that no result file backs.
 
 A figure is a time (µs, ms, s), a speed (GB/s, GiB/s), a ratio (×) or a test count (N passed,
-N failed, N skipped) in README.md or a page of docs/. It is backed when one of these holds:
+N failed, N skipped) in README.md or a page of docs/, written with its unit or in a table column
+whose header gives the unit. It is backed when one of these holds:
 - It sits in docs/performance.md's generated tables. `bench/tables.py --check` keeps those true.
 - A result file under bench/results holds it, within its rounding. The file must be named in the
-  figure's paragraph or, where the paragraph names none, up front (in the heading or the paragraph
+  figure's paragraph (a table's: its caption, the paragraph before it ending in a colon) or, where the paragraph names none, up front (in the heading or the paragraph
   right after it) in the innermost section around it that names any there. A file is named by its path under
   bench/results (`rl/h100.json`, with or without bench/results/ in front), or a whole folder by
   its path ending in / (`pinned_probe/`).
@@ -124,6 +125,9 @@ def paragraphs(page: str):
         if paragraph:
             # The innermost section around the paragraph that names files up front names its files.
             files = next((refs for first, last, refs in reversed(spans) if first <= start <= last and refs), set())
+            # a table's caption (the paragraph before it, ending in a colon) names the table's files
+            if paragraph[0].startswith("|") and out and out[-1][1].rstrip().endswith(":"):
+                files = result_files(out[-1][1]) or files
             out.append((start, "\n".join(paragraph), files))
             paragraph.clear()
 
@@ -182,6 +186,40 @@ def heading_above(page: str, line: int) -> str:
     return next((text.lstrip("#").strip() for text in reversed(page_lines(page)[:line]) if text.startswith("#")), "")
 
 
+def column_unit(name: str) -> str | None:
+    """The unit a table column's cells are in, from its header: "GB/s", "get (s)", "ms a move"."""
+    for unit, pattern in (("GB/s", r"GB/s"), ("GiB/s", r"GiB/s"), ("ms", r"\bms\b"), ("µs", r"µs"),
+                          ("s", r"\(s\)|\bs$|\bs,|\bs\b(?! ?/)"), ("×", r"×")):
+        if re.search(pattern, name):
+            return unit
+    return None
+
+
+def figures_of(start: int, paragraph: str, settings: list):
+    """(line, number as written, unit) of each figure of a paragraph: those written with their unit,
+    and a table's cells under a column whose header gives the unit."""
+    for match in FIGURE.finditer(paragraph):
+        if any(match.group(0) in phrase for phrase in settings):
+            continue
+        for token in re.findall(NUMBER, match.group(1)):
+            yield start + paragraph[:match.start()].count("\n"), token, match.group(2)
+    rows = paragraph.splitlines()
+    if not rows[0].startswith("|"):
+        return
+    units = [column_unit(name) for name in rows[0].strip().strip("|").split("|")]
+    for offset, row in enumerate(rows[1:], 1):
+        cells = row.strip().strip("|").split("|")
+        if set("".join(cells)) <= set("-: "):
+            continue
+        for unit, cell in zip(units, cells):
+            if unit is None:
+                continue
+            # figures with a unit of their own are counted above; sizes and counts are no figures
+            bare = re.sub(r"\d[\d.,]*\s*(?:MiB|GiB|KiB|MB|GB|KB|B|threads?|files?|steps?|cycles?|rounds?|tensors?)\b", "", FIGURE.sub("", cell))
+            for token in re.findall(NUMBER, bare):
+                yield start + offset, token, unit
+
+
 def unbacked(page: str) -> list:
     problems = []
     tables = generated_figures()
@@ -194,18 +232,13 @@ def unbacked(page: str) -> list:
                               "no such section") for name, title in citations if not section_text(f"docs/{name}.md", title)]
         settings = [phrase for name, phrase, _, _ in SETTINGS if name == page and phrase in paragraph.replace("\n", " ")]
         quoted = numbers_in(paragraph)
-        for match in FIGURE.finditer(paragraph):
-            if any(match.group(0) in phrase for phrase in settings):
+        for line, token, unit in figures_of(start, paragraph, settings):
+            if held(token, unit, values) or token in tables[unit] or any(held(token, "×" if unit == "×" else "passed", numbers) for numbers in cited):
                 continue
-            unit = match.group(2)
-            line = start + paragraph[:match.start()].count("\n")
-            for token in re.findall(NUMBER, match.group(1)):
-                if held(token, unit, values) or token in tables[unit] or any(held(token, "×" if unit == "×" else "passed", numbers) for numbers in cited):
-                    continue
-                if unit == "×" and any(held(token, "×", [a / b]) for a in quoted for b in quoted if b):
-                    continue
-                problems.append(Unbacked(page, line, heading_above(page, line), f"{token} {unit}",
-                                         "" if files or cited else "names no result file"))
+            if unit == "×" and any(held(token, "×", [a / b]) for a in quoted for b in quoted if b):
+                continue
+            problems.append(Unbacked(page, line, heading_above(page, line), f"{token} {unit}",
+                                     "" if files or cited else "names no result file"))
     return problems
 
 

@@ -13,30 +13,8 @@ def test_the_current_figures_are_generated_from_the_results():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def generated_figures() -> dict:
-    """The generated tables' speeds (cells of GB/s columns) and ratios (cells ending in ×)."""
-    text = (ROOT / "docs" / "performance.md").read_text()
-    block = text[text.index("<!-- tables: generated"):text.index("<!-- tables: end -->")]
-    figures = {"GB/s": set(), "×": set()}
-    header = None
-    for line in block.splitlines():
-        if not line.startswith("|"):
-            header = None
-            continue
-        cells = [cell.strip() for cell in line.strip("|").split("|")]
-        if header is None:
-            header = cells
-        elif not set(cells[0]) <= {"-", " "}:
-            for name, cell in zip(header, cells):
-                if "GB/s" in name:
-                    figures["GB/s"].add(cell)
-                if cell.endswith("×"):
-                    figures["×"].add(cell[:-1])
-    return figures
-
-
 def test_every_figure_a_readme_quotes_is_in_the_generated_tables():
-    figures = generated_figures()
+    figures = doc_figures().generated_figures()
     assert len(figures["GB/s"]) > 20 and len(figures["×"]) > 20
     for readme in ("README.md",):
         quoted = re.findall(r"(\d+(?:\.\d+)?)\s*(GB/s|×)", (ROOT / readme).read_text())

@@ -131,7 +131,7 @@ PUT_BACK = [
     ("docs/faq.md", "In the\nsleep/wake benchmark with the GPU otherwise full (H200, `bench/results/rl/h200.json`, pattern\n"
      "\"full\"), a managed pool's offload showed 0 bytes freed, and the training step's allocation of the\n"
      "bytes it had moved then took 103.4–113.6 ms (783.8 ms the first time), against 0.4–0.9 ms after a\n"
-     "releasable pause.",
+     "`uvm.memory_saver` or torch_memory_saver pause,",
      "Measured\non an H200 with the GPU otherwise full, 0 bytes showed as freed, and allocating 3.5 GiB that could\n"
      "only come from them took 76–93 ms (4 ms after torch_memory_saver's release)."),
     ("docs/faq.md", "(H100, `bench/results/rl/h100.json`, pattern \"full\": 0.6–0.8 ms",

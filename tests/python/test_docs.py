@@ -269,3 +269,25 @@ def test_a_table_cell_no_result_file_holds_is_caught(monkeypatch):
     lines = tuple(text.replace(row, "| `cudaHostAlloc(Portable)` | 2.398, 1.666 |").splitlines())
     monkeypatch.setattr(figures, "page_lines", lambda name: lines if name == page else tuple((ROOT / name).read_text().splitlines()))
     assert [p.figure for p in figures.unbacked(page)] == ["2.398 s"]
+
+
+def test_every_path_the_docs_name_is_there():
+    """A path of the tree a page names in backticks (`offload/pinned.cpp`, `bench/probes/`,
+    `alloc/slabs.*`; result files by their path under bench/results) exists: no dead reference."""
+    import fnmatch
+    tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True, text=True, check=True).stdout.split()
+    places = set(tracked) | {str(parent) for name in tracked for parent in Path(name).parents}
+    tops = ("alloc/", "hints/", "offload/", "preload/", "include/", "python_shim/", "tests/", "bench/", "scripts/",
+            "docs/", ".ci/")
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "bench" / "probes" / "README.md"]
+    named, dead = 0, []
+    for page in pages:
+        for ref in re.findall(r"`([A-Za-z0-9_.*/-]+)`", page.read_text()):
+            if not ref.startswith(tops):
+                continue
+            named += 1
+            candidates = [ref.rstrip("/"), "bench/results/" + ref.rstrip("/")]
+            if not any(fnmatch.filter(places, c) for c in candidates):
+                dead.append(f"{page.relative_to(ROOT)}: {ref}")
+    assert named > 100, named
+    assert not dead, dead

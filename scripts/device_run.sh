@@ -22,6 +22,9 @@
 #   CLAIM_PROBE=1                runs bench/probes/claim_probe.py (host→device copies right after a giant free)
 #   PAGEABLE_BENCH=1             the offload bench at 4 GiB, staged, with UVM_PINNED=pageable and
 #                                registered, alternating, two rounds
+#   NODE_BENCH=1                 runs bench/node_bench.py: every GPU pausing and resuming at once, and GPU 0
+#                                alone, beside torch_memory_saver and the pinned memcpy ceiling
+#                                (NODE_ARGS: more arguments, e.g. "--gib 4 --cycles 3")
 #   SLABS_BENCH=1                the offload bench's small-tensor model (2 GiB of 512 KiB tensors),
 #                                staged and as a pool, with UVM_SLABS=0 and 1, alternating, two rounds
 #   PEERS=1                      runs torch_memory_saver's examples on uvm.memory_saver
@@ -217,6 +220,15 @@ if [ "${PAGEABLE_BENCH:-0}" = 1 ]; then
         --sizes-mib 4096 --small-mib 0 --methods "uvm staged" --out "$OUT/pinned-$pinned-$round" || status=1
     done
   done
+fi
+
+if [ "${NODE_BENCH:-0}" = 1 ]; then
+  echo "== node bench (bench/node_bench.py ${NODE_ARGS:-})"
+  if ls .deps/wheels/torch_memory_saver-*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-deps --target /tmp/peer-site .deps/wheels/torch_memory_saver-*.whl
+  fi
+  # shellcheck disable=SC2086  # NODE_ARGS is the bench's arguments, split as words
+  PYTHONPATH=python_shim:/tmp/peer-site python3 bench/node_bench.py --out "$OUT/node" ${NODE_ARGS:-} || status=1
 fi
 
 if [ "${SLABS_BENCH:-0}" = 1 ]; then

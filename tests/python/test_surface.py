@@ -567,3 +567,26 @@ def test_last_move_is_empty_before_any_move_and_flush_is_harmless(tmp_path):
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(TypeError, match="not a bool"):
         uvm.last_move(device=True)
+
+
+def test_node_bench_takes_the_slowest_rank_and_sets_each_row_beside_the_ceiling():
+    """bench/node_bench.py: the node's time for a phase is its slowest rank's, the aggregate counts
+    every rank's bytes, the first cycle stands apart from the steady median, and a row's share of the
+    ceiling is against pinned memcpy with the same number of GPUs."""
+    sys.path.insert(0, str(SHIM.parent / "bench"))
+    import node_bench as n
+
+    def result(method, seconds_by_rank):
+        return {"method": method, "ranks": [
+            {"rank": r, "device": "GPU", "bytes": 8 * 10**9,
+             "cycles": [{"cycle": c, "pause_s": s[c], "resume_s": s[c] / 2, "identical": True} for c in range(len(s))]}
+            for r, s in enumerate(seconds_by_rank)]}
+
+    ceiling = n.summarize(result("pinned memcpy", [[0.2, 0.1, 0.1, 0.1], [0.2, 0.1, 0.1, 0.12]]))
+    assert ceiling["steady_pause_s"] == 0.1 and ceiling["first_pause_s"] == 0.2
+    assert abs(ceiling["steady_pause_gbps"] - 160.0) < 1e-9  # 16 GB over the slower rank's 0.1 s (median of 0.1, 0.1, 0.12)
+    ours = n.summarize(result("uvm memory_saver", [[1.0, 0.125, 0.125, 0.125], [0.5, 0.125, 0.125, 0.125]]))
+    assert ours["first_pause_s"] == 1.0 and abs(ours["steady_pause_gbps"] - 128.0) < 1e-9
+    table = n.markdown([ours, ceiling], {"device": "GPU"}, 8)
+    row = next(line for line in table.splitlines() if line.startswith("| uvm memory_saver | 2 |"))
+    assert "| 80% | 80% |" in row and "| 8.00× |" in row and row.endswith("| yes |")

@@ -121,6 +121,22 @@ def backup(gpu: str, bench: str = "backup", title: str = "Pause and resume of {g
             "", *table(["backup", "library", "pause GB/s", "resume GB/s"], body), ""]
 
 
+def node(gpu: str) -> list[str]:
+    data, path = load("node", gpu)
+    if data is None:
+        return []
+    ceiling = {s["ranks"]: s for s in data["summaries"] if s["method"] == "pinned memcpy"}
+    body = [[s["method"], s["ranks"], f"{s['steady_pause_gbps']:.1f}", f"{s['steady_resume_gbps']:.1f}",
+             f"{s['steady_pause_gbps'] / ceiling[s['ranks']]['steady_pause_gbps']:.0%}",
+             f"{s['steady_resume_gbps'] / ceiling[s['ranks']]['steady_resume_gbps']:.0%}",
+             f"{s['first_pause_gbps']:.1f}", f"{s['steady_pause_gbps'] / s['first_pause_gbps']:.2f}×",
+             "yes" if s["identical"] else "NO"] for s in data["summaries"]]
+    return [f"**Every GPU of a node at once** (`bench/node_bench.py`: {data['gib_per_rank']:g} GiB of weights per GPU "
+            f"paused and resumed by all GPUs together, then by fewer): {versions(data['environment'], path)}", "",
+            *table(["method", "GPUs", "steady pause GB/s", "steady resume GB/s", "pause / pinned memcpy",
+                    "resume / pinned memcpy", "first pause GB/s", "first pause time / steady", "bytes identical"], body), ""]
+
+
 def jit(gpu: str) -> list[str]:
     data, path = load("jit", gpu)
     if data is None:
@@ -150,7 +166,7 @@ def block() -> str:
                  *stream(gpu), *backup(gpu),
                  *backup(gpu, "backup_disk_retain", "Disk backups of {gib} GiB, cycle after cycle, with and without "
                          "retain_cpu_backup"),
-                 *jit(gpu)]
+                 *node(gpu), *jit(gpu)]
         if parts:
             lines += [f"### {title}", "", *parts]
     lines += ["### Any machine", "", *first_use(), END]
@@ -207,6 +223,11 @@ def contradictions(text: str) -> list[str]:
                 memcpy = next(r for r in rows if r[0] == "pinned memcpy")
                 for way in ("offload", "onload"):
                     check(f"{way} / pinned memcpy", row, row[column[f"{way} GB/s"]], memcpy[column[f"{way} GB/s"]])
+            if "pause / pinned memcpy" in column:  # the node table: against pinned memcpy with as many GPUs
+                memcpy = next(r for r in rows if r[0] == "pinned memcpy" and r[1] == row[1])
+                for way in ("pause", "resume"):
+                    check(f"{way} / pinned memcpy", row, row[column[f"steady {way} GB/s"]], memcpy[column[f"steady {way} GB/s"]])
+                check("first pause time / steady", row, row[column["steady pause GB/s"]], row[column["first pause GB/s"]])
             if "time / pinned memcpy" in column:
                 same = [r for r in rows if r[0] == row[0]]
                 cycle = row[column["steady cycle s"]]

@@ -3,7 +3,8 @@
 A figure is a time (µs, ms, s), a speed (GB/s, GiB/s), a ratio (×) or a test count (N passed,
 N failed, N skipped) in README.md or a page of docs/, written with its unit or in a table column
 whose header gives the unit. It is backed when one of these holds:
-- It sits in docs/performance.md's generated tables. `bench/tables.py --check` keeps those true.
+- It sits in docs/performance.md's generated tables, and it is in README or its paragraph names
+  performance.md (performance.md's own prose names its files). `bench/tables.py --check` keeps those tables true.
 - A result file under bench/results holds it, within its rounding. The file must be named in the
   figure's paragraph (a table's: its caption, the paragraph before it ending in a colon) or, where the paragraph names none, up front (in the heading or the paragraph
   right after it) in the innermost section around it that names any there. A file is named by its path under
@@ -232,8 +233,10 @@ def unbacked(page: str) -> list:
                               "no such section") for name, title in citations if not section_text(f"docs/{name}.md", title)]
         settings = [phrase for name, phrase, _, _ in SETTINGS if name == page and phrase in paragraph.replace("\n", " ")]
         quoted = numbers_in(paragraph)
+        # the generated tables back a figure only where the page says it is theirs
+        cites_tables = page == "README.md" or (page != "docs/performance.md" and "performance.md" in paragraph)
         for line, token, unit in figures_of(start, paragraph, settings):
-            if held(token, unit, values) or token in tables[unit] or any(held(token, "×" if unit == "×" else "passed", numbers) for numbers in cited):
+            if held(token, unit, values) or (cites_tables and token in tables[unit]) or any(held(token, "×" if unit == "×" else "passed", numbers) for numbers in cited):
                 continue
             if unit == "×" and any(held(token, "×", [a / b]) for a in quoted for b in quoted if b):
                 continue

@@ -176,6 +176,10 @@ def test_a_ratio_the_cells_beside_it_do_not_give_is_caught():
     cells = big_uvm.split(" | ")
     cells[5] = "9.99×"  # faster than torch_memory_saver
     assert tables.contradictions(generated.replace(big_uvm, " | ".join(cells)))
+    node_row = next(line for line in generated.splitlines() if line.startswith("| uvm memory_saver | 4 |"))
+    cells = node_row.split(" | ")
+    cells[4] = "99%"  # pause / pinned memcpy with as many GPUs
+    assert tables.contradictions(generated.replace(node_row, " | ".join(cells)))
 
 
 def test_every_section_a_page_cites_is_there():

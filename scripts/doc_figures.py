@@ -4,10 +4,12 @@ A figure is a time (µs, ms, s), a speed (GB/s, GiB/s), a ratio (×) or a test c
 N failed, N skipped) in README.md or a page of docs/, written with its unit or in a table column
 whose header gives the unit. It is backed when one of these holds:
 - It sits in docs/performance.md's generated tables, and it is in README or its paragraph names
-  performance.md (performance.md's own prose names its files). `bench/tables.py --check` keeps those tables true.
+  performance.md (performance.md's own prose names its files). `bench/tables.py --check` keeps
+  those tables true.
 - A result file under bench/results holds it, within its rounding. The file must be named in the
-  figure's paragraph (a table's: its caption, the paragraph before it ending in a colon) or, where the paragraph names none, up front (in the heading or the paragraph
-  right after it) in the innermost section around it that names any there. A file is named by its path under
+  figure's paragraph (a table's: its caption, the paragraph before it ending in a colon) or, where
+  the paragraph names none, up front (in the heading or the paragraph right after it) in the
+  innermost section around it that names any there. A file is named by its path under
   bench/results (`rl/h100.json`, with or without bench/results/ in front), or a whole folder by
   its path ending in / (`pinned_probe/`).
 - The paragraph cites a section of measurements.md or performance.md (a heading, or a table's bold
@@ -108,8 +110,8 @@ def section_text(page: str, title: str) -> str:
 
 def paragraphs(page: str):
     """(first line number, text, files named by its sections) per paragraph (each list item is
-    one) outside the generated tables and code blocks. A section names its files up front: in its heading and the paragraph
-    right after it."""
+    one) outside the generated tables and code blocks. A section names its files up front: in its
+    heading and the paragraph right after it."""
     lines = page_lines(page)
     heads = [(n, len(m.group(1))) for n, line in enumerate(lines, 1) if (m := re.match(r"(#+) ", line))]
     spans = []  # (first line, last line, files the section's heading and first paragraph name)
@@ -161,8 +163,7 @@ def generated_figures() -> dict:
             header = cells
             continue
         for name, cell in zip(header, cells):
-            units = [unit for unit in ("GB/s", "ms", "s") if f"{unit})" in name or name.endswith(unit)]
-            for unit in units[:1]:
+            if (unit := column_unit(name)) not in (None, "×"):
                 figures[unit].update(re.findall(NUMBER, cell))
             if cell.endswith("×"):
                 figures["×"].add(cell[:-1].strip())
@@ -172,19 +173,11 @@ def generated_figures() -> dict:
 class Unbacked(NamedTuple):
     page: str
     line: int
-    section: str  # the heading above it: a figure's place that edits elsewhere on the page keep
     figure: str
     why: str
 
     def __str__(self):
         return f"{self.page}:{self.line}: {self.figure}" + (f" ({self.why})" if self.why else "")
-
-    def key(self) -> str:
-        return f"{self.page} | {self.section} | {self.figure}"
-
-
-def heading_above(page: str, line: int) -> str:
-    return next((text.lstrip("#").strip() for text in reversed(page_lines(page)[:line]) if text.startswith("#")), "")
 
 
 def column_unit(name: str) -> str | None:
@@ -229,19 +222,20 @@ def unbacked(page: str) -> list:
         values = set().union(*(file_numbers(f) for f in files))
         citations = CITED_SECTION.findall(re.sub(r"\s+", " ", paragraph))
         cited = [numbers_in(section_text(f"docs/{name}.md", title)) for name, title in citations]
-        problems += [Unbacked(page, start, heading_above(page, start), f"cites {name}.md, {title!r}",
-                              "no such section") for name, title in citations if not section_text(f"docs/{name}.md", title)]
+        problems += [Unbacked(page, start, f"cites {name}.md, {title!r}", "no such section")
+                     for name, title in citations if not section_text(f"docs/{name}.md", title)]
         settings = [phrase for name, phrase, _, _ in SETTINGS if name == page and phrase in paragraph.replace("\n", " ")]
         quoted = numbers_in(paragraph)
         # the generated tables back a figure only where the page says it is theirs
         cites_tables = page == "README.md" or (page != "docs/performance.md" and "performance.md" in paragraph)
         for line, token, unit in figures_of(start, paragraph, settings):
-            if held(token, unit, values) or (cites_tables and token in tables[unit]) or any(held(token, "×" if unit == "×" else "passed", numbers) for numbers in cited):
+            if held(token, unit, values) or (cites_tables and token in tables[unit]):
+                continue
+            if any(held(token, "×", numbers) for numbers in cited):  # the cited section states it as written
                 continue
             if unit == "×" and any(held(token, "×", [a / b]) for a in quoted for b in quoted if b):
                 continue
-            problems.append(Unbacked(page, line, heading_above(page, line), f"{token} {unit}",
-                                     "" if files or cited else "names no result file"))
+            problems.append(Unbacked(page, line, f"{token} {unit}", "" if files or cited else "names no result file"))
     return problems
 
 

@@ -1,5 +1,7 @@
-"""The docs a user trusts for numbers: docs/performance.md's current figures are what the result
-files give (bench/tables.py), and every speed or ratio the READMEs quote is one of those figures."""
+"""The docs a user reads: every figure backed by a result file (scripts/doc_figures.py), the
+current figures what the result files give and never contradicting themselves (bench/tables.py),
+every section and path they point to there, in the user's words, in a newcomer's order."""
+import importlib
 import re
 import subprocess
 import sys
@@ -106,13 +108,17 @@ def test_every_measurements_section_named_elsewhere_exists():
     assert not missing, missing
 
 
-def doc_figures():
-    sys.path.insert(0, str(ROOT / "scripts"))
+def tool(folder: str, name: str):
+    """A script of the tree's (scripts/doc_figures.py, bench/tables.py) as a module."""
+    sys.path.insert(0, str(ROOT / folder))
     try:
-        import doc_figures as module
+        return importlib.import_module(name)
     finally:
         sys.path.pop(0)
-    return module
+
+
+def doc_figures():
+    return tool("scripts", "doc_figures")
 
 
 def test_every_figure_the_docs_state_is_backed_by_a_result_file():
@@ -163,11 +169,7 @@ def test_a_ratio_the_cells_beside_it_do_not_give_is_caught():
     """bench/tables.py --check recomputes every ratio column from the cells it stands beside: the
     streaming table once printed the link-bound time for all bytes (0.230 s) beside a ratio taken
     over the bytes moved (1.04× for 0.207 s)."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import tables
-    finally:
-        sys.path.pop(0)
+    tables = tool("bench", "tables")
     generated = tables.block()
     assert not tables.contradictions(generated)
     assert "| 0.198 | 0.207 |" in generated
@@ -186,19 +188,14 @@ def test_every_section_a_page_cites_is_there():
     """The docs send the reader on as (`docs/faq.md`, "Title"): the page exists and has a heading, or
     a table caption, that starts with the title."""
     citation = re.compile(r'`(?:docs/)?([\w-]+)\.md`?,? *\(?"([^"]+)"')
+    figures = doc_figures()
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-
-    def titles(page: Path) -> list:
-        lines = page.read_text().splitlines()
-        return [line.lstrip("#").strip() for line in lines if line.startswith("#")] + \
-               [m.group(1) for line in lines if (m := re.match(r"\*\*(.*?)\*\*", line))]
-
     found, missing = 0, []
     for page in pages:
         for name, title in citation.findall(re.sub(r"\s+", " ", page.read_text())):
             found += 1
-            target = ROOT / "README.md" if name == "README" else ROOT / "docs" / f"{name}.md"
-            if not target.exists() or not any(t.startswith(title) for t in titles(target)):
+            target = "README.md" if name == "README" else f"docs/{name}.md"
+            if not (ROOT / target).exists() or not figures.section_text(target, title):
                 missing.append(f"{page.name}: {name}.md, {title!r}")
     assert found > 30, found
     assert not missing, missing

@@ -38,22 +38,12 @@ METHODS = ["pinned memcpy", "uvm memory_saver", "torch_memory_saver", "uvm memor
 TENSORS = 64
 
 
-def saver_of(method: str):
-    if method == "pinned memcpy":
-        return None
-    if method.startswith("uvm"):
-        from uvm.memory_saver import torch_memory_saver as saver
-    else:
-        from torch_memory_saver import torch_memory_saver as saver
-    saver.hook_mode = "preload" if "(preload)" in method else "torch"
-    saver.retain_cpu_backup = True
-    return saver
-
-
 def worker(method: str, gib: float, cycles: int, result_path: str) -> None:
     """One rank: build, then `cycles` pause/resume cycles timed between barriers."""
     import torch
     import torch.distributed as dist
+
+    from rl_bench import saver_of  # hook mode and retain_cpu_backup set as the RL bench's rows
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
@@ -162,15 +152,8 @@ def markdown(summaries: list[dict], env: dict, gib: float) -> str:
 def launch(method: str, gpus: int, gib: float, cycles: int, result_path: str) -> subprocess.CompletedProcess:
     """torchrun with `gpus` ranks of this script's worker, inside the method's configure_subprocess()
     for a preload row."""
-    import contextlib
-    context = contextlib.nullcontext()
-    if "(preload)" in method:
-        if method.startswith("uvm"):
-            from uvm.memory_saver import configure_subprocess
-        else:
-            from torch_memory_saver import configure_subprocess
-        context = configure_subprocess()
-    with context:
+    from rl_bench import child_environment
+    with child_environment(method):
         return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
                                os.path.abspath(__file__), "--worker", method, "--gib", str(gib), "--cycles", str(cycles),
                                "--result", result_path], capture_output=True, text=True, timeout=600)
@@ -189,14 +172,10 @@ def main(argv=None) -> int:
     if args.worker:
         worker(args.worker, args.gib, args.cycles, args.result)
         return 0
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = set(methods) - set(METHODS)
-    if unknown:
-        parser.error(f"unknown methods {sorted(unknown)}; choose from {METHODS}")
     if args.cycles < 2:
         parser.error("--cycles must be at least 2: the first cycle is reported apart from the steady ones")
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from rl_bench import environment  # one record of the machine and versions, torch_memory_saver's included
+    from rl_bench import environment, selected_methods  # one record of the machine and versions
+    methods = selected_methods(parser, args.methods, METHODS)
 
     import torch
     present = torch.cuda.device_count()
@@ -207,11 +186,9 @@ def main(argv=None) -> int:
     if counts[0] > present:
         parser.error(f"--counts asks for {counts[0]} GPUs; this node has {present}")
     env = environment()
-    if env["torch_memory_saver"] is None:
-        methods = [m for m in methods if not m.startswith("torch_memory_saver")]
-        print("torch_memory_saver is not installed: its rows are left out", flush=True)
     os.makedirs(args.out, exist_ok=True)
     results, failures = [], []
+
     def write(summaries: list[dict]) -> None:  # after every run, so that a run cut short keeps the rest
         with open(os.path.join(args.out, "results.json"), "w") as f:
             json.dump({"environment": env, "gib_per_rank": args.gib, "cycles": args.cycles, "results": results,

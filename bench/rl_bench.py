@@ -171,23 +171,39 @@ def decode(graph, cache, state):
     return state.history.clone(), state.logits.clone()
 
 
+def saver_of(method: str):
+    """The torch_memory_saver object a method's row uses (uvm's or the original's), set to its hook
+    mode and retain_cpu_backup; None for a row that is no saver."""
+    if method.startswith("uvm memory_saver"):
+        from uvm.memory_saver import torch_memory_saver as saver
+    elif method.startswith("torch_memory_saver"):
+        from torch_memory_saver import torch_memory_saver as saver
+    else:
+        return None
+    saver.hook_mode = "preload" if "(preload)" in method else "torch"
+    saver.retain_cpu_backup = "no retain" not in method
+    return saver
+
+
+def selected_methods(parser: argparse.ArgumentParser, text: str, known: list[str]) -> list[str]:
+    """The methods --methods names, in order, refusing unknown ones; torch_memory_saver's rows left
+    out (and said so) when it is not installed."""
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = set(methods) - set(known)
+    if unknown:
+        parser.error(f"unknown methods {sorted(unknown)}; choose from {known}")
+    if peer_version() is None:
+        methods = [m for m in methods if not m.startswith("torch_memory_saver")]
+        print("torch_memory_saver is not installed: its rows are left out", flush=True)
+    return methods
+
+
 class Method:
     """Where the model and cache live, and how they sleep and wake."""
 
     def __init__(self, name: str):
         self.name = name
-        self.saver = None
-        mode = "preload" if "(preload)" in name else "torch"
-        if name.startswith("uvm memory_saver"):
-            from uvm.memory_saver import torch_memory_saver
-            self.saver = torch_memory_saver
-            self.saver.hook_mode = mode
-        elif name.startswith("torch_memory_saver"):
-            from torch_memory_saver import torch_memory_saver
-            self.saver = torch_memory_saver
-            self.saver.hook_mode = mode
-        if self.saver is not None:
-            self.saver.retain_cpu_backup = "no retain" not in name
+        self.saver = saver_of(name)
 
     def build(self):
         import uvm
@@ -331,14 +347,18 @@ def child(method_name: str, pattern: str, cycles: int, idle_s: float = 0.0) -> d
             "tensors": len(list(model.parameters())), "cycles": rows}
 
 
+def peer_version() -> str | None:
+    """torch_memory_saver's installed version, or None."""
+    import importlib.metadata
+    try:
+        return importlib.metadata.version("torch_memory_saver")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def environment() -> dict:
     """offload_bench's record of the machine and versions, plus torch_memory_saver's version."""
-    try:
-        import importlib.metadata
-        tms = importlib.metadata.version("torch_memory_saver")
-    except importlib.metadata.PackageNotFoundError:
-        tms = None
-    return {**machine_and_versions(), "torch_memory_saver": tms}
+    return {**machine_and_versions(), "torch_memory_saver": peer_version()}
 
 
 def summarize(result: dict) -> dict:
@@ -543,14 +563,8 @@ def main(argv=None) -> int:
         # Skips the interpreter's teardown: torch_memory_saver's torch mode aborts when its pools are
         # destroyed at exit ("only support interesting region"), which says nothing about the cycles.
         os._exit(0)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = set(methods) - set(METHODS)
-    if unknown:
-        parser.error(f"unknown methods {sorted(unknown)}; choose from {METHODS}")
+    methods = selected_methods(parser, args.methods, METHODS)
     env = environment()
-    if env["torch_memory_saver"] is None:
-        methods = [m for m in methods if not m.startswith("torch_memory_saver")]
-        print("torch_memory_saver is not installed: its rows are left out", flush=True)
     os.makedirs(args.out, exist_ok=True)
     results, failures = [], []
     for pattern in args.patterns.split(","):

@@ -154,7 +154,7 @@ TEST_CASE("a wake while a poll waits in the driver puts the next poll a whole de
   REQUIRE(uvm_resume(0, "a") == UVM_OK);
   fake::hold_next("cuMemCreate");  // the first poll's
   std::thread first_poll([] { uvm::advance_settle_clock_for_test(milliseconds(5)); });  // returns once it ran
-  REQUIRE(fake::wait_until_held(20000));
+  REQUIRE(fake::wait_until_held());
   uvm::set_settle_timing_for_test({milliseconds(200), milliseconds(5), milliseconds(1000)});
   REQUIRE(uvm_resume(0, "b") == UVM_OK);  // its own map passes: the gate holds one call
   fake::reset_ops();

@@ -89,10 +89,13 @@ void clear_injections();
 // "cudaHostUnregister", which take long on a real machine, "cudaDeviceSynchronize", "cuMemCreate",
 // which can wait for the driver after a large free, or "cudaMemcpyAsync", which the driver issued
 // slowly beside a registration) waits, holding no lock of the double's, until release_held(); so a test can check what
-// other threads can do meanwhile. wait_until_held gives true once a call is waiting there.
+// other threads can do meanwhile. wait_until_held gives true once a call is waiting there; its
+// bound is one only a failing test reaches: a suite under a sanitizer on a loaded 2-core host takes
+// seconds to get a held call there, so a shorter one fails tests that are right.
 // `skip` calls of it pass first (hold_next("cudaHostRegister", 1) holds the second).
 void hold_next(const std::string& call_name, int skip = 0);
-bool wait_until_held(int timeout_ms);
+constexpr int kHeldWithinMs = 300000;
+bool wait_until_held(int timeout_ms = kHeldWithinMs);
 void release_held();
 
 // Forgets the op log only.

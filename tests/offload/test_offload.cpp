@@ -658,7 +658,7 @@ TEST_CASE("reservations at once take turns: one block, not one each", "[offload]
   uvm_status reserved[4] = {UVM_ERROR_INTERNAL, UVM_ERROR_INTERNAL, UVM_ERROR_INTERNAL, UVM_ERROR_INTERNAL};
   std::atomic<pid_t> ids[4] = {};
   for (int i = 0; i < 4; ++i) {
-    if (i == 1) REQUIRE(fake::wait_until_held(10000));
+    if (i == 1) REQUIRE(fake::wait_until_held());
     reservers.emplace_back([&, i] {  // Catch2 assertions are not thread-safe: checked after the joins
       ids[i] = threads::this_id();
       reserved[i] = uvm_reserve_staging(size_t{300} << 20);
@@ -693,7 +693,7 @@ TEST_CASE("a first offload copies into the steps pinned so far while the rest is
     status = uvm_offload_ranges(ranges.data(), ranges.size(), UVM_STRATEGY_STAGED, stream);
     uvm_last_move(0, &report);
   });
-  REQUIRE(fake::wait_until_held(10000));
+  REQUIRE(fake::wait_until_held());
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (copied_out() < step && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -454,7 +454,7 @@ TEST_CASE("an offload in rounds, cut at pinning steps, keeps kept neighbours and
     fake::set_thread_context(0);
     offloaded = uvm_offload_ranges(layout.moved.data(), layout.moved.size(), UVM_STRATEGY_STAGED, stream);
   });
-  REQUIRE(fake::wait_until_held(10000));
+  REQUIRE(fake::wait_until_held());
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (copied_out() < 256 * mib && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -514,7 +514,7 @@ struct ReleasableSet {
                                      std::string* error = nullptr) const {
     fake::hold_next("cudaHostRegister", step);
     TestThread offload = offload_on_a_thread(stream, status, error);
-    REQUIRE(fake::wait_until_held(10000));
+    REQUIRE(fake::wait_until_held());
     return offload;
   }
   // Writes `value` over the i-th as if by the GPU: what it holds from now on.
@@ -552,6 +552,24 @@ void wait_until(const std::function<bool()>& done, int ms) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
   while (!done() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
+
+// Waits until the offload on `offload`'s thread has issued `copied_bytes` of copies, begun its next
+// round (the round's wait, on `stream`, for the moves before it is in the log after them) and
+// sleeps there: waiting, with no lock held, for a held step of its pinning. A held step alone says
+// nothing of the rounds done: the pinning thread waits only so long for the copies into the steps
+// before it (kPaceWaitMs), so on a slow host it reaches the held step before the offload's rounds.
+bool wait_for_round_waiting(const TestThread& offload, cudaStream_t stream, size_t copied_bytes) {
+  auto round_began = [&] {
+    size_t copied = 0;
+    for (const fake::Op& op : fake::ops()) {
+      if (op.call == fake::OpKind::copy_to_host) copied += op.size;
+      if (op.call == fake::OpKind::wait_event && op.stream == stream && copied >= copied_bytes) return true;
+    }
+    return false;
+  };
+  wait_until(round_began, fake::kHeldWithinMs);
+  return round_began() && threads::wait_until_parked(offload.id(), fake::kHeldWithinMs);
+}
 }  // namespace
 
 // The driver holds a release behind the registrations of a pinning in progress (1–17 ms each, H100),
@@ -566,7 +584,7 @@ TEST_CASE("an offload in rounds gives no releasable memory back while a step of 
   cudaStream_t stream = fake::make_stream();
   uvm_status offloaded = UVM_ERROR_INTERNAL;
   TestThread offload = set.offload_with_step_held(stream, 1, &offloaded);  // the second step waits
-  wait_until([&] { return FakeMachine::bytes_of(fake::OpKind::copy_to_host) >= 256 * kMiB; }, 10000);
+  wait_until([&] { return FakeMachine::bytes_of(fake::OpKind::copy_to_host) >= 256 * kMiB; }, fake::kHeldWithinMs);
   // Parked: waiting for the held step, with whatever it would release before that released.
   REQUIRE(threads::wait_until_parked(offload.id()));
   CHECK(FakeMachine::bytes_of(fake::OpKind::copy_to_host) == 256 * kMiB);  // the first step's round: all of one allocation
@@ -647,7 +665,8 @@ TEST_CASE("an offload in rounds waits for another call's move of an allocation b
   const uvm_range first = set.ranges.front();
   cudaStream_t stream = fake::make_stream(), other = fake::make_stream();
   uvm_status offloaded = UVM_ERROR_INTERNAL;
-  TestThread offload = set.offload_with_step_held(stream, 2, &offloaded);  // two rounds done, the third waits
+  TestThread offload = set.offload_with_step_held(stream, 2, &offloaded);
+  REQUIRE(wait_for_round_waiting(offload, stream, 512 * kMiB));  // two rounds done, the third waits
   // Meanwhile another call brings the first allocation back and moves it off again (into memory
   // mapped for it: the staging is the pinning offload's); its move's last event has not been
   // reached (events stay pending), and its release fails, so the memory stays mapped.
@@ -697,21 +716,11 @@ TEST_CASE("an offload in rounds moves a new allocation made at a freed one's add
     cudaStream_t stream = fake::make_stream();
     fake::set_events_pending(copies_running);
     uvm_status offloaded = UVM_ERROR_INTERNAL;
-    TestThread offload = set.offload_with_step_held(stream, 2, &offloaded);  // two rounds done, the third waits
-    // The free comes once the third round has begun: its wait for the earlier rounds' moves is in the
-    // log after their copies. That round found the ranges whole and waits, holding no lock, for the
-    // held step; had it begun between the free and the new allocation, it would have failed on the
-    // freed range instead (UVM_ERROR_INVALID_ARGUMENT, as it should).
-    auto third_round_began = [&] {
-      size_t copied = 0;
-      for (const fake::Op& op : fake::ops()) {
-        if (op.call == fake::OpKind::copy_to_host) copied += op.size;
-        if (op.call == fake::OpKind::wait_event && op.stream == stream && copied >= 512 * kMiB) return true;
-      }
-      return false;
-    };
-    wait_until(third_round_began, 10000);
-    REQUIRE(third_round_began());
+    TestThread offload = set.offload_with_step_held(stream, 2, &offloaded);
+    // The free comes once the third round waits: it found the ranges whole and waits, holding no
+    // lock, for the held step; had it begun between the free and the new allocation, it would have
+    // failed on the freed range instead (UVM_ERROR_INVALID_ARGUMENT, as it should).
+    REQUIRE(wait_for_round_waiting(offload, stream, 512 * kMiB));  // two rounds done, the third waits
     uvm_free(const_cast<void*>(second.ptr), second.size, 0, nullptr);
     fake::reserve_next_at(second.ptr);
     void* again = uvm_malloc_releasable(second.size, 0, nullptr);
@@ -768,10 +777,10 @@ TEST_CASE("an offload in rounds issues the copies into a pinned step before the 
   const uint64_t parked_before = uvm::pinning_parked_count();
   uvm_status offloaded = UVM_ERROR_INTERNAL;
   TestThread offload = set.offload_on_a_thread(stream, &offloaded);
-  REQUIRE(fake::wait_until_held(10000));
+  REQUIRE(fake::wait_until_held());
   // The second step's pages were being faulted in meanwhile: unpaced, it would register now; paced,
   // the pinning thread parks until the held copy is issued (no time given: a slow host waits longer).
-  wait_until([&] { return registrations() >= 2 || uvm::pinning_parked_count() > parked_before; }, 60000);
+  wait_until([&] { return registrations() >= 2 || uvm::pinning_parked_count() > parked_before; }, fake::kHeldWithinMs);
   CHECK(registrations() == 1);
   fake::release_held();
   offload.join();

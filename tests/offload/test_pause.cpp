@@ -376,7 +376,7 @@ TEST_CASE("a pause never drops an allocation made, while it waits, at the addres
     fake::set_thread_context(0);
     paused_status = uvm_pause(0, "scratch");
   });
-  REQUIRE(fake::wait_until_held(5000));
+  REQUIRE(fake::wait_until_held());
   uvm_free(freed, kSlot, 0, nullptr);
   REQUIRE(uvm_set_thread_tag("weights") == UVM_OK);
   auto* kept = static_cast<unsigned char*>(uvm_malloc(kSlot, 0, nullptr));

@@ -74,7 +74,7 @@ TEST_CASE("pinning in steps registers step by step on a thread of its own; copie
   REQUIRE(uvm::pin_host_memory_in_steps(kCall, bytes, 0, &memory) == UVM_OK);  // returns at once
   CHECK(memory.kind == uvm::PinnedKind::registered);
   REQUIRE(memory.steps != nullptr);
-  REQUIRE(fake::wait_until_held(10000));
+  REQUIRE(fake::wait_until_held());
   CHECK(uvm::pinned_bytes_now(memory) == uvm::kPinStepBytes);  // the first step is usable already
   std::memset(memory.host, 0x5a, uvm::kPinStepBytes);
   fake::release_held();

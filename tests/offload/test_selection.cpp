@@ -224,7 +224,7 @@ TEST_CASE("an offload of a tag takes no allocation made at a freed address while
     fake::set_thread_context(0);
     offloaded = uvm_offload_selection(0, Tags{"scratch"}.list(), 1, UVM_STRATEGY_STAGED, nullptr, nullptr);
   });
-  REQUIRE(fake::wait_until_held(5000));
+  REQUIRE(fake::wait_until_held());
   unsigned char* const address = freed->ptr;
   freed.reset();
   Tagged taken("weights", kSlot, 0, 15);

@@ -120,7 +120,7 @@ TEST_CASE("freeing pinned staging memory holds up no free on another thread", "[
   fake::hold_next("cudaFreeHost");
   uvm_status released = UVM_ERROR_INTERNAL;  // Catch2 assertions are not thread-safe: checked after the join
   TestThread releaser([&] { released = uvm_release_staging(); });
-  const bool held = fake::wait_until_held(5000);
+  const bool held = fake::wait_until_held();
   const bool in_time = finishes_in_time([&] { uvm_free(other, kMiB, 0, nullptr); }, [] { fake::release_held(); });
   releaser.join();
   CHECK(released == UVM_OK);
@@ -151,7 +151,7 @@ TEST_CASE("offloads that need room pin it with no lock held, one block each when
   uvm_status offloaded_a = UVM_ERROR_INTERNAL, offloaded_b = UVM_ERROR_INTERNAL;  // checked after the joins
   TestThread offload_a([&] { offloaded_a = uvm_offload_ranges(&range_a, 1, UVM_STRATEGY_STAGED, stream_a); });
   TestThread offload_b([&] { offloaded_b = uvm_offload_ranges(&range_b, 1, UVM_STRATEGY_STAGED, stream_b); });
-  const bool held = fake::wait_until_held(120000);
+  const bool held = fake::wait_until_held();
   const bool in_time = finishes_in_time([&] { uvm_free(other, kMiB, 0, nullptr); }, [] { fake::release_held(); });
   offload_a.join();
   offload_b.join();
@@ -189,7 +189,7 @@ TEST_CASE("release_staging does not take the room an offload made before the off
     offload_id = threads::this_id();
     offloaded = uvm_offload_ranges(&range, 1, UVM_STRATEGY_STAGED, nullptr);
   });
-  REQUIRE(fake::wait_until_held(5000));
+  REQUIRE(fake::wait_until_held());
   auto moves = uvm::lock_moves();
   fake::release_held();
   for (int i = 0; i < 500 && fake::pinned_blocks() == blocks_before; ++i) {
@@ -227,7 +227,7 @@ TEST_CASE("uvm_release_staging_async returns while uvm's thread frees; a block e
   fake::hold_next(unpin);
   // Returns with the free held in the driver on uvm's thread.
   CHECK(finishes_in_time([] { CHECK(uvm_release_staging_async() == UVM_OK); }, [] {}));
-  REQUIRE(fake::wait_until_held(5000));
+  REQUIRE(fake::wait_until_held());
   CHECK(fake::pinned_blocks() == 1);
   REQUIRE(uvm_reserve_staging(2 * kMiB) == UVM_OK);  // a second empty block, made while the first is freed
   CHECK(uvm_release_staging_async() == UVM_OK);      // asks the running thread for one more round

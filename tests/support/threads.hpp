@@ -30,7 +30,7 @@ inline char state_of(pid_t tid) {
 // holds, a call of the double it holds) then stays where it is, so what it has not done by then it
 // will not do until the test lets it go.
 template <typename Id>
-bool wait_until_parked(const Id& tid, int timeout_ms = 20000) {
+bool wait_until_parked(const Id& tid, int timeout_ms = 300000) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   while (std::chrono::steady_clock::now() < deadline) {
     const pid_t id = tid;

@@ -188,6 +188,7 @@ const char* uvm_status_string(int status) {
     case UVM_ERROR_NO_DEVICE: return "UVM_ERROR_NO_DEVICE";
     case UVM_ERROR_INTERNAL: return "UVM_ERROR_INTERNAL";
     case UVM_ERROR_IO: return "UVM_ERROR_IO";
+    case UVM_ERROR_SHARED: return "UVM_ERROR_SHARED";
     default: return "UVM_ERROR_UNKNOWN";
   }
 }

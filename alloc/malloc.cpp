@@ -13,6 +13,7 @@
 #include "malloc.hpp"
 #include "moves.hpp"
 #include "registry.hpp"
+#include "share.hpp"
 #include "slabs.hpp"
 #include "stats.hpp"
 #include "vmm.hpp"
@@ -144,7 +145,9 @@ uvm_status free_slot(const Call& call, uintptr_t slab, void* ptr, bool reusable,
 // staging with the record.
 std::optional<Allocation> forget_allocation(void* ptr) {
   const auto moves = lock_moves();
-  return registry().erase(reinterpret_cast<uintptr_t>(ptr));
+  std::optional<Allocation> found = registry().erase(reinterpret_cast<uintptr_t>(ptr));
+  if (found) forget_export(reinterpret_cast<uintptr_t>(ptr));
+  return found;
 }
 
 // Waits for the device, as cudaFree would, before memory is unmapped or handed out again.

@@ -21,7 +21,10 @@ struct VmmApi {
   CUresult (*unmap)(CUdeviceptr, size_t) = nullptr;
   CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
   CUresult (*device_get)(CUdevice*, int) = nullptr;                             // optional: for
-  CUresult (*device_attribute)(int*, CUdevice_attribute, CUdevice) = nullptr;  // rdma_capable only
+  CUresult (*device_attribute)(int*, CUdevice_attribute, CUdevice) = nullptr;  // memory_caps only
+  // Optional: sharing with other processes (alloc/share.hpp).
+  CUresult (*export_handle)(void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long) = nullptr;
+  CUresult (*import_handle)(CUmemGenericAllocationHandle*, void*, CUmemAllocationHandleType) = nullptr;
   bool available = false;
 };
 
@@ -38,51 +41,79 @@ const VmmApi& vmm_api() {
       a->device_get = nullptr;
       a->device_attribute = nullptr;
     }
+    if (!resolve_driver("cuMemExportToShareableHandle", &a->export_handle) ||
+        !resolve_driver("cuMemImportFromShareableHandle", &a->import_handle)) {
+      a->export_handle = nullptr;
+      a->import_handle = nullptr;
+    }
     return a;
   }();
   return *api;
 }
 
-// Whether the device lets a NIC register VMM memory (GPUDirect RDMA), known once asked: where it
-// does, releasable memory asks for it, as torch_memory_saver's does, so that NIXL, Mooncake or NCCL
-// over InfiniBand can register tensors made in a region. A driver without the attribute
-// (CUDA_ERROR_INVALID_VALUE) or without the calls has no such memory; any other failure is the
-// caller's error and is asked again next time, since memory made without the flag would fail only
-// later, in the NIC's registration, far from its cause.
-uvm_status rdma_capable(const Call& call, int device, bool* capable) {
+// What physical memory of a device can be asked to be, known once asked.
+struct MemoryCaps {
+  bool rdma = false;      // a NIC may register it (GPUDirect RDMA)
+  bool exportable = false;  // another process may map it, through a POSIX file descriptor
+};
+
+// Asks `attribute` of `device`: a driver that does not know it (CUDA_ERROR_INVALID_VALUE) lacks the
+// feature; any other failure is the caller's error.
+uvm_status device_flag(const Call& call, CUdevice handle, int device, CUdevice_attribute attribute, const char* name,
+                       bool* value) {
+  int answer = 0;
+  const CUresult r = vmm_api().device_attribute(&answer, attribute, handle);
+  if (r != CUDA_SUCCESS && r != CUDA_ERROR_INVALID_VALUE) {
+    return fail_driver(call, r, "cuDeviceGetAttribute(%s, device %d)", name, device);
+  }
+  *value = r == CUDA_SUCCESS && answer != 0;
+  return UVM_OK;
+}
+
+// Whether the device lets a NIC register VMM memory (GPUDirect RDMA), and another process map it
+// (uvm_share_export): where it does, releasable memory asks for it, as torch_memory_saver's does for
+// RDMA, so that NIXL, Mooncake or NCCL over InfiniBand can register tensors made in a region, and
+// torch.multiprocessing can send them. A driver without the attributes or the calls has no such
+// memory; any other failure is the caller's error and is asked again next time, since memory made
+// without the flag would fail only later, in the NIC's registration or the other process's import,
+// far from its cause.
+uvm_status memory_caps(const Call& call, int device, MemoryCaps* caps) {
   static std::mutex lock;
-  static auto* known = new std::unordered_map<int, bool>;  // never destroyed: frees run at exit
+  static auto* known = new std::unordered_map<int, MemoryCaps>;  // never destroyed: frees run at exit
   std::lock_guard<std::mutex> hold(lock);
   if (auto it = known->find(device); it != known->end()) {
-    *capable = it->second;
+    *caps = it->second;
     return UVM_OK;
   }
   const VmmApi& api = vmm_api();
-  int value = 0;
+  MemoryCaps found;
   if (api.device_attribute != nullptr) {
     CUdevice handle = 0;
     if (CUresult r = api.device_get(&handle, device)) return fail_driver(call, r, "cuDeviceGet(%d)", device);
-    const CUresult r =
-        api.device_attribute(&value, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, handle);
-    if (r == CUDA_ERROR_INVALID_VALUE) value = 0;
-    else if (r != CUDA_SUCCESS) {
-      return fail_driver(call, r, "cuDeviceGetAttribute(GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, device %d)", device);
+    if (uvm_status s = device_flag(call, handle, device, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+                                   "GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED", &found.rdma)) {
+      return s;
+    }
+    if (uvm_status s = device_flag(call, handle, device, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                                   "HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED", &found.exportable)) {
+      return s;
     }
   }
-  *capable = value != 0;
-  known->emplace(device, *capable);
+  *caps = found;
+  known->emplace(device, found);
   return UVM_OK;
 }
 
 // What physical memory of `device` is asked to be.
 uvm_status device_memory(const Call& call, int device, CUmemAllocationProp* prop) {
-  bool rdma = false;
-  if (uvm_status s = rdma_capable(call, device, &rdma)) return s;
+  MemoryCaps caps;
+  if (uvm_status s = memory_caps(call, device, &caps)) return s;
   *prop = CUmemAllocationProp{};
   prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop->location.id = device;
-  prop->allocFlags.gpuDirectRDMACapable = rdma ? 1 : 0;
+  prop->allocFlags.gpuDirectRDMACapable = caps.rdma ? 1 : 0;
+  if (caps.exportable) prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   return UVM_OK;
 }
 
@@ -297,6 +328,77 @@ uvm_status vmm_free(const Call& call, uintptr_t base, Mapping* mapping) {
     return fail_driver(call, r, "cuMemAddressFree(%p, %zu bytes)", reinterpret_cast<void*>(base), mapping->reserved);
   }
   mapping->reserved = 0;
+  return UVM_OK;
+}
+
+uvm_status vmm_export(const Call& call, uintptr_t base, const Mapping& mapping, int* fd) {
+  const VmmApi& api = vmm_api();
+  MemoryCaps caps;
+  if (uvm_status s = memory_caps(call, mapping.device, &caps)) return s;
+  if (api.export_handle == nullptr || !caps.exportable) {
+    return fail(call, UVM_ERROR_UNSUPPORTED,
+                "device %d's driver cannot export VMM memory to another process (no "
+                "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR support); the allocation at %p stays this process's",
+                mapping.device, reinterpret_cast<void*>(base));
+  }
+  if (CUresult r = api.export_handle(fd, mapping.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)) {
+    return fail_driver(call, r, "cuMemExportToShareableHandle(physical memory of %p, POSIX fd)",
+                       reinterpret_cast<void*>(base));
+  }
+  return UVM_OK;
+}
+
+uvm_status vmm_import(const Call& call, int fd, size_t size, int device, uintptr_t* base,
+                      unsigned long long* handle) {
+  const VmmApi& api = vmm_api();
+  if (!api.available || api.import_handle == nullptr) {
+    return fail(call, UVM_ERROR_UNSUPPORTED,
+                "the driver lacks cuMemImportFromShareableHandle or the virtual memory management calls");
+  }
+  CUmemGenericAllocationHandle imported = 0;
+  if (CUresult r = api.import_handle(&imported, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+                                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) {
+    return fail_driver(call, r, "cuMemImportFromShareableHandle(fd %d, %zu bytes)", fd, size);
+  }
+  CUdeviceptr reserved = 0;
+  if (CUresult r = api.address_reserve(&reserved, size, 0, 0, 0)) {
+    api.release(imported);
+    return fail_driver(call, r, "cuMemAddressReserve(%zu bytes, for memory of another process)", size);
+  }
+  if (CUresult r = api.map(reserved, size, 0, imported, 0)) {
+    api.address_free(reserved, size);
+    api.release(imported);
+    return fail_driver(call, r, "cuMemMap(%p, %zu bytes of another process's memory)", reinterpret_cast<void*>(reserved),
+                       size);
+  }
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = device;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  if (CUresult r = api.set_access(reserved, size, &access, 1)) {
+    api.unmap(reserved, size);
+    api.address_free(reserved, size);
+    api.release(imported);
+    return fail_driver(call, r, "cuMemSetAccess(%p, %zu bytes of another process's memory, device %d)",
+                       reinterpret_cast<void*>(reserved), size, device);
+  }
+  *base = reserved;
+  *handle = imported;
+  return UVM_OK;
+}
+
+uvm_status vmm_close_import(const Call& call, uintptr_t base, size_t size, unsigned long long handle) {
+  const VmmApi& api = vmm_api();
+  if (CUresult r = api.unmap(base, size)) {
+    return fail_driver(call, r, "cuMemUnmap(%p, %zu bytes of another process's memory)", reinterpret_cast<void*>(base),
+                       size);
+  }
+  if (CUresult r = api.release(handle)) {
+    return fail_driver(call, r, "cuMemRelease(imported memory at %p)", reinterpret_cast<void*>(base));
+  }
+  if (CUresult r = api.address_free(base, size)) {
+    return fail_driver(call, r, "cuMemAddressFree(%p, %zu bytes)", reinterpret_cast<void*>(base), size);
+  }
   return UVM_OK;
 }
 

@@ -43,6 +43,15 @@ uvm_status vmm_map(const Call& call, uintptr_t base, int device, Mapping* mappin
 // Releases everything of the allocation at `base`: physical memory and address range.
 uvm_status vmm_free(const Call& call, uintptr_t base, Mapping* mapping);
 
+// Sharing with other processes (alloc/share.hpp). vmm_export: a new POSIX file descriptor for the
+// mapped physical memory of the allocation at `base`, for the caller to pass on and close; fails
+// with UVM_ERROR_UNSUPPORTED where the device's memory is not exportable. vmm_import: maps the
+// physical memory behind `fd` (`size` bytes, made by another process) at a new address, read-write
+// for `device`; vmm_close_import undoes it. Nothing is left behind on failure.
+uvm_status vmm_export(const Call& call, uintptr_t base, const Mapping& mapping, int* fd);
+uvm_status vmm_import(const Call& call, int fd, size_t size, int device, uintptr_t* base, unsigned long long* handle);
+uvm_status vmm_close_import(const Call& call, uintptr_t base, size_t size, unsigned long long handle);
+
 // Spare memory (uvm_set_spare_limit): physical memory an unmap kept for the next map of the same
 // size on the same device. Giving physical memory back to the driver (cuMemRelease) while a copy
 // into other memory runs slows that copy by 11 % (bench/probes/map_probe.cu); streaming unmaps one layer

@@ -70,8 +70,10 @@ typedef enum uvm_status {
   UVM_ERROR_OUT_OF_MEMORY = 7,    /* cudaMallocManaged could not allocate */
   UVM_ERROR_NO_DEVICE = 8,        /* no CUDA device or driver is available */
   UVM_ERROR_INTERNAL = 9,         /* a bug or host out-of-memory inside uvm */
-  UVM_ERROR_IO = 10               /* a file or host mapping of a disk or mmap copy failed; the message
+  UVM_ERROR_IO = 10,              /* a file or host mapping of a disk or mmap copy failed; the message
                                      names the path (or size) and the errno */
+  UVM_ERROR_SHARED = 11           /* another process maps the allocation (uvm_share_import): a move that
+                                     would take its bytes or memory waits until it closes it */
 } uvm_status;
 
 /* The status's name, e.g. "UVM_ERROR_NOT_MANAGED"; "UVM_ERROR_UNKNOWN" for other values. */
@@ -658,6 +660,43 @@ UVM_API int uvm_get_retain_backups(void);
 
 /* How many live allocations of the selection are paused. */
 UVM_API uvm_status uvm_paused_count(int device, const char* tag, size_t* count);
+
+/* ------------------------------------------------------------------------------------------------
+ * Sharing with other processes — releasable memory mapped by another process on the same node
+ * ---------------------------------------------------------------------------------------------- */
+
+/* What another process needs to map an allocation of this one: plain bytes, to send any way (a pipe,
+ * a pickle); it names this process and the allocation, and holds no secret. */
+#define UVM_SHARE_HANDLE_BYTES 64
+typedef struct uvm_share_handle {
+  unsigned char bytes[UVM_SHARE_HANDLE_BYTES];
+} uvm_share_handle;
+
+/* A handle for the releasable allocation holding `ptr` (uvm_malloc_releasable), pointing at `ptr`.
+ * The first export starts a thread that answers imports on a Unix socket of this process (Linux's
+ * abstract namespace: no file, no privilege; processes of the same user in the same network
+ * namespace reach it). Managed memory cannot be exported (CUDA has no IPC for it):
+ * UVM_ERROR_UNSUPPORTED naming that; so does a device whose driver cannot export VMM memory. The
+ * allocation must be on its device: an offloaded or paused one fails, UVM_ERROR_INVALID_ARGUMENT. */
+UVM_API uvm_status uvm_share_export(const void* ptr, uvm_share_handle* handle);
+
+/* Maps the exported allocation in this process, read-write for `device` (the exporter's GPU, or a
+ * peer of it), and gives the address matching the exported pointer. The exporter hands over the
+ * memory's file descriptor through the socket (SCM_RIGHTS) and counts this process among the
+ * allocation's importers until uvm_share_close: meanwhile an offload, discard or pause of it there
+ * fails with UVM_ERROR_SHARED naming this process, so no importer reads memory given back or bytes
+ * moved away. An importer that exits or crashes counts no longer. If the exporter frees the
+ * allocation, the memory stays for the importers until they close it. Fails naming the exporter's
+ * process when it is gone or refuses (the allocation freed, offloaded or not its own user's). */
+UVM_API uvm_status uvm_share_import(const uvm_share_handle* handle, int device, void** ptr);
+
+/* Unmaps what uvm_share_import mapped at `ptr` (the pointer it gave) and tells the exporter, which
+ * has counted this process out when the call returns. */
+UVM_API uvm_status uvm_share_close(void* ptr);
+
+/* The processes that map the releasable allocation holding `ptr` now: up to `capacity` ids in
+ * `pids` (may be NULL with capacity 0), their number in `*count`. */
+UVM_API uvm_status uvm_share_importers(const void* ptr, int* pids, size_t capacity, size_t* count);
 
 /* ------------------------------------------------------------------------------------------------
  * Residency queries

@@ -225,14 +225,14 @@ MUTANTS = [
   "alloc_tests", "[releasable]"),
  ("alloc/errors.cpp", "    record(status, call.range_index, std::move(message), error);", "    record(status, call.range_index, std::move(message));",
   "alloc_tests", "[errors]"),
- ("alloc/vmm.cpp", "  prop->allocFlags.gpuDirectRDMACapable = rdma ? 1 : 0;\n", "", "alloc_tests", "[releasable]"),
+ ("alloc/vmm.cpp", "  prop->allocFlags.gpuDirectRDMACapable = caps.rdma ? 1 : 0;\n", "", "alloc_tests", "[releasable]"),
  # A first probe that fails is kept for the life of the process: the device's capabilities (all
  # false, no memory), a device's RDMA support ("not capable"); an ordering stream that could not be
  # made is taken for made.
  ("alloc/devices.cpp", "      if (error != cudaSuccess) return fail_cuda(",
   "      if (error != cudaSuccess) probe.known.store(true);\n      if (error != cudaSuccess) return fail_cuda(",
   "meson:alloc-first-probe", ""),
- ("alloc/vmm.cpp", "    if (r == CUDA_ERROR_INVALID_VALUE) value = 0;", "    if (r != CUDA_SUCCESS) value = 0;",
+ ("alloc/vmm.cpp", "  if (r != CUDA_SUCCESS && r != CUDA_ERROR_INVALID_VALUE) {", "  if (false) {",
   "meson:alloc-first-probe", ""),
  ("hints/moves/streams.cpp", "    if (cudaError_t e = cudaStreamCreateWithFlags(&stream, flags)) {",
   "    if (cudaError_t e = cudaStreamCreateWithFlags(&stream, flags); e && false) {", "meson:hints-first-stream", ""),
@@ -241,6 +241,16 @@ MUTANTS = [
   "    if (false) {}\n    else if", "meson:preload", ""),
  # Paced pinning registers the next step without waiting for the copies into the steps before it.
  ("offload/pinned.cpp", "    return issued;\n  });", "    return true;\n  });", "offload_tests", "[pinned]"),
+ # Sharing with another process: memory made without the exportable handle type; a move of memory
+ # another process maps not refused; an importer not counted; a freed allocation's export kept (a
+ # new allocation at its address would be handed out under the old handle).
+ ("alloc/vmm.cpp", "  if (caps.exportable) prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;\n", "",
+  "offload_tests", "[share]"),
+ ("hints/moves/begin.cpp", "  if (kind == MoveKind::offload || kind == MoveKind::discard) {  // another process may map them",
+  "  if (false) {  // another process may map them", "offload_tests", "[share]"),
+ ("alloc/share.cpp", "    state.by_base[base].importers.push_back(Importer{connection, peer_pid(connection)});\n", "",
+  "offload_tests", "[share]"),
+ ("alloc/malloc.cpp", "  if (found) forget_export(reinterpret_cast<uintptr_t>(ptr));\n", "", "offload_tests", "[share]"),
  # A releasable allocation whose access cannot be set keeps its physical memory; one whose mapping
  # cannot be made keeps its address range.
  ("alloc/vmm.cpp", "    api.unmap(base, m->reserved);\n    give_back_taken();\n", "    api.unmap(base, m->reserved);\n",

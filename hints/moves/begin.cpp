@@ -5,6 +5,7 @@
 
 #include "../../alloc/moves.hpp"
 #include "../../alloc/options.hpp"
+#include "../../alloc/share.hpp"
 #include "order.hpp"
 #include "ranges.hpp"
 #include "streams.hpp"
@@ -95,6 +96,15 @@ uvm_status begin_move(const Call& call, MoveKind kind, const MoveArgs& args, cud
   else if (kind == MoveKind::discard) checked = check_discard(call, move);
   else checked = check_one_device(call, move);
   if (checked != UVM_OK) return checked;
+  if (kind == MoveKind::offload || kind == MoveKind::discard) {  // another process may map them
+    for (const HintRange& range : move->ranges) {
+      if (!range.releasable) continue;
+      AllocationView found;
+      if (!registry().find(reinterpret_cast<const void*>(range.allocation), &found)) continue;
+      const char* what = kind == MoveKind::offload ? "an offload" : "a discard";
+      if (uvm_status s = check_not_shared(call, found.base, found.size, what)) return s;
+    }
+  }
   const auto when = one_device ? ContextScope::When::always : ContextScope::When::only_if_none_current;
   if (uvm_status s = move->scope_.enter(call, move->device, when)) return s;
   trace_move_device(move->device);

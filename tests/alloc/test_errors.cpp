@@ -20,7 +20,8 @@ TEST_CASE("every status has its own name", "[errors]") {
   CHECK(std::string(uvm_status_string(UVM_ERROR_NO_DEVICE)) == "UVM_ERROR_NO_DEVICE");
   CHECK(std::string(uvm_status_string(UVM_ERROR_INTERNAL)) == "UVM_ERROR_INTERNAL");
   CHECK(std::string(uvm_status_string(UVM_ERROR_IO)) == "UVM_ERROR_IO");
-  CHECK(std::string(uvm_status_string(11)) == "UVM_ERROR_UNKNOWN");
+  CHECK(std::string(uvm_status_string(UVM_ERROR_SHARED)) == "UVM_ERROR_SHARED");
+  CHECK(std::string(uvm_status_string(12)) == "UVM_ERROR_UNKNOWN");
   CHECK(std::string(uvm_status_string(-1)) == "UVM_ERROR_UNKNOWN");
 }
 

@@ -1,6 +1,9 @@
 // Definitions of the CUDA runtime calls uvm uses, against a simulated machine (see fake_cuda.hpp).
 #include <cuda.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -86,6 +89,14 @@ struct World {
   std::map<uintptr_t, Reservation> reservations;
   void* next_reservation_at = nullptr;  // reserve_next_at
   std::map<CUmemGenericAllocationHandle, size_t> handles;
+  // Physical memory asked to be exportable (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) moves into a
+  // memfd at its first export, mapped shared from then on, so that another process's import maps
+  // the same bytes (only then: a file descriptor per allocation would count against the process's
+  // limit, as the driver's memory does not). An imported handle's memory is mapped as it is, never
+  // filled as fresh.
+  std::set<CUmemGenericAllocationHandle> exportable;
+  std::map<CUmemGenericAllocationHandle, int> memfds;
+  std::set<CUmemGenericAllocationHandle> imported;
   CUmemGenericAllocationHandle next_handle = 1;
   bool last_created_rdma_capable = false;
 };
@@ -239,6 +250,10 @@ CUresult fake_device_get(CUdevice* device, int ordinal) {
 CUresult fake_device_get_attribute(int* value, CUdevice_attribute attribute, CUdevice device) {
   if (CUresult r; injected_driver_now("cuDeviceGetAttribute", &r)) return r;
   if (device < 0 || device >= kDeviceCount) return CUDA_ERROR_INVALID_DEVICE;
+  if (attribute == CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED) {
+    *value = 1;
+    return CUDA_SUCCESS;
+  }
   if (attribute != CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED) return CUDA_ERROR_INVALID_VALUE;
   *value = device == 0 ? 1 : 0;
   return CUDA_SUCCESS;
@@ -411,6 +426,7 @@ CUresult fake_mem_create(CUmemGenericAllocationHandle* handle, size_t size, cons
   if (size % kGranularity || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
   *handle = w.next_handle++;
   w.handles[*handle] = size;
+  if (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) w.exportable.insert(*handle);
   w.last_created_rdma_capable = prop->allocFlags.gpuDirectRDMACapable != 0;
   log(w, fake::OpKind::vmm_create, nullptr, size, prop->location.id, nullptr);
   return CUDA_SUCCESS;
@@ -428,6 +444,12 @@ CUresult fake_mem_release(CUmemGenericAllocationHandle handle) {
   if (it == w.handles.end()) return CUDA_ERROR_INVALID_VALUE;
   log(w, fake::OpKind::vmm_release, nullptr, it->second, -2, nullptr);
   w.handles.erase(it);
+  if (auto memfd = w.memfds.find(handle); memfd != w.memfds.end()) {
+    close(memfd->second);
+    w.memfds.erase(memfd);
+  }
+  w.imported.erase(handle);
+  w.exportable.erase(handle);
   return CUDA_SUCCESS;
 }
 
@@ -445,8 +467,15 @@ CUresult fake_mem_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericA
   }
   it->second.mapped = handle;
   void* range = reinterpret_cast<void*>(ptr);
-  mprotect(range, size, PROT_READ | PROT_WRITE);
-  std::memset(range, fake::kFreshPhysical, size);
+  if (auto memfd = w.memfds.find(handle); memfd != w.memfds.end()) {
+    if (mmap(range, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, memfd->second, 0) == MAP_FAILED) {
+      it->second.mapped = 0;
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+  } else {
+    mprotect(range, size, PROT_READ | PROT_WRITE);
+  }
+  if (!w.imported.count(handle)) std::memset(range, fake::kFreshPhysical, size);
   log(w, fake::OpKind::vmm_map, range, size, -2, nullptr);
   return CUDA_SUCCESS;
 }
@@ -458,10 +487,15 @@ CUresult fake_mem_unmap(CUdeviceptr ptr, size_t size) {
   if (injected_driver(w, "cuMemUnmap", &r)) return r;
   auto it = w.reservations.find(ptr);
   if (it == w.reservations.end() || !it->second.mapped || size != it->second.size) return CUDA_ERROR_INVALID_VALUE;
+  const bool shared = w.memfds.count(it->second.mapped) != 0;
   it->second.mapped = 0;
   void* range = reinterpret_cast<void*>(ptr);
-  madvise(range, size, MADV_DONTNEED);
-  mprotect(range, size, PROT_NONE);  // touching released memory faults, as on the device
+  if (shared) {  // the memfd's pages stay its handle's; the range is reserved again
+    mmap(range, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  } else {
+    madvise(range, size, MADV_DONTNEED);
+    mprotect(range, size, PROT_NONE);  // touching released memory faults, as on the device
+  }
   log(w, fake::OpKind::vmm_unmap, range, size, -2, nullptr);
   return CUDA_SUCCESS;
 }
@@ -476,6 +510,60 @@ CUresult fake_mem_set_access(CUdeviceptr ptr, size_t size, const CUmemAccessDesc
       desc->flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
     return CUDA_ERROR_INVALID_VALUE;
   }
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_mem_export(void* shareable, CUmemGenericAllocationHandle handle, CUmemAllocationHandleType type,
+                         unsigned long long flags) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  CUresult r;
+  if (injected_driver(w, "cuMemExportToShareableHandle", &r)) return r;
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || flags != 0 ||
+      (!w.exportable.count(handle) && !w.imported.count(handle))) {
+    return CUDA_ERROR_INVALID_VALUE;  // not made exportable, as the driver answers
+  }
+  auto memfd = w.memfds.find(handle);
+  if (memfd == w.memfds.end()) {  // its first export: its bytes move into a memfd, mapped shared
+    const size_t size = w.handles.at(handle);
+    const int made = memfd_create("fake-physical-memory", MFD_CLOEXEC);
+    if (made < 0 || ftruncate(made, static_cast<off_t>(size)) != 0) {
+      if (made >= 0) close(made);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    for (const auto& [at, reservation] : w.reservations) {
+      if (reservation.mapped != handle) continue;
+      void* range = reinterpret_cast<void*>(at);
+      if (pwrite(made, range, size, 0) != static_cast<ssize_t>(size) ||
+          mmap(range, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, made, 0) == MAP_FAILED) {
+        close(made);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+      }
+    }
+    memfd = w.memfds.emplace(handle, made).first;
+  }
+  const int fd = fcntl(memfd->second, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  *static_cast<int*>(shareable) = fd;
+  return CUDA_SUCCESS;
+}
+
+CUresult fake_mem_import(CUmemGenericAllocationHandle* handle, void* shareable, CUmemAllocationHandleType type) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  CUresult r;
+  if (injected_driver(w, "cuMemImportFromShareableHandle", &r)) return r;
+  const int fd = static_cast<int>(reinterpret_cast<uintptr_t>(shareable));
+  struct stat about {};
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR || fstat(fd, &about) != 0 || about.st_size <= 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  const int memfd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (memfd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  *handle = w.next_handle++;
+  w.handles[*handle] = static_cast<size_t>(about.st_size);
+  w.memfds[*handle] = memfd;
+  w.imported.insert(*handle);
   return CUDA_SUCCESS;
 }
 
@@ -552,6 +640,8 @@ cudaError_t entry_point(const char* symbol, void** fn, cudaDriverEntryPointQuery
         {"cuMemMap", reinterpret_cast<void*>(&fake_mem_map)},
         {"cuMemUnmap", reinterpret_cast<void*>(&fake_mem_unmap)},
         {"cuMemSetAccess", reinterpret_cast<void*>(&fake_mem_set_access)},
+        {"cuMemExportToShareableHandle", reinterpret_cast<void*>(&fake_mem_export)},
+        {"cuMemImportFromShareableHandle", reinterpret_cast<void*>(&fake_mem_import)},
         {"cuModuleLoadData", reinterpret_cast<void*>(&fake_module_load_data)},
         {"cuModuleGetFunction", reinterpret_cast<void*>(&fake_module_get_function)},
         {"cuLaunchKernel", reinterpret_cast<void*>(&fake_launch_kernel)}};
@@ -589,6 +679,10 @@ void reset() {
   w.reservations.clear();
   w.next_reservation_at = nullptr;
   w.handles.clear();
+  for (auto& m : w.memfds) close(m.second);
+  w.memfds.clear();
+  w.imported.clear();
+  w.exportable.clear();
   w.ops.clear();
   w.preferred.clear();
   w.prefetched.clear();

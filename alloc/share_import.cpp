@@ -1,0 +1,178 @@
+// The importer's side of sharing (uvm.h, "Sharing with other processes"): asks the exporter for the
+// memory's file descriptor over its socket, maps it, and keeps the connection open while it is
+// mapped, so that the exporter counts this process among the allocation's importers until
+// uvm_share_close, or until this process ends, however it ends.
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include "devices.hpp"
+#include "registry.hpp"
+#include "share_wire.hpp"
+#include "vmm.hpp"
+
+namespace uvm {
+namespace {
+
+struct Imported {
+  size_t size = 0;
+  unsigned long long handle = 0;
+  int connection = -1;
+  int device = 0;
+};
+
+struct Imports {
+  std::mutex mutex;
+  std::map<uintptr_t, Imported> by_base;
+};
+
+Imports& imports() {
+  static auto* made = new Imports();  // never destroyed: no CUDA calls from static destructors
+  return *made;
+}
+
+// Sends `message` and waits for the reply (and the file descriptor beside it, if any: `fd`).
+bool ask(int connection, const ShareMessage& message, ShareReply* reply, int* fd) {
+  if (send(connection, &message, sizeof(message), MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(message))) return false;
+  iovec part{reply, sizeof(*reply)};
+  msghdr received{};
+  received.msg_iov = &part;
+  received.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  received.msg_control = control;
+  received.msg_controllen = sizeof(control);
+  ssize_t got;
+  do {
+    got = recvmsg(connection, &received, MSG_CMSG_CLOEXEC);
+  } while (got < 0 && errno == EINTR);
+  if (got != static_cast<ssize_t>(sizeof(*reply))) return false;
+  if (fd != nullptr) {
+    *fd = -1;
+    for (cmsghdr* header = CMSG_FIRSTHDR(&received); header != nullptr; header = CMSG_NXTHDR(&received, header)) {
+      if (header->cmsg_level == SOL_SOCKET && header->cmsg_type == SCM_RIGHTS) std::memcpy(fd, CMSG_DATA(header), sizeof(int));
+    }
+  }
+  return true;
+}
+
+uvm_status connect_to(const Call& call, const ShareHandle& handle, int* connection) {
+  const int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (s < 0) return fail_errno(call, errno, "socket(AF_UNIX)");
+  sockaddr_un address;
+  const socklen_t length = share_address(handle.owner_pid, handle.server, &address);
+  if (connect(s, reinterpret_cast<sockaddr*>(&address), length) != 0) {
+    const int error = errno;
+    close(s);
+    return fail(call, UVM_ERROR_INVALID_ARGUMENT,
+                "the exporting process %d cannot be reached (%s): it has exited, or it runs in another network "
+                "namespace (a container of its own: the abstract Unix socket is per namespace)",
+                handle.owner_pid, std::strerror(error));
+  }
+  *connection = s;
+  return UVM_OK;
+}
+
+uvm_status import_allocation(const Call& call, const uvm_share_handle* raw, int device, void** out) {
+  if (raw == nullptr || out == nullptr) return fail(call, UVM_ERROR_INVALID_ARGUMENT, "handle or ptr is NULL");
+  ShareHandle handle;
+  std::memcpy(&handle, raw->bytes, sizeof(handle));
+  if (handle.magic != kShareMagic || handle.size == 0 || handle.offset >= handle.size) {
+    return fail(call, UVM_ERROR_INVALID_ARGUMENT, "not a handle made by uvm_share_export (of this uvm version)");
+  }
+  if (uvm_status s = check_device(call, device, false)) return s;
+  int connection = -1;
+  if (uvm_status s = connect_to(call, handle, &connection)) return s;
+  ShareMessage message;
+  message.export_id = handle.export_id;
+  ShareReply reply;
+  int fd = -1;
+  if (!ask(connection, message, &reply, &fd)) {
+    close(connection);
+    return fail(call, UVM_ERROR_INVALID_ARGUMENT, "the exporting process %d closed the connection before answering",
+                handle.owner_pid);
+  }
+  if (reply.status != UVM_OK || fd < 0) {
+    close(connection);
+    reply.message[sizeof(reply.message) - 1] = '\0';
+    return fail(call, reply.status != UVM_OK ? static_cast<uvm_status>(reply.status) : UVM_ERROR_INTERNAL,
+                "process %d refused: %s", handle.owner_pid, reply.message);
+  }
+  ContextScope scope;
+  uvm_status status = scope.enter(call, device, ContextScope::When::always);
+  Imported imported;
+  uintptr_t base = 0;
+  if (status == UVM_OK) status = vmm_import(call, fd, handle.size, device, &base, &imported.handle);
+  close(fd);
+  if (status != UVM_OK) {
+    close(connection);  // the exporter counts this process out
+    return status;
+  }
+  imported.size = handle.size;
+  imported.connection = connection;
+  imported.device = device;
+  {
+    Imports& state = imports();
+    std::lock_guard<std::mutex> lock(state.mutex);
+    state.by_base[base] = imported;
+  }
+  *out = reinterpret_cast<void*>(base + handle.offset);
+  return UVM_OK;
+}
+
+uvm_status close_import(const Call& call, void* ptr) {
+  const auto at = reinterpret_cast<uintptr_t>(ptr);
+  Imported imported;
+  uintptr_t base = 0;
+  {
+    Imports& state = imports();
+    std::lock_guard<std::mutex> lock(state.mutex);
+    auto it = state.by_base.upper_bound(at);
+    if (it == state.by_base.begin() || at >= std::prev(it)->first + std::prev(it)->second.size) {
+      return fail(call, UVM_ERROR_INVALID_ARGUMENT, "the pointer is not in memory mapped by uvm_share_import");
+    }
+    --it;
+    base = it->first;
+    imported = it->second;
+    state.by_base.erase(it);
+  }
+  ContextScope scope;
+  uvm_status status = scope.enter(call, imported.device, ContextScope::When::always);
+  if (status == UVM_OK) {
+    // Work on it may still run: the memory must not go while it does.
+    const cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) status = fail_cuda(call, e, "cudaDeviceSynchronize before unmapping imported memory");
+  }
+  if (status == UVM_OK) status = vmm_close_import(call, base, imported.size, imported.handle);
+  if (status != UVM_OK) {  // still mapped: recorded again, for another close
+    Imports& state = imports();
+    std::lock_guard<std::mutex> lock(state.mutex);
+    state.by_base[base] = imported;
+    return status;
+  }
+  // Counted out before this returns: a pause the importer asks for next finds it gone. An exporter
+  // that has exited answers nothing, which is as good.
+  ShareMessage message;
+  message.request = ShareRequest::close_import;
+  ShareReply reply;
+  (void)ask(imported.connection, message, &reply, nullptr);
+  close(imported.connection);
+  return UVM_OK;
+}
+
+}  // namespace
+}  // namespace uvm
+
+extern "C" uvm_status uvm_share_import(const uvm_share_handle* handle, int device, void** ptr) {
+  const uvm::Call call = uvm::Call::of("uvm_share_import").with_device(device);
+  return uvm::guarded(call, [&] { return uvm::import_allocation(call, handle, device, ptr); });
+}
+
+extern "C" uvm_status uvm_share_close(void* ptr) {
+  const uvm::Call call = uvm::Call::of("uvm_share_close").with_ptr(ptr);
+  return uvm::guarded(call, [&] { return uvm::close_import(call, ptr); });
+}

@@ -1,0 +1,55 @@
+// What passes between an exporting process and an importing one (alloc/share.hpp): the handle's
+// layout inside uvm_share_handle, the socket's name, and the messages on it. Both sides are the
+// same library, so the layout is checked only by a magic number and a version.
+#pragma once
+
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "uvm.h"
+
+namespace uvm {
+
+constexpr uint32_t kShareMagic = 0x31534d55;  // "UMS1"
+
+// The handle, as uvm_share_handle's bytes hold it.
+struct ShareHandle {
+  uint32_t magic = kShareMagic;
+  int32_t owner_pid = 0;   // the exporting process
+  uint64_t server = 0;     // its socket's name: random, so that a new process with the pid reused is another
+  uint64_t export_id = 0;  // the allocation, as exported: a new one at the same address has another
+  uint64_t offset = 0;     // of the exported pointer in the allocation
+  uint64_t size = 0;       // bytes of the allocation's physical memory (its reserved size)
+  int32_t device = 0;      // the exporter's device
+};
+static_assert(sizeof(ShareHandle) <= sizeof(uvm_share_handle), "a handle fits uvm_share_handle");
+
+enum class ShareRequest : uint32_t { import_memory = 1, close_import = 2 };
+
+struct ShareMessage {
+  uint32_t magic = kShareMagic;
+  ShareRequest request = ShareRequest::import_memory;
+  uint64_t export_id = 0;
+};
+
+// The exporter's answer: a status, its message when it refused, and with UVM_OK the memory's file
+// descriptor beside it (SCM_RIGHTS).
+struct ShareReply {
+  int32_t status = UVM_OK;
+  char message[400] = {};
+};
+
+// The socket's address in Linux's abstract namespace (sun_path begins with a NUL byte: no file).
+inline socklen_t share_address(int32_t pid, uint64_t server, sockaddr_un* address) {
+  *address = sockaddr_un{};
+  address->sun_family = AF_UNIX;
+  const std::string name = "uvm-share-" + std::to_string(pid) + "-" + std::to_string(server);
+  name.copy(address->sun_path + 1, sizeof(address->sun_path) - 2);
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+}
+
+}  // namespace uvm

@@ -1,0 +1,273 @@
+// Sharing releasable memory with another process (uvm_share_export / import / close) against the
+// fake driver, whose exportable physical memory lives in a memfd: the importer is a child made by
+// fork, a process of its own with its own uvm, talking to the exporter over its socket. Children
+// report by exit code (Catch2 is the parent's).
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fixture.hpp"
+
+namespace {
+constexpr size_t kMiB = size_t{1} << 20;
+constexpr size_t kSize = 4 * kMiB;
+
+// Bytes one way between parent and child. After the fork each side keeps only its end, so that a
+// reader whose writer died reads the end of the pipe instead of waiting for ever.
+struct Pipe {
+  int fds[2] = {-1, -1};
+  Pipe() { REQUIRE(pipe(fds) == 0); }
+  ~Pipe() {
+    for (int fd : fds) {
+      if (fd >= 0) close(fd);
+    }
+  }
+  void keep(int end) {
+    close(fds[1 - end]);
+    fds[1 - end] = -1;
+  }
+  void reads() { keep(0); }
+  void writes() { keep(1); }
+  void send(char c = 'x') const { (void)!write(fds[1], &c, 1); }
+  char receive() const {
+    char c = 0;
+    return read(fds[0], &c, 1) == 1 ? c : '\0';
+  }
+};
+
+int exit_code_of(pid_t child) {
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::vector<int> importers(const void* ptr) {
+  std::vector<int> pids(8);
+  size_t count = 0;
+  REQUIRE(uvm_share_importers(ptr, pids.data(), pids.size(), &count) == UVM_OK);
+  pids.resize(count);
+  return pids;
+}
+
+// An importer that exits or crashes is counted out by the exporter's thread once it sees the socket
+// close: waited for, not slept on.
+bool importers_drop_to_zero(const void* ptr) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(fake::kHeldWithinMs);
+  while (!importers(ptr).empty()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+bool all_bytes(const unsigned char* p, size_t size, unsigned char value) {
+  for (size_t i = 0; i < size; ++i) {
+    if (p[i] != value) return false;
+  }
+  return true;
+}
+}  // namespace
+
+TEST_CASE("another process maps exported releasable memory: the same bytes both ways, and no move takes them meanwhile",
+          "[share]") {
+  FakeMachine machine;
+  auto* mine = static_cast<unsigned char*>(uvm_malloc_releasable(kSize, 0, nullptr));
+  REQUIRE(mine != nullptr);
+  std::memset(mine, 0x11, kSize);
+  uvm_share_handle handle{};
+  REQUIRE(uvm_share_export(mine + kMiB, &handle) == UVM_OK);  // a pointer inside it
+  CHECK(importers(mine).empty());
+  Pipe to_parent, to_child;
+  const pid_t child = fork();
+  if (child == 0) {
+    to_parent.writes();
+    to_child.reads();
+    void* theirs = nullptr;
+    if (uvm_share_import(&handle, 0, &theirs) != UVM_OK) _exit(10);
+    auto* at = static_cast<unsigned char*>(theirs);  // the exported pointer: a MiB into the allocation
+    if (!all_bytes(at - kMiB, kSize, 0x11)) _exit(11);
+    std::memset(at, 0x22, kMiB);  // the importer writes
+    to_parent.send();
+    to_child.receive();
+    if (!all_bytes(at + kMiB, kMiB, 0x33)) _exit(12);  // and sees what the exporter wrote meanwhile
+    if (uvm_share_close(theirs) != UVM_OK) _exit(13);
+    _exit(0);
+  }
+  to_parent.reads();
+  to_child.writes();
+  REQUIRE(to_parent.receive() == 'x');
+  CHECK(all_bytes(mine + kMiB, kMiB, 0x22));
+  CHECK(all_bytes(mine, kMiB, 0x11));  // its neighbours untouched
+  CHECK(importers(mine) == std::vector<int>{child});
+  // Mapped by the child: an offload, a discard or a pause would take its bytes; each fails naming it
+  // and moves nothing.
+  const uvm_range whole{mine, kSize};
+  uvm_clear_last_error();
+  CHECK(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_ERROR_SHARED);
+  const std::string message = uvm_last_error();
+  CHECK(message.find("mapped by process " + std::to_string(child)) != std::string::npos);
+  CHECK(message.find("uvm_share_close") != std::string::npos);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  CHECK(uvm_discard(mine, kSize, nullptr) == UVM_ERROR_SHARED);
+  REQUIRE(uvm_set_thread_tag(nullptr) == UVM_OK);
+  CHECK(uvm_pause(0, "") == UVM_ERROR_SHARED);  // untagged: selects it
+  CHECK(fake::mapped_reservations() >= 1);
+  CHECK(all_bytes(mine + kMiB, kMiB, 0x22));
+  std::memset(mine + 2 * kMiB, 0x33, kMiB);
+  to_child.send();
+  CHECK(exit_code_of(child) == 0);
+  // The child's close waited for the exporter to count it out: no wait needed here.
+  CHECK(importers(mine).empty());
+  REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
+  REQUIRE(uvm_onload_ranges(&whole, 1, nullptr) == UVM_OK);
+  CHECK(all_bytes(mine + kMiB, kMiB, 0x22));
+  CHECK(all_bytes(mine + 2 * kMiB, kMiB, 0x33));
+  uvm_free(mine, kSize, 0, nullptr);
+}
+
+TEST_CASE("an importer that crashes, or exits without closing, counts no longer", "[share]") {
+  for (const bool crash : {true, false}) {
+    CAPTURE(crash);
+    FakeMachine machine;
+    void* mine = uvm_malloc_releasable(kSize, 0, nullptr);
+    REQUIRE(mine != nullptr);
+    uvm_share_handle handle{};
+    REQUIRE(uvm_share_export(mine, &handle) == UVM_OK);
+    Pipe to_parent;
+    const pid_t child = fork();
+    if (child == 0) {
+      to_parent.writes();
+      void* theirs = nullptr;
+      if (uvm_share_import(&handle, 0, &theirs) != UVM_OK) _exit(10);
+      to_parent.send();
+      if (crash) raise(SIGKILL);
+      _exit(0);  // never closes it
+    }
+    to_parent.reads();
+    REQUIRE(to_parent.receive() == 'x');
+    CHECK(exit_code_of(child) == (crash ? 128 + SIGKILL : 0));
+    REQUIRE(importers_drop_to_zero(mine));
+    const uvm_range whole{mine, kSize};
+    CHECK(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
+    uvm_free(mine, kSize, 0, nullptr);
+  }
+}
+
+TEST_CASE("an exporter that exits leaves the importer its memory, and the importer's close returns", "[share]") {
+  FakeMachine machine;
+  Pipe handle_pipe, to_child;
+  const pid_t child = fork();
+  if (child == 0) {  // the exporter
+    handle_pipe.writes();
+    to_child.reads();
+    auto* theirs = static_cast<unsigned char*>(uvm_malloc_releasable(kSize, 0, nullptr));
+    if (theirs == nullptr) _exit(10);
+    std::memset(theirs, 0x44, kSize);
+    uvm_share_handle handle{};
+    if (uvm_share_export(theirs, &handle) != UVM_OK) _exit(11);
+    (void)!write(handle_pipe.fds[1], &handle, sizeof(handle));
+    to_child.receive();  // the parent has imported it
+    _exit(0);  // with an importer that never closed: no hang, no abort
+  }
+  handle_pipe.reads();
+  to_child.writes();
+  uvm_share_handle handle{};
+  REQUIRE(read(handle_pipe.fds[0], &handle, sizeof(handle)) == static_cast<ssize_t>(sizeof(handle)));
+  void* mapped = nullptr;
+  REQUIRE(uvm_share_import(&handle, 0, &mapped) == UVM_OK);
+  to_child.send();
+  CHECK(exit_code_of(child) == 0);
+  CHECK(all_bytes(static_cast<unsigned char*>(mapped), kSize, 0x44));  // still there, the exporter gone
+  CHECK(uvm_share_close(mapped) == UVM_OK);
+  CHECK(fake::mapped_reservations() == 0);
+  CHECK(fake::physical_handles() == 0);
+  // A handle of a process that is gone fails naming it.
+  void* again = nullptr;
+  uvm_clear_last_error();
+  CHECK(uvm_share_import(&handle, 0, &again) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK(std::string(uvm_last_error()).find("process " + std::to_string(child) + " cannot be reached") !=
+        std::string::npos);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+}
+
+TEST_CASE("what cannot be shared fails naming why, in the exporter or the importer", "[share]") {
+  FakeMachine machine;
+  SECTION("managed memory: CUDA has no IPC for it") {
+    void* managed = uvm_malloc(kMiB, 0, nullptr);
+    REQUIRE(managed != nullptr);
+    uvm_share_handle handle{};
+    CHECK(uvm_share_export(managed, &handle) == UVM_ERROR_UNSUPPORTED);
+    CHECK(std::string(uvm_last_error()).find("managed memory (cudaMallocManaged), which CUDA cannot share") !=
+          std::string::npos);
+    uvm_free(managed, kMiB, 0, nullptr);
+  }
+  SECTION("memory that is not uvm's, a null handle, bytes that are not a handle") {
+    int local = 0;
+    uvm_share_handle handle{};
+    CHECK(uvm_share_export(&local, &handle) == UVM_ERROR_NOT_MANAGED);
+    void* p = nullptr;
+    CHECK(uvm_share_import(&handle, 0, &p) == UVM_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(uvm_last_error()).find("not a handle made by uvm_share_export") != std::string::npos);
+    CHECK(uvm_share_import(nullptr, 0, &p) == UVM_ERROR_INVALID_ARGUMENT);
+    CHECK(uvm_share_close(&local) == UVM_ERROR_INVALID_ARGUMENT);
+  }
+  SECTION("an offloaded allocation, exported or imported") {
+    void* mine = uvm_malloc_releasable(kSize, 0, nullptr);
+    REQUIRE(mine != nullptr);
+    uvm_share_handle handle{};
+    REQUIRE(uvm_share_export(mine, &handle) == UVM_OK);
+    const uvm_range whole{mine, kSize};
+    REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
+    CHECK(uvm_share_export(mine, &handle) == UVM_ERROR_INVALID_ARGUMENT);
+    CHECK(std::string(uvm_last_error()).find("offloaded or paused") != std::string::npos);
+    const pid_t child = fork();
+    if (child == 0) {
+      void* theirs = nullptr;
+      const uvm_status s = uvm_share_import(&handle, 0, &theirs);
+      const std::string why = uvm_last_error();
+      _exit(s == UVM_ERROR_INVALID_ARGUMENT && why.find("refused") != std::string::npos &&
+                    why.find("offloaded or paused") != std::string::npos
+                ? 0
+                : 1);
+    }
+    CHECK(exit_code_of(child) == 0);
+    REQUIRE(uvm_onload_ranges(&whole, 1, nullptr) == UVM_OK);
+    uvm_free(mine, kSize, 0, nullptr);
+  }
+  SECTION("a freed allocation: a new one at its address is another export") {
+    void* mine = uvm_malloc_releasable(kSize, 0, nullptr);
+    REQUIRE(mine != nullptr);
+    uvm_share_handle handle{};
+    REQUIRE(uvm_share_export(mine, &handle) == UVM_OK);
+    uvm_free(mine, kSize, 0, nullptr);
+    fake::reserve_next_at(mine);
+    void* again = uvm_malloc_releasable(kSize, 0, nullptr);
+    REQUIRE(again == mine);
+    const pid_t child = fork();
+    if (child == 0) {
+      void* theirs = nullptr;
+      const uvm_status s = uvm_share_import(&handle, 0, &theirs);
+      _exit(s == UVM_ERROR_INVALID_ARGUMENT && std::string(uvm_last_error()).find("was freed") != std::string::npos
+                ? 0
+                : 1);
+    }
+    CHECK(exit_code_of(child) == 0);
+    uvm_free(again, kSize, 0, nullptr);
+  }
+  SECTION("a driver that cannot export: the export fails, naming the call, with nothing pending") {
+    void* mine = uvm_malloc_releasable(kSize, 0, nullptr);
+    REQUIRE(mine != nullptr);
+    uvm_share_handle handle{};
+    fake::fail_next("cuMemExportToShareableHandle", cudaErrorNotSupported);
+    CHECK(uvm_share_export(mine, &handle) == UVM_ERROR_CUDA);
+    CHECK(std::string(uvm_last_error()).find("cuMemExportToShareableHandle") != std::string::npos);
+    CHECK(cudaPeekAtLastError() == cudaSuccess);
+    uvm_free(mine, kSize, 0, nullptr);
+  }
+}

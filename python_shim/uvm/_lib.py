@@ -17,11 +17,12 @@ UVM_LOCATION_NONE = -2
 UVM_ANY_DEVICE = -1
 UVM_LIMIT_UNLIMITED = ctypes.c_size_t(-1).value
 STRATEGIES = {"auto": 0, "migrate": 1, "staged": 2, "mmap": 3, "disk": 4}  # uvm_strategy
+UVM_SHARE_HANDLE_BYTES = 64
 BACKUPS = {"none": 0, "host": 1, "mmap": 2, "disk": 3}  # uvm_backup
 
 (UVM_OK, UVM_ERROR_INVALID_ARGUMENT, UVM_ERROR_NOT_MANAGED, UVM_ERROR_UNSUPPORTED,
  UVM_ERROR_LIMIT_EXCEEDED, UVM_ERROR_CAPTURING, UVM_ERROR_CUDA, UVM_ERROR_OUT_OF_MEMORY,
- UVM_ERROR_NO_DEVICE, UVM_ERROR_INTERNAL, UVM_ERROR_IO) = range(11)
+ UVM_ERROR_NO_DEVICE, UVM_ERROR_INTERNAL, UVM_ERROR_IO, UVM_ERROR_SHARED) = range(12)
 
 
 class Range(ctypes.Structure):
@@ -89,6 +90,10 @@ class MoveReport(ctypes.Structure):
     _fields_ = [("call", ctypes.c_char_p), ("device", ctypes.c_int), ("status", ctypes.c_int),
                 ("bytes", ctypes.c_size_t), ("seconds", ctypes.c_double), ("host_seconds", ctypes.c_double),
                 ("phase_count", ctypes.c_size_t), ("phases", MovePhase * UVM_MOVE_PHASES)]
+
+
+class ShareHandle(ctypes.Structure):
+    _fields_ = [("bytes", ctypes.c_ubyte * UVM_SHARE_HANDLE_BYTES)]
 
 
 _size, _int, _ptr, _stream = ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p
@@ -164,6 +169,10 @@ SIGNATURES = {
     "uvm_query_location": (_int, [_ptr, _size, ctypes.POINTER(_int), ctypes.POINTER(_int)]),
     "uvm_last_move": (_int, [_int, ctypes.POINTER(MoveReport)]),
     "uvm_trace_flush": (_int, []),
+    "uvm_share_export": (_int, [_ptr, ctypes.POINTER(ShareHandle)]),
+    "uvm_share_import": (_int, [ctypes.POINTER(ShareHandle), _int, ctypes.POINTER(_ptr)]),
+    "uvm_share_close": (_int, [_ptr]),
+    "uvm_share_importers": (_int, [_ptr, ctypes.POINTER(_int), _size, ctypes.POINTER(_size)]),
 }
 
 _ctypes_lib: ctypes.CDLL | None = None

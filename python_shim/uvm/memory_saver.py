@@ -279,6 +279,8 @@ class TorchMemorySaver:
         enable_cpu_backup). Regions nest."""
         _state.require_block_hook()
         import torch
+        from . import sharing
+        sharing.install()  # in either hook mode, its tensors can be sent to other processes
         _check_tag(tag)
         kind = _backup_kind(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
         backend = (cpu_backup_backend or _default_cpu_backup_backend()) if enable_cpu_backup else ""

@@ -1,0 +1,152 @@
+"""GPU (one device): tensors in uvm's releasable memory sent to another process through
+torch.multiprocessing (uvm.sharing). A uvm.memory_saver region's tensor, in both hook modes, and a
+releasable pool's tensor go through a Queue and through the pickled form SGLang's serializer sends
+(the device rewritten to the GPU's UUID); the receiver reads the sender's bytes and its writes reach
+the sender; while it maps them the sender's pause fails naming the receiver's process, and once it
+drops them the pause, the resume and the bytes are whole. A managed tensor fails naming why. Each
+process holds at most 64 MiB of releasable memory."""
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import UVM_PATH
+
+torch = pytest.importorskip("torch", reason="torch is not installed here")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device visible to torch", allow_module_level=True)
+
+SCRIPT = r"""
+import gc, io, pickle, sys, torch
+import torch.multiprocessing as mp
+from multiprocessing.reduction import ForkingPickler
+MiB = 1 << 20
+
+def receiver(inbox, outbox):
+    try:
+        receive(inbox, outbox)
+    except BaseException:  # the sender reports it, instead of waiting for an answer that never comes
+        import traceback
+        outbox.put(("error", traceback.format_exc()))
+
+def answer(outbox):
+    got = outbox.get(timeout=60)
+    if isinstance(got, tuple) and got[0] == "error":
+        raise AssertionError("the receiver failed:\n" + got[1])
+    return got
+
+def receive(inbox, outbox):
+    sent = inbox.get()
+    tensors = [sent, pickle.loads(inbox.get())]  # a Queue's, and SGLang's serialized form
+    for tensor in tensors:
+        outbox.put(("read", tensor.device.index, int(tensor.to(torch.int64).sum())))
+    tensors[0][:MiB].fill_(7)  # the receiver writes
+    torch.cuda.synchronize()
+    outbox.put("written")
+    assert inbox.get() == "drop"
+    del sent, tensors
+    gc.collect()
+    outbox.put("dropped")
+    assert inbox.get() == "exit"
+
+def pattern(n, seed):
+    index = torch.arange(n, device="cuda", dtype=torch.int64)
+    return ((index * 131 + seed * 17 + 1) % 251).to(torch.uint8)
+
+def sglang_form(tensor):  # what SGLang's MultiprocessingSerializer sends: the device as the GPU's UUID
+    from torch.multiprocessing import reductions
+    rebuild, args = reductions.reduce_tensor(tensor)
+    args = (*args[:6], str(torch.cuda.get_device_properties(args[6]).uuid), *args[7:])
+    return pickle.dumps((rebuild, args))
+
+if __name__ == "__main__":
+    import uvm
+    from uvm.memory_saver import torch_memory_saver as saver
+    assert saver.hook_mode == sys.argv[1], (saver.hook_mode, sys.argv[1])
+    if sys.argv[2] == "region":
+        with saver.region("weights"):
+            weights = pattern(32 * MiB + 4096, 3)
+    else:
+        pool = uvm.create_releasable_mempool()
+        with torch.cuda.use_mem_pool(pool):
+            weights = pattern(32 * MiB + 4096, 3)
+    expected = weights.clone()
+    context = mp.get_context("spawn")
+    inbox, outbox = context.Queue(), context.Queue()
+    process = context.Process(target=receiver, args=(inbox, outbox))
+    process.start()
+    inbox.put(weights)
+    inbox.put(pickle.loads(pickle.dumps(sglang_form(weights))))
+    total = int(expected.to(torch.int64).sum())
+    assert answer(outbox) == ("read", 0, total)
+    assert answer(outbox) == ("read", 0, total)
+    assert answer(outbox) == "written"
+    expected[:MiB].fill_(7)
+    assert torch.equal(weights, expected), "the receiver's write did not reach the sender"
+    if sys.argv[2] == "region":
+        try:
+            saver.pause("weights")
+        except RuntimeError as error:
+            assert f"mapped by process {process.pid}" in str(error), error
+        else:
+            raise AssertionError("a pause under a receiver's mapping went through")
+    else:
+        try:
+            uvm.offload(weights)
+        except RuntimeError as error:
+            assert f"mapped by process {process.pid}" in str(error), error
+        else:
+            raise AssertionError("an offload under a receiver's mapping went through")
+    assert torch.equal(weights, expected), "a refused pause moved bytes"
+    inbox.put("drop")
+    assert answer(outbox) == "dropped"
+    before = torch.cuda.mem_get_info()[0]
+    if sys.argv[2] == "region":
+        saver.pause("weights")
+        assert torch.cuda.mem_get_info()[0] - before >= 32 * MiB, "the pause freed nothing"
+        saver.resume("weights")
+    else:
+        uvm.offload(weights)
+        uvm.onload(weights)
+    assert torch.equal(weights, expected), "bytes lost across the pause"
+    inbox.put("exit")
+    process.join(120)
+    assert process.exitcode == 0, process.exitcode
+
+    managed_pool = uvm.create_unified_mempool()
+    with torch.cuda.use_mem_pool(managed_pool):
+        managed = torch.ones(MiB, device="cuda")
+    try:
+        ForkingPickler.dumps(managed)
+    except uvm.UnifiedMemoryUnsupportedError as error:
+        assert "managed memory (cudaMallocManaged), which CUDA cannot share" in str(error), error
+    else:
+        raise AssertionError("a managed tensor was sent")
+    print("shared")
+"""
+
+
+def run(tmp_path, hook_mode: str, kind: str):
+    sys.path.insert(0, str(UVM_PATH))
+    from uvm import _preload
+    import contextlib
+    script = tmp_path / "share.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(UVM_PATH)}
+    preload = hook_mode == "preload"
+    with _preload.child_environment() if preload else contextlib.nullcontext():
+        if preload:
+            env.update({name: os.environ[name] for name in ("LD_PRELOAD", "UVM_PRELOAD_LIBUVM", "UVM_PRELOAD_CUDART")
+                        if name in os.environ})
+        result = subprocess.run([sys.executable, str(script), hook_mode, kind], env=env, capture_output=True,
+                                text=True, timeout=400)
+    assert result.returncode == 0 and "shared" in result.stdout, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("hook_mode", ["torch", "preload"])
+def test_a_region_tensor_goes_to_another_process_and_pauses_only_once_it_is_dropped(tmp_path, hook_mode):
+    run(tmp_path, hook_mode, "region")
+
+
+def test_a_releasable_pool_tensor_goes_to_another_process(tmp_path):
+    run(tmp_path, "torch", "pool")

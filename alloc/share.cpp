@@ -11,7 +11,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <random>
+#include <chrono>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -221,8 +221,10 @@ uvm_status start_server(const Call& call, Exports& state) {
   if (state.listening >= 0) return UVM_OK;
   const int listening = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (listening < 0) return fail_errno(call, errno, "socket(AF_UNIX) for the export server");
-  std::random_device random;
-  const uint64_t server = (static_cast<uint64_t>(random()) << 32) | random();
+  // Unique to this process's life, so that a process given the pid later has another name; not a
+  // secret (the peer's user is what is checked). No std::random_device: it needs a newer glibc than
+  // the wheel's tag (arc4random).
+  const uint64_t server = static_cast<uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
   sockaddr_un address;
   const socklen_t length = share_address(getpid(), server, &address);
   if (bind(listening, reinterpret_cast<sockaddr*>(&address), length) != 0 || listen(listening, 64) != 0) {

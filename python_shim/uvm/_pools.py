@@ -28,8 +28,6 @@ def make(allocator, device_index: int):
     """A torch.cuda.MemPool over `allocator` on `device_index` (the current device) whose memory goes
     back when it is dropped, at a safe point."""
     import torch
-    from . import sharing
-    sharing.install()  # its tensors can be sent to other processes (torch.multiprocessing)
     global _pool_class
     if _pool_class is None:
         class UnifiedMemoryPool(torch.cuda.MemPool):

@@ -45,6 +45,8 @@ def _create_pool(device, sync_ranks: bool, releasable: bool):
     if releasable:  # released memory that torch hands out unreported would fault
         _state.require_block_hook("a releasable pool")
     import torch
+    from . import sharing
+    sharing.install()  # its tensors go to other processes through torch.multiprocessing (managed ones fail naming why)
     index = _lib.device_ordinal(device)
     _pools.release_dropped_pools()  # a safe point
     with torch.cuda.device(index):

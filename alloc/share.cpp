@@ -9,9 +9,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <chrono>
 #include <map>
 #include <mutex>
-#include <chrono>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -100,6 +100,19 @@ pid_t peer_pid(int connection) {
   return getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &peer, &length) == 0 ? peer.pid : 0;
 }
 
+// The physical memory of the releasable allocation `found`, which must hold all of its bytes: one
+// offloaded or paused has none to share, or bytes another process would not see.
+uvm_status all_on_device(const Call& call, const AllocationView& found, Mapping* mapping) {
+  BlockState bytes;
+  if (!registry().mapping(found.base, mapping) || !mapping->mapped ||
+      !registry().block_state(found.base, found.base + found.size, &bytes) || bytes.moved) {
+    return fail(call, UVM_ERROR_INVALID_ARGUMENT,
+                "the allocation at %p (%zu bytes) is offloaded or paused: onload or resume it before sharing it",
+                reinterpret_cast<void*>(found.base), found.size);
+  }
+  return UVM_OK;
+}
+
 // An import of export `id` over `connection`: under the moves lock, so that no move of the
 // allocation runs between the check that its bytes are on the device and the count of the importer.
 void answer_import(int connection, uint64_t id) {
@@ -114,15 +127,11 @@ void answer_import(int connection, uint64_t id) {
   }
   AllocationView found;
   Mapping mapping;
-  BlockState bytes;
   uvm_status status = UVM_OK;
   if (base == 0 || !registry().find(reinterpret_cast<const void*>(base), &found)) {
     status = fail(call, UVM_ERROR_INVALID_ARGUMENT, "the exported allocation was freed");
-  } else if (!registry().mapping(base, &mapping) || !mapping.mapped ||
-             !registry().block_state(base, base + found.size, &bytes) || bytes.moved) {
-    status = fail(call, UVM_ERROR_INVALID_ARGUMENT,
-                  "the exported allocation at %p (%zu bytes) is offloaded or paused: onload or resume it first",
-                  reinterpret_cast<void*>(base), found.size);
+  } else {
+    status = all_on_device(call, found, &mapping);
   }
   int fd = -1;
   if (status == UVM_OK) {
@@ -258,25 +267,23 @@ uvm_status export_allocation(const Call& call, const void* ptr, uvm_share_handle
                 reinterpret_cast<void*>(found.base), found.size);
   }
   Mapping mapping;
-  BlockState bytes;
-  if (!registry().mapping(found.base, &mapping) || !mapping.mapped ||
-      !registry().block_state(found.base, found.base + found.size, &bytes) || bytes.moved) {
-    return fail(call, UVM_ERROR_INVALID_ARGUMENT,
-                "the allocation at %p (%zu bytes) is offloaded or paused: onload or resume it before exporting it",
-                reinterpret_cast<void*>(found.base), found.size);
-  }
-  {  // fails now, not in the importer, where the device cannot export its memory
-    ContextScope scope;
-    if (uvm_status s = scope.enter(call, found.device, ContextScope::When::always)) return s;
-    int fd = -1;
-    if (uvm_status s = vmm_export(call, found.base, mapping, &fd)) return s;
-    close(fd);
-  }
+  if (uvm_status s = all_on_device(call, found, &mapping)) return s;
   Exports& state = exports();
   std::lock_guard<std::mutex> lock(state.mutex);
   if (uvm_status s = start_server(call, state)) return s;
   Export& exported = state.by_base[found.base];
   if (exported.id == 0) {
+    // Its first export fails here, not in the importer, where the device cannot export its memory;
+    // later ones (a tensor sent each step) make no driver call.
+    ContextScope scope;
+    int fd = -1;
+    uvm_status s = scope.enter(call, found.device, ContextScope::When::always);
+    if (s == UVM_OK) s = vmm_export(call, found.base, mapping, &fd);
+    if (s != UVM_OK) {
+      state.by_base.erase(found.base);
+      return s;
+    }
+    close(fd);
     exported.id = state.next_id++;
     state.base_of[exported.id] = found.base;
   }
@@ -304,9 +311,11 @@ std::vector<pid_t> importers_of(uintptr_t base) {
 
 }  // namespace
 
-uvm_status check_not_shared(const Call& call, uintptr_t base, size_t size, const char* what) {
+uvm_status check_not_shared(const Call& call, uintptr_t base, const char* what) {
   const std::vector<pid_t> pids = importers_of(base);
   if (pids.empty()) return UVM_OK;
+  AllocationView found;
+  const size_t size = registry().find(reinterpret_cast<const void*>(base), &found) ? found.size : 0;
   return fail(call, UVM_ERROR_SHARED,
               "the allocation at %p (%zu bytes) is mapped by process %d%s (uvm_share_import, or a tensor sent "
               "through torch.multiprocessing): %s would take its bytes from under it; the importer closes it "

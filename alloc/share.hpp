@@ -13,7 +13,7 @@ namespace uvm {
 
 // UVM_ERROR_SHARED naming the allocation at `base` and its importers if another process maps it.
 // `what`: the move, for the message ("an offload"). Under the moves lock.
-uvm_status check_not_shared(const Call& call, uintptr_t base, size_t size, const char* what);
+uvm_status check_not_shared(const Call& call, uintptr_t base, const char* what);
 
 // The allocation at `base` is freed: its export goes (importers keep the memory they map). Under
 // the moves lock.

@@ -97,12 +97,10 @@ uvm_status begin_move(const Call& call, MoveKind kind, const MoveArgs& args, cud
   else checked = check_one_device(call, move);
   if (checked != UVM_OK) return checked;
   if (kind == MoveKind::offload || kind == MoveKind::discard) {  // another process may map them
+    const char* what = kind == MoveKind::offload ? "an offload" : "a discard";
     for (const HintRange& range : move->ranges) {
       if (!range.releasable) continue;
-      AllocationView found;
-      if (!registry().find(reinterpret_cast<const void*>(range.allocation), &found)) continue;
-      const char* what = kind == MoveKind::offload ? "an offload" : "a discard";
-      if (uvm_status s = check_not_shared(call, found.base, found.size, what)) return s;
+      if (uvm_status s = check_not_shared(call, range.allocation, what)) return s;
     }
   }
   const auto when = one_device ? ContextScope::When::always : ContextScope::When::only_if_none_current;

@@ -17,10 +17,8 @@ import threading
 
 from . import _lib
 
-# torch's rebuild_cuda_tensor arguments, whose layout SGLang and others rewrite in place (the device,
-# at index 6, becomes the GPU's UUID on the way): uvm's reducer keeps that layout.
-_DEVICE_ARG = 6
 _installed = False
+_torch_reduce = None  # torch's reducer, or the patch of it installed before uvm's
 _install_lock = threading.Lock()
 
 
@@ -42,8 +40,6 @@ def install() -> None:
         _installed = True
 
 
-_torch_reduce = None
-
 
 def _releasable_base(tensor) -> int | None:
     """The base of the uvm allocation holding the tensor's storage, if uvm made it; None otherwise."""
@@ -59,7 +55,8 @@ def _releasable_base(tensor) -> int | None:
 def reduce_tensor(tensor):
     """torch.multiprocessing's reduction of `tensor`: uvm's for a CUDA tensor in uvm memory (managed
     memory fails with UVM_ERROR_UNSUPPORTED naming it), torch's (or what was installed before uvm's)
-    for any other."""
+    for any other. The arguments keep torch's rebuild_cuda_tensor layout, which SGLang and others
+    rewrite in place (the device, at index 6, becomes the GPU's UUID on the way)."""
     if not tensor.is_cuda or tensor.untyped_storage().data_ptr() == 0 or _releasable_base(tensor) is None:
         return _torch_reduce(tensor)
     import torch

@@ -35,16 +35,19 @@ def answer(outbox):
         raise AssertionError("the receiver failed:\n" + got[1])
     return got
 
-def receive(inbox, outbox):
+def use(inbox, outbox):  # the tensors live in this frame only: its return drops them
     sent = inbox.get()
-    tensors = [sent, pickle.loads(inbox.get())]  # a Queue's, and SGLang's serialized form
+    rebuild, args = pickle.loads(inbox.get())  # SGLang's serialized form, as its ForkingPickler loads it
+    tensors = [sent, rebuild(*args)]
     for tensor in tensors:
         outbox.put(("read", tensor.device.index, int(tensor.to(torch.int64).sum())))
     tensors[0][:MiB].fill_(7)  # the receiver writes
     torch.cuda.synchronize()
     outbox.put("written")
     assert inbox.get() == "drop"
-    del sent, tensors
+
+def receive(inbox, outbox):
+    use(inbox, outbox)
     gc.collect()
     outbox.put("dropped")
     assert inbox.get() == "exit"
@@ -60,11 +63,13 @@ def sglang_form(tensor):  # what SGLang's MultiprocessingSerializer sends: the d
     return pickle.dumps((rebuild, args))
 
 if __name__ == "__main__":
+    import faulthandler
+    faulthandler.dump_traceback_later(150, exit=True)  # a hang shows where, before the test's timeout
     import uvm
     from uvm.memory_saver import torch_memory_saver as saver
     assert saver.hook_mode == sys.argv[1], (saver.hook_mode, sys.argv[1])
     if sys.argv[2] == "region":
-        with saver.region("weights"):
+        with saver.region("weights", enable_cpu_backup=True):  # else a pause keeps no bytes
             weights = pattern(32 * MiB + 4096, 3)
     else:
         pool = uvm.create_releasable_mempool()
@@ -73,10 +78,10 @@ if __name__ == "__main__":
     expected = weights.clone()
     context = mp.get_context("spawn")
     inbox, outbox = context.Queue(), context.Queue()
-    process = context.Process(target=receiver, args=(inbox, outbox))
+    process = context.Process(target=receiver, args=(inbox, outbox), daemon=True)  # a failure here ends it
     process.start()
     inbox.put(weights)
-    inbox.put(pickle.loads(pickle.dumps(sglang_form(weights))))
+    inbox.put(sglang_form(weights))
     total = int(expected.to(torch.int64).sum())
     assert answer(outbox) == ("read", 0, total)
     assert answer(outbox) == ("read", 0, total)
@@ -138,8 +143,11 @@ def run(tmp_path, hook_mode: str, kind: str):
         if preload:
             env.update({name: os.environ[name] for name in ("LD_PRELOAD", "UVM_PRELOAD_LIBUVM", "UVM_PRELOAD_CUDART")
                         if name in os.environ})
-        result = subprocess.run([sys.executable, str(script), hook_mode, kind], env=env, capture_output=True,
-                                text=True, timeout=400)
+        try:
+            result = subprocess.run([sys.executable, str(script), hook_mode, kind], env=env, capture_output=True,
+                                    text=True, timeout=200)
+        except subprocess.TimeoutExpired as hung:
+            raise AssertionError(f"the sender hung:\n{hung.stdout}\n{hung.stderr}") from None
     assert result.returncode == 0 and "shared" in result.stdout, result.stdout + result.stderr
 
 

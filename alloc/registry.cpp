@@ -150,7 +150,8 @@ bool Registry::block_state(uintptr_t begin, uintptr_t end, BlockState* out, Bloc
     if (change == BlockChange::allocated) allocation.blocks.add(from, to);
     else allocation.blocks.remove(from, to);
   }
-  out->moved = allocation.host.overlaps(from, to) || allocation.discarded.overlaps(from, to);
+  out->on_host = allocation.host.overlaps(from, to);
+  out->moved = out->on_host || allocation.discarded.overlaps(from, to);
   out->copied = allocation.offload && allocation.offload->keeps(begin, end);
   out->released = allocation.released();
   out->last_move = allocation.last_move;

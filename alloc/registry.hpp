@@ -119,6 +119,7 @@ struct BlockState {
   AllocationView allocation;  // the allocation holding the block
   bool copied = false;        // some of its bytes have a host copy (offload/copies.hpp: staged or retained)
   bool moved = false;         // some of its bytes are off the device (to the host, staged or discarded)
+  bool on_host = false;       // some of its bytes are on the host (offloaded or staged): the device's are stale
   bool released = false;      // the allocation's physical memory is given back
   EventRef last_move;         // the allocation's last move (null: nothing pending)
 };

@@ -101,11 +101,12 @@ pid_t peer_pid(int connection) {
 }
 
 // The physical memory of the releasable allocation `found`, which must hold all of its bytes: one
-// offloaded or paused has none to share, or bytes another process would not see.
+// offloaded or paused has none to share, or bytes another process would not see. Discarded bytes
+// (a region's free space after a pause and resume) are on the device, with nothing to lose.
 uvm_status all_on_device(const Call& call, const AllocationView& found, Mapping* mapping) {
   BlockState bytes;
   if (!registry().mapping(found.base, mapping) || !mapping->mapped ||
-      !registry().block_state(found.base, found.base + found.size, &bytes) || bytes.moved) {
+      !registry().block_state(found.base, found.base + found.size, &bytes) || bytes.on_host) {
     return fail(call, UVM_ERROR_INVALID_ARGUMENT,
                 "the allocation at %p (%zu bytes) is offloaded or paused: onload or resume it before sharing it",
                 reinterpret_cast<void*>(found.base), found.size);

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <tuple>
 
 #include "devices.hpp"
 #include "registry.hpp"
@@ -19,16 +20,24 @@
 namespace uvm {
 namespace {
 
+// Which export a mapping is of: the exporting process's life, its export, and the device mapping it.
+using ExportKey = std::tuple<int32_t, uint64_t, uint64_t, int>;
+
 struct Imported {
   size_t size = 0;
   unsigned long long handle = 0;
   int connection = -1;
   int device = 0;
+  ExportKey key;
+  size_t imports = 1;  // uvm_share_import calls it answered, each closed by one uvm_share_close
 };
 
+// One mapping per export and device, however many imports ask for it: a model's tensors come in
+// hundreds from a few allocations, and each would otherwise map (and pay for) its whole allocation.
 struct Imports {
   std::mutex mutex;
   std::map<uintptr_t, Imported> by_base;
+  std::map<ExportKey, uintptr_t> base_of;
 };
 
 Imports& imports() {
@@ -85,6 +94,17 @@ uvm_status import_allocation(const Call& call, const uvm_share_handle* raw, int 
     return fail(call, UVM_ERROR_INVALID_ARGUMENT, "not a handle made by uvm_share_export (of this uvm version)");
   }
   if (uvm_status s = check_device(call, device, false)) return s;
+  const ExportKey key{handle.owner_pid, handle.server, handle.export_id, device};
+  {
+    Imports& state = imports();
+    std::lock_guard<std::mutex> lock(state.mutex);
+    auto known = state.base_of.find(key);
+    if (known != state.base_of.end()) {  // mapped here already, and the exporter counts this process
+      ++state.by_base.at(known->second).imports;
+      *out = reinterpret_cast<void*>(known->second + handle.offset);
+      return UVM_OK;
+    }
+  }
   int connection = -1;
   if (uvm_status s = connect_to(call, handle, &connection)) return s;
   ShareMessage message;
@@ -115,10 +135,14 @@ uvm_status import_allocation(const Call& call, const uvm_share_handle* raw, int 
   imported.size = handle.size;
   imported.connection = connection;
   imported.device = device;
+  imported.key = key;
   {
     Imports& state = imports();
     std::lock_guard<std::mutex> lock(state.mutex);
     state.by_base[base] = imported;
+    // Another thread may have mapped it meanwhile: both mappings stand, each closed on its own, and
+    // the next import reuses the first.
+    state.base_of.emplace(key, base);
   }
   *out = reinterpret_cast<void*>(base + handle.offset);
   return UVM_OK;
@@ -136,9 +160,12 @@ uvm_status close_import(const Call& call, void* ptr) {
       return fail(call, UVM_ERROR_INVALID_ARGUMENT, "the pointer is not in memory mapped by uvm_share_import");
     }
     --it;
+    if (--it->second.imports > 0) return UVM_OK;  // other imports still use the mapping
     base = it->first;
     imported = it->second;
     state.by_base.erase(it);
+    auto indexed = state.base_of.find(imported.key);
+    if (indexed != state.base_of.end() && indexed->second == base) state.base_of.erase(indexed);
   }
   ContextScope scope;
   uvm_status status = scope.enter(call, imported.device, ContextScope::When::always);
@@ -151,7 +178,9 @@ uvm_status close_import(const Call& call, void* ptr) {
   if (status != UVM_OK) {  // still mapped: recorded again, for another close
     Imports& state = imports();
     std::lock_guard<std::mutex> lock(state.mutex);
+    imported.imports = 1;
     state.by_base[base] = imported;
+    state.base_of.emplace(imported.key, base);
     return status;
   }
   // Counted out before this returns: a pause the importer asks for next finds it gone. An exporter

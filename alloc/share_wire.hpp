@@ -20,7 +20,7 @@ constexpr uint32_t kShareMagic = 0x31534d55;  // "UMS1"
 struct ShareHandle {
   uint32_t magic = kShareMagic;
   int32_t owner_pid = 0;   // the exporting process
-  uint64_t server = 0;     // its socket's name: random, so that a new process with the pid reused is another
+  uint64_t server = 0;     // its socket's name: its start time, so that a new process with the pid reused is another
   uint64_t export_id = 0;  // the allocation, as exported: a new one at the same address has another
   uint64_t offset = 0;     // of the exported pointer in the allocation
   uint64_t size = 0;       // bytes of the allocation's physical memory (its reserved size)

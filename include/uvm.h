@@ -687,11 +687,14 @@ UVM_API uvm_status uvm_share_export(const void* ptr, uvm_share_handle* handle);
  * fails with UVM_ERROR_SHARED naming this process, so no importer reads memory given back or bytes
  * moved away. An importer that exits or crashes counts no longer. If the exporter frees the
  * allocation, the memory stays for the importers until they close it. Fails naming the exporter's
- * process when it is gone or refuses (the allocation freed, offloaded or not its own user's). */
+ * process when it is gone or refuses (the allocation freed, offloaded or not its own user's).
+ * Imports of one allocation for one device share one mapping in this process (a model's tensors,
+ * sent one by one): only the first asks the exporter and maps; each import is closed once. */
 UVM_API uvm_status uvm_share_import(const uvm_share_handle* handle, int device, void** ptr);
 
-/* Unmaps what uvm_share_import mapped at `ptr` (the pointer it gave) and tells the exporter, which
- * has counted this process out when the call returns. */
+/* Closes an import at `ptr` (the pointer uvm_share_import gave). The last import of a mapping to
+ * close unmaps it and tells the exporter, which has counted this process out when the call returns;
+ * it waits for this process's work on the device first (cudaDeviceSynchronize). */
 UVM_API uvm_status uvm_share_close(void* ptr);
 
 /* The processes that map the releasable allocation holding `ptr` now: up to `capacity` ids in

@@ -56,6 +56,8 @@
 #                                (.deps/cuda-VERSION) and runs that suite on its libcudart.so.12
 #   BUILD=0                      no meson build, no meson tests, no demo (python-only runs: the
 #                                shim builds the library itself)
+#   WEIGHT_SYNC=1                runs tests/peers/run_weight_sync.sh: a trainer's weights sent to an engine
+#                                (SGLang's adapter, both hook modes) through CUDA IPC, tokens against a reference
 #   PYTEST="files"               runs those pytest files (e.g. the Python GPU tests one change needs)
 #   BEFORE=DIR                   also benchmarks the uvm tree in DIR (an older commit's files,
 #                                e.g. from `git archive`), alternating before/after runs of
@@ -168,6 +170,12 @@ if [ "${PRELOAD:-0}" = 1 ]; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   echo "== preload mode: SGLang's adapter"
   bash tests/peers/run_sglang_adapter.sh 2>&1 | tee "$OUT/sglang_adapter.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if [ "${WEIGHT_SYNC:-0}" = 1 ]; then
+  echo "== trainer→engine weight update through CUDA IPC, SGLang's adapter in both hook modes"
+  bash tests/peers/run_weight_sync.sh 2>&1 | tee "$OUT/weight_sync.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 

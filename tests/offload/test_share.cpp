@@ -131,6 +131,92 @@ TEST_CASE("another process maps exported releasable memory: the same bytes both 
   uvm_free(mine, kSize, 0, nullptr);
 }
 
+TEST_CASE("imports of one allocation in a process share one mapping, which stays until the last import's close",
+          "[share]") {
+  FakeMachine machine;
+  auto* mine = static_cast<unsigned char*>(uvm_malloc_releasable(kSize, 0, nullptr));
+  REQUIRE(mine != nullptr);
+  std::memset(mine, 0x55, kSize);
+  uvm_share_handle whole{}, inside{};
+  REQUIRE(uvm_share_export(mine, &whole) == UVM_OK);
+  REQUIRE(uvm_share_export(mine + kMiB, &inside) == UVM_OK);  // two tensors of one allocation
+  Pipe to_parent, to_child;
+  const pid_t child = fork();
+  if (child == 0) {
+    to_parent.writes();
+    to_child.reads();
+    const size_t before = fake::mapped_reservations();
+    void* first = nullptr;
+    void* second = nullptr;
+    if (uvm_share_import(&whole, 0, &first) != UVM_OK || uvm_share_import(&inside, 0, &second) != UVM_OK) _exit(10);
+    if (static_cast<unsigned char*>(second) != static_cast<unsigned char*>(first) + kMiB) _exit(11);
+    if (fake::mapped_reservations() != before + 1) _exit(12);  // one mapping for both
+    if (uvm_share_close(first) != UVM_OK) _exit(13);
+    if (!all_bytes(static_cast<unsigned char*>(second), kMiB, 0x55)) _exit(14);  // the other import reads on
+    to_parent.send();
+    to_child.receive();
+    if (uvm_share_close(second) != UVM_OK) _exit(15);
+    if (fake::mapped_reservations() != before) _exit(16);
+    if (uvm_share_close(second) != UVM_ERROR_INVALID_ARGUMENT) _exit(17);  // closed once per import, no more
+    uvm_clear_last_error();
+    to_parent.send();
+    to_child.receive();
+    _exit(0);
+  }
+  to_parent.reads();
+  to_child.writes();
+  REQUIRE(to_parent.receive() == 'x');
+  CHECK(importers(mine) == std::vector<int>{child});  // one import closed, one still maps it
+  to_child.send();
+  REQUIRE(to_parent.receive() == 'x');
+  CHECK(importers(mine).empty());  // the last close counted it out before it returned
+  to_child.send();
+  CHECK(exit_code_of(child) == 0);
+  uvm_free(mine, kSize, 0, nullptr);
+}
+
+TEST_CASE("a region paused and resumed with free space in its segment can be shared, and an importer's writes survive "
+          "the next pause",
+          "[share]") {
+  FakeMachine machine;
+  REQUIRE(uvm_set_thread_tag("weights") == UVM_OK);
+  REQUIRE(uvm_set_thread_backup(UVM_BACKUP_HOST) == UVM_OK);
+  REQUIRE(uvm_report_blocks(1) == UVM_OK);  // as torch's allocator in a region: free space is dropped at a pause
+  auto* mine = static_cast<unsigned char*>(uvm_malloc_releasable(kSize, 0, nullptr));
+  uvm_report_blocks(0);
+  uvm_set_thread_tag(nullptr);
+  uvm_set_thread_backup(UVM_BACKUP_NONE);
+  REQUIRE(mine != nullptr);
+  const size_t live = kSize / 2;  // one tensor; the rest of the segment is free
+  REQUIRE(uvm_block_allocated(mine, live) == UVM_OK);
+  std::memset(mine, 0x66, live);
+  REQUIRE(uvm_pause(0, "weights") == UVM_OK);
+  REQUIRE(uvm_resume(0, "weights") == UVM_OK);  // the free space stays discarded: it has no bytes to keep
+  REQUIRE(all_bytes(mine, live, 0x66));
+  uvm_share_handle handle{};
+  REQUIRE(uvm_share_export(mine, &handle) == UVM_OK);
+  Pipe to_parent;
+  const pid_t child = fork();
+  if (child == 0) {
+    to_parent.writes();
+    void* theirs = nullptr;
+    if (uvm_share_import(&handle, 0, &theirs) != UVM_OK) _exit(10);
+    if (!all_bytes(static_cast<unsigned char*>(theirs), live, 0x66)) _exit(11);
+    std::memset(theirs, 0x77, kMiB);  // the importer writes into the tensor
+    if (uvm_share_close(theirs) != UVM_OK) _exit(12);
+    to_parent.send();
+    _exit(0);
+  }
+  to_parent.reads();
+  REQUIRE(to_parent.receive() == 'x');
+  CHECK(exit_code_of(child) == 0);
+  REQUIRE(uvm_pause(0, "weights") == UVM_OK);
+  REQUIRE(uvm_resume(0, "weights") == UVM_OK);
+  CHECK(all_bytes(mine, kMiB, 0x77));
+  CHECK(all_bytes(mine + kMiB, live - kMiB, 0x66));
+  uvm_free(mine, kSize, 0, nullptr);
+}
+
 TEST_CASE("an importer that crashes, or exits without closing, counts no longer", "[share]") {
   for (const bool crash : {true, false}) {
     CAPTURE(crash);

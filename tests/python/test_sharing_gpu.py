@@ -3,8 +3,10 @@ torch.multiprocessing (uvm.sharing). A uvm.memory_saver region's tensor, in both
 releasable pool's tensor go through a Queue and through the pickled form SGLang's serializer sends
 (the device rewritten to the GPU's UUID); the receiver reads the sender's bytes and its writes reach
 the sender; while it maps them the sender's pause fails naming the receiver's process, and once it
-drops them the pause, the resume and the bytes are whole. A managed tensor fails naming why. Each
-process holds at most 64 MiB of releasable memory."""
+drops them the pause, the resume and the bytes are whole. A managed tensor fails naming why. An
+importer that crashes or exits without closing is counted out, and the offload goes through after;
+an exporter that exits leaves its importer the bytes it maps. Each process holds at most 64 MiB of
+releasable memory."""
 import os
 import subprocess
 import sys
@@ -130,13 +132,90 @@ if __name__ == "__main__":
     print("shared")
 """
 
+LIFECYCLE = r"""
+import ctypes, os, signal, sys, time, torch
+import torch.multiprocessing as mp
+MiB = 1 << 20
 
-def run(tmp_path, hook_mode: str, kind: str):
+def pattern(n):
+    index = torch.arange(n, device="cuda", dtype=torch.int64)
+    return ((index * 131 + 7) % 251).to(torch.uint8)
+
+def importer(inbox, outbox, ending):  # maps the tensor and ends without dropping it
+    tensor = inbox.get()
+    outbox.put(int(tensor.to(torch.int64).sum()))
+    inbox.get()
+    if ending == "crash":
+        os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(0)  # no finalizer runs: the mapping is never closed
+
+def exporter(inbox, outbox):  # sends a tensor and exits while the importer still maps it
+    import uvm
+    pool = uvm.create_releasable_mempool()
+    with torch.cuda.use_mem_pool(pool):
+        weights = pattern(16 * MiB)
+    outbox.put(weights)
+    assert inbox.get() == "mapped"
+
+def importers_of(tensor):
+    from uvm import _lib
+    count = ctypes.c_size_t()
+    _lib.check(_lib.library().uvm_share_importers(tensor.data_ptr(), None, 0, ctypes.byref(count)), "importers")
+    return count.value
+
+if __name__ == "__main__":
+    import faulthandler
+    faulthandler.dump_traceback_later(150, exit=True)
+    import uvm
+    context = mp.get_context("spawn")
+    inbox, outbox = context.Queue(), context.Queue()
+    ending = sys.argv[1]
+    if ending in ("crash", "exit"):
+        pool = uvm.create_releasable_mempool()
+        with torch.cuda.use_mem_pool(pool):
+            weights = pattern(16 * MiB)
+        expected = weights.clone()
+        process = context.Process(target=importer, args=(inbox, outbox, ending), daemon=True)
+        process.start()
+        inbox.put(weights)
+        assert outbox.get(timeout=60) == int(expected.to(torch.int64).sum())
+        assert importers_of(weights) == 1
+        inbox.put("end")
+        process.join(60)
+        assert process.exitcode == (-signal.SIGKILL if ending == "crash" else 0), process.exitcode
+        deadline = time.monotonic() + 60  # counted out when its socket closes: waited for, bounded
+        while importers_of(weights):
+            assert time.monotonic() < deadline, "a dead importer is still counted"
+            time.sleep(0.01)
+        uvm.offload(weights)
+        uvm.onload(weights)
+        assert torch.equal(weights, expected), "bytes lost across the offload"
+    else:  # the exporter exits first
+        process = context.Process(target=exporter, args=(inbox, outbox), daemon=True)
+        process.start()
+        mapped = outbox.get(timeout=60)
+        expected = pattern(16 * MiB)
+        assert torch.equal(mapped, expected)
+        inbox.put("mapped")
+        process.join(60)
+        assert process.exitcode == 0, process.exitcode
+        assert torch.equal(mapped, expected), "the bytes went with their exporter"
+        mapped.fill_(9)  # still the importer's to write
+        assert int(mapped.sum()) == 9 * 16 * MiB
+        del mapped  # the close finds no exporter to tell, and returns
+        import gc
+        gc.collect()
+        torch.cuda.synchronize()
+    print("lifecycle ok")
+"""
+
+
+def run(tmp_path, hook_mode: str, kind: str, script_text: str = SCRIPT, expect: str = "shared"):
     sys.path.insert(0, str(UVM_PATH))
     from uvm import _preload
     import contextlib
     script = tmp_path / "share.py"
-    script.write_text(SCRIPT)
+    script.write_text(script_text)
     env = {**os.environ, "PYTHONPATH": str(UVM_PATH)}
     preload = hook_mode == "preload"
     with _preload.child_environment() if preload else contextlib.nullcontext():
@@ -144,11 +223,12 @@ def run(tmp_path, hook_mode: str, kind: str):
             env.update({name: os.environ[name] for name in ("LD_PRELOAD", "UVM_PRELOAD_LIBUVM", "UVM_PRELOAD_CUDART")
                         if name in os.environ})
         try:
-            result = subprocess.run([sys.executable, str(script), hook_mode, kind], env=env, capture_output=True,
-                                    text=True, timeout=200)
+            result = subprocess.run([sys.executable, str(script), *([kind] if script_text is LIFECYCLE
+                                                                    else [hook_mode, kind])],
+                                    env=env, capture_output=True, text=True, timeout=200)
         except subprocess.TimeoutExpired as hung:
             raise AssertionError(f"the sender hung:\n{hung.stdout}\n{hung.stderr}") from None
-    assert result.returncode == 0 and "shared" in result.stdout, result.stdout + result.stderr
+    assert result.returncode == 0 and expect in result.stdout, result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("hook_mode", ["torch", "preload"])
@@ -158,3 +238,12 @@ def test_a_region_tensor_goes_to_another_process_and_pauses_only_once_it_is_drop
 
 def test_a_releasable_pool_tensor_goes_to_another_process(tmp_path):
     run(tmp_path, "torch", "pool")
+
+
+@pytest.mark.parametrize("ending", ["crash", "exit"])
+def test_an_importer_that_crashes_or_exits_without_closing_is_counted_out(tmp_path, ending):
+    run(tmp_path, "torch", ending, LIFECYCLE, "lifecycle ok")
+
+
+def test_an_exporter_that_exits_leaves_the_importer_its_bytes(tmp_path):
+    run(tmp_path, "torch", "exporter-exits", LIFECYCLE, "lifecycle ok")

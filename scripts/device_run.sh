@@ -56,6 +56,8 @@
 #                                (.deps/cuda-VERSION) and runs that suite on its libcudart.so.12
 #   BUILD=0                      no meson build, no meson tests, no demo (python-only runs: the
 #                                shim builds the library itself)
+#   NCCL_PAUSE=1                 runs tests/multi_gpu/run_nccl_pause.sh (2 GPUs): collectives on pausable memory
+#                                across pause and resume, uvm beside torch_memory_saver (.deps/tmsonly: carry it)
 #   WEIGHT_SYNC=1                runs tests/peers/run_weight_sync.sh: a trainer's weights sent to an engine
 #                                (SGLang's adapter, both hook modes) through CUDA IPC, tokens against a reference
 #   PYTEST="files"               runs those pytest files (e.g. the Python GPU tests one change needs)
@@ -170,6 +172,12 @@ if [ "${PRELOAD:-0}" = 1 ]; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   echo "== preload mode: SGLang's adapter"
   bash tests/peers/run_sglang_adapter.sh 2>&1 | tee "$OUT/sglang_adapter.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if [ "${NCCL_PAUSE:-0}" = 1 ]; then
+  echo "== NCCL across pause and resume (2 GPUs)"
+  bash tests/multi_gpu/run_nccl_pause.sh "$OUT" 2>&1 | tee "$OUT/nccl_pause.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 

@@ -34,7 +34,7 @@ import ctypes
 import os
 import threading
 
-from . import _lib, _pools, _preload
+from . import _lib, _pools, _preload, nccl
 
 _DEFAULT_TAG = "default"
 _MAX_TAG_LENGTH = 63  # UVM_TAG_MAX_LENGTH
@@ -339,7 +339,12 @@ class TorchMemorySaver:
         lib = _state.library()
         with _state.lock:
             for name in _state.selected(tag):
-                _lib.check(lib.uvm_pause(_lib.UVM_ANY_DEVICE, name.encode()))
+                nccl.before_pause(name)  # NCCL's registrations of its pools go first (uvm.nccl)
+                try:
+                    _lib.check(lib.uvm_pause(_lib.UVM_ANY_DEVICE, name.encode()))
+                except BaseException:
+                    nccl.after_resume(name)  # what stays on the GPU stays registered
+                    raise
 
     def resume(self, tag: str | None = None) -> None:
         """Maps memory for `tag` (None: every tag of a region) at the same addresses and copies the
@@ -356,6 +361,7 @@ class TorchMemorySaver:
                 self._check_margin(names, device)
             for name in names:
                 _lib.check(lib.uvm_resume(_lib.UVM_ANY_DEVICE, name.encode()))  # keeps the copies if retaining
+                nccl.after_resume(name)
             if not lib.uvm_get_retain_backups():
                 # The original frees its backups after a resume unless told to keep them, before
                 # it returns: pinned host memory holds GPU page tables (device memory), which its

@@ -9,7 +9,7 @@ import itertools
 import operator
 import sys
 
-from . import _errors, _lib, _pools, _state
+from . import _errors, _lib, _pools, _state, nccl
 
 
 def create_unified_mempool(device=None, *, sync_ranks: bool = False):
@@ -562,16 +562,23 @@ def offload(obj, *, stream=None, strategy: str = "auto", include_buffers: bool =
         strategy = "migrate"
     lib = _lib.library()
     code = _lib.STRATEGIES[strategy]
-    return _move((lib.uvm_offload_ranges, lib.uvm_offload_selection), obj, stream, include_buffers, code,
-                 undo=lib.uvm_onload_ranges, stages=code != _lib.STRATEGIES["migrate"],
-                 sliced=code not in (_lib.STRATEGIES["mmap"], _lib.STRATEGIES["disk"]))
+    nccl.before_pause(obj)  # a pool registered through uvm.nccl leaves NCCL first
+    try:
+        return _move((lib.uvm_offload_ranges, lib.uvm_offload_selection), obj, stream, include_buffers, code,
+                     undo=lib.uvm_onload_ranges, stages=code != _lib.STRATEGIES["migrate"],
+                     sliced=code not in (_lib.STRATEGIES["mmap"], _lib.STRATEGIES["disk"]))
+    except BaseException:
+        nccl.after_resume(obj)  # a failed offload leaves its ranges on the device: registered again
+        raise
 
 
 def onload(obj, *, stream=None, include_buffers: bool = True) -> int:
     """Brings what `offload` moved back to its GPU: staged bytes are copied back, migrated ones
     prefetched. Same `obj` forms as offload; asynchronous on `stream`. Returns the bytes asked for."""
     lib = _lib.library()
-    return _move((lib.uvm_onload_ranges, lib.uvm_onload_selection), obj, stream, include_buffers)
+    moved = _move((lib.uvm_onload_ranges, lib.uvm_onload_selection), obj, stream, include_buffers)
+    nccl.after_resume(obj)
+    return moved
 
 
 def discard(obj, *, stream=None, include_buffers: bool = True) -> int:

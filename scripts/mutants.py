@@ -251,6 +251,13 @@ MUTANTS = [
  ("alloc/share.cpp", "    state.by_base[base].importers.push_back(Importer{connection, peer_pid(connection)});\n", "",
   "offload_tests", "[share]"),
  ("alloc/malloc.cpp", "  if (found) forget_export(reinterpret_cast<uintptr_t>(ptr));\n", "", "offload_tests", "[share]"),
+ # A region's free space, discarded at a pause, is no byte off the device; imports share a mapping.
+ ("alloc/share.cpp", "!registry().block_state(found.base, found.base + found.size, &bytes) || bytes.on_host) {",
+  "!registry().block_state(found.base, found.base + found.size, &bytes) || bytes.moved) {", "offload_tests", "[share]"),
+ ("alloc/share_import.cpp", "    if (--it->second.imports > 0) return UVM_OK;  // other imports still use the mapping\n",
+  "    --it->second.imports;\n", "offload_tests", "[share]"),
+ ("alloc/share_import.cpp", "    if (known != state.base_of.end()) {  // mapped here already", "    if (false) {  // mapped here already",
+  "offload_tests", "[share]"),
  # A releasable allocation whose access cannot be set keeps its physical memory; one whose mapping
  # cannot be made keeps its address range.
  ("alloc/vmm.cpp", "    api.unmap(base, m->reserved);\n    give_back_taken();\n", "    api.unmap(base, m->reserved);\n",

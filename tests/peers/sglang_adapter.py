@@ -164,16 +164,21 @@ def run_scheduler(mode: str) -> dict:
             "torch": torch.__version__, "device": torch.cuda.get_device_name(device)}
 
 
-def main() -> int:
-    mode, out = sys.argv[1], sys.argv[2]
-    # UVM_PEERS_VIA=switch: only SGLang's stub is added; what `import torch_memory_saver` gives is the
-    # installed packages' and UVM_SWITCH's affair (tests/peers/run_switched.sh). Else this tree's
-    # uvm under the original's name (tests/peers/tms_alias).
+def adapter_on_path() -> None:
+    """SGLang's adapter on sys.path and on the PYTHONPATH children inherit. With UVM_PEERS_VIA=switch
+    only SGLang's stub is added: what `import torch_memory_saver` gives is the installed packages'
+    and UVM_SWITCH's affair (tests/peers/run_switched.sh). Else this tree's uvm under the original's
+    name (tests/peers/tms_alias)."""
     added = [sglang_on_path()]
     if os.environ.get("UVM_PEERS_VIA") != "switch":
         added += [os.path.join(ROOT, "tests", "peers", "tms_alias"), os.path.join(ROOT, "python_shim")]
     sys.path[:0] = added
     os.environ["PYTHONPATH"] = os.pathsep.join(added + [os.environ.get("PYTHONPATH", "")])
+
+
+def main() -> int:
+    mode, out = sys.argv[1], sys.argv[2]
+    adapter_on_path()
     from sglang.srt.utils.torch_memory_saver_adapter import TorchMemorySaverAdapter
     adapter = TorchMemorySaverAdapter.create(enable=mode != "off")
     results = multiprocessing.get_context("spawn").Queue()

@@ -32,7 +32,7 @@ import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sglang_adapter import ROOT, sglang_on_path  # noqa: E402
+from sglang_adapter import adapter_on_path  # noqa: E402
 
 STEPS, PROMPT, NEW_TOKENS, MAX_LEN, BATCH = 4, 24, 24, 1024, 8
 
@@ -202,11 +202,7 @@ def run_engine(mode: str, to_engine, from_engine) -> dict:
 
 def main() -> int:
     mode, out = sys.argv[1], sys.argv[2]
-    added = [sglang_on_path()]
-    if os.environ.get("UVM_PEERS_VIA") != "switch":
-        added += [os.path.join(ROOT, "tests", "peers", "tms_alias"), os.path.join(ROOT, "python_shim")]
-    sys.path[:0] = added
-    os.environ["PYTHONPATH"] = os.pathsep.join(added + [os.environ.get("PYTHONPATH", "")])
+    adapter_on_path()
     from sglang.srt.utils.torch_memory_saver_adapter import TorchMemorySaverAdapter
     adapter = TorchMemorySaverAdapter.create(enable=mode != "off")
     spawn = multiprocessing.get_context("spawn")

@@ -2,7 +2,8 @@
 // allocations and reuses freed ones without uvm_free (as PyTorch's does, reporting its blocks with
 // uvm_block_allocated / uvm_block_freed as the Python shim does for PyTorch), driven through random
 // sequences of allocate, free, write, offload / onload / discard by tensor, by a set of tensors (a
-// module), by tag and by device (listed, or selected in one call), by pool, uvm_pause and uvm_resume (retaining the host copies or not) of pools made with and without a backup, release_staging,
+// module), by tag and by device (listed, or selected in one call), by pool, uvm_pause and uvm_resume (retaining the host copies or not) of pools made with and without a backup, a releasable tensor shared
+// (exported, imported in this process, read and written through the import, closed), release_staging,
 // set_limit and empty_cache, on managed (slab and driver allocations) and releasable pools — against
 // a shadow of what every live tensor must hold. After every step each tensor the model says is on
 // the device must hold exactly its bytes.
@@ -220,6 +221,57 @@ class Model {
     fake::device_wrote(tensor.ptr, tensor.size);  // a kernel's or a copy's write, as far as the driver knows
     tensor.held = Held::device;
     tensor.clean = false;  // a host copy uvm may hold is out of date: the model never drops it now
+  }
+
+  // Another process's view of a releasable tensor (uvm_share_export, then uvm_share_import here: the
+  // same path, answered by this process's export thread): it reads the tensor's bytes and writes new
+  // ones, which the tensor holds after the close; its neighbours are checked with every step. The
+  // export is refused, naming why, when bytes of its segment are off the device.
+  void share_tensor() {
+    std::vector<size_t> shareable;
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      if (pools_[tensors_[i].pool].releasable && tensors_[i].held == Held::device) shareable.push_back(i);
+    }
+    if (shareable.empty()) return note("share: no releasable tensor on the device");
+    Tensor& tensor = tensors_[shareable[pick(shareable.size())]];
+    std::ostringstream what;
+    what << "share the tensor at " << static_cast<const void*>(tensor.ptr);
+    note(what.str());
+    uvm_share_handle handle{};
+    const uvm_status exported = uvm_share_export(tensor.ptr, &handle);
+    if (exported != UVM_OK) {
+      bool some_away = false;
+      for (const Segment& segment : pools_[tensor.pool].segments) {
+        if (tensor.ptr < segment.base || tensor.ptr >= segment.base + segment.size) continue;
+        for (const Tensor& other : tensors_) {
+          const bool inside = other.ptr >= segment.base && other.ptr < segment.base + segment.size;
+          if (inside && (other.held == Held::away || other.held == Held::away_garbage)) some_away = true;
+        }
+      }
+      if (!some_away || exported != UVM_ERROR_INVALID_ARGUMENT ||
+          std::strstr(uvm_last_error(), "offloaded or paused") == nullptr) {
+        return fail("uvm_share_export of a tensor whose segment is all on the device returned " +
+                    std::string(uvm_status_string(exported)));
+      }
+      uvm_clear_last_error();
+      ++refused_;
+      return;
+    }
+    void* mapped = nullptr;
+    expect_ok(uvm_share_import(&handle, 0, &mapped), "uvm_share_import");
+    if (!failure_.empty()) return;
+    auto* view = static_cast<unsigned char*>(mapped);
+    if (std::memcmp(view, tensor.shadow.data(), tensor.size) != 0) return fail("the imported view differs from the tensor");
+    const auto seed = static_cast<uint32_t>(rng_());
+    for (size_t i = 0; i < tensor.size; ++i) tensor.shadow[i] = pattern(seed, i);
+    std::memcpy(view, tensor.shadow.data(), tensor.size);  // the importer's kernel writes
+    fake::device_wrote(tensor.ptr, tensor.size);
+    tensor.clean = false;
+    expect_ok(uvm_share_close(mapped), "uvm_share_close");
+    size_t importers = 0;
+    expect_ok(uvm_share_importers(tensor.ptr, nullptr, 0, &importers), "uvm_share_importers");
+    if (importers != 0) fail("an importer is counted after its close");
+    ++shared_;
   }
 
   void check(const std::string& when) {
@@ -507,7 +559,7 @@ class Model {
 
   void step() {
     std::ostringstream what;
-    switch (pick(25)) {
+    switch (pick(26)) {
       case 0: case 1: case 2: case 3: {
         const size_t pool = pick(pools_.size());
         const size_t size = tensor_size();
@@ -652,6 +704,10 @@ class Model {
         drop_tensors();
         break;
       }
+      case 25: {
+        share_tensor();
+        break;
+      }
       case 16: {
         note("release_staging");
         expect_ok(uvm_release_staging(), "uvm_release_staging");
@@ -721,6 +777,8 @@ class Model {
   size_t retained_checked() const { return retained_checked_; }
   size_t dropped() const { return dropped_; }
   size_t sliced() const { return sliced_; }
+  size_t shared() const { return shared_; }
+  size_t refused() const { return refused_; }
 
  private:
   std::mt19937_64 rng_;
@@ -728,6 +786,8 @@ class Model {
   size_t retained_checked_ = 0;
   size_t dropped_ = 0;  // tensors dropped clean
   size_t sliced_ = 0;   // moves given in slices inside a group of moves
+  size_t shared_ = 0;   // tensors read and written through an import
+  size_t refused_ = 0;  // exports refused: bytes of the segment off the device
   bool alone_;
   std::vector<Pool> pools_;
   std::vector<Tensor> tensors_;
@@ -773,7 +833,7 @@ TEST_CASE("random sequences of allocation, reuse and moves keep every tensor's b
   // A model's disk moves have a few files each: UVM_MODEL_FILES_AT_ONCE=1 moves them one file at
   // a time, as a move of more files than a quarter of the descriptor limit would go.
   const FilesAtOnce files_at_once(static_cast<size_t>(env_number("UVM_MODEL_FILES_AT_ONCE", 0)));
-  size_t retained = 0, dropped = 0, sliced = 0;
+  size_t retained = 0, dropped = 0, sliced = 0, shared = 0, refused = 0;
   for (long n = 0; n < sequences; ++n) {
     const uint64_t seed = replay >= 0 ? static_cast<uint64_t>(replay) : static_cast<uint64_t>(n);
     Model model(seed, "model", true);
@@ -784,12 +844,17 @@ TEST_CASE("random sequences of allocation, reuse and moves keep every tensor's b
     retained += model.retained_checked();
     dropped += model.dropped();
     sliced += model.sliced();
+    shared += model.shared();
+    refused += model.refused();
   }
   if (sequences >= 200) CHECK(retained > 0);  // the sequences did reach retained copies
   if (sequences >= 200) CHECK(dropped > 0);   // and clean drops
   if (sequences >= 200) CHECK(sliced > 0);    // and moves in slices
+  if (sequences >= 200) CHECK(shared > 0);    // and tensors shared
+  if (sequences >= 200) CHECK(refused > 0);   // and exports refused
   std::printf("model: %ld sequences of %d steps kept every tensor's bytes (%zu retained copies checked, "
-              "%zu tensors dropped clean, %zu moves in slices)\n", sequences, kSteps, retained, dropped, sliced);
+              "%zu tensors dropped clean, %zu moves in slices, %zu tensors shared, %zu exports refused)\n", sequences,
+              kSteps, retained, dropped, sliced, shared, refused);
 }
 
 TEST_CASE("two threads running random sequences on pools of their own keep every tensor's bytes",

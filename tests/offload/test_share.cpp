@@ -346,6 +346,29 @@ TEST_CASE("what cannot be shared fails naming why, in the exporter or the import
     CHECK(exit_code_of(child) == 0);
     uvm_free(again, kSize, 0, nullptr);
   }
+  SECTION("an import whose mapping the driver refuses (a peer GPU without access to it): it fails naming the call "
+          "and the device, maps nothing, and the exporter counts it out") {
+    void* mine = uvm_malloc_releasable(kSize, 0, nullptr);
+    REQUIRE(mine != nullptr);
+    uvm_share_handle handle{};
+    REQUIRE(uvm_share_export(mine, &handle) == UVM_OK);
+    const pid_t child = fork();
+    if (child == 0) {
+      const size_t mapped_before = fake::mapped_reservations();
+      fake::fail_next("cuMemSetAccess", cudaErrorPeerAccessUnsupported);
+      void* theirs = nullptr;
+      const uvm_status s = uvm_share_import(&handle, 1, &theirs);
+      const std::string why = uvm_last_error();
+      const bool named = why.find("cuMemSetAccess") != std::string::npos && why.find("device 1") != std::string::npos;
+      const bool clean = cudaPeekAtLastError() == cudaSuccess && fake::mapped_reservations() == mapped_before;
+      _exit(s == UVM_ERROR_CUDA && named && clean ? 0 : 1);
+    }
+    CHECK(exit_code_of(child) == 0);
+    REQUIRE(importers_drop_to_zero(mine));
+    const uvm_range whole{mine, kSize};
+    CHECK(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
+    uvm_free(mine, kSize, 0, nullptr);
+  }
   SECTION("a driver that cannot export: the export fails, naming the call, with nothing pending") {
     void* mine = uvm_malloc_releasable(kSize, 0, nullptr);
     REQUIRE(mine != nullptr);

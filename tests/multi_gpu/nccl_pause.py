@@ -163,8 +163,9 @@ with open(f"{out}.rank{rank}", "w") as file:
     json.dump({"memory": memory, "rank": rank, "steps": steps, "nccl": ".".join(map(str, torch.cuda.nccl.version())),
                "torch": torch.__version__, "device": torch.cuda.get_device_name(device)}, file)
 # The graph goes first: NCCL deregisters its buffers when it is destroyed. The process group's
-# teardown hung for 240 s on torch's own memory too (2×H100, torch 2.11, NCCL 2.28.9): it is given
-# 30 s, said if it runs past them, and the process ends either way; the results are written above.
+# teardown after a captured collective hung for 240 s on torch's own memory too (2×H100, torch 2.11,
+# NCCL 2.28.9; pytorch/pytorch#115388, open): it is given 30 s, said if it runs past them, and the
+# process ends either way; the results are written above.
 graph.reset()
 torch.cuda.synchronize()
 dist.barrier()

@@ -333,6 +333,12 @@ MUTANTS = [
   "pytest", "tests/python/test_pools.py"),
  ("python_shim/uvm/_pools.py", "    global _busy\n    with _lock:\n        _busy += 1", "    global _busy\n    if True:\n        _busy += 1",
   "pytest", "tests/python/test_pools.py"),
+ # uvm.sharing: installed once, in front of the earlier reducer; a pool's NCCL registration lifted
+ # before a pause.
+ ("python_shim/uvm/sharing.py", "            ForkingPickler.register(cls, reduce_tensor)\n        _installed = True",
+  "            ForkingPickler.register(cls, reduce_tensor)", "pytest", "tests/python/test_sharing.py"),
+ ("python_shim/uvm/memory_saver.py", "                nccl.before_pause(name)  # NCCL's registrations of its pools go first (uvm.nccl)",
+  "                pass", "pytest", "tests/python/test_nccl.py"),
  # The switch's torch_memory_saver falling through to the original's submodules (issue 58 item 7).
  ("python_shim/uvm/_switch.py", "        module.__path__ = list(layout.__path__)",
   "        original = importlib.machinery.PathFinder.find_spec(name)\n        module.__path__ = list(original.submodule_search_locations or []) if original else []",

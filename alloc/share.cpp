@@ -94,10 +94,11 @@ ShareReply refusal(uvm_status status) {
   return reply;
 }
 
-pid_t peer_pid(int connection) {
-  ucred peer{};
-  socklen_t length = sizeof(peer);
-  return getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &peer, &length) == 0 ? peer.pid : 0;
+// The process at the other end of `connection`, as the kernel saw it connect; false if unknown.
+bool peer_of(int connection, ucred* peer) {
+  *peer = ucred{};
+  socklen_t length = sizeof(*peer);
+  return getsockopt(connection, SOL_SOCKET, SO_PEERCRED, peer, &length) == 0;
 }
 
 // The physical memory of the releasable allocation `found`, which must hold all of its bytes: one
@@ -144,10 +145,12 @@ void answer_import(int connection, uint64_t id) {
     send_reply(connection, refusal(status), -1);
     return;
   }
+  ucred peer;
+  peer_of(connection, &peer);  // accepted, so known (accept_one)
   {
     Exports& state = exports();
     std::lock_guard<std::mutex> lock(state.mutex);
-    state.by_base[base].importers.push_back(Importer{connection, peer_pid(connection)});
+    state.by_base[base].importers.push_back(Importer{connection, peer.pid});
   }
   send_reply(connection, ShareReply{}, fd);
   close(fd);  // the importer holds its own copy now, or the import failed there and it has none
@@ -193,9 +196,8 @@ bool answer(int connection) {
 void accept_one(int listening) {
   const int connection = accept4(listening, nullptr, nullptr, SOCK_CLOEXEC);
   if (connection < 0) return;
-  ucred peer{};
-  socklen_t length = sizeof(peer);
-  if (getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &peer, &length) != 0 || peer.uid != getuid()) {
+  ucred peer;
+  if (!peer_of(connection, &peer) || peer.uid != getuid()) {
     close(connection);
     return;
   }

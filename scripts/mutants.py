@@ -248,7 +248,7 @@ MUTANTS = [
   "offload_tests", "[share]"),
  ("hints/moves/begin.cpp", "  if (kind == MoveKind::offload || kind == MoveKind::discard) {  // another process may map them",
   "  if (false) {  // another process may map them", "offload_tests", "[share]"),
- ("alloc/share.cpp", "    state.by_base[base].importers.push_back(Importer{connection, peer_pid(connection)});\n", "",
+ ("alloc/share.cpp", "    state.by_base[base].importers.push_back(Importer{connection, peer.pid});\n", "",
   "offload_tests", "[share]"),
  ("alloc/malloc.cpp", "  if (found) forget_export(reinterpret_cast<uintptr_t>(ptr));\n", "", "offload_tests", "[share]"),
  # A region's free space, discarded at a pause, is no byte off the device; imports share a mapping.

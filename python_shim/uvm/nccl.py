@@ -12,7 +12,8 @@ pool's registration goes before a pause and comes back after the resume:
     uvm.onload(pool)                               # registers again after
 
 `register` also takes a uvm.memory_saver tag (its region pools in this process, in hook mode
-torch): pause(tag) deregisters them first and resume(tag) registers them again. Buffers NCCL
+torch): pause(tag) deregisters them first and resume(tag) registers them again. Only a move of the
+registered pool or tag itself does this (not of its tensors one by one, nor of a whole device). Buffers NCCL
 registers at a CUDA graph's capture (NCCL_GRAPH_REGISTER) stay registered for the graph's life:
 such a graph is captured again after a resume, or its zero-copy buffers are kept out of what
 pauses.

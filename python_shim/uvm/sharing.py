@@ -9,9 +9,14 @@ As with torch's CUDA tensors, the sending process keeps the tensor alive while t
 While the receiver maps it, the sender cannot pause, offload or discard it (UVM_ERROR_SHARED, naming
 the receiver's process): the receiver drops its tensor first. `install()` runs when uvm makes a pool
 or a region; call it yourself for releasable memory made otherwise.
+
+A received tensor is on the sender's GPU (found by index, or by the UUID SGLang sends). Inside
+`receive_on(device)` it is mapped for a peer GPU instead: the receiver's kernels on that GPU read and
+write the sender's memory over NVLink or PCIe, with no copy.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 
@@ -20,6 +25,7 @@ from . import _lib
 _installed = False
 _torch_reduce = None  # torch's reducer, or the patch of it installed before uvm's
 _install_lock = threading.Lock()
+_receiving = threading.local()  # .device: the GPU receive_on() maps on, in this thread
 
 
 def install() -> None:
@@ -102,12 +108,34 @@ def _device_index(device) -> int:
     raise RuntimeError(f"no GPU of this process has UUID {device}")
 
 
+@contextlib.contextmanager
+def receive_on(device: int):
+    """Tensors received in this block, in this thread, are mapped for GPU `device` (this process's
+    index) instead of the sender's GPU: a peer of it, whose kernels then reach the sender's memory
+    directly. A GPU that cannot reach it fails the receive with an error naming the call
+    (cuMemSetAccess), the device and CUDA's error."""
+    if not isinstance(device, int) or isinstance(device, bool) or device < 0:
+        raise ValueError(f"receive_on: device must be a GPU index (an int >= 0), not {device!r}")
+    outer = getattr(_receiving, "device", None)
+    _receiving.device = device
+    try:
+        yield
+    finally:
+        _receiving.device = outer
+
+
+def _receiving_device(sent_device) -> int:
+    """The GPU a received tensor is mapped for: receive_on's, else the sender's."""
+    chosen = getattr(_receiving, "device", None)
+    return _device_index(sent_device) if chosen is None else chosen
+
+
 def rebuild_tensor(tensor_cls, size, stride, offset, storage_cls, dtype, device, handle, storage_bytes,
                    storage_offset, requires_grad, _ref_counter, _ref_offset, _event, _event_sync):
-    """The receiver's side of reduce_tensor: maps the sent memory on the same GPU and views it as the
-    sent tensor."""
+    """The receiver's side of reduce_tensor: maps the sent memory for the sender's GPU (or
+    receive_on's) and views it as the sent tensor."""
     import torch
-    index = _device_index(device)
+    index = _receiving_device(device)
     raw = _lib.ShareHandle()
     ctypes.memmove(raw.bytes, handle, len(handle))
     pointer = ctypes.c_void_p()

@@ -3,7 +3,8 @@ training-like claim of the freed memory, and resume (issue 60, item 3).
 
     torchrun --standalone --nproc-per-node 2 tests/multi_gpu/nccl_pause.py MEMORY OUT.json
 
-MEMORY: uvm-region (uvm.memory_saver, hook mode torch, CPU backup), uvm-pool (a uvm releasable pool
+MEMORY: uvm-region (uvm.memory_saver, hook mode torch, CPU backup), uvm-region-registered (the
+same, its tag's pools registered with NCCL through uvm.nccl.register("nccl")), uvm-pool (a uvm releasable pool
 registered with NCCL through uvm.nccl.register, which lifts the registration for each offload),
 uvm-pool-unhooked (the same pool registered with ProcessGroupNCCL.register_mem_pool directly, which
 uvm does not see: what a pause does to NCCL's mappings of it), tms-region (torch_memory_saver
@@ -35,7 +36,7 @@ dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=90), device_i
 
 
 def saver_of(name: str):
-    if name == "uvm-region":
+    if name.startswith("uvm-region"):
         from uvm.memory_saver import torch_memory_saver as saver
     else:
         from torch_memory_saver import torch_memory_saver as saver
@@ -43,7 +44,7 @@ def saver_of(name: str):
     return saver
 
 
-saver = saver_of(memory) if memory.endswith("-region") else None
+saver = saver_of(memory) if "-region" in memory else None
 pool = None
 if memory.startswith("uvm-pool"):
     import uvm
@@ -69,6 +70,9 @@ else:
     buffers = allocate()
 if memory == "uvm-pool":  # registered through uvm: lifted before each offload, restored after the onload
     uvm.nccl.register(pool)
+elif memory == "uvm-region-registered":  # the region's pools, by their tag: lifted for each pause
+    import uvm.nccl
+    uvm.nccl.register("nccl")
 elif memory == "uvm-pool-unhooked":  # registered behind uvm's back: what a pause does to NCCL's mappings
     dist.distributed_c10d._get_default_group()._get_backend(device).register_mem_pool(pool)
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # NCCL across pause and resume (tests/multi_gpu/nccl_pause.py says what runs), 2 ranks under
-# torchrun: uvm.memory_saver regions, a uvm releasable pool registered with NCCL through uvm.nccl
+# torchrun: uvm.memory_saver regions (and their tag registered with NCCL through uvm.nccl), a uvm releasable pool registered with NCCL through uvm.nccl
 # (and, observed only, one registered behind uvm's back), and
 # torch_memory_saver's regions beside them (its wheel in .deps/tmsonly, installed to a temporary
 # folder), each compared checksum by checksum with the run on torch's own memory. A hang ends at
@@ -19,7 +19,7 @@ fi
 tms=$(mktemp -d)
 wheel=$(ls .deps/tmsonly/torch_memory_saver-*.whl 2>/dev/null | head -n 1)
 [ -n "$wheel" ] && python3 -m pip install -q --no-deps --target "$tms" "$wheel"
-memories="plain uvm-region uvm-pool uvm-pool-unhooked"
+memories="plain uvm-region uvm-region-registered uvm-pool uvm-pool-unhooked"
 [ -n "$wheel" ] && memories="$memories tms-region" || echo "NOTE: no torch_memory_saver wheel in .deps/tmsonly: the original is not run"
 for memory in $memories; do
   echo "== $memory"

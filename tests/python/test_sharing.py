@@ -67,3 +67,25 @@ def test_the_receiver_finds_its_gpu_by_index_or_by_the_uuid_sglang_sends(sharing
     assert sharing._device_index("GPU-bbbb") == 1
     with pytest.raises(RuntimeError, match="no GPU of this process has UUID GPU-cccc"):
         sharing._device_index("GPU-cccc")
+
+
+def test_receive_on_maps_for_the_named_gpu_in_its_block_and_thread_only(sharing):
+    import threading
+    assert sharing._receiving_device("GPU-aaaa") == 0
+    with sharing.receive_on(1):
+        assert sharing._receiving_device("GPU-aaaa") == 1
+        assert sharing._receiving_device(0) == 1
+        seen = []
+        other = threading.Thread(target=lambda: seen.append(sharing._receiving_device(0)))
+        other.start()
+        other.join()
+        assert seen == [0], "receive_on reached another thread"
+        with sharing.receive_on(0):  # nested: the inner block's GPU, then the outer's again
+            assert sharing._receiving_device("GPU-bbbb") == 0
+        assert sharing._receiving_device("GPU-bbbb") == 1
+    assert sharing._receiving_device("GPU-bbbb") == 1  # the sender's again: found by its UUID
+    assert sharing._receiving_device(0) == 0
+    for wrong in (-1, "1", True, 1.0):
+        with pytest.raises(ValueError, match="receive_on: device must be a GPU index"):
+            with sharing.receive_on(wrong):
+                pass

@@ -135,6 +135,12 @@ void answer_import(int connection, uint64_t id) {
   } else {
     status = all_on_device(call, found, &mapping);
   }
+  if (status == UVM_OK && !mapping.exportable) {
+    status = fail(call, UVM_ERROR_INVALID_ARGUMENT,
+                  "the allocation at %p (%zu bytes) was paused or offloaded after it was exported, and its "
+                  "memory is new: export it again (uvm_share_export)",
+                  reinterpret_cast<void*>(found.base), found.size);
+  }
   int fd = -1;
   if (status == UVM_OK) {
     ContextScope scope;
@@ -271,22 +277,24 @@ uvm_status export_allocation(const Call& call, const void* ptr, uvm_share_handle
   }
   Mapping mapping;
   if (uvm_status s = all_on_device(call, found, &mapping)) return s;
+  if (!mapping.exportable) {
+    // Memory is made exportable only here (vmm.hpp, Mapping::exportable), and until its next pause
+    // or offload: exports of it meanwhile (a tensor sent each step) make no driver call. Where the
+    // device or the driver cannot export its memory this fails here, not in the importer.
+    ContextScope scope;
+    int fd = -1;
+    uvm_status s = scope.enter(call, found.device, ContextScope::When::always);
+    if (s == UVM_OK) s = vmm_make_exportable(call, found.base, &mapping);
+    registry().set_mapping(found.base, mapping);  // as it now is, even after a failure
+    if (s == UVM_OK) s = vmm_export(call, found.base, mapping, &fd);
+    if (fd >= 0) close(fd);
+    if (s != UVM_OK) return s;
+  }
   Exports& state = exports();
   std::lock_guard<std::mutex> lock(state.mutex);
   if (uvm_status s = start_server(call, state)) return s;
   Export& exported = state.by_base[found.base];
   if (exported.id == 0) {
-    // Its first export fails here, not in the importer, where the device cannot export its memory;
-    // later ones (a tensor sent each step) make no driver call.
-    ContextScope scope;
-    int fd = -1;
-    uvm_status s = scope.enter(call, found.device, ContextScope::When::always);
-    if (s == UVM_OK) s = vmm_export(call, found.base, mapping, &fd);
-    if (s != UVM_OK) {
-      state.by_base.erase(found.base);
-      return s;
-    }
-    close(fd);
     exported.id = state.next_id++;
     state.base_of[exported.id] = found.base;
   }

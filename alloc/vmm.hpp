@@ -24,6 +24,11 @@ struct Mapping {
   unsigned long long handle = 0;      // CUmemGenericAllocationHandle of the physical memory
   bool mapped = false;
   int device = -1;                    // where the physical memory is made
+  // Whether another process may map `handle` (a POSIX file descriptor): only memory uvm exported
+  // (vmm_make_exportable). Memory made otherwise is not, so that NCCL, which maps a peer's buffers
+  // wherever their memory lets it (user-buffer and graph registration), keeps no mapping of memory
+  // a pause gives back: it copies through its own buffers, as with torch_memory_saver's memory.
+  bool exportable = false;
 };
 
 // Reserves round_up(size, granularity) bytes of address space, creates physical memory on
@@ -49,6 +54,12 @@ uvm_status vmm_free(const Call& call, uintptr_t base, Mapping* mapping);
 // physical memory behind `fd` (`size` bytes, made by another process) at a new address, read-write
 // for `device`; vmm_close_import undoes it. Nothing is left behind on failure.
 uvm_status vmm_export(const Call& call, uintptr_t base, const Mapping& mapping, int* fd);
+// Gives the mapped allocation at `base` exportable physical memory (a no-op if it has it): new
+// memory of its size, its bytes copied in after the device's work is done (cudaDeviceSynchronize),
+// mapped at `base` in place of the old memory, which is given back. Needs the allocation's size
+// free on its device for the copy. On failure the allocation keeps its memory and bytes. An unmap
+// (a pause, an offload) ends it: the memory mapped again is not exportable.
+uvm_status vmm_make_exportable(const Call& call, uintptr_t base, Mapping* mapping);
 uvm_status vmm_import(const Call& call, int fd, size_t size, int device, uintptr_t* base, unsigned long long* handle);
 uvm_status vmm_close_import(const Call& call, uintptr_t base, size_t size, unsigned long long handle);
 

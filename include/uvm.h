@@ -673,7 +673,11 @@ typedef struct uvm_share_handle {
 } uvm_share_handle;
 
 /* A handle for the releasable allocation holding `ptr` (uvm_malloc_releasable), pointing at `ptr`.
- * The first export starts a thread that answers imports on a Unix socket of this process (Linux's
+ * Releasable memory is not exportable until this call makes it so: it waits for the device's work,
+ * copies the allocation into new exportable memory mapped at the same address (its size must be
+ * free on the device meanwhile) and keeps it until the allocation's next pause or offload; so NCCL
+ * maps no memory that a pause gives back. An import of a handle from before that pause fails; export
+ * again. The first export starts a thread that answers imports on a Unix socket of this process (Linux's
  * abstract namespace: no file, no privilege; processes of the same user in the same network
  * namespace reach it). Managed memory cannot be exported (CUDA has no IPC for it):
  * UVM_ERROR_UNSUPPORTED naming that; so does a device whose driver cannot export VMM memory. The

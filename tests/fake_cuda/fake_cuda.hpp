@@ -40,6 +40,9 @@ size_t physical_handles();
 size_t physical_bytes();
 // Whether the last physical memory created (cuMemCreate) asked to be GPUDirect RDMA capable.
 bool last_created_rdma_capable();
+// Whether the physical memory mapped at `ptr` was made exportable (what cuMemRetainAllocationHandle
+// and cuMemExportToShareableHandle, NCCL's way of registering a peer's buffer, would succeed on).
+bool exportable_at(const void* ptr);
 
 // What a logged call did. An enum, not a string, so that a test naming an op that does not exist
 // fails to compile instead of finding none (and passing a check that none happened).

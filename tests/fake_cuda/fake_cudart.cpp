@@ -89,14 +89,15 @@ struct World {
   std::map<uintptr_t, Reservation> reservations;
   void* next_reservation_at = nullptr;  // reserve_next_at
   std::map<CUmemGenericAllocationHandle, size_t> handles;
-  // Physical memory asked to be exportable (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) moves into a
-  // memfd at its first export, mapped shared from then on, so that another process's import maps
-  // the same bytes (only then: a file descriptor per allocation would count against the process's
-  // limit, as the driver's memory does not). An imported handle's memory is mapped as it is, never
-  // filled as fresh.
+  // Physical memory asked to be exportable (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) lives in a
+  // memfd from its creation, mapped shared, so that it keeps its bytes unmapped and mapped again at
+  // another address, and another process (a fork) maps the same pages; its first map fills it as
+  // fresh memory does (`unfilled`). An imported handle's memory is mapped as it is, never filled.
+  // Memory made otherwise keeps no bytes once unmapped (no test needs it to).
   std::set<CUmemGenericAllocationHandle> exportable;
   std::map<CUmemGenericAllocationHandle, int> memfds;
   std::set<CUmemGenericAllocationHandle> imported;
+  std::set<CUmemGenericAllocationHandle> unfilled;
   CUmemGenericAllocationHandle next_handle = 1;
   bool last_created_rdma_capable = false;
 };
@@ -426,7 +427,17 @@ CUresult fake_mem_create(CUmemGenericAllocationHandle* handle, size_t size, cons
   if (size % kGranularity || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
   *handle = w.next_handle++;
   w.handles[*handle] = size;
-  if (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) w.exportable.insert(*handle);
+  if (prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+    const int made = memfd_create("fake-physical-memory", MFD_CLOEXEC);
+    if (made < 0 || ftruncate(made, static_cast<off_t>(size)) != 0) {
+      if (made >= 0) close(made);
+      w.handles.erase(*handle);
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    w.memfds[*handle] = made;
+    w.exportable.insert(*handle);
+    w.unfilled.insert(*handle);
+  }
   w.last_created_rdma_capable = prop->allocFlags.gpuDirectRDMACapable != 0;
   log(w, fake::OpKind::vmm_create, nullptr, size, prop->location.id, nullptr);
   return CUDA_SUCCESS;
@@ -450,6 +461,7 @@ CUresult fake_mem_release(CUmemGenericAllocationHandle handle) {
   }
   w.imported.erase(handle);
   w.exportable.erase(handle);
+  w.unfilled.erase(handle);
   return CUDA_SUCCESS;
 }
 
@@ -475,7 +487,9 @@ CUresult fake_mem_map(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericA
   } else {
     mprotect(range, size, PROT_READ | PROT_WRITE);
   }
-  if (!w.imported.count(handle)) std::memset(range, fake::kFreshPhysical, size);
+  const bool keeps_bytes = w.imported.count(handle) || (w.exportable.count(handle) && !w.unfilled.count(handle));
+  if (!keeps_bytes) std::memset(range, fake::kFreshPhysical, size);
+  w.unfilled.erase(handle);
   log(w, fake::OpKind::vmm_map, range, size, -2, nullptr);
   return CUDA_SUCCESS;
 }
@@ -523,25 +537,7 @@ CUresult fake_mem_export(void* shareable, CUmemGenericAllocationHandle handle, C
       (!w.exportable.count(handle) && !w.imported.count(handle))) {
     return CUDA_ERROR_INVALID_VALUE;  // not made exportable, as the driver answers
   }
-  auto memfd = w.memfds.find(handle);
-  if (memfd == w.memfds.end()) {  // its first export: its bytes move into a memfd, mapped shared
-    const size_t size = w.handles.at(handle);
-    const int made = memfd_create("fake-physical-memory", MFD_CLOEXEC);
-    if (made < 0 || ftruncate(made, static_cast<off_t>(size)) != 0) {
-      if (made >= 0) close(made);
-      return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    for (const auto& [at, reservation] : w.reservations) {
-      if (reservation.mapped != handle) continue;
-      void* range = reinterpret_cast<void*>(at);
-      if (pwrite(made, range, size, 0) != static_cast<ssize_t>(size) ||
-          mmap(range, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, made, 0) == MAP_FAILED) {
-        close(made);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-      }
-    }
-    memfd = w.memfds.emplace(handle, made).first;
-  }
+  const auto memfd = w.memfds.find(handle);  // made with the memory (fake_mem_create)
   const int fd = fcntl(memfd->second, F_DUPFD_CLOEXEC, 0);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
   *static_cast<int*>(shareable) = fd;
@@ -683,6 +679,7 @@ void reset() {
   w.memfds.clear();
   w.imported.clear();
   w.exportable.clear();
+  w.unfilled.clear();
   w.ops.clear();
   w.preferred.clear();
   w.prefetched.clear();
@@ -795,6 +792,16 @@ size_t live_reservations() {
 size_t physical_handles() {
   std::lock_guard<std::mutex> lock(world().mutex);
   return world().handles.size();
+}
+
+bool exportable_at(const void* ptr) {
+  World& w = world();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  const auto at = reinterpret_cast<uintptr_t>(ptr);
+  auto it = w.reservations.upper_bound(at);
+  if (it == w.reservations.begin()) return false;
+  --it;
+  return at < it->first + it->second.size && it->second.mapped != 0 && w.exportable.count(it->second.mapped) != 0;
 }
 
 bool last_created_rdma_capable() {

@@ -217,6 +217,114 @@ TEST_CASE("a region paused and resumed with free space in its segment can be sha
   uvm_free(mine, kSize, 0, nullptr);
 }
 
+TEST_CASE("releasable memory is exportable only from its export to its next pause or offload, so NCCL never maps "
+          "memory a pause gives back; the bytes stay through every swap",
+          "[share]") {
+  FakeMachine machine;
+  auto* mine = static_cast<unsigned char*>(uvm_malloc_releasable(kSize, 0, nullptr));
+  auto* neighbour = static_cast<unsigned char*>(uvm_malloc_releasable(kSize, 0, nullptr));
+  REQUIRE(mine != nullptr);
+  REQUIRE(neighbour != nullptr);
+  std::memset(mine, 0x5a, kSize);
+  std::memset(neighbour, 0xa5, kSize);
+  // NCCL registers a peer's buffer by exporting its memory (user-buffer and graph registration):
+  // made this way, it cannot, and copies through its own buffers instead.
+  CHECK_FALSE(fake::exportable_at(mine));
+  const size_t handles = fake::physical_handles(), reservations = fake::live_reservations();
+  uvm_share_handle first{};
+  REQUIRE(uvm_share_export(mine, &first) == UVM_OK);
+  CHECK(fake::exportable_at(mine));                     // new memory, at the same address
+  CHECK(all_bytes(mine, kSize, 0x5a));                  // with the same bytes
+  CHECK_FALSE(fake::exportable_at(neighbour));
+  CHECK(all_bytes(neighbour, kSize, 0xa5));
+  CHECK(fake::physical_handles() == handles);           // the old memory given back
+  CHECK(fake::live_reservations() == reservations);     // and the copy's address range
+  fake::reset_ops();
+  uvm_share_handle again{};
+  REQUIRE(uvm_share_export(mine + kMiB, &again) == UVM_OK);  // exportable already: no new memory
+  for (const fake::Op& op : fake::ops()) CHECK(op.call != fake::OpKind::vmm_create);
+  // An offload, then an onload, maps new memory: not exportable, and an import of the earlier
+  // export is refused naming why.
+  const uvm_range whole{mine, kSize};
+  REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
+  REQUIRE(uvm_onload_ranges(&whole, 1, nullptr) == UVM_OK);
+  CHECK_FALSE(fake::exportable_at(mine));
+  CHECK(all_bytes(mine, kSize, 0x5a));
+  Pipe to_parent;
+  pid_t child = fork();
+  if (child == 0) {
+    to_parent.writes();
+    void* theirs = nullptr;
+    const uvm_status s = uvm_share_import(&first, 0, &theirs);
+    const std::string why = uvm_last_error();
+    _exit(s != UVM_OK && why.find("paused or offloaded after it was exported") != std::string::npos &&
+                  why.find("export it again") != std::string::npos && cudaPeekAtLastError() == cudaSuccess
+              ? 0
+              : 1);
+  }
+  CHECK(exit_code_of(child) == 0);
+  // Exported again: exportable again, and an importer reads the bytes.
+  uvm_share_handle later{};
+  REQUIRE(uvm_share_export(mine, &later) == UVM_OK);
+  CHECK(fake::exportable_at(mine));
+  child = fork();
+  if (child == 0) {
+    void* theirs = nullptr;
+    if (uvm_share_import(&later, 0, &theirs) != UVM_OK) _exit(10);
+    if (!all_bytes(static_cast<unsigned char*>(theirs), kSize, 0x5a)) _exit(11);
+    _exit(uvm_share_close(theirs) == UVM_OK ? 0 : 12);
+  }
+  CHECK(exit_code_of(child) == 0);
+  REQUIRE(importers_drop_to_zero(mine));
+  // A free of exportable memory gives it back (never kept as spare memory for another allocation).
+  REQUIRE(uvm_set_spare_limit(0, 64 * kMiB) == UVM_OK);
+  uvm_free(mine, kSize, 0, nullptr);
+  auto* next = static_cast<unsigned char*>(uvm_malloc_releasable(kSize, 0, nullptr));
+  REQUIRE(next != nullptr);
+  CHECK_FALSE(fake::exportable_at(next));
+  uvm_free(next, kSize, 0, nullptr);
+  uvm_free(neighbour, kSize, 0, nullptr);
+  REQUIRE(uvm_set_spare_limit(0, 0) == UVM_OK);
+}
+
+TEST_CASE("an export whose swap to exportable memory fails keeps the allocation's memory and bytes, says which call "
+          "failed, and leaves nothing behind",
+          "[share][errors]") {
+  FakeMachine machine;
+  auto* mine = static_cast<unsigned char*>(uvm_malloc_releasable(kSize, 0, nullptr));
+  REQUIRE(mine != nullptr);
+  std::memset(mine, 0x3c, kSize);
+  const size_t handles = fake::physical_handles(), reservations = fake::live_reservations();
+  struct Failure {
+    const char* call;
+    cudaError_t error;
+    int skip;  // calls of it that pass first
+  };
+  // The copy's address range, its memory, its map, the copy, the old memory's unmap, the new
+  // memory's map at the allocation's address (the old goes back there).
+  for (const Failure f : {Failure{"cuMemAddressReserve", cudaErrorLaunchFailure, 0},
+                          Failure{"cuMemCreate", cudaErrorMemoryAllocation, 0}, Failure{"cuMemMap", cudaErrorLaunchFailure, 0},
+                          Failure{"cudaMemcpyAsync", cudaErrorLaunchFailure, 0},
+                          Failure{"cuMemUnmap", cudaErrorLaunchFailure, 0}, Failure{"cuMemMap", cudaErrorLaunchFailure, 1}}) {
+    CAPTURE(f.call, f.skip);
+    fake::fail_next(f.call, f.error, f.skip);
+    uvm_clear_last_error();
+    uvm_share_handle handle{};
+    CHECK(uvm_share_export(mine, &handle) != UVM_OK);
+    CHECK_FALSE(fake::injection_left(f.call));
+    CHECK(std::string(uvm_last_error()).find(std::string(f.call) + "(") != std::string::npos);
+    CHECK(cudaPeekAtLastError() == cudaSuccess);
+    CHECK_FALSE(fake::exportable_at(mine));
+    CHECK(all_bytes(mine, kSize, 0x3c));
+    CHECK(fake::physical_handles() == handles);
+    CHECK(fake::live_reservations() == reservations);
+  }
+  uvm_share_handle handle{};
+  REQUIRE(uvm_share_export(mine, &handle) == UVM_OK);  // the next one works
+  CHECK(all_bytes(mine, kSize, 0x3c));
+  uvm_free(mine, kSize, 0, nullptr);
+}
+
 TEST_CASE("an importer that crashes, or exits without closing, counts no longer", "[share]") {
   for (const bool crash : {true, false}) {
     CAPTURE(crash);

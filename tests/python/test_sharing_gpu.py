@@ -5,7 +5,8 @@ releasable pool's tensor go through a Queue and through the pickled form SGLang'
 the sender; while it maps them the sender's pause fails naming the receiver's process, and once it
 drops them the pause, the resume and the bytes are whole. A managed tensor fails naming why. An
 importer that crashes or exits without closing is counted out, and the offload goes through after;
-an exporter that exits leaves its importer the bytes it maps. Each process holds at most 64 MiB of
+an exporter that exits leaves its importer the bytes it maps. Region memory can be exported (and so
+mapped by NCCL) only from its send to its next pause. Each process holds at most 64 MiB of
 releasable memory."""
 import os
 import subprocess
@@ -209,7 +210,47 @@ if __name__ == "__main__":
     print("lifecycle ok")
 """
 
+EXPORTABLE = r"""
+import ctypes, os, sys, torch
+from multiprocessing.reduction import ForkingPickler
+MiB = 1 << 20
+cuda = ctypes.CDLL("libcuda.so.1")
+cuda.cuMemRetainAllocationHandle.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_void_p]
+cuda.cuMemExportToShareableHandle.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong, ctypes.c_int, ctypes.c_ulonglong]
+cuda.cuMemRelease.argtypes = [ctypes.c_ulonglong]
 
+def nccl_could_map(tensor):  # what NCCL does to register a peer's buffer: retain its memory, export it
+    handle = ctypes.c_ulonglong()
+    assert cuda.cuMemRetainAllocationHandle(ctypes.byref(handle), tensor.data_ptr()) == 0
+    fd = ctypes.c_int(-1)
+    exported = cuda.cuMemExportToShareableHandle(ctypes.byref(fd), handle.value, 1, 0) == 0  # a POSIX fd
+    assert cuda.cuMemRelease(handle.value) == 0
+    if exported:
+        os.close(fd.value)
+    return exported
+
+if __name__ == "__main__":
+    import uvm
+    from uvm.memory_saver import torch_memory_saver as saver
+    assert saver.hook_mode == sys.argv[1], (saver.hook_mode, sys.argv[1])
+    with saver.region("weights", enable_cpu_backup=True):
+        weights = torch.arange(16 * MiB, device="cuda", dtype=torch.int32)
+    expected = weights.clone()
+    assert not nccl_could_map(weights), "memory never sent can be exported: NCCL would map it"
+    ForkingPickler.dumps(weights)  # sent: uvm makes it exportable, bytes and address kept
+    assert nccl_could_map(weights), "sent memory cannot be exported"
+    assert torch.equal(weights, expected), "bytes lost making the memory exportable"
+    weights.add_(1)  # the address still works for kernels
+    expected.add_(1)
+    saver.pause("weights")
+    saver.resume("weights")
+    assert not nccl_could_map(weights), "memory mapped at the resume can be exported"
+    assert torch.equal(weights, expected), "bytes lost across the pause"
+    print("exportable only while sent")
+"""
+
+
+def run(tmp_path, hook_mode: str, kind: str
 def run(tmp_path, hook_mode: str, kind: str, script_text: str = SCRIPT, expect: str = "shared"):
     sys.path.insert(0, str(UVM_PATH))
     from uvm import _preload
@@ -234,6 +275,14 @@ def run(tmp_path, hook_mode: str, kind: str, script_text: str = SCRIPT, expect: 
 @pytest.mark.parametrize("hook_mode", ["torch", "preload"])
 def test_a_region_tensor_goes_to_another_process_and_pauses_only_once_it_is_dropped(tmp_path, hook_mode):
     run(tmp_path, hook_mode, "region")
+
+
+@pytest.mark.parametrize("hook_mode", ["torch", "preload"])
+def test_region_memory_is_exportable_from_its_send_to_its_next_pause_only(tmp_path, hook_mode):
+    # NCCL maps a peer's buffer (user-buffer and graph registration) when its memory can be
+    # exported; a pause gives that memory back and a resume maps new memory, so a mapping NCCL
+    # kept would read and write the old memory: collectives after a resume gave wrong results.
+    run(tmp_path, hook_mode, "region", EXPORTABLE, "exportable only while sent")
 
 
 def test_a_releasable_pool_tensor_goes_to_another_process(tmp_path):

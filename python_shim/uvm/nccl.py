@@ -11,6 +11,14 @@ pool's registration goes before a pause and comes back after the resume:
     uvm.offload(pool)                              # deregisters first
     uvm.onload(pool)                               # registers again after
 
+On one node NCCL cannot map uvm's memory at all: it maps a peer's buffer only if it can export the
+buffer's memory, and uvm's memory is exportable only while it is sent through uvm.sharing. There a
+registration gives no zero-copy, and NCCL 2.28 keeps a reference to each buffer whose export failed,
+so a pause could not give its memory back: `register` registers nothing when every rank of the job
+is on this node (torchrun's LOCAL_WORLD_SIZE equal to WORLD_SIZE), and warns. Across nodes the
+network's registration holds the memory (GPUDirect RDMA), and the registration is lifted and
+restored as said.
+
 `register` also takes a uvm.memory_saver tag (its region pools in this process, in hook mode
 torch): pause(tag) deregisters them first and resume(tag) registers them again. Only a move of the
 registered pool or tag itself does this (not of its tensors one by one, nor of a whole device). Buffers NCCL
@@ -20,8 +28,10 @@ pauses.
 """
 from __future__ import annotations
 
+import os
 import sys
 import threading
+import warnings
 
 _lock = threading.Lock()
 _registrations: list["Registration"] = []
@@ -63,12 +73,24 @@ def _pools_of(tag: str) -> list:
     return pools
 
 
+def _one_node() -> bool:
+    """Whether torchrun says every rank of the job runs on this node."""
+    local, world = os.environ.get("LOCAL_WORLD_SIZE"), os.environ.get("WORLD_SIZE")
+    return local is not None and local == world
+
+
 def register(pool_or_tag, group=None, *, backend=None) -> list[Registration]:
     """Registers a uvm pool (or the region pools of a uvm.memory_saver tag) with the NCCL backend of
     `group` (default: the default process group), as ProcessGroupNCCL.register_mem_pool does, and
     has uvm deregister it before every pause or offload of it and register it again after the
     resume or onload. `backend`: the backend object itself, instead of `group`. Returns the
-    registrations."""
+    registrations: none, with a warning, when every rank is on this node (see above)."""
+    if _one_node():
+        warnings.warn("uvm.nccl.register: every rank is on this node (LOCAL_WORLD_SIZE == WORLD_SIZE), where NCCL "
+                      "cannot map uvm's memory into other processes: registering would give no zero-copy, and NCCL "
+                      "would keep memory a pause must give back (docs/distributed.md); nothing registered",
+                      RuntimeWarning, stacklevel=2)
+        return []
     backend = backend or _backend_of(group)
     pools = _pools_of(pool_or_tag) if isinstance(pool_or_tag, str) else [pool_or_tag]
     made = [Registration(pool, backend, pool_or_tag) for pool in pools]

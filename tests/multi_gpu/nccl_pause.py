@@ -6,7 +6,9 @@ training-like claim of the freed memory, and resume (issue 60, item 3).
 MEMORY: uvm-region (uvm.memory_saver, hook mode torch, CPU backup), uvm-region-registered (the
 same, its tag's pools registered with NCCL through uvm.nccl.register("nccl")), uvm-pool (a uvm releasable pool
 registered with NCCL through uvm.nccl.register, which lifts the registration for each offload),
-uvm-pool-unhooked (the same pool registered with ProcessGroupNCCL.register_mem_pool directly, which
+uvm-pool-forced (the same, registered although every rank is on this node, where uvm.nccl
+registers nothing: what NCCL then keeps), uvm-pool-unhooked (the same pool registered with
+ProcessGroupNCCL.register_mem_pool directly, which
 uvm does not see: what a pause does to NCCL's mappings of it), tms-region (torch_memory_saver
 itself, hook mode torch, CPU backup: the original, beside uvm in the same call) or plain (torch's
 own memory, no pause: the reference). Buffers of 64 MiB per rank hold integers in float32, so every
@@ -69,6 +71,9 @@ elif pool is not None:
 else:
     buffers = allocate()
 if memory == "uvm-pool":  # registered through uvm: lifted before each offload, restored after the onload
+    uvm.nccl.register(pool)  # on one node: nothing registered (uvm.nccl says why)
+elif memory == "uvm-pool-forced":  # as across nodes: registered, and lifted for each offload
+    os.environ.pop("LOCAL_WORLD_SIZE")
     uvm.nccl.register(pool)
 elif memory == "uvm-region-registered":  # the region's pools, by their tag: lifted for each pause
     import uvm.nccl

@@ -29,7 +29,26 @@ class Backend:
 def nccl(monkeypatch):
     import uvm.nccl as module
     monkeypatch.setattr(module, "_registrations", [])
+    monkeypatch.setenv("WORLD_SIZE", "16")  # a job across nodes: registering pays there
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     return module
+
+
+def test_every_rank_on_this_node_registers_nothing_and_says_why(nccl, monkeypatch):
+    # There NCCL cannot map uvm's memory (not exportable), and keeps a reference to each buffer it
+    # failed to export, which a pause then cannot give back (two H100s, NCCL 2.28.9).
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    log = []
+    pool = object()
+    with pytest.warns(RuntimeWarning, match="every rank is on this node .*nothing registered"):
+        assert nccl.register(pool, backend=Backend(log)) == []
+    assert log == [] and nccl._registrations == []
+    nccl.before_pause(pool)
+    nccl.after_resume(pool)
+    assert log == []
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")  # not started by torchrun: registered
+    assert len(nccl.register(pool, backend=Backend(log))) == 1
+    assert log == [("register", pool)]
 
 
 def test_a_registered_pool_leaves_nccl_before_its_pause_and_comes_back_after_its_resume_once_each(nccl):

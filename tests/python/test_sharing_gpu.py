@@ -250,7 +250,6 @@ if __name__ == "__main__":
 """
 
 
-def run(tmp_path, hook_mode: str, kind: str
 def run(tmp_path, hook_mode: str, kind: str, script_text: str = SCRIPT, expect: str = "shared"):
     sys.path.insert(0, str(UVM_PATH))
     from uvm import _preload

@@ -229,7 +229,7 @@ TEST_CASE("auto copies by kernel while the device has room, by engine when it is
   REQUIRE(uvm_release_staging() == UVM_OK);
 }
 
-TEST_CASE("a fetch copies by engine under auto where an onload would take the kernel: it runs beside compute",
+TEST_CASE("a fetch copies by engine under auto where an onload would take the kernel; it runs beside compute",
           "[scenario][sm_copy_auto][cuda13]") {
   FakeMachine machine;  // device 0 has 1 GiB: room for the kernel
   Releasable a(32 * kMiB, 0, 37);

@@ -612,7 +612,7 @@ TEST_CASE("a full disk fails the offload and the pause by name; bytes stay on th
     CHECK(cudaPeekAtLastError() == cudaSuccess);
   }
 
-  SECTION("one call whose files are made a few at a time fills the disk in a later group: nothing moves, no file") {
+  SECTION("one call whose files are made a few at a time fills the disk in a later group; nothing moves, no file") {
     // Groups of 3 files (as a move of thousands of allocations goes): the first groups are
     // written and sealed before a later one finds the disk full.
     constexpr size_t kEach = 2 * kMiB;

@@ -3,16 +3,21 @@ run with one engine per GPU (or one engine across them) does, against one GPU al
 node's ceiling.
 
 Each rank (torchrun, one per GPU) holds --gib GiB of bf16 weights in 64 tensors and a plain copy of
-them to check against. One cycle: every rank waits at a barrier, pauses its weights (the CPU backup
-retained), waits at a barrier, resumes them; the bytes must be identical after every resume. Each
-rank times its own call from the barrier; the node's time is the slowest rank's, so the aggregate
-GB/s is the ranks' bytes over it. The first cycle (fresh host memory to pin) is reported apart from
-the steady ones.
+them to check against. It loads them as a checkpoint is loaded: copied in from pageable host memory
+(the load is timed), then the engine's warm-up (--warmup seconds, idle) comes before the first
+pause. One cycle: every rank waits at a barrier, pauses its weights (the CPU backup retained), waits
+at a barrier, resumes them; the bytes must be identical after every resume. Each rank times its own
+call from the barrier; the node's time is the slowest rank's, so the aggregate GB/s is the ranks'
+bytes over it. The first cycle is reported apart from the steady ones: its host memory is pinned
+fresh, by the pause itself or, for uvm, ahead of it while the model loads (uvm_prepare_pause, which
+uvm.memory_saver starts at a region's end; the "(no prepare)" row turns it off).
 
 Methods, each in a torchrun of its own, with every GPU, then with GPU 0 alone (--counts picks):
   pinned memcpy              the ceiling: each rank copies its weights to pinned host memory and
                              back (cudaMemcpyAsync); all ranks at once is what the host allows
   uvm memory_saver           uvm.memory_saver, hook mode "torch", retain_cpu_backup=True
+  uvm memory_saver           the same with UVM_PREPARE_PAUSE=0: the first pause pins its own memory
+  (no prepare)
   torch_memory_saver         the original 0.0.10 (when installed), the same settings
   uvm memory_saver (preload) the same in hook mode "preload": torchrun and its ranks are started
   torch_memory_saver         inside the library's configure_subprocess()
@@ -33,12 +38,12 @@ import subprocess
 import sys
 import time
 
-METHODS = ["pinned memcpy", "uvm memory_saver", "torch_memory_saver", "uvm memory_saver (preload)",
-           "torch_memory_saver (preload)"]
+METHODS = ["pinned memcpy", "uvm memory_saver", "uvm memory_saver (no prepare)", "torch_memory_saver",
+           "uvm memory_saver (preload)", "torch_memory_saver (preload)"]
 TENSORS = 64
 
 
-def worker(method: str, gib: float, cycles: int, result_path: str) -> None:
+def worker(method: str, gib: float, cycles: int, result_path: str, warmup_s: float) -> None:
     """One rank: build, then `cycles` pause/resume cycles timed between barriers."""
     import torch
     import torch.distributed as dist
@@ -51,12 +56,22 @@ def worker(method: str, gib: float, cycles: int, result_path: str) -> None:
     saver = saver_of(method)
     numel = int(gib * (1 << 30)) // 2 // TENSORS
 
+    # The checkpoint, in pageable host memory (as read from a file in the page cache): each
+    # tensor's values differ, so that a resume that mixed them up would show.
+    checkpoint = torch.empty(TENSORS, numel, dtype=torch.bfloat16)
+    for i in range(TENSORS):
+        checkpoint[i].fill_(float((i * 7 + rank * 13) % 61 + 1) / 64)
+
     def make():
-        generator = torch.Generator(device="cuda").manual_seed(1234 + rank)
-        return [torch.randn(numel, dtype=torch.bfloat16, device="cuda", generator=generator) for _ in range(TENSORS)]
+        start = time.perf_counter()
+        made = [torch.empty(numel, dtype=torch.bfloat16, device="cuda") for _ in range(TENSORS)]
+        for i, w in enumerate(made):
+            w.copy_(checkpoint[i])
+        torch.cuda.synchronize()
+        return made, time.perf_counter() - start
 
     if saver is None:
-        weights = make()
+        weights, load_s = make()
         host = [torch.empty_like(w, device="cpu", pin_memory=True) for w in weights]
 
         def pause():
@@ -68,16 +83,18 @@ def worker(method: str, gib: float, cycles: int, result_path: str) -> None:
                 w.copy_(h, non_blocking=True)
     else:
         with saver.region(tag="weights", enable_cpu_backup=True):
-            weights = make()
+            weights, load_s = make()
 
         def pause():
             saver.pause("weights")
 
         def resume():
             saver.resume("weights")
+    del checkpoint
     reference = [w.clone() for w in weights]  # plain memory, outside any region
     nbytes = sum(w.numel() * w.element_size() for w in weights)
     torch.cuda.synchronize()
+    time.sleep(warmup_s)  # the engine's warm-up before its first sleep, the same for every method
 
     def timed(call) -> float:
         dist.barrier()
@@ -93,7 +110,8 @@ def worker(method: str, gib: float, cycles: int, result_path: str) -> None:
         identical = all(torch.equal(w, r) for w, r in zip(weights, reference))
         rows.append({"cycle": cycle, "pause_s": pause_s, "resume_s": resume_s, "identical": identical})
     gathered = [None] * world
-    dist.all_gather_object(gathered, {"rank": rank, "device": torch.cuda.get_device_name(), "bytes": nbytes, "cycles": rows})
+    dist.all_gather_object(gathered, {"rank": rank, "device": torch.cuda.get_device_name(), "bytes": nbytes, "cycles": rows,
+                                      "load_s": load_s})
     if rank == 0:
         with open(result_path, "w") as f:
             json.dump({"method": method, "ranks": gathered}, f)
@@ -117,7 +135,8 @@ def summarize(result: dict) -> dict:
         return nbytes / seconds / 1e9
 
     out = {"method": result["method"], "ranks": len(ranks), "bytes_per_rank": ranks[0]["bytes"], "device": ranks[0]["device"],
-           "identical": all(c["identical"] for r in ranks for c in r["cycles"])}
+           "identical": all(c["identical"] for r in ranks for c in r["cycles"]),
+           "load_s": max(r.get("load_s", 0.0) for r in ranks)}
     for phase in ("pause", "resume"):
         steady = [node_s(c, phase) for c in range(1, cycles)] or [node_s(0, phase)]
         out[f"first_{phase}_s"] = node_s(0, phase)
@@ -136,27 +155,29 @@ def markdown(summaries: list[dict], env: dict, gib: float) -> str:
              f"{env.get('driver', '?')}, torch {env.get('torch', '?')}, torch_memory_saver "
              f"{env.get('torch_memory_saver') or 'not installed'}", "",
              "| method | GPUs | steady pause GB/s | steady resume GB/s | pause / ceiling | resume / ceiling | "
-             "first pause GB/s | first pause / steady | bytes identical |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "first pause GB/s | first pause / steady | load s | bytes identical |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for s in sorted(summaries, key=lambda s: (-s["ranks"], METHODS.index(s["method"]))):
         top = ceiling.get(s["ranks"])
         lines.append(
             f"| {s['method']} | {s['ranks']} | {s['steady_pause_gbps']:.1f} | {s['steady_resume_gbps']:.1f} | "
             + (f"{s['steady_pause_gbps'] / top['steady_pause_gbps']:.0%} | {s['steady_resume_gbps'] / top['steady_resume_gbps']:.0%} | "
                if top else "| | ")
-            + f"{s['first_pause_gbps']:.1f} | {s['first_pause_s'] / s['steady_pause_s']:.2f}× | "
+            + f"{s['first_pause_gbps']:.1f} | {s['first_pause_s'] / s['steady_pause_s']:.2f}× | {s['load_s']:.2f} | "
             + ("yes" if s["identical"] else "NO") + " |")
     return "\n".join(lines)
 
 
-def launch(method: str, gpus: int, gib: float, cycles: int, result_path: str) -> subprocess.CompletedProcess:
+def launch(method: str, gpus: int, gib: float, cycles: int, result_path: str, warmup_s: float) -> subprocess.CompletedProcess:
     """torchrun with `gpus` ranks of this script's worker, inside the method's configure_subprocess()
     for a preload row."""
     from rl_bench import child_environment
+    env = {**os.environ, **({"UVM_PREPARE_PAUSE": "0"} if "(no prepare)" in method else {})}
     with child_environment(method):
         return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
                                os.path.abspath(__file__), "--worker", method, "--gib", str(gib), "--cycles", str(cycles),
-                               "--result", result_path], capture_output=True, text=True, timeout=600)
+                               "--result", result_path, "--warmup", str(warmup_s)],
+                              capture_output=True, text=True, timeout=600, env=env)
 
 
 def main(argv=None) -> int:
@@ -164,13 +185,14 @@ def main(argv=None) -> int:
     parser.add_argument("--counts", default="", help="how many GPUs each run pauses at once, e.g. 4,2,1 (default: all the node has, then 1)")
     parser.add_argument("--gib", type=float, default=8.0, help="GiB of weights per rank")
     parser.add_argument("--cycles", type=int, default=4, help="cycles per run (the first is reported apart)")
+    parser.add_argument("--warmup", type=float, default=3.0, help="idle seconds between the load and the first pause")
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--out", default="bench-out/node")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        worker(args.worker, args.gib, args.cycles, args.result)
+        worker(args.worker, args.gib, args.cycles, args.result, args.warmup)
         return 0
     if args.cycles < 2:
         parser.error("--cycles must be at least 2: the first cycle is reported apart from the steady ones")
@@ -191,13 +213,13 @@ def main(argv=None) -> int:
 
     def write(summaries: list[dict]) -> None:  # after every run, so that a run cut short keeps the rest
         with open(os.path.join(args.out, "results.json"), "w") as f:
-            json.dump({"environment": env, "gib_per_rank": args.gib, "cycles": args.cycles, "results": results,
+            json.dump({"environment": env, "gib_per_rank": args.gib, "cycles": args.cycles, "warmup_s": args.warmup, "results": results,
                        "summaries": summaries, "failures": failures}, f, indent=1)
 
     for count in counts:
         for method in methods:
             path = os.path.join(args.out, f"run-{count}.json")
-            proc = launch(method, count, args.gib, args.cycles, path)
+            proc = launch(method, count, args.gib, args.cycles, path, args.warmup)
             if proc.returncode != 0 or not os.path.exists(path):
                 failures.append(f"{method} / {count} GPUs: exit {proc.returncode}\n{proc.stderr[-3000:]}")
                 print(f"FAILED {method} / {count} GPUs:\n{proc.stderr[-3000:]}", flush=True)

@@ -661,6 +661,17 @@ UVM_API int uvm_get_retain_backups(void);
 /* How many live allocations of the selection are paused. */
 UVM_API uvm_status uvm_paused_count(int device, const char* tag, size_t* count);
 
+/* Pins, ahead of need, the staging memory the next pause of the selection (device and tag as for
+ * uvm_pause) will copy into: for its allocations kept in pinned host memory (UVM_BACKUP_HOST) that
+ * are on their device and hold no copy, so that a first pause runs as fast as the later ones. Call
+ * it from a thread of your own while the model loads: it pins in batches of about 256 MiB and holds no
+ * lock a move needs (a pause meanwhile uses what is pinned and pins the rest itself). Adds at most
+ * `max_bytes` of pinned memory (0: no bound), `*pinned` (may be NULL) says how much. A
+ * uvm_release_staging (or its async form) stops it after its batch, and gives back what holds
+ * nothing. Without retained backups (uvm_set_retain_backups) each resume gives the staging back, so
+ * only the first pause gains. */
+UVM_API uvm_status uvm_prepare_pause(int device, const char* tag, size_t max_bytes, size_t* pinned);
+
 /* ------------------------------------------------------------------------------------------------
  * Sharing with other processes — releasable memory mapped by another process on the same node
  * ---------------------------------------------------------------------------------------------- */

@@ -67,7 +67,8 @@ uvm_status Staging::new_block(const Call& call, size_t bytes, bool in_steps, std
 }
 
 uvm_status Staging::ensure_capacity(const Call& call, const std::vector<Span>& spans, bool in_steps, size_t ahead,
-                                    std::shared_ptr<StepPinning>* paced) {
+                                    std::shared_ptr<StepPinning>* paced, size_t* added) {
+  if (added != nullptr) *added = 0;
   std::lock_guard<std::mutex> growing(growth_mutex_);
   size_t missing = 0;
   {
@@ -82,6 +83,7 @@ uvm_status Staging::ensure_capacity(const Call& call, const std::vector<Span>& s
   std::shared_ptr<Block> block;
   if (uvm_status s = new_block(call, missing + ahead, in_steps, &block)) return s;
   if (paced != nullptr && block->memory.steps) *paced = block->memory.steps;
+  if (added != nullptr) *added = block->memory.bytes;
   std::lock_guard<std::mutex> lock(mutex_);
   blocks_.push_back(std::move(block));
   return UVM_OK;
@@ -424,6 +426,7 @@ uvm_status uvm_reserve_staging(size_t bytes) {
 
 uvm_status uvm_release_staging(void) {
   const uvm::Call call = uvm::Call::of("uvm_release_staging");
+  uvm::note_staging_released();
   // Takes no moves lock: the blocks it frees hold nothing staged, so no onload reads them, and
   // they leave the store before any offload could reserve them again.
   return uvm::guarded(call, [&] {
@@ -435,6 +438,7 @@ uvm_status uvm_release_staging(void) {
 
 uvm_status uvm_release_staging_async(void) {
   const uvm::Call call = uvm::Call::of("uvm_release_staging_async");
+  uvm::note_staging_released();
   return uvm::guarded(call, [&] {
     uvm::staging().free_unused_in_background();
     return uvm::free_bounce_buffers(call);

@@ -68,8 +68,9 @@ class Staging {
   // `ahead` bytes bigger (a group of moves expects more). A block pinned in steps is paced
   // (StepPinning): `paced` receives its pinning, whose pacing the offload ends when it takes no
   // more of its steps.
+  // `added` (may be null): the bytes of the block it added, 0 for none.
   uvm_status ensure_capacity(const Call& call, const std::vector<Span>& spans, bool in_steps = false,
-                             size_t ahead = 0, std::shared_ptr<StepPinning>* paced = nullptr);
+                             size_t ahead = 0, std::shared_ptr<StepPinning>* paced = nullptr, size_t* added = nullptr);
   // Waits, holding no lock, until a block being pinned in steps pins more or stops; false at once
   // if none is being pinned.
   bool wait_for_pinning();
@@ -155,5 +156,8 @@ class Staging {
 
 // The process-wide staging store (never destroyed: no CUDA calls from static destructors).
 Staging& staging();
+
+// uvm_release_staging was called: a uvm_prepare_pause in progress stops after its batch (prepare.cpp).
+void note_staging_released();
 
 }  // namespace uvm

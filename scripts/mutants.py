@@ -258,6 +258,13 @@ MUTANTS = [
   "      if (map_physical(call, base, m->device, &old, &created) == UVM_OK) {", "offload_tests", "[share]"),
  ("alloc/vmm.cpp", "  if (may_keep && !m->exportable) return release_or_keep(call, base, m);",
   "  if (may_keep) return release_or_keep(call, base, m);", "offload_tests", "[share]"),
+ # A prepared pause: the retained copies' room prepared again; uvm_release_staging not stopping
+ # it; its bound not kept.
+ ("offload/prepare.cpp", "!staged_copies(found.base, end).empty() || !retained_copies(found.base, end).empty()",
+  "!staged_copies(found.base, end).empty()", "offload_tests", "[prepare]"),
+ ("offload/prepare.cpp", "    if (releases.load() != asked_at) break;", "", "offload_tests", "[prepare]"),
+ ("offload/prepare.cpp", "  const size_t limit = max_bytes == 0 ? SIZE_MAX : room_now + max_bytes;",
+  "  const size_t limit = SIZE_MAX;", "offload_tests", "[prepare]"),
  # uvm.nccl on one node: registered anyway (NCCL keeps memory a pause must give back).
  ("python_shim/uvm/nccl.py", "    if _one_node():\n", "    if False:\n",
   "pytest", "tests/python/test_nccl.py::test_every_rank_on_this_node_registers_nothing_and_says_why"),

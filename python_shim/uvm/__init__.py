@@ -164,6 +164,21 @@ def reserve_staging(nbytes: int) -> None:
     _lib.check(library().uvm_reserve_staging(nbytes))
 
 
+def prepare_pause(device="all", tag: str | None = None, max_bytes: int = 0) -> int:
+    """Pins now the staging memory the next pause of the allocations of `device` ("all": every
+    device) with `tag` (None: any) will copy into (those kept in pinned host memory, on their device,
+    holding no copy), at most `max_bytes` more (0: no bound), so that a first pause runs as fast as
+    the later ones; returns the bytes pinned. Call it from a thread of your own while the model loads
+    (uvm.memory_saver does, at a region's end); release_staging() stops it after its batch."""
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+        raise ValueError(f"max_bytes must be an int >= 0, not {max_bytes!r}")
+    index = _lib.UVM_ANY_DEVICE if device == "all" else _lib.device_ordinal(device)
+    pinned = ctypes.c_size_t()
+    _lib.check(library().uvm_prepare_pause(index, None if tag is None else tag.encode(), max_bytes,
+                                           ctypes.byref(pinned)))
+    return pinned.value
+
+
 def release_staging() -> None:
     """Frees the pinned staging memory that holds no offloaded data."""
     _lib.check(library().uvm_release_staging())
@@ -220,5 +235,5 @@ __all__ = [
     "discard_managed_tensor", "where", "stats", "set_limit", "library", "UVM_LOCATION_CPU",
     "UVM_LOCATION_NONE", "offload", "onload", "discard", "tag", "tags", "residency", "kept_copies",
     "set_disk_backup_dir", "disk_backup_dir", "staging",
-    "release_staging", "reserve_staging", "mem_get_info", "last_move", "trace_flush", "stream", "Streamed",
+    "release_staging", "reserve_staging", "prepare_pause", "mem_get_info", "last_move", "trace_flush", "stream", "Streamed",
 ]

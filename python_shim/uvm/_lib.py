@@ -151,6 +151,7 @@ SIGNATURES = {
     "uvm_get_staging": (_int, [ctypes.POINTER(_size), ctypes.POINTER(_size)]),
     "uvm_get_staging_info": (_int, [ctypes.POINTER(StagingInfo)]),
     "uvm_reserve_staging": (_int, [_size]),
+    "uvm_prepare_pause": (_int, [_int, ctypes.c_char_p, _size, ctypes.POINTER(_size)]),
     "uvm_release_staging": (_int, []),
     "uvm_release_staging_async": (_int, []),
     "uvm_pause": (_int, [_int, ctypes.c_char_p]),

@@ -34,7 +34,7 @@ import ctypes
 import os
 import threading
 
-from . import _lib, _pools, _preload, nccl
+from . import _lib, _pools, _preload, _prepare, nccl
 
 _DEFAULT_TAG = "default"
 _MAX_TAG_LENGTH = 63  # UVM_TAG_MAX_LENGTH
@@ -288,6 +288,8 @@ class TorchMemorySaver:
         pool = _state.pool(_state.region_pools, key)
         with _state.open_region(), torch.cuda.use_mem_pool(pool), _inside_region(True, key[-1]), _region_config(tag, kind):
             yield
+        if kind == "host" and _prepare.enabled():  # its first pause's pinned memory, pinned meanwhile
+            _prepare.preparer.ask(tag)
 
     @contextlib.contextmanager
     def cuda_graph(self, cuda_graph, pool=None, stream=None, capture_error_mode="global", tag: str = _DEFAULT_TAG,

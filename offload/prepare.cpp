@@ -1,0 +1,95 @@
+// uvm_prepare_pause: the pinned staging memory a first pause will copy into, pinned ahead of it (at
+// model load), so that the first pause runs as fast as the later ones. Pinning 8 GiB takes a second
+// or more (docs/measurements.md, "The first offload"); the pause that pins for itself pays it, and a
+// node's ranks pinning at once share the host's page-fault rate.
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "../alloc/devices.hpp"
+#include "../alloc/registry.hpp"
+#include "copies.hpp"
+#include "staging.hpp"
+
+namespace uvm {
+namespace {
+
+// Pinned in batches of about this much (a staging block's least size), so that uvm_release_staging
+// stops a preparation soon and a pause that comes meanwhile waits for one batch at most before it
+// pins the rest itself.
+constexpr size_t kBatchBytes = size_t{256} << 20;
+
+// uvm_release_staging's count: a preparation that sees it change stops after its batch.
+std::atomic<uint64_t> releases{0};
+
+// What a pause of `selection` would stage in pinned memory now: each allocation kept in host memory
+// that is on its device and holds no copy (a retained one is written again in place). `*device`:
+// the first one's device.
+std::vector<Span> spans_to_stage(const Selection& selection, int* device) {
+  Selection kept = selection;
+  kept.backup = UVM_BACKUP_HOST;
+  kept.paused = false;
+  std::vector<Span> spans;
+  for (const AllocationView& found : registry().select(kept)) {
+    const uintptr_t end = found.base + found.size;
+    if (!staged_copies(found.base, end).empty() || !retained_copies(found.base, end).empty()) continue;
+    if (spans.empty()) *device = found.device;
+    spans.push_back(Span{found.base, end});
+  }
+  return spans;
+}
+
+uvm_status prepare_pause(const Call& call, int device, const char* tag, size_t max_bytes, size_t* pinned) {
+  if (pinned != nullptr) *pinned = 0;
+  if (uvm_status s = check_options(call)) return s;
+  Selection selection;
+  if (uvm_status s = select_arguments(call, device, tag, &selection)) return s;
+  const uint64_t asked_at = releases.load();
+  const size_t before = staging().capacity_bytes();
+  size_t added = 0;  // by this call's own blocks (a free meanwhile changes the capacity too)
+  // The bound, in bytes of allocations: what the room held now (not holding copies) takes, plus
+  // `max_bytes` of new blocks.
+  const size_t room_now = before - std::min(before, staged_copy_bytes());
+  const size_t limit = max_bytes == 0 ? SIZE_MAX : room_now + max_bytes;
+  for (size_t reach = kBatchBytes;; reach += kBatchBytes) {
+    if (releases.load() != asked_at) break;  // uvm_release_staging: stop here
+    int on = 0;
+    // Asked again each batch: a pause meanwhile has staged its allocations (they hold copies now).
+    std::vector<Span> spans = spans_to_stage(selection, &on);
+    const size_t all = spans.size();
+    size_t total = 0, count = 0;
+    bool bounded = false;
+    while (count < all && total < reach) {
+      if (total + spans[count].size() > limit) {
+        bounded = true;
+        break;
+      }
+      total += spans[count++].size();
+    }
+    spans.resize(count);
+    if (!spans.empty()) {
+      ContextScope scope;  // pinned for every device, from the context of the allocations' device
+      if (uvm_status s = scope.enter(call, on, ContextScope::When::always)) return s;
+      size_t block = 0;
+      const uvm_status s = staging().ensure_capacity(call, spans, false, 0, nullptr, &block);
+      added += block;
+      if (pinned != nullptr) *pinned = added;
+      if (s != UVM_OK) return s;
+    }
+    if (bounded || count == all) break;
+  }
+  if (pinned != nullptr) *pinned = added;
+  return UVM_OK;
+}
+
+}  // namespace
+
+void note_staging_released() { releases.fetch_add(1); }
+
+}  // namespace uvm
+
+extern "C" uvm_status uvm_prepare_pause(int device, const char* tag, size_t max_bytes, size_t* pinned) {
+  const uvm::Call call = uvm::Call::of("uvm_prepare_pause").with_selection(device).with_tag(tag).with_size(max_bytes);
+  return uvm::guarded(call, [&] { return uvm::prepare_pause(call, device, tag, max_bytes, pinned); });
+}

@@ -1,0 +1,101 @@
+// uvm_prepare_pause (offload/prepare.cpp): the pinned staging memory a first pause will copy into,
+// pinned ahead of it, so that the pause pins nothing; bounded, and stopped by uvm_release_staging.
+#include <atomic>
+#include <thread>
+
+#include "fixture.hpp"
+
+namespace {
+constexpr size_t kMiB = size_t{1} << 20;
+
+std::unique_ptr<Releasable> made(const char* tag, uvm_backup backup, unsigned seed, size_t size = kMiB) {
+  REQUIRE(uvm_set_thread_tag(tag) == UVM_OK);
+  REQUIRE(uvm_set_thread_backup(backup) == UVM_OK);
+  auto memory = std::make_unique<Releasable>(size, 0, seed);
+  REQUIRE(uvm_set_thread_tag(nullptr) == UVM_OK);
+  REQUIRE(uvm_set_thread_backup(UVM_BACKUP_NONE) == UVM_OK);
+  return memory;
+}
+
+size_t staging_capacity() {
+  size_t capacity = 0;
+  REQUIRE(uvm_get_staging(&capacity, nullptr) == UVM_OK);
+  return capacity;
+}
+}  // namespace
+
+TEST_CASE("a prepared pause pins nothing: the memory its kept allocations need was pinned ahead, once, and the "
+          "bytes come back whole",
+          "[prepare][cuda13]") {
+  FakeMachine machine;
+  REQUIRE(uvm_release_staging() == UVM_OK);  // none left by an earlier test
+  // Large enough to fill the block they are prepared in: then a retained copy's room prepared
+  // again would need a block of its own.
+  auto first = made("weights", UVM_BACKUP_HOST, 1, 160 * kMiB);
+  auto second = made("weights", UVM_BACKUP_HOST, 2, 160 * kMiB);
+  auto dropped = made("weights", UVM_BACKUP_NONE, 3, 64 * kMiB);  // no backup: nothing to stage
+  auto other = made("kv", UVM_BACKUP_HOST, 4, 64 * kMiB);         // another tag
+  size_t pinned = 1;
+  REQUIRE(uvm_prepare_pause(UVM_ANY_DEVICE, "weights", 0, &pinned) == UVM_OK);
+  CHECK(pinned >= 320 * kMiB);
+  CHECK(pinned < 320 * kMiB + 64 * kMiB);  // not the other tag's bytes too
+  const size_t blocks = fake::pinned_blocks();
+  CHECK(blocks == 1);
+  // Asked again: the room is there, nothing more is pinned.
+  REQUIRE(uvm_prepare_pause(UVM_ANY_DEVICE, "weights", 0, &pinned) == UVM_OK);
+  CHECK(pinned == 0);
+  REQUIRE(uvm_set_retain_backups(1) == UVM_OK);
+  REQUIRE(uvm_pause(UVM_ANY_DEVICE, "weights") == UVM_OK);
+  CHECK(fake::pinned_blocks() == blocks);  // the pause pinned nothing of its own
+  REQUIRE(uvm_resume(UVM_ANY_DEVICE, "weights") == UVM_OK);
+  CHECK(first->intact());
+  CHECK(second->intact());
+  // The retained copies are written again in place: nothing to prepare for the next pause.
+  REQUIRE(uvm_prepare_pause(0, "weights", 0, &pinned) == UVM_OK);
+  CHECK(pinned == 0);
+  REQUIRE(uvm_set_retain_backups(0) == UVM_OK);
+}
+
+TEST_CASE("a prepared pause is bounded by max_bytes, and reads its selection as uvm_pause does", "[prepare][errors]") {
+  FakeMachine machine;
+  REQUIRE(uvm_release_staging() == UVM_OK);  // none left by an earlier test
+  auto weights = made("weights", UVM_BACKUP_HOST, 1, 8 * kMiB);
+  size_t pinned = 1;
+  REQUIRE(uvm_prepare_pause(UVM_ANY_DEVICE, "weights", 4 * kMiB, &pinned) == UVM_OK);  // less than one allocation
+  CHECK(pinned == 0);
+  CHECK(staging_capacity() == 0);
+  REQUIRE(uvm_prepare_pause(UVM_ANY_DEVICE, "no such tag", 0, &pinned) == UVM_OK);  // selects nothing
+  CHECK(pinned == 0);
+  uvm_clear_last_error();
+  CHECK(uvm_prepare_pause(7, "weights", 0, &pinned) == UVM_ERROR_INVALID_ARGUMENT);  // no device 7
+  CHECK(std::string(uvm_last_error()).find("uvm_prepare_pause") != std::string::npos);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  REQUIRE(uvm_prepare_pause(UVM_ANY_DEVICE, "weights", 0, nullptr) == UVM_OK);  // pinned may be NULL
+  CHECK(staging_capacity() > 0);
+}
+
+TEST_CASE("uvm_release_staging stops a preparation after the batch it is pinning", "[prepare][threads]") {
+  FakeMachine machine;
+  // Three allocations of 200 MiB: batches of 256 MiB take the first two, then the third.
+  auto a = made("weights", UVM_BACKUP_HOST, 1, 200 * kMiB);
+  auto b = made("weights", UVM_BACKUP_HOST, 2, 200 * kMiB);
+  auto c = made("weights", UVM_BACKUP_HOST, 3, 200 * kMiB);
+  REQUIRE(uvm_release_staging() == UVM_OK);  // no staging left by an earlier test: the batches pin
+  uvm_staging_info info{};
+  REQUIRE(uvm_get_staging_info(&info) == UVM_OK);  // the call that pins, as UVM_PINNED says
+  fake::hold_next(info.configured_kind == UVM_PINNED_HOST_ALLOC ? "cudaHostAlloc" : "cudaHostRegister");
+  std::atomic<size_t> pinned{0};
+  std::atomic<int> status{-1};
+  std::thread preparing([&] {
+    size_t got = 0;
+    status = uvm_prepare_pause(UVM_ANY_DEVICE, "weights", 0, &got);
+    pinned = got;
+  });
+  REQUIRE(fake::wait_until_held());
+  REQUIRE(uvm_release_staging() == UVM_OK);  // while the first batch is being pinned
+  fake::release_held();
+  preparing.join();
+  CHECK(status == UVM_OK);
+  CHECK(pinned >= 400 * kMiB);  // the first batch: the first two allocations
+  CHECK(pinned < 600 * kMiB);   // and no more
+}

@@ -1,0 +1,81 @@
+"""uvm._prepare without torch or a GPU: a stand-in libuvm records the preparations. Each tag asked is
+prepared once on a thread of uvm's, in the order asked, bounded by half the host's available memory;
+a failure is kept for the user to read and leaves no error pending; UVM_PREPARE_PAUSE=0 turns it
+off. (The first pause's speed with it, on the GPU: bench/node_bench.py.)"""
+import sys
+import threading
+
+import pytest
+from conftest import UVM_PATH
+
+sys.path.insert(0, str(UVM_PATH))
+
+
+class Library:
+    """libuvm as _prepare uses it."""
+
+    def __init__(self, fail=False):
+        self.calls, self.cleared, self.fail = [], 0, fail
+        self.thread_names = set()
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def uvm_prepare_pause(self, device, tag, max_bytes, pinned):
+        self.gate.wait()
+        self.calls.append((device, tag, max_bytes, pinned))
+        self.thread_names.add(threading.current_thread().name)
+        return 7 if self.fail else 0
+
+    def uvm_last_error(self):
+        return b"uvm_prepare_pause: cudaHostRegister failed"
+
+    def uvm_clear_last_error(self):
+        self.cleared += 1
+
+
+@pytest.fixture
+def prepare(monkeypatch):
+    import uvm._prepare as module
+    from uvm import _lib
+    library = Library()
+    monkeypatch.setattr(_lib, "library", lambda: library)
+    monkeypatch.setattr(module, "_host_bound", lambda: 123 << 20)
+    return module, library
+
+
+def test_each_tag_is_prepared_once_in_order_on_a_thread_of_uvms_bounded_by_the_host(prepare):
+    module, library = prepare
+    preparer = module.Preparer()
+    library.gate.clear()  # the first preparation waits: the next asks queue behind it
+    preparer.ask("weights")
+    preparer.ask("kv")
+    preparer.ask("kv")  # asked twice while queued: prepared once
+    library.gate.set()
+    preparer.wait()
+    assert [(tag, bound) for _, tag, bound, _ in library.calls] == [(b"weights", 123 << 20), (b"kv", 123 << 20)]
+    assert all(device == -1 for device, *_ in library.calls)  # every device of the tag
+    assert library.thread_names == {"uvm-prepare-pause"}
+    assert preparer.last_error == ""
+
+
+def test_a_failed_preparation_is_kept_to_read_and_leaves_no_error_pending(prepare):
+    module, library = prepare
+    library.fail = True
+    preparer = module.Preparer()
+    preparer.ask("weights")
+    preparer.wait()
+    assert preparer.last_error == "uvm_prepare_pause: cudaHostRegister failed"
+    assert library.cleared == 1
+
+
+def test_uvm_prepare_pause_0_turns_it_off_and_the_bound_is_half_of_memavailable(monkeypatch):
+    import uvm._prepare as module
+    monkeypatch.setenv("UVM_PREPARE_PAUSE", "0")
+    assert not module.enabled()
+    monkeypatch.setenv("UVM_PREPARE_PAUSE", "1")
+    assert module.enabled()
+    monkeypatch.delenv("UVM_PREPARE_PAUSE")
+    assert module.enabled()
+    with open("/proc/meminfo") as meminfo:
+        available = next(int(line.split()[1]) for line in meminfo if line.startswith("MemAvailable:"))
+    assert abs(module._host_bound() - available * 1024 // 2) < (256 << 20)  # it moves a little meanwhile

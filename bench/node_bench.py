@@ -3,27 +3,33 @@ run with one engine per GPU (or one engine across them) does, against one GPU al
 node's ceiling.
 
 Each rank (torchrun, one per GPU) holds --gib GiB of bf16 weights in 64 tensors and a plain copy of
-them to check against. It loads them as a checkpoint is loaded: copied in from pageable host memory
-(the load is timed), then the engine's warm-up (--warmup seconds, idle) comes before the first
-pause. One cycle: every rank waits at a barrier, pauses its weights (the CPU backup retained), waits
-at a barrier, resumes them; the bytes must be identical after every resume. Each rank times its own
-call from the barrier; the node's time is the slowest rank's, so the aggregate GB/s is the ranks'
-bytes over it. The first cycle is reported apart from the steady ones: its host memory is pinned
-fresh, by the pause itself or, for uvm, ahead of it while the model loads (uvm_prepare_pause, which
-uvm.memory_saver starts at a region's end; the "(no prepare)" row turns it off).
+them to check against, and --kv-gib GiB of KV cache, as an engine does. It loads the weights as a
+checkpoint is loaded: copied in from pageable host memory (the load is timed), then the engine's
+warm-up (--warmup seconds, idle) comes before the first pause. One cycle: every rank waits at a
+barrier, pauses its weights (the CPU backup retained), waits at a barrier, resumes them; the bytes
+must be identical after every resume. The KV cache sleeps with them with no backup (its memory given
+back, its contents not kept, as SGLang's kv_cache tag); the GB/s count the weights' bytes, which are
+what crosses the link. Each rank times its own call from the barrier; the node's time is the slowest
+rank's, so the aggregate GB/s is the ranks' bytes over it. The first cycle is reported apart from
+the steady ones: its host memory is pinned fresh, by the pause itself or, for uvm, ahead of it while
+the model loads (uvm_prepare_pause, which uvm.memory_saver starts at a region's end; the
+"(no prepare)" row turns it off).
 
 Methods, each in a torchrun of its own, with every GPU, then with GPU 0 alone (--counts picks):
   pinned memcpy              the ceiling: each rank copies its weights to pinned host memory and
-                             back (cudaMemcpyAsync); all ranks at once is what the host allows
+                             back (cudaMemcpyAsync); all ranks at once is what the host allows.
+                             Its KV cache is plain memory and stays
   uvm memory_saver           uvm.memory_saver, hook mode "torch", retain_cpu_backup=True
   uvm memory_saver           the same with UVM_PREPARE_PAUSE=0: the first pause pins its own memory
   (no prepare)
+  uvm memory_saver           the same with UVM_ONLOAD_COPY=engine: the resume copies with the copy
+  (engine)                   engines only, never uvm's SM copy kernel
   torch_memory_saver         the original 0.0.10 (when installed), the same settings
   uvm memory_saver (preload) the same in hook mode "preload": torchrun and its ranks are started
   torch_memory_saver         inside the library's configure_subprocess()
   (preload)
 
-    python bench/node_bench.py [--counts 4,2,1] [--gib 8] [--cycles 4] [--methods ...] [--out DIR]
+    python bench/node_bench.py [--counts 4,2,1] [--gib 8] [--kv-gib 4] [--cycles 4] [--methods ...] [--out DIR]
 
 Writes results.json and results.md to --out. No managed memory: the weights are releasable (the
 savers) or plain (pinned memcpy).
@@ -38,12 +44,17 @@ import subprocess
 import sys
 import time
 
-METHODS = ["pinned memcpy", "uvm memory_saver", "uvm memory_saver (no prepare)", "torch_memory_saver",
+METHODS = ["pinned memcpy", "uvm memory_saver", "uvm memory_saver (no prepare)", "uvm memory_saver (engine)",
+           "torch_memory_saver",
            "uvm memory_saver (preload)", "torch_memory_saver (preload)"]
 TENSORS = 64
 
 
-def worker(method: str, gib: float, cycles: int, result_path: str, warmup_s: float) -> None:
+# The environment a row's ranks run with, beyond the machine's.
+ROW_ENVIRONMENT = {"(no prepare)": {"UVM_PREPARE_PAUSE": "0"}, "(engine)": {"UVM_ONLOAD_COPY": "engine"}}
+
+
+def worker(method: str, gib: float, kv_gib: float, cycles: int, result_path: str, warmup_s: float) -> None:
     """One rank: build, then `cycles` pause/resume cycles timed between barriers."""
     import torch
     import torch.distributed as dist
@@ -55,6 +66,7 @@ def worker(method: str, gib: float, cycles: int, result_path: str, warmup_s: flo
     dist.init_process_group("gloo")  # barriers and the gather only: no GPU memory of NCCL's
     saver = saver_of(method)
     numel = int(gib * (1 << 30)) // 2 // TENSORS
+    kv_numel = int(kv_gib * (1 << 30)) // 2
 
     # The checkpoint, in pageable host memory (as read from a file in the page cache): each
     # tensor's values differ, so that a resume that mixed them up would show.
@@ -72,6 +84,7 @@ def worker(method: str, gib: float, cycles: int, result_path: str, warmup_s: flo
 
     if saver is None:
         weights, load_s = make()
+        kv_cache = torch.ones(kv_numel, dtype=torch.bfloat16, device="cuda")
         host = [torch.empty_like(w, device="cpu", pin_memory=True) for w in weights]
 
         def pause():
@@ -84,12 +97,16 @@ def worker(method: str, gib: float, cycles: int, result_path: str, warmup_s: flo
     else:
         with saver.region(tag="weights", enable_cpu_backup=True):
             weights, load_s = make()
+        with saver.region(tag="kv_cache", enable_cpu_backup=False):
+            kv_cache = torch.ones(kv_numel, dtype=torch.bfloat16, device="cuda")
 
         def pause():
             saver.pause("weights")
+            saver.pause("kv_cache")
 
         def resume():
             saver.resume("weights")
+            saver.resume("kv_cache")
     del checkpoint
     reference = [w.clone() for w in weights]  # plain memory, outside any region
     nbytes = sum(w.numel() * w.element_size() for w in weights)
@@ -111,7 +128,7 @@ def worker(method: str, gib: float, cycles: int, result_path: str, warmup_s: flo
         rows.append({"cycle": cycle, "pause_s": pause_s, "resume_s": resume_s, "identical": identical})
     gathered = [None] * world
     dist.all_gather_object(gathered, {"rank": rank, "device": torch.cuda.get_device_name(), "bytes": nbytes, "cycles": rows,
-                                      "load_s": load_s})
+                                      "load_s": load_s, "kv_cache_bytes": kv_cache.numel() * kv_cache.element_size()})
     if rank == 0:
         with open(result_path, "w") as f:
             json.dump({"method": method, "ranks": gathered}, f)
@@ -135,6 +152,7 @@ def summarize(result: dict) -> dict:
         return nbytes / seconds / 1e9
 
     out = {"method": result["method"], "ranks": len(ranks), "bytes_per_rank": ranks[0]["bytes"], "device": ranks[0]["device"],
+           "kv_cache_bytes_per_rank": ranks[0].get("kv_cache_bytes", 0),
            "identical": all(c["identical"] for r in ranks for c in r["cycles"]),
            "load_s": max(r.get("load_s", 0.0) for r in ranks)}
     for phase in ("pause", "resume"):
@@ -148,10 +166,11 @@ def summarize(result: dict) -> dict:
     return out
 
 
-def markdown(summaries: list[dict], env: dict, gib: float) -> str:
+def markdown(summaries: list[dict], env: dict, gib: float, kv_gib: float) -> str:
     """One row per method and rank count, each beside the pinned memcpy ceiling of the same count."""
     ceiling = {s["ranks"]: s for s in summaries if s["method"] == "pinned memcpy"}
-    lines = [f"{gib:g} GiB of bf16 weights per rank, retained CPU backups; {env.get('device', '?')}, driver "
+    lines = [f"{gib:g} GiB of bf16 weights per rank, retained CPU backups, and {kv_gib:g} GiB of KV cache with none; "
+             f"{env.get('device', '?')}, driver "
              f"{env.get('driver', '?')}, torch {env.get('torch', '?')}, torch_memory_saver "
              f"{env.get('torch_memory_saver') or 'not installed'}", "",
              "| method | GPUs | steady pause GB/s | steady resume GB/s | pause / ceiling | resume / ceiling | "
@@ -168,14 +187,19 @@ def markdown(summaries: list[dict], env: dict, gib: float) -> str:
     return "\n".join(lines)
 
 
-def launch(method: str, gpus: int, gib: float, cycles: int, result_path: str, warmup_s: float) -> subprocess.CompletedProcess:
+def launch(method: str, gpus: int, gib: float, kv_gib: float, cycles: int, result_path: str,
+           warmup_s: float) -> subprocess.CompletedProcess:
     """torchrun with `gpus` ranks of this script's worker, inside the method's configure_subprocess()
     for a preload row."""
     from rl_bench import child_environment
-    env = {**os.environ, **({"UVM_PREPARE_PAUSE": "0"} if "(no prepare)" in method else {})}
-    with child_environment(method):
+    with child_environment(method):  # the environment is read inside it: a preload row's LD_PRELOAD is set there
+        env = dict(os.environ)
+        for marker, settings in ROW_ENVIRONMENT.items():
+            if marker in method:
+                env.update(settings)
         return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
-                               os.path.abspath(__file__), "--worker", method, "--gib", str(gib), "--cycles", str(cycles),
+                               os.path.abspath(__file__), "--worker", method, "--gib", str(gib), "--kv-gib", str(kv_gib),
+                               "--cycles", str(cycles),
                                "--result", result_path, "--warmup", str(warmup_s)],
                               capture_output=True, text=True, timeout=600, env=env)
 
@@ -184,6 +208,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--counts", default="", help="how many GPUs each run pauses at once, e.g. 4,2,1 (default: all the node has, then 1)")
     parser.add_argument("--gib", type=float, default=8.0, help="GiB of weights per rank")
+    parser.add_argument("--kv-gib", type=float, default=4.0, help="GiB of KV cache per rank (paused with no backup)")
     parser.add_argument("--cycles", type=int, default=4, help="cycles per run (the first is reported apart)")
     parser.add_argument("--warmup", type=float, default=3.0, help="idle seconds between the load and the first pause")
     parser.add_argument("--methods", default=",".join(METHODS))
@@ -192,7 +217,7 @@ def main(argv=None) -> int:
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        worker(args.worker, args.gib, args.cycles, args.result, args.warmup)
+        worker(args.worker, args.gib, args.kv_gib, args.cycles, args.result, args.warmup)
         return 0
     if args.cycles < 2:
         parser.error("--cycles must be at least 2: the first cycle is reported apart from the steady ones")
@@ -213,13 +238,13 @@ def main(argv=None) -> int:
 
     def write(summaries: list[dict]) -> None:  # after every run, so that a run cut short keeps the rest
         with open(os.path.join(args.out, "results.json"), "w") as f:
-            json.dump({"environment": env, "gib_per_rank": args.gib, "cycles": args.cycles, "warmup_s": args.warmup, "results": results,
+            json.dump({"environment": env, "gib_per_rank": args.gib, "kv_cache_gib_per_rank": args.kv_gib, "cycles": args.cycles, "warmup_s": args.warmup, "results": results,
                        "summaries": summaries, "failures": failures}, f, indent=1)
 
     for count in counts:
         for method in methods:
             path = os.path.join(args.out, f"run-{count}.json")
-            proc = launch(method, count, args.gib, args.cycles, path, args.warmup)
+            proc = launch(method, count, args.gib, args.kv_gib, args.cycles, path, args.warmup)
             if proc.returncode != 0 or not os.path.exists(path):
                 failures.append(f"{method} / {count} GPUs: exit {proc.returncode}\n{proc.stderr[-3000:]}")
                 print(f"FAILED {method} / {count} GPUs:\n{proc.stderr[-3000:]}", flush=True)
@@ -234,7 +259,7 @@ def main(argv=None) -> int:
             write([summarize(r) for r in results])
     summaries = [summarize(r) for r in results]
     write(summaries)
-    table = markdown(summaries, env, args.gib)
+    table = markdown(summaries, env, args.gib, args.kv_gib)
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(table + "\n")
     print(table)

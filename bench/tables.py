@@ -125,16 +125,45 @@ def node(gpu: str) -> list[str]:
     data, path = load("node", gpu)
     if data is None:
         return []
-    ceiling = {s["ranks"]: s for s in data["summaries"] if s["method"] == "pinned memcpy"}
-    body = [[s["method"], s["ranks"], f"{s['steady_pause_gbps']:.1f}", f"{s['steady_resume_gbps']:.1f}",
-             f"{s['steady_pause_gbps'] / ceiling[s['ranks']]['steady_pause_gbps']:.0%}",
-             f"{s['steady_resume_gbps'] / ceiling[s['ranks']]['steady_resume_gbps']:.0%}",
+    # A file may hold several invocations of the bench ("run"): each row beside its own run's ceiling.
+    ceiling = {(s.get("run"), s["ranks"]): s for s in data["summaries"] if s["method"] == "pinned memcpy"}
+    body = [[s["method"], s["ranks"], s.get("run", 1), f"{s['steady_pause_gbps']:.1f}", f"{s['steady_resume_gbps']:.1f}",
+             f"{s['steady_pause_gbps'] / ceiling[s.get('run'), s['ranks']]['steady_pause_gbps']:.0%}",
+             f"{s['steady_resume_gbps'] / ceiling[s.get('run'), s['ranks']]['steady_resume_gbps']:.0%}",
              f"{s['first_pause_gbps']:.1f}", f"{s['steady_pause_gbps'] / s['first_pause_gbps']:.2f}×",
              "yes" if s["identical"] else "NO"] for s in data["summaries"]]
-    return [f"**Every GPU of a node at once** (`bench/node_bench.py`: {data['gib_per_rank']:g} GiB of weights per GPU "
-            f"paused and resumed by all GPUs together, then by fewer): {versions(data['environment'], path)}", "",
-            *table(["method", "GPUs", "steady pause GB/s", "steady resume GB/s", "pause / pinned memcpy",
+    kv = data.get("kv_cache_gib_per_rank", 0)
+    cache = f" and {kv:g} GiB of KV cache (no backup)" if kv else ""
+    runs = "; the run column names the bench's invocation, whose own pinned memcpy row each row is set beside" \
+        if len(data.get("runs", [])) > 1 else ""
+    return [f"**Every GPU of a node at once** (`bench/node_bench.py`: {data['gib_per_rank']:g} GiB of weights per GPU"
+            f"{cache} paused and resumed by all GPUs together, then by fewer{runs}): {versions(data['environment'], path)}", "",
+            *table(["method", "GPUs", "run", "steady pause GB/s", "steady resume GB/s", "pause / pinned memcpy",
                     "resume / pinned memcpy", "first pause GB/s", "first pause time / steady", "bytes identical"], body), ""]
+
+
+def codec(gpu: str) -> list[str]:
+    data, path = load("codec", gpu)
+    if data is None:
+        return []
+    runs = data["codec_bench"]["runs"]
+    moves = [[r["gpus"], f"{r['stored_ratio']:.3f}", f"{r['plain out_gbps']:.1f}", f"{r['compressed out_gbps']:.1f}",
+              f"{r['compressed out_gbps'] / r['plain out_gbps']:.2f}×", f"{r['plain in_gbps']:.1f}",
+              f"{r['compressed in_gbps']:.1f}", f"{r['compressed in_gbps'] / r['plain in_gbps']:.2f}×",
+              "yes" if r["identical"] else "NO"] for r in runs]
+    alone = next(r for r in runs if r["gpus"] == 1)
+    coders = [["uvm (bf16 exponents in 3 bits)", f"{alone['stored_ratio']:.3f}", f"{alone['coder on device_gbps']:.0f}", "not measured alone",
+               "yes" if alone["identical"] else "NO"]]
+    coders += [[f"nvCOMP {r['coder']}", f"{r['stored_ratio']:.3f}", f"{r['encode_gbps']:.0f}", f"{r['decode_gbps']:.0f}",
+                "yes" if r["identical"] else "NO"] for r in data["nvcomp"]["rows"] if "error" not in r]
+    return [f"**Compressed backups of bf16 weights** (`bench/codec_bench.cpp`: GB/s of the weights' bytes, so "
+            f"fewer bytes stored count as speed): {versions(data['environment'], path)}", "",
+            *table(["GPUs", "stored / raw", "plain out GB/s", "compressed out GB/s", "out: compressed / plain",
+                    "plain in GB/s", "compressed in GB/s", "in: compressed / plain", "bytes identical"], moves), "",
+            f"**The coders alone, device memory to device memory, one GPU** (uvm's: `compress_on_device` in "
+            f"`bench/codec_bench.cpp`; nvCOMP {data['nvcomp']['nvcomp']}'s: `bench/nvcomp_compare.py`, on "
+            f"{data['nvcomp']['gib']:g} GiB of the same kind of weights): `{path.relative_to(ROOT)}`", "",
+            *table(["coder", "stored / raw", "encode GB/s", "decode GB/s", "bytes identical"], coders), ""]
 
 
 def jit(gpu: str) -> list[str]:
@@ -166,7 +195,7 @@ def block() -> str:
                  *stream(gpu), *backup(gpu),
                  *backup(gpu, "backup_disk_retain", "Disk backups of {gib} GiB, cycle after cycle, with and without "
                          "retain_cpu_backup"),
-                 *node(gpu), *jit(gpu)]
+                 *node(gpu), *codec(gpu), *jit(gpu)]
         if parts:
             lines += [f"### {title}", "", *parts]
     lines += ["### Any machine", "", *first_use(), END]
@@ -224,7 +253,7 @@ def contradictions(text: str) -> list[str]:
                 for way in ("offload", "onload"):
                     check(f"{way} / pinned memcpy", row, row[column[f"{way} GB/s"]], memcpy[column[f"{way} GB/s"]])
             if "pause / pinned memcpy" in column:  # the node table: against pinned memcpy with as many GPUs
-                memcpy = next(r for r in rows if r[0] == "pinned memcpy" and r[1] == row[1])
+                memcpy = next(r for r in rows if r[0] == "pinned memcpy" and r[1:3] == row[1:3])  # same GPUs, run
                 for way in ("pause", "resume"):
                     check(f"{way} / pinned memcpy", row, row[column[f"steady {way} GB/s"]], memcpy[column[f"steady {way} GB/s"]])
                 check("first pause time / steady", row, row[column["steady pause GB/s"]], row[column["first pause GB/s"]])

@@ -3,13 +3,14 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
 #include <utility>
 
-#include "../alloc/driver_api.hpp"
+#include "kernels.hpp"
 #include "pinned.hpp"
 
 namespace uvm {
@@ -64,40 +65,17 @@ constexpr size_t kWordBytes = 16;
 constexpr unsigned kThreadsPerBlock = 1024;
 constexpr unsigned kBlocksPerSm = 2;
 
-struct KernelApi {
-  CUresult (*module_load_data)(CUmodule*, const void*) = nullptr;
-  CUresult (*module_get_function)(CUfunction*, CUmodule, const char*) = nullptr;
-  CUresult (*launch_kernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                            CUstream, void**, void**) = nullptr;
-  bool available = false;
-};
-
-const KernelApi& kernel_api() {
-  static KernelApi* api = [] {
-    auto* a = new KernelApi();
-    a->available = resolve_driver("cuModuleLoadData", &a->module_load_data) &&
-                   resolve_driver("cuModuleGetFunction", &a->module_get_function) &&
-                   resolve_driver("cuLaunchKernel", &a->launch_kernel);
-    return a;
-  }();
-  return *api;
-}
-
-// The kernel as loaded on one device. Modules are never unloaded: they die
-// with their context, and no CUDA call may run from a static destructor.
+// The kernel as loaded on one device, and the blocks it is launched with there.
 struct LoadedKernel {
   CUfunction function = nullptr;
   unsigned blocks = 0;
 };
 
-std::mutex loaded_mutex;
-std::map<int, LoadedKernel>* loaded = new std::map<int, LoadedKernel>();  // by device; never destroyed
-
 // Why the kernel cannot serve `device` (for a message), or null when it can: the driver offers the
 // module calls, the device runs sm_70 code and reads registered memory through its host pointer.
 // Records no error and leaves no CUDA error pending.
 const char* kernel_refusal(int device) {
-  if (!kernel_api().available) {
+  if (!kernels_available()) {
     return "the driver does not offer cuModuleLoadData, cuModuleGetFunction and cuLaunchKernel";
   }
   int major = 0, host_pointer = 0;
@@ -114,10 +92,12 @@ const char* kernel_refusal(int device) {
   return nullptr;
 }
 
+std::mutex loaded_mutex;
+std::map<int, LoadedKernel>* loaded = new std::map<int, LoadedKernel>();  // by device; never destroyed
+
 uvm_status load_kernel(const Call& call, int device, LoadedKernel* out) {
   std::lock_guard<std::mutex> lock(loaded_mutex);
-  auto found = loaded->find(device);
-  if (found != loaded->end()) {
+  if (auto found = loaded->find(device); found != loaded->end()) {
     *out = found->second;
     return UVM_OK;
   }
@@ -129,17 +109,12 @@ uvm_status load_kernel(const Call& call, int device, LoadedKernel* out) {
   if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) {
     return fail_cuda(call, e, "cudaDeviceGetAttribute(MultiProcessorCount, device %d)", device);
   }
-  const KernelApi& api = kernel_api();
-  CUmodule module = nullptr;
-  if (CUresult r = api.module_load_data(&module, kCopyPtx)) {
-    return fail_driver(call, r, "cuModuleLoadData(the SM copy kernel, device %d; UVM_ONLOAD_COPY=engine avoids it)",
-                       device);
-  }
   LoadedKernel kernel;
-  if (CUresult r = api.module_get_function(&kernel.function, module, "uvm_copy_words")) {
-    return fail_driver(call, r, "cuModuleGetFunction(uvm_copy_words, device %d)", device);
-  }
   kernel.blocks = static_cast<unsigned>(sms > 0 ? sms : 1) * kBlocksPerSm;
+  if (uvm_status s = load_kernel_function(call, device, kCopyPtx, "uvm_copy_words",
+                                          "the SM copy kernel (UVM_ONLOAD_COPY=engine avoids it)", &kernel.function)) {
+    return s;
+  }
   (*loaded)[device] = kernel;
   *out = kernel;
   return UVM_OK;
@@ -181,12 +156,9 @@ uvm_status sm_copy(const Call& call, int device, void* dst, const void* host, si
   if (uvm_status s = load_kernel(call, device, &kernel)) return s;
   uint64_t words = bytes / kWordBytes;
   void* params[] = {&dst, &host, &words};
-  if (CUresult r = kernel_api().launch_kernel(kernel.function, kernel.blocks, 1, 1, kThreadsPerBlock, 1, 1, 0,
-                                              reinterpret_cast<CUstream>(stream), params, nullptr)) {
-    return fail_driver(call, r, "cuLaunchKernel(SM copy of %zu bytes from pinned %p to %p, device %d)", bytes,
-                       host, dst, device);
-  }
-  return UVM_OK;
+  char detail[160];
+  std::snprintf(detail, sizeof detail, "SM copy of %zu bytes from pinned %p to %p, device %d", bytes, host, dst, device);
+  return launch_kernel(call, kernel.function, kernel.blocks, kThreadsPerBlock, stream, params, detail);
 }
 
 }  // namespace uvm

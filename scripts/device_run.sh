@@ -25,6 +25,8 @@
 #   NODE_BENCH=1                 runs bench/node_bench.py: every GPU pausing and resuming at once, and GPU 0
 #                                alone, beside torch_memory_saver and the pinned memcpy ceiling
 #                                (NODE_ARGS: more arguments, e.g. "--gib 4 --cycles 3")
+#   CODEC_BENCH=1                runs bench/codec_bench.cpp (built with the tests): compressed backups against
+#                                plain copies, every GPU at once and GPU 0 alone (CODEC_GIB per GPU, default 4)
 #   SLABS_BENCH=1                the offload bench's small-tensor model (2 GiB of 512 KiB tensors),
 #                                staged and as a pool, with UVM_SLABS=0 and 1, alternating, two rounds
 #   PEERS=1                      runs torch_memory_saver's examples on uvm.memory_saver
@@ -245,6 +247,13 @@ if [ "${NODE_BENCH:-0}" = 1 ]; then
   fi
   # shellcheck disable=SC2086  # NODE_ARGS is the bench's arguments, split as words
   PYTHONPATH=python_shim:/tmp/peer-site python3 bench/node_bench.py --out "$OUT/node" ${NODE_ARGS:-} || status=1
+fi
+
+if [ "${CODEC_BENCH:-0}" = 1 ]; then
+  echo "== codec bench (bench/codec_bench.cpp, ${CODEC_GIB:-4} GiB per GPU)"
+  mkdir -p "$OUT/codec"
+  versions >"$OUT/codec/versions.txt"
+  "$build/bench/codec_bench" --gib "${CODEC_GIB:-4}" --out "$OUT/codec/results.json" || status=1
 fi
 
 if [ "${SLABS_BENCH:-0}" = 1 ]; then

@@ -53,7 +53,8 @@ enum class OpKind {
   stream_sync, device_sync, vmm_create, vmm_map, vmm_unmap,
   timing_mark,  // a record of a timing event (cudaEventCreate); fail_next("cudaEventRecord(timing)") fails one
   sm_copy,      // uvm's copy kernel launched (cuLaunchKernel): ptr is the device side, size the bytes
-  vmm_release   // physical memory given back to the driver (cuMemRelease): size its bytes
+  vmm_release,  // physical memory given back to the driver (cuMemRelease): size its bytes
+  codec_kernel  // a kernel of the compressed backups' coder launched: ptr its source, size its chunks
 };
 
 // How fast the virtual clock that timing events read says copies and prefetches run (every op

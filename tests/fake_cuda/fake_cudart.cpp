@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "fake_cuda.hpp"
+#include "../../offload/codec.hpp"
 
 namespace {
 
@@ -563,10 +564,15 @@ CUresult fake_mem_import(CUmemGenericAllocationHandle* handle, void* shareable, 
   return CUDA_SUCCESS;
 }
 
-// Modules and kernels: only uvm's copy kernel is known, and a launch of it copies as the GPU would,
-// from pinned host memory (one block or registration) into mapped device memory (releasable).
+// Modules and kernels: uvm's copy kernel and the compressed backups' coder are known. A launch of
+// the copy kernel copies as the GPU would, from pinned host memory (one block or registration) into
+// mapped device memory (releasable); a launch of the coder's kernels runs the reference coder
+// (offload/codec.hpp) on device memory, which is what the GPU kernels must match.
 const CUmodule kCopyModule = reinterpret_cast<CUmodule>(0x5eed);
+const CUmodule kCodecModule = reinterpret_cast<CUmodule>(0xc0de);
 const CUfunction kCopyFunction = reinterpret_cast<CUfunction>(0xc0b1);
+const char* const kCodecFunctions[] = {"uvm_codec_choose", "uvm_codec_encode", "uvm_codec_decode"};
+CUfunction codec_function(size_t index) { return reinterpret_cast<CUfunction>(0xc0d0 + index); }
 
 CUresult fake_module_load_data(CUmodule* module, const void* image) {
   World& w = world();
@@ -574,15 +580,73 @@ CUresult fake_module_load_data(CUmodule* module, const void* image) {
   CUresult r;
   if (injected_driver(w, "cuModuleLoadData", &r)) return r;
   ensure_context(w);
-  if (std::strstr(static_cast<const char*>(image), ".entry uvm_copy_words(") == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *module = kCopyModule;
+  const char* text = static_cast<const char*>(image);
+  if (std::strstr(text, ".entry uvm_copy_words(") != nullptr) {
+    *module = kCopyModule;
+  } else if (std::strstr(text, ".entry uvm_codec_choose(") != nullptr) {
+    *module = kCodecModule;
+  } else {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   return CUDA_SUCCESS;
 }
 
 CUresult fake_module_get_function(CUfunction* function, CUmodule module, const char* name) {
   if (CUresult r; injected_driver_now("cuModuleGetFunction", &r)) return r;
-  if (module != kCopyModule || std::strcmp(name, "uvm_copy_words") != 0) return CUDA_ERROR_INVALID_VALUE;
-  *function = kCopyFunction;
+  if (module == kCopyModule && std::strcmp(name, "uvm_copy_words") == 0) {
+    *function = kCopyFunction;
+    return CUDA_SUCCESS;
+  }
+  for (size_t i = 0; module == kCodecModule && i < 3; ++i) {
+    if (std::strcmp(name, kCodecFunctions[i]) == 0) {
+      *function = codec_function(i);
+      return CUDA_SUCCESS;
+    }
+  }
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+// One launch of the coder's kernel `index` (grid of `chunks` blocks) on device memory, as
+// codec_kernels.cu runs it.
+CUresult run_codec(World& w, size_t index, unsigned chunks, void** params) {
+  namespace codec = uvm::codec;
+  const auto* src = *static_cast<const uint8_t**>(params[0]);
+  std::vector<uint16_t> words(codec::kChunkWords);
+  if (index == 0) {  // choose(src, flags)
+    auto* flags = *static_cast<uint8_t**>(params[1]);
+    if (!inside_one_allocation(w, src, size_t{chunks} * codec::kChunkBytes) || !inside_one_allocation(w, flags, chunks)) {
+      return CUDA_ERROR_ILLEGAL_ADDRESS;
+    }
+    for (unsigned c = 0; c < chunks; ++c) {
+      std::memcpy(words.data(), src + size_t{c} * codec::kChunkBytes, codec::kChunkBytes);
+      flags[c] = codec::choose(words.data());
+    }
+    return CUDA_SUCCESS;
+  }
+  const auto* flags = *static_cast<const uint8_t**>(params[1]);
+  const uint64_t first = *static_cast<uint64_t*>(params[2]);
+  auto* dst = *static_cast<uint8_t**>(params[3]);
+  size_t stored = 0;  // the batch's stored bytes before each chunk
+  for (unsigned b = 0; b < chunks; ++b) stored += codec::stored_bytes(flags[first + b]);
+  const size_t raw = size_t{chunks} * codec::kChunkBytes;
+  if (!inside_one_allocation(w, src, index == 1 ? raw : stored) || !inside_one_allocation(w, dst, index == 1 ? stored : raw)) {
+    return CUDA_ERROR_ILLEGAL_ADDRESS;
+  }
+  size_t at = 0;
+  for (unsigned b = 0; b < chunks; ++b) {
+    const uint8_t flag = flags[first + b];
+    const size_t raw_at = size_t{b} * codec::kChunkBytes;
+    if (flag == codec::kRaw) {
+      std::memcpy(index == 1 ? dst + at : dst + raw_at, index == 1 ? src + raw_at : src + at, codec::kChunkBytes);
+    } else if (index == 1) {
+      std::memcpy(words.data(), src + raw_at, codec::kChunkBytes);
+      codec::encode(words.data(), flag, dst + at);
+    } else {
+      codec::decode(src + at, flag, words.data());
+      std::memcpy(dst + raw_at, words.data(), codec::kChunkBytes);
+    }
+    at += codec::stored_bytes(flag);
+  }
   return CUDA_SUCCESS;
 }
 
@@ -604,6 +668,15 @@ CUresult fake_launch_kernel(CUfunction function, unsigned grid_x, unsigned grid_
   CUresult r;
   if (injected_driver(w, "cuLaunchKernel", &r)) return r;
   const int device = ensure_context(w);
+  for (size_t i = 0; i < 3; ++i) {
+    if (function != codec_function(i)) continue;
+    if (grid_x == 0 || grid_y * grid_z != 1 || block_x * block_y * block_z != 256 || params == nullptr) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    const CUresult run = run_codec(w, i, grid_x, params);
+    if (run == CUDA_SUCCESS) log(w, fake::OpKind::codec_kernel, *static_cast<void**>(params[0]), grid_x, device, reinterpret_cast<cudaStream_t>(stream));
+    return run;
+  }
   if (function != kCopyFunction || grid_x * grid_y * grid_z == 0 || block_x * block_y * block_z == 0 ||
       block_x * block_y * block_z > 1024 || shared != 0 || params == nullptr || extra != nullptr) {
     return CUDA_ERROR_INVALID_VALUE;
@@ -658,8 +731,9 @@ const char* name(OpKind kind) {
                                       "free", "copy:to_host", "copy:to_device", "host_alloc", "host_free",
                                       "host_register", "host_unregister",
                                       "event_record", "event_sync", "wait_event", "stream_sync", "device_sync",
-                                      "vmm_create", "vmm_map", "vmm_unmap", "timing_mark", "sm_copy", "vmm_release"};
-  static_assert(sizeof names / sizeof names[0] == static_cast<size_t>(OpKind::vmm_release) + 1, "a name per kind");
+                                      "vmm_create", "vmm_map", "vmm_unmap", "timing_mark", "sm_copy", "vmm_release",
+                                      "codec_kernel"};
+  static_assert(sizeof names / sizeof names[0] == static_cast<size_t>(OpKind::codec_kernel) + 1, "a name per kind");
   return names[static_cast<size_t>(kind)];
 }
 

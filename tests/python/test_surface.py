@@ -588,6 +588,7 @@ def test_node_bench_takes_the_slowest_rank_and_sets_each_row_beside_the_ceiling(
     assert abs(ceiling["steady_pause_gbps"] - 160.0) < 1e-9  # 16 GB over the slower rank's 0.1 s (median of 0.1, 0.1, 0.12)
     ours = n.summarize(result("uvm memory_saver", [[1.0, 0.125, 0.125, 0.125], [0.5, 0.125, 0.125, 0.125]]))
     assert ours["first_pause_s"] == 1.0 and abs(ours["steady_pause_gbps"] - 128.0) < 1e-9
-    table = n.markdown([ours, ceiling], {"device": "GPU"}, 8)
+    table = n.markdown([ours, ceiling], {"device": "GPU"}, 8, 4)
+    assert "and 4 GiB of KV cache with none" in table
     row = next(line for line in table.splitlines() if line.startswith("| uvm memory_saver | 2 |"))
     assert "| 80% | 80% |" in row and "| 8.00× |" in row and row.endswith("| yes |")

@@ -1,0 +1,28 @@
+// uvm's own GPU kernels: PTX text built into the library (libuvm.so is compiled without nvcc),
+// loaded through the driver once per device and launched there. The SM copy (sm_copy.hpp) and the
+// compressed backups' coder (compress.hpp) are such kernels.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include "../alloc/errors.hpp"
+
+namespace uvm {
+
+// Whether the driver offers cuModuleLoadData, cuModuleGetFunction and cuLaunchKernel.
+bool kernels_available();
+
+// Function `name` of the module `ptx` (a string with static storage) on `device`, whose context must
+// be current: loaded the first time it is asked for on that device, then remembered. Modules are
+// never unloaded: they die with their context, and no CUDA call may run from a static destructor.
+// `what` names the kernel in messages. A failure names the driver call and its error.
+uvm_status load_kernel_function(const Call& call, int device, const char* ptx, const char* name, const char* what,
+                                CUfunction* out);
+
+// Launches `function` as `blocks` blocks of `threads` on `stream` with `params` (cuLaunchKernel's).
+// A failure names the kernel, `detail` (what it was launched on) and the driver's error.
+uvm_status launch_kernel(const Call& call, CUfunction function, unsigned blocks, unsigned threads,
+                         cudaStream_t stream, void** params, const char* detail);
+
+}  // namespace uvm

@@ -152,17 +152,20 @@ def codec(gpu: str) -> list[str]:
               f"{r['compressed in_gbps']:.1f}", f"{r['compressed in_gbps'] / r['plain in_gbps']:.2f}×",
               "yes" if r["identical"] else "NO"] for r in runs]
     alone = next(r for r in runs if r["gpus"] == 1)
-    coders = [["uvm (bf16 exponents in 3 bits)", f"{alone['stored_ratio']:.3f}", f"{alone['coder on device_gbps']:.0f}", "not measured alone",
-               "yes" if alone["identical"] else "NO"]]
-    coders += [[f"nvCOMP {r['coder']}", f"{r['stored_ratio']:.3f}", f"{r['encode_gbps']:.0f}", f"{r['decode_gbps']:.0f}",
-                "yes" if r["identical"] else "NO"] for r in data["nvcomp"]["rows"] if "error" not in r]
+    coders = [["uvm (bf16 exponents in 3 bits)", f"{alone['stored_ratio']:.3f}", f"{alone['coder on device_gbps']:.0f}",
+               "not measured alone", "yes" if alone["identical"] else "NO"]]
+    nvcomp = data.get("nvcomp")
+    if nvcomp:
+        coders += [[f"nvCOMP {r['coder']}", f"{r['stored_ratio']:.3f}", f"{r['encode_gbps']:.0f}", f"{r['decode_gbps']:.0f}",
+                    "yes" if r["identical"] else "NO"] for r in nvcomp["rows"] if "error" not in r]
+    others = (f"; nvCOMP {nvcomp['nvcomp']}'s: `bench/nvcomp_compare.py`, on {nvcomp['gib']:g} GiB of the same kind of "
+              f"weights") if nvcomp else ""
     return [f"**Compressed backups of bf16 weights** (`bench/codec_bench.cpp`: GB/s of the weights' bytes, so "
             f"fewer bytes stored count as speed): {versions(data['environment'], path)}", "",
             *table(["GPUs", "stored / raw", "plain out GB/s", "compressed out GB/s", "out: compressed / plain",
                     "plain in GB/s", "compressed in GB/s", "in: compressed / plain", "bytes identical"], moves), "",
             f"**The coders alone, device memory to device memory, one GPU** (uvm's: `compress_on_device` in "
-            f"`bench/codec_bench.cpp`; nvCOMP {data['nvcomp']['nvcomp']}'s: `bench/nvcomp_compare.py`, on "
-            f"{data['nvcomp']['gib']:g} GiB of the same kind of weights): `{path.relative_to(ROOT)}`", "",
+            f"`bench/codec_bench.cpp`{others}): `{path.relative_to(ROOT)}`", "",
             *table(["coder", "stored / raw", "encode GB/s", "decode GB/s", "bytes identical"], coders), ""]
 
 

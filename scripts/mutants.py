@@ -265,6 +265,16 @@ MUTANTS = [
  ("offload/prepare.cpp", "    if (releases.load() != asked_at) break;", "", "offload_tests", "[prepare]"),
  ("offload/prepare.cpp", "  const size_t limit = max_bytes == 0 ? SIZE_MAX : room_now + max_bytes;",
   "  const size_t limit = SIZE_MAX;", "offload_tests", "[prepare]"),
+ # Compressed backups: the coder's choices and the layout of what it stores.
+ ("offload/codec.cpp", "    if (held > best) best = held, best_base = base;",
+  "    if (held >= best) best = held, best_base = base;", "offload_tests", "[codec]"),
+ ("offload/codec.cpp", "  return kChunkWords - best > kEscapeCapacity ? kRaw",
+  "  return kChunkWords - best >= kEscapeCapacity ? kRaw", "offload_tests", "[codec]"),
+ ("offload/codec.cpp", "    if (code >= kWindow) {", "    if (code > kWindow) {", "offload_tests", "[codec]"),
+ ("offload/compress.cpp", "        at += batch_bytes;\n        return UVM_OK;", "        return UVM_OK;",
+  "offload_tests", "[codec]"),
+ ("offload/compress.cpp", "  for (size_t c = first; c < end; ++c) total += codec::stored_bytes(flags[c]);",
+  "  for (size_t c = first; c < end; ++c) total += codec::kCodedBytes;", "offload_tests", "[codec]"),
  # uvm.nccl on one node: registered anyway (NCCL keeps memory a pause must give back).
  ("python_shim/uvm/nccl.py", "    if _one_node():\n", "    if False:\n",
   "pytest", "tests/python/test_nccl.py::test_every_rank_on_this_node_registers_nothing_and_says_why"),

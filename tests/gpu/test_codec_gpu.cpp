@@ -59,7 +59,7 @@ TEST_CASE("the GPU coder writes the reference's bytes and brings every bit back"
     INFO(uvm_last_error());
     REQUIRE(compressed == UVM_OK);
     const size_t reference = codec::compress(raw.data(), bytes, expected_flags.data(), expected.data());
-    CHECK(flags == expected_flags);
+    CHECK(codec_data::first_difference(flags, expected_flags) == SIZE_MAX);
     REQUIRE(stored == reference);
     CHECK(std::memcmp(host.data(), expected.data(), stored) == 0);
     // The coder alone, into device memory: the same bytes.
@@ -109,6 +109,6 @@ TEST_CASE("a model's worth of bf16 weights comes back bit for bit at 0.72 of its
   REQUIRE(uvm::decompress_from_host(call, 0, host.data(), flags.data(), bytes, device, nullptr) == UVM_OK);
   Bytes back(bytes);
   REQUIRE(cudaMemcpy(back.data(), device, bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
-  CHECK(back == raw);
+  CHECK(codec_data::first_difference(back, raw) == SIZE_MAX);
   REQUIRE(cudaFree(device) == cudaSuccess);
 }

@@ -18,6 +18,7 @@ namespace {
 
 namespace codec = uvm::codec;
 using codec_data::Bytes;
+using codec_data::first_difference;
 using codec_data::gaussian_bf16;
 using codec_data::put_word;
 using codec_data::random_bytes;
@@ -74,7 +75,7 @@ std::vector<size_t> spread_positions(size_t count, unsigned seed) {
 
 }  // namespace
 
-TEST_CASE("compressed backups keep every bit of any data and code only the chunks that pay", "[offload]") {
+TEST_CASE("compressed backups keep every bit of any data and code only the chunks that pay", "[offload][codec]") {
   const size_t bytes = 3 * codec::kChunkBytes + 12345;  // three chunks and an odd tail
   struct Case {
     const char* name;
@@ -94,13 +95,13 @@ TEST_CASE("compressed backups keep every bit of any data and code only the chunk
   for (const Case& c : cases) {
     INFO(c.name);
     const Coded coded = compress(c.raw);
-    CHECK(decompress(coded, bytes) == c.raw);
+    CHECK(first_difference(decompress(coded, bytes), c.raw) == SIZE_MAX);
     CHECK(raw_chunks(coded) == (c.coded ? 0 : 3));
     if (c.coded) CHECK(coded.stored.size() == 3 * codec::kCodedBytes + 12345);
   }
 }
 
-TEST_CASE("bf16 weights with realistic scales take at most 0.72 of their bytes", "[offload]") {
+TEST_CASE("bf16 weights with realistic scales take at most 0.72 of their bytes", "[offload][codec]") {
   // Tensors of different scales back to back, as a model's weights lie in its pool: projections
   // (0.02), a norm's weights (near 1), an embedding (1), a small output head (0.002).
   Bytes raw;
@@ -113,17 +114,17 @@ TEST_CASE("bf16 weights with realistic scales take at most 0.72 of their bytes",
   const Coded coded = compress(raw);
   CHECK(raw_chunks(coded) == 0);
   CHECK(static_cast<double>(coded.stored.size()) / raw.size() == Approx(47104.0 / 65536).epsilon(1e-9));
-  CHECK(decompress(coded, raw.size()) == raw);
+  CHECK(first_difference(decompress(coded, raw.size()), raw) == SIZE_MAX);
 }
 
-TEST_CASE("a chunk is coded with up to 2,048 words outside its window and kept raw past that", "[offload]") {
+TEST_CASE("a chunk is coded with up to 2,048 words outside its window and kept raw past that", "[offload][codec]") {
   for (size_t outside : {size_t{0}, size_t{1}, codec::kEscapeCapacity - 1, codec::kEscapeCapacity,
                          codec::kEscapeCapacity + 1}) {
     INFO(outside << " words outside the window");
     const Bytes raw = chunk_with_exponents(120, spread_positions(outside, 5), 3, 6);
     const Coded coded = compress(raw);
     CHECK(raw_chunks(coded) == (outside > codec::kEscapeCapacity ? 1 : 0));
-    CHECK(decompress(coded, raw.size()) == raw);
+    CHECK(first_difference(decompress(coded, raw.size()), raw) == SIZE_MAX);
     // The escapes keep the outside words' exponents in word order, then zeros.
     if (outside > 0 && outside <= codec::kEscapeCapacity) {
       CHECK(coded.stored[codec::kEscapeOffset + outside - 1] == 3);
@@ -133,7 +134,7 @@ TEST_CASE("a chunk is coded with up to 2,048 words outside its window and kept r
 }
 
 TEST_CASE("the window holding the most words is chosen, the lowest on a tie, up to the highest exponents",
-          "[offload]") {
+          "[offload][codec]") {
   const auto flag_of = [](const Bytes& chunk) {
     std::vector<uint16_t> words(codec::kChunkWords);
     std::memcpy(words.data(), chunk.data(), codec::kChunkBytes);
@@ -150,7 +151,7 @@ TEST_CASE("the window holding the most words is chosen, the lowest on a tie, up 
 }
 
 TEST_CASE("compress_to_host and decompress_from_host round-trip through device memory and touch no neighbour",
-          "[offload]") {
+          "[offload][codec]") {
   FakeMachine machine;
   cudaStream_t stream = fake::make_stream();
   const uvm::Call call = uvm::Call::of("test");
@@ -173,8 +174,8 @@ TEST_CASE("compress_to_host and decompress_from_host round-trip through device m
   REQUIRE(compressed == UVM_OK);
   const Coded expected = compress(raw);
   CHECK(stored == expected.stored.size());
-  CHECK(Bytes(host.begin(), host.begin() + stored) == expected.stored);
-  CHECK(Bytes(flags.begin(), flags.end() - 1) == expected.flags);
+  CHECK(first_difference(Bytes(host.begin(), host.begin() + stored), expected.stored) == SIZE_MAX);
+  CHECK(first_difference(Bytes(flags.begin(), flags.end() - 1), expected.flags) == SIZE_MAX);
   CHECK(flags.back() == 0x77);
   CHECK(std::all_of(host.begin() + stored, host.end(), [](uint8_t b) { return b == 0x5A; }));
   CHECK(raw_chunks(expected) == 2);
@@ -199,7 +200,7 @@ TEST_CASE("compress_to_host and decompress_from_host round-trip through device m
   REQUIRE(cudaFree(device) == cudaSuccess);
 }
 
-TEST_CASE("a failure while compressing or decompressing names its step and leaves the backup whole", "[offload]") {
+TEST_CASE("a failure while compressing or decompressing names its step and leaves the backup whole", "[offload][codec]") {
   FakeMachine machine;
   cudaStream_t stream = fake::make_stream();
   const uvm::Call call = uvm::Call::of("test");
@@ -239,8 +240,8 @@ TEST_CASE("a failure while compressing or decompressing names its step and leave
     CHECK(uvm::decompress_from_host(call, 0, host.data(), flags.data(), bytes, device, stream) == UVM_ERROR_CUDA);
     CHECK(mentions(uvm_last_error(), f.named));
     CHECK(cudaPeekAtLastError() == cudaSuccess);
-    CHECK(Bytes(host.begin(), host.begin() + stored) == backup);  // the backup is only read: the next try has it
-    CHECK(flags == backup_flags);
+    CHECK(first_difference(Bytes(host.begin(), host.begin() + stored), backup) == SIZE_MAX);  // the backup is only read: the next try has it
+    CHECK(first_difference(flags, backup_flags) == SIZE_MAX);
     REQUIRE(uvm::decompress_from_host(call, 0, host.data(), flags.data(), bytes, device, stream) == UVM_OK);
     CHECK(std::memcmp(device, raw.data(), bytes) == 0);
   }

@@ -2,6 +2,7 @@
 // initialized, and what compression must survive without paying (random bytes and the like).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -59,6 +60,16 @@ inline Bytes gaussian_fp32(size_t bytes, unsigned seed) {
     std::memcpy(&out[i], &value, 4);
   }
   return out;
+}
+
+// Where `a` and `b` first differ (the shorter one's end if one is a prefix of the other), or
+// SIZE_MAX when they are the same: a failing check prints one index, not megabytes of bytes.
+inline size_t first_difference(const Bytes& a, const Bytes& b) {
+  const size_t common = a.size() < b.size() ? a.size() : b.size();
+  for (size_t i = 0; i < common; ++i) {
+    if (a[i] != b[i]) return i;
+  }
+  return a.size() == b.size() ? SIZE_MAX : common;
 }
 
 }  // namespace codec_data

@@ -143,6 +143,18 @@ struct Releasable {
   unsigned seed;
 };
 
+// A Releasable of `size` bytes on `device` made under `tag` with `backup` (the calling thread's
+// uvm_set_thread_tag and uvm_set_thread_backup), the thread's settings restored after.
+inline std::unique_ptr<Releasable> releasable_under(const char* tag, uvm_backup backup, unsigned seed,
+                                                    size_t size = size_t{1} << 20, int device = 0) {
+  REQUIRE(uvm_set_thread_tag(tag) == UVM_OK);
+  REQUIRE(uvm_set_thread_backup(backup) == UVM_OK);
+  auto memory = std::make_unique<Releasable>(size, device, seed);
+  REQUIRE(uvm_set_thread_tag(nullptr) == UVM_OK);
+  REQUIRE(uvm_set_thread_backup(UVM_BACKUP_NONE) == UVM_OK);
+  return memory;
+}
+
 // The directory disk copies go to in these tests, made once per process under the working
 // directory (meson runs tests in the build directory, on a disk: /tmp may be a tmpfs, which uvm
 // refuses) and removed at exit.

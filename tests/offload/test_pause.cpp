@@ -14,17 +14,6 @@
 namespace {
 constexpr size_t kMiB = size_t{1} << 20;
 
-// A releasable allocation made under `tag` with `backup`, the thread's settings restored after.
-std::unique_ptr<Releasable> made(const char* tag, uvm_backup backup, unsigned seed, int device = 0,
-                                 size_t size = kMiB) {
-  REQUIRE(uvm_set_thread_tag(tag) == UVM_OK);
-  REQUIRE(uvm_set_thread_backup(backup) == UVM_OK);
-  auto memory = std::make_unique<Releasable>(size, device, seed);
-  REQUIRE(uvm_set_thread_tag(nullptr) == UVM_OK);
-  REQUIRE(uvm_set_thread_backup(UVM_BACKUP_NONE) == UVM_OK);
-  return memory;
-}
-
 size_t paused(int device, const char* tag) {
   size_t count = 0;
   REQUIRE(uvm_paused_count(device, tag, &count) == UVM_OK);
@@ -35,9 +24,9 @@ size_t paused(int device, const char* tag) {
 TEST_CASE("pause keeps what has a host backup, drops the rest, frees both; resume brings the kept bytes back",
           "[pause][cuda13]") {
   FakeMachine machine;
-  auto kept = made("weights", UVM_BACKUP_HOST, 1);
-  auto dropped = made("weights", UVM_BACKUP_NONE, 2);
-  auto other = made("kv", UVM_BACKUP_HOST, 3);
+  auto kept = releasable_under("weights", UVM_BACKUP_HOST, 1);
+  auto dropped = releasable_under("weights", UVM_BACKUP_NONE, 2);
+  auto other = releasable_under("kv", UVM_BACKUP_HOST, 3);
   const size_t mapped = fake::mapped_reservations();
   REQUIRE(uvm_pause(UVM_ANY_DEVICE, "weights") == UVM_OK);
   CHECK(paused(UVM_ANY_DEVICE, "weights") == 2);
@@ -65,15 +54,15 @@ TEST_CASE("pause keeps what has a host backup, drops the rest, frees both; resum
 TEST_CASE("pause and resume select by device and tag; an allocation made while paused is not paused",
           "[pause][cuda13]") {
   FakeMachine machine;
-  auto on0 = made("weights", UVM_BACKUP_HOST, 1, 0);
+  auto on0 = releasable_under("weights", UVM_BACKUP_HOST, 1, kMiB, 0);
   fake::set_thread_context(1);
-  auto on1 = made("weights", UVM_BACKUP_HOST, 2, 1);
+  auto on1 = releasable_under("weights", UVM_BACKUP_HOST, 2, kMiB, 1);
   fake::set_thread_context(0);
   REQUIRE(uvm_pause(1, "weights") == UVM_OK);
   CHECK(paused(0, "weights") == 0);
   CHECK(paused(1, "weights") == 1);
   CHECK(fake::current_context() == 0);  // the caller's context, restored
-  auto late = made("weights", UVM_BACKUP_HOST, 4, 1);
+  auto late = releasable_under("weights", UVM_BACKUP_HOST, 4, kMiB, 1);
   CHECK(paused(1, "weights") == 1);
   REQUIRE(uvm_pause(UVM_ANY_DEVICE, nullptr) == UVM_OK);  // every tag, every device
   CHECK(paused(UVM_ANY_DEVICE, nullptr) == 3);
@@ -112,8 +101,8 @@ TEST_CASE("managed memory pauses too: kept bytes staged, dropped ones discarded"
 TEST_CASE("a pause whose copy fails names it, keeps those bytes on the device and can be done again",
           "[pause][cuda13]") {
   FakeMachine machine;
-  auto kept = made("weights", UVM_BACKUP_HOST, 1);
-  auto dropped = made("weights", UVM_BACKUP_NONE, 2);
+  auto kept = releasable_under("weights", UVM_BACKUP_HOST, 1);
+  auto dropped = releasable_under("weights", UVM_BACKUP_NONE, 2);
   fake::fail_next("cudaMemcpyAsync", cudaErrorInvalidValue);
   CHECK(uvm_pause(0, "weights") == UVM_ERROR_CUDA);
   CHECK_THAT(last_error(), Has("uvm_pause(device=0, tag=\"weights\")"));
@@ -159,7 +148,7 @@ const unsigned char* host_copy(const Releasable& memory) {
 TEST_CASE("a resume that retains keeps the pinned copy at its address; the next pause writes it there",
           "[pause][retain][cuda13]") {
   FakeMachine machine;
-  auto weights = made("weights", UVM_BACKUP_HOST, 1);
+  auto weights = releasable_under("weights", UVM_BACKUP_HOST, 1);
   REQUIRE(uvm_pause(0, "weights") == UVM_OK);
   const unsigned char* first = host_copy(*weights);
   REQUIRE(first != nullptr);
@@ -196,7 +185,7 @@ TEST_CASE("a retained copy in parts (cut where a step of its first pinning ended
   Retaining retain;
   // 3 × 100 MiB: the third lies across the end of the first step, so its copy is in two parts.
   std::vector<std::unique_ptr<Releasable>> weights;
-  for (unsigned seed = 1; seed <= 3; ++seed) weights.push_back(made("weights", UVM_BACKUP_HOST, seed, 0, 100 * kMiB));
+  for (unsigned seed = 1; seed <= 3; ++seed) weights.push_back(releasable_under("weights", UVM_BACKUP_HOST, seed, 100 * kMiB));
   REQUIRE(uvm_pause(0, "weights") == UVM_OK);
   std::vector<const unsigned char*> copies;
   for (const auto& w : weights) copies.push_back(host_copy(*w));
@@ -228,7 +217,7 @@ TEST_CASE("a retained copy dies with its allocation, its block and a discard; th
   SECTION("freed, or its block taken back, while retained or while paused: no pinned staging is left") {
     const bool while_paused = GENERATE(false, true);
     const bool block_only = GENERATE(false, true);
-    auto weights = made("weights", UVM_BACKUP_HOST, 1);
+    auto weights = releasable_under("weights", UVM_BACKUP_HOST, 1);
     REQUIRE(uvm_pause(0, "weights") == UVM_OK);
     if (!while_paused) REQUIRE(uvm_resume(0, "weights") == UVM_OK);
     CHECK(fake::pinned_blocks() > 0);
@@ -243,7 +232,7 @@ TEST_CASE("a retained copy dies with its allocation, its block and a discard; th
   }
   SECTION("a block handed out, or taken back, over it") {
     const bool handed_out = GENERATE(false, true);
-    auto weights = made("weights", UVM_BACKUP_HOST, 1);
+    auto weights = releasable_under("weights", UVM_BACKUP_HOST, 1);
     REQUIRE(uvm_pause(0, "weights") == UVM_OK);
     REQUIRE(uvm_resume(0, "weights") == UVM_OK);
     REQUIRE(host_copy(*weights) != nullptr);
@@ -256,7 +245,7 @@ TEST_CASE("a retained copy dies with its allocation, its block and a discard; th
     CHECK(rest != nullptr);
   }
   SECTION("discarded") {
-    auto weights = made("weights", UVM_BACKUP_HOST, 1);
+    auto weights = releasable_under("weights", UVM_BACKUP_HOST, 1);
     REQUIRE(uvm_pause(0, "weights") == UVM_OK);
     REQUIRE(uvm_resume(0, "weights") == UVM_OK);
     const uvm_range whole = weights->whole();
@@ -270,7 +259,7 @@ TEST_CASE("a retained copy dies with its allocation, its block and a discard; th
 TEST_CASE("an mmap copy is retained too and replaced at the next pause", "[pause][retain][spill][cuda13]") {
   FakeMachine machine;
   Retaining retain;
-  auto mapped = made("mapped", UVM_BACKUP_MMAP, 1);
+  auto mapped = releasable_under("mapped", UVM_BACKUP_MMAP, 1);
   REQUIRE(uvm_pause(UVM_ANY_DEVICE, nullptr) == UVM_OK);
   const unsigned char* first = host_copy(*mapped);
   REQUIRE(first != nullptr);
@@ -294,9 +283,9 @@ TEST_CASE("a retained disk copy keeps its file, written again in place by the ne
   const std::string& dir = test_disk_dir();
   REQUIRE(uvm_set_disk_backup_dir(dir.c_str()) == UVM_OK);
   Retaining retain;
-  auto first = made("on disk", UVM_BACKUP_DISK, 2);
-  auto second = made("on disk", UVM_BACKUP_DISK, 3);
-  auto mapped = made("mapped", UVM_BACKUP_MMAP, 4);  // the same pause, another kind of copy
+  auto first = releasable_under("on disk", UVM_BACKUP_DISK, 2);
+  auto second = releasable_under("on disk", UVM_BACKUP_DISK, 3);
+  auto mapped = releasable_under("mapped", UVM_BACKUP_MMAP, 4);  // the same pause, another kind of copy
   REQUIRE(uvm_pause(UVM_ANY_DEVICE, nullptr) == UVM_OK);
   const std::vector<std::string> files = backup_files(dir);
   REQUIRE(files.size() == 2);

@@ -8,15 +8,6 @@
 namespace {
 constexpr size_t kMiB = size_t{1} << 20;
 
-std::unique_ptr<Releasable> made(const char* tag, uvm_backup backup, unsigned seed, size_t size = kMiB) {
-  REQUIRE(uvm_set_thread_tag(tag) == UVM_OK);
-  REQUIRE(uvm_set_thread_backup(backup) == UVM_OK);
-  auto memory = std::make_unique<Releasable>(size, 0, seed);
-  REQUIRE(uvm_set_thread_tag(nullptr) == UVM_OK);
-  REQUIRE(uvm_set_thread_backup(UVM_BACKUP_NONE) == UVM_OK);
-  return memory;
-}
-
 size_t staging_capacity() {
   size_t capacity = 0;
   REQUIRE(uvm_get_staging(&capacity, nullptr) == UVM_OK);
@@ -31,10 +22,10 @@ TEST_CASE("a prepared pause pins nothing: the memory its kept allocations need w
   REQUIRE(uvm_release_staging() == UVM_OK);  // none left by an earlier test
   // Large enough to fill the block they are prepared in: then a retained copy's room prepared
   // again would need a block of its own.
-  auto first = made("weights", UVM_BACKUP_HOST, 1, 160 * kMiB);
-  auto second = made("weights", UVM_BACKUP_HOST, 2, 160 * kMiB);
-  auto dropped = made("weights", UVM_BACKUP_NONE, 3, 64 * kMiB);  // no backup: nothing to stage
-  auto other = made("kv", UVM_BACKUP_HOST, 4, 64 * kMiB);         // another tag
+  auto first = releasable_under("weights", UVM_BACKUP_HOST, 1, 160 * kMiB);
+  auto second = releasable_under("weights", UVM_BACKUP_HOST, 2, 160 * kMiB);
+  auto dropped = releasable_under("weights", UVM_BACKUP_NONE, 3, 64 * kMiB);  // no backup: nothing to stage
+  auto other = releasable_under("kv", UVM_BACKUP_HOST, 4, 64 * kMiB);         // another tag
   size_t pinned = 1;
   REQUIRE(uvm_prepare_pause(UVM_ANY_DEVICE, "weights", 0, &pinned) == UVM_OK);
   CHECK(pinned >= 320 * kMiB);
@@ -59,7 +50,7 @@ TEST_CASE("a prepared pause pins nothing: the memory its kept allocations need w
 TEST_CASE("a prepared pause is bounded by max_bytes, and reads its selection as uvm_pause does", "[prepare][errors]") {
   FakeMachine machine;
   REQUIRE(uvm_release_staging() == UVM_OK);  // none left by an earlier test
-  auto weights = made("weights", UVM_BACKUP_HOST, 1, 8 * kMiB);
+  auto weights = releasable_under("weights", UVM_BACKUP_HOST, 1, 8 * kMiB);
   size_t pinned = 1;
   REQUIRE(uvm_prepare_pause(UVM_ANY_DEVICE, "weights", 4 * kMiB, &pinned) == UVM_OK);  // less than one allocation
   CHECK(pinned == 0);
@@ -77,9 +68,9 @@ TEST_CASE("a prepared pause is bounded by max_bytes, and reads its selection as 
 TEST_CASE("uvm_release_staging stops a preparation after the batch it is pinning", "[prepare][threads]") {
   FakeMachine machine;
   // Three allocations of 200 MiB: batches of 256 MiB take the first two, then the third.
-  auto a = made("weights", UVM_BACKUP_HOST, 1, 200 * kMiB);
-  auto b = made("weights", UVM_BACKUP_HOST, 2, 200 * kMiB);
-  auto c = made("weights", UVM_BACKUP_HOST, 3, 200 * kMiB);
+  auto a = releasable_under("weights", UVM_BACKUP_HOST, 1, 200 * kMiB);
+  auto b = releasable_under("weights", UVM_BACKUP_HOST, 2, 200 * kMiB);
+  auto c = releasable_under("weights", UVM_BACKUP_HOST, 3, 200 * kMiB);
   REQUIRE(uvm_release_staging() == UVM_OK);  // no staging left by an earlier test: the batches pin
   uvm_staging_info info{};
   REQUIRE(uvm_get_staging_info(&info) == UVM_OK);  // the call that pins, as UVM_PINNED says

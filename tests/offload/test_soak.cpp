@@ -70,14 +70,6 @@ Trend trend_of(const std::vector<Sample>& samples, Field field) {
   return Trend{(n * sxy - sx * sy) / (n * sxx - sx * sx), high - low};
 }
 
-std::unique_ptr<Releasable> made(const char* tag, uvm_backup backup, size_t size, unsigned seed) {
-  REQUIRE(uvm_set_thread_tag(tag) == UVM_OK);
-  REQUIRE(uvm_set_thread_backup(backup) == UVM_OK);
-  auto memory = std::make_unique<Releasable>(size, 0, seed);
-  REQUIRE(uvm_set_thread_tag(nullptr) == UVM_OK);
-  REQUIRE(uvm_set_thread_backup(UVM_BACKUP_NONE) == UVM_OK);
-  return memory;
-}
 }  // namespace
 
 TEST_CASE("a soak of sleep/wake cycles keeps every byte and grows nothing", "[soak][cuda13]") {
@@ -89,11 +81,11 @@ TEST_CASE("a soak of sleep/wake cycles keeps every byte and grows nothing", "[so
   FakeMachine machine;
   std::vector<std::unique_ptr<Releasable>> weights;
   for (unsigned i = 0; i < 3; ++i) {
-    weights.push_back(made("weights-pinned", UVM_BACKUP_HOST, 2 * kMiB, 10 + i));
-    weights.push_back(made("weights-mmap", UVM_BACKUP_MMAP, kMiB, 20 + i));
-    weights.push_back(made("weights-disk", UVM_BACKUP_DISK, kMiB, 30 + i));
+    weights.push_back(releasable_under("weights-pinned", UVM_BACKUP_HOST, 10 + i, 2 * kMiB));
+    weights.push_back(releasable_under("weights-mmap", UVM_BACKUP_MMAP, 20 + i, kMiB));
+    weights.push_back(releasable_under("weights-disk", UVM_BACKUP_DISK, 30 + i, kMiB));
   }
-  auto kv = made("kv-cache", UVM_BACKUP_NONE, 4 * kMiB, 40);
+  auto kv = releasable_under("kv-cache", UVM_BACKUP_NONE, 40, 4 * kMiB);
   Releasable neighbour(kMiB, 0, 50);  // untagged, never paused: its bytes must not move
   std::vector<Sample> samples[2];  // by the cycle's retain setting: a retaining one ends holding its copies
   const char* tags[] = {"weights-pinned", "weights-mmap", "weights-disk", "kv-cache"};

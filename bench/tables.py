@@ -146,12 +146,12 @@ def codec(gpu: str) -> list[str]:
     data, path = load("codec", gpu)
     if data is None:
         return []
-    runs = data["codec_bench"]["runs"]
-    moves = [[r["gpus"], f"{r['stored_ratio']:.3f}", f"{r['plain out_gbps']:.1f}", f"{r['compressed out_gbps']:.1f}",
+    runs = [dict(r, run=bench["label"]) for bench in data["codec_bench_runs"] for r in bench["runs"]]
+    moves = [[r["gpus"], r["run"], f"{r['stored_ratio']:.3f}", f"{r['plain out_gbps']:.1f}", f"{r['compressed out_gbps']:.1f}",
               f"{r['compressed out_gbps'] / r['plain out_gbps']:.2f}×", f"{r['plain in_gbps']:.1f}",
               f"{r['compressed in_gbps']:.1f}", f"{r['compressed in_gbps'] / r['plain in_gbps']:.2f}×",
               "yes" if r["identical"] else "NO"] for r in runs]
-    alone = next(r for r in runs if r["gpus"] == 1)
+    alone = next(r for r in reversed(runs) if r["gpus"] == 1)  # the newest run's
     coders = [["uvm (bf16 exponents in 3 bits)", f"{alone['stored_ratio']:.3f}", f"{alone['coder on device_gbps']:.0f}",
                "not measured alone", "yes" if alone["identical"] else "NO"]]
     nvcomp = data.get("nvcomp")
@@ -162,7 +162,7 @@ def codec(gpu: str) -> list[str]:
               f"weights") if nvcomp else ""
     return [f"**Compressed backups of bf16 weights** (`bench/codec_bench.cpp`: GB/s of the weights' bytes, so "
             f"fewer bytes stored count as speed): {versions(data['environment'], path)}", "",
-            *table(["GPUs", "stored / raw", "plain out GB/s", "compressed out GB/s", "out: compressed / plain",
+            *table(["GPUs", "run", "stored / raw", "plain out GB/s", "compressed out GB/s", "out: compressed / plain",
                     "plain in GB/s", "compressed in GB/s", "in: compressed / plain", "bytes identical"], moves), "",
             f"**The coders alone, device memory to device memory, one GPU** (uvm's: `compress_on_device` in "
             f"`bench/codec_bench.cpp`{others}): `{path.relative_to(ROOT)}`", "",

@@ -5,6 +5,7 @@
 #include <functional>
 #include <vector>
 
+#include "../alloc/driver_api.hpp"
 #include "../alloc/events.hpp"
 
 #include "kernels.hpp"
@@ -106,10 +107,11 @@ uvm_status launch_batch(const Call& call, int device, const char* name, const vo
   if (uvm_status s = codec_kernel(call, device, name, &function)) return s;
   uint64_t first_chunk = first;
   void* params[] = {&src, &flags, &first_chunk, &dst};
-  char detail[160];
-  std::snprintf(detail, sizeof detail, "%s of chunks %zu to %zu, %p to %p, device %d", name, first, first + count - 1,
-                src, dst, device);
-  return launch_kernel(call, function, static_cast<unsigned>(count), kCodecThreads, stream, params, detail);
+  if (CUresult r = launch_kernel(function, static_cast<unsigned>(count), kCodecThreads, stream, params)) {
+    return fail_driver(call, r, "cuLaunchKernel(%s of chunks %zu to %zu, %p to %p, device %d)", name, first,
+                       first + count - 1, src, dst, device);
+  }
+  return UVM_OK;
 }
 
 // Each chunk's flag, chosen on the device into `device_flags` and copied into host `flags`; returns
@@ -123,10 +125,9 @@ uvm_status choose_flags(const Call& call, int device, const uint8_t* in, size_t 
     const void* batch_src = in + first * codec::kChunkBytes;
     uint8_t* batch_flags = device_flags + first;
     void* params[] = {&batch_src, &batch_flags};
-    char detail[128];
-    std::snprintf(detail, sizeof detail, "uvm_codec_choose of %zu chunks at %p, device %d", count, batch_src, device);
-    if (uvm_status s = launch_kernel(call, choose, static_cast<unsigned>(count), kCodecThreads, stream, params, detail)) {
-      return s;
+    if (CUresult r = launch_kernel(choose, static_cast<unsigned>(count), kCodecThreads, stream, params)) {
+      return fail_driver(call, r, "cuLaunchKernel(uvm_codec_choose of %zu chunks at %p, device %d)", count, batch_src,
+                         device);
     }
   }
   if (cudaError_t e = cudaMemcpyAsync(flags, device_flags, chunks, cudaMemcpyDefault, stream)) {

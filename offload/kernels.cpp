@@ -77,13 +77,9 @@ uvm_status load_kernel_function(const Call& call, int device, const char* ptx, c
   return UVM_OK;
 }
 
-uvm_status launch_kernel(const Call& call, CUfunction function, unsigned blocks, unsigned threads,
-                         cudaStream_t stream, void** params, const char* detail) {
-  if (CUresult r = kernel_api().launch_kernel(function, blocks, 1, 1, threads, 1, 1, 0,
-                                              reinterpret_cast<CUstream>(stream), params, nullptr)) {
-    return fail_driver(call, r, "cuLaunchKernel(%s)", detail);
-  }
-  return UVM_OK;
+CUresult launch_kernel(CUfunction function, unsigned blocks, unsigned threads, cudaStream_t stream, void** params) {
+  return kernel_api().launch_kernel(function, blocks, 1, 1, threads, 1, 1, 0, reinterpret_cast<CUstream>(stream), params,
+                                    nullptr);
 }
 
 }  // namespace uvm

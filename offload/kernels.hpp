@@ -20,9 +20,9 @@ bool kernels_available();
 uvm_status load_kernel_function(const Call& call, int device, const char* ptx, const char* name, const char* what,
                                 CUfunction* out);
 
-// Launches `function` as `blocks` blocks of `threads` on `stream` with `params` (cuLaunchKernel's).
-// A failure names the kernel, `detail` (what it was launched on) and the driver's error.
-uvm_status launch_kernel(const Call& call, CUfunction function, unsigned blocks, unsigned threads,
-                         cudaStream_t stream, void** params, const char* detail);
+// Launches `function` as `blocks` blocks of `threads` on `stream` with `params` (cuLaunchKernel's),
+// and returns the driver's result: the caller names what failed (fail_driver), so that a launch
+// formats no message unless it fails.
+CUresult launch_kernel(CUfunction function, unsigned blocks, unsigned threads, cudaStream_t stream, void** params);
 
 }  // namespace uvm

@@ -3,13 +3,13 @@
 #include <cuda.h>
 
 #include <cstdint>
-#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
 #include <utility>
 
+#include "../alloc/driver_api.hpp"
 #include "kernels.hpp"
 #include "pinned.hpp"
 
@@ -156,9 +156,11 @@ uvm_status sm_copy(const Call& call, int device, void* dst, const void* host, si
   if (uvm_status s = load_kernel(call, device, &kernel)) return s;
   uint64_t words = bytes / kWordBytes;
   void* params[] = {&dst, &host, &words};
-  char detail[160];
-  std::snprintf(detail, sizeof detail, "SM copy of %zu bytes from pinned %p to %p, device %d", bytes, host, dst, device);
-  return launch_kernel(call, kernel.function, kernel.blocks, kThreadsPerBlock, stream, params, detail);
+  if (CUresult r = launch_kernel(kernel.function, kernel.blocks, kThreadsPerBlock, stream, params)) {
+    return fail_driver(call, r, "cuLaunchKernel(SM copy of %zu bytes from pinned %p to %p, device %d)", bytes, host,
+                       dst, device);
+  }
+  return UVM_OK;
 }
 
 }  // namespace uvm

@@ -77,6 +77,7 @@ uvm_status allocate(const Call& call, size_t size, int device, Backing backing, 
   record.device = device;
   record.tag = thread_tag();
   record.backup = thread_backup();
+  record.compressed = thread_compression();
   record.backing = backing;
   record.reported_runtime = blocks_are_reported();
   size_t in_use = 0;

@@ -197,13 +197,15 @@ void Registry::set_mapping(uintptr_t base, const Mapping& mapping) {
 
 AllocationView Registry::view_of(uintptr_t base, const Allocation& allocation) {
   return AllocationView{base,           allocation.size,   allocation.device,
-                        allocation.backing, allocation.slab, allocation.backup, allocation.paused};
+                        allocation.backing, allocation.slab, allocation.backup, allocation.paused,
+                        allocation.compressed};
 }
 
 bool Selection::includes(const Allocation& allocation) const {
   return (device == UVM_ANY_DEVICE || allocation.device == device) &&
          (any_tag || std::find(tags.begin(), tags.end(), allocation.tag) != tags.end()) &&
-         (!backup || allocation.backup == *backup) && (!paused || allocation.paused == *paused);
+         (!backup || allocation.backup == *backup) && (!paused || allocation.paused == *paused) &&
+         (!compressed || allocation.compressed == *compressed);
 }
 
 std::vector<AllocationView> Registry::select(const Selection& selection) const {

@@ -52,6 +52,7 @@ struct Allocation {
   // and backup kind, both the allocating thread's (tags.hpp), and whether uvm_pause paused it.
   TagId tag = kUntagged;
   uvm_backup backup = UVM_BACKUP_NONE;  // what uvm_pause keeps of it
+  bool compressed = false;              // whether uvm_pause compresses what it keeps
   bool paused = false;                  // by uvm_pause, until uvm_resume
   Backing backing = Backing::managed;
   uintptr_t slab = 0;       // the slab holding it (alloc/slabs.hpp), 0 if it is a driver allocation of its own
@@ -84,6 +85,7 @@ struct AllocationView {
   uintptr_t slab = 0;
   uvm_backup backup = UVM_BACKUP_NONE;
   bool paused = false;
+  bool compressed = false;
   // The driver allocation holding it: where one prefetch or copy may reach.
   uintptr_t memory() const { return slab != 0 ? slab : base; }
 };
@@ -95,9 +97,10 @@ struct Selection {
   int device = UVM_ANY_DEVICE;
   bool any_tag = true;
   std::vector<TagId> tags;
-  // Narrower, for uvm_pause and uvm_resume: only allocations with this backup, only those paused
-  // (or not).
+  // Narrower, for uvm_pause and uvm_resume: only allocations with this backup, compressed (or
+  // not), only those paused (or not).
   std::optional<uvm_backup> backup;
+  std::optional<bool> compressed;
   std::optional<bool> paused;
   // Whether it selects `allocation`.
   bool includes(const Allocation& allocation) const;

@@ -23,6 +23,7 @@ TagTable& table() {
 
 thread_local TagId current_thread_tag = kUntagged;
 thread_local uvm_backup current_thread_backup = UVM_BACKUP_NONE;
+thread_local bool current_thread_compression = false;
 
 bool lookup(const TagTable& t, const char* name, size_t count, TagId* id) {
   for (size_t i = 1; i < count; ++i) {
@@ -72,6 +73,8 @@ TagId thread_tag() { return current_thread_tag; }
 
 uvm_backup thread_backup() { return current_thread_backup; }
 
+bool thread_compression() { return current_thread_compression; }
+
 }  // namespace uvm
 
 extern "C" {
@@ -100,6 +103,17 @@ uvm_status uvm_set_thread_backup(uvm_backup backup) {
 }
 
 uvm_backup uvm_get_thread_backup(void) { return uvm::current_thread_backup; }
+
+uvm_status uvm_set_thread_compression(int compress) {
+  const uvm::Call call = uvm::Call::of("uvm_set_thread_compression");
+  if (compress != 0 && compress != 1) {
+    return uvm::fail(call, UVM_ERROR_INVALID_ARGUMENT, "compress is %d, not 0 or 1", compress);
+  }
+  uvm::current_thread_compression = compress == 1;
+  return UVM_OK;
+}
+
+int uvm_get_thread_compression(void) { return uvm::current_thread_compression ? 1 : 0; }
 
 size_t uvm_tag_count(void) { return uvm::table().count.load(std::memory_order_acquire) - 1; }
 

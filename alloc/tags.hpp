@@ -26,4 +26,7 @@ TagId thread_tag();
 // The backup uvm_malloc stores for allocations made on this thread (uvm_set_thread_backup).
 uvm_backup thread_backup();
 
+// Whether uvm_pause compresses the backups of allocations made on this thread (uvm_set_thread_compression).
+bool thread_compression();
+
 }  // namespace uvm

@@ -24,6 +24,8 @@ Methods, each in a torchrun of its own, with every GPU, then with GPU 0 alone (-
   (no prepare)
   uvm memory_saver           the same with UVM_ONLOAD_COPY=engine: the resume copies with the copy
   (engine)                   engines only, never uvm's SM copy kernel
+  uvm memory_saver           the same with UVM_COMPRESS_BACKUPS=1: the backups are compressed on the
+  (compressed)               GPU (the GB/s still count the weights' bytes; the stored bytes are recorded)
   torch_memory_saver         the original 0.0.10 (when installed), the same settings
   uvm memory_saver (preload) the same in hook mode "preload": torchrun and its ranks are started
   torch_memory_saver         inside the library's configure_subprocess()
@@ -45,13 +47,16 @@ import sys
 import time
 
 METHODS = ["pinned memcpy", "uvm memory_saver", "uvm memory_saver (no prepare)", "uvm memory_saver (engine)",
-           "torch_memory_saver",
+           "uvm memory_saver (compressed)", "torch_memory_saver",
            "uvm memory_saver (preload)", "torch_memory_saver (preload)"]
 TENSORS = 64
 
 
 # The environment a row's ranks run with, beyond the machine's.
-ROW_ENVIRONMENT = {"(no prepare)": {"UVM_PREPARE_PAUSE": "0"}, "(engine)": {"UVM_ONLOAD_COPY": "engine"}}
+ROW_ENVIRONMENT = {"(no prepare)": {"UVM_PREPARE_PAUSE": "0"}, "(engine)": {"UVM_ONLOAD_COPY": "engine"},
+                   "(compressed)": {"UVM_COMPRESS_BACKUPS": "1"}}
+# The weights' scales, tensor by tensor, as a Llama-style model's (projections, norms, embeddings).
+SCALES = [0.02, 0.02, 0.02, 1.0, 0.02, 0.05, 0.002, 0.02]
 
 
 def worker(method: str, gib: float, kv_gib: float, cycles: int, result_path: str, warmup_s: float) -> None:
@@ -80,7 +85,14 @@ def worker(method: str, gib: float, kv_gib: float, cycles: int, result_path: str
         for i, w in enumerate(made):
             w.copy_(checkpoint[i])
         torch.cuda.synchronize()
-        return made, time.perf_counter() - start
+        load_s = time.perf_counter() - start
+        # Then values as trained weights hold them (the compressed row's stored size depends on them),
+        # drawn on the GPU: random at each tensor's scale, different on every rank.
+        generator = torch.Generator(device="cuda").manual_seed(rank)
+        for i, w in enumerate(made):
+            w.normal_(0.0, SCALES[i % len(SCALES)], generator=generator)
+        torch.cuda.synchronize()
+        return made, load_s
 
     if saver is None:
         weights, load_s = make()
@@ -127,8 +139,10 @@ def worker(method: str, gib: float, kv_gib: float, cycles: int, result_path: str
         identical = all(torch.equal(w, r) for w, r in zip(weights, reference))
         rows.append({"cycle": cycle, "pause_s": pause_s, "resume_s": resume_s, "identical": identical})
     gathered = [None] * world
+    stored = compressed_bytes() if method.startswith("uvm") else None  # the retained backups, after the cycles
     dist.all_gather_object(gathered, {"rank": rank, "device": torch.cuda.get_device_name(), "bytes": nbytes, "cycles": rows,
-                                      "load_s": load_s, "kv_cache_bytes": kv_cache.numel() * kv_cache.element_size()})
+                                      "load_s": load_s, "kv_cache_bytes": kv_cache.numel() * kv_cache.element_size(),
+                                      "compressed": stored})
     if rank == 0:
         with open(result_path, "w") as f:
             json.dump({"method": method, "ranks": gathered}, f)
@@ -137,6 +151,17 @@ def worker(method: str, gib: float, kv_gib: float, cycles: int, result_path: str
     # torch_memory_saver's torch mode aborts when its pools are destroyed at exit, which says
     # nothing about the cycles (as in rl_bench.py).
     os._exit(0)
+
+
+def compressed_bytes() -> dict:
+    """The raw and stored bytes of this process's compressed backups (uvm_get_compressed_copies)."""
+    import ctypes
+
+    from uvm import _lib
+    raw, stored = ctypes.c_size_t(), ctypes.c_size_t()
+    _lib.check(_lib.library().uvm_get_compressed_copies(_lib.UVM_ANY_DEVICE, b"weights", ctypes.byref(raw),
+                                                        ctypes.byref(stored)))
+    return {"raw": raw.value, "stored": stored.value}
 
 
 def summarize(result: dict) -> dict:
@@ -155,6 +180,9 @@ def summarize(result: dict) -> dict:
            "kv_cache_bytes_per_rank": ranks[0].get("kv_cache_bytes", 0),
            "identical": all(c["identical"] for r in ranks for c in r["cycles"]),
            "load_s": max(r.get("load_s", 0.0) for r in ranks)}
+    coded = [r["compressed"] for r in ranks if r.get("compressed") and r["compressed"]["raw"]]
+    if coded:  # the host memory a rank's backup takes, over its weights
+        out["stored_fraction"] = sum(c["stored"] for c in coded) / sum(c["raw"] for c in coded)
     for phase in ("pause", "resume"):
         steady = [node_s(c, phase) for c in range(1, cycles)] or [node_s(0, phase)]
         out[f"first_{phase}_s"] = node_s(0, phase)
@@ -164,6 +192,11 @@ def summarize(result: dict) -> dict:
         per_rank = [statistics.median(c[f"{phase}_s"] for c in r["cycles"][1:] or r["cycles"]) for r in ranks]
         out[f"steady_{phase}_gbps_per_rank"] = [gbps(r["bytes"], s) for r, s in zip(ranks, per_rank)]
     return out
+
+
+def stored_note(summary: dict) -> str:
+    """What a compressed row's backups take, over the weights."""
+    return f" (stored {summary['stored_fraction']:.3f})" if "stored_fraction" in summary else ""
 
 
 def markdown(summaries: list[dict], env: dict, gib: float, kv_gib: float) -> str:
@@ -179,7 +212,7 @@ def markdown(summaries: list[dict], env: dict, gib: float, kv_gib: float) -> str
     for s in sorted(summaries, key=lambda s: (-s["ranks"], METHODS.index(s["method"]))):
         top = ceiling.get(s["ranks"])
         lines.append(
-            f"| {s['method']} | {s['ranks']} | {s['steady_pause_gbps']:.1f} | {s['steady_resume_gbps']:.1f} | "
+            f"| {s['method']}{stored_note(s)} | {s['ranks']} | {s['steady_pause_gbps']:.1f} | {s['steady_resume_gbps']:.1f} | "
             + (f"{s['steady_pause_gbps'] / top['steady_pause_gbps']:.0%} | {s['steady_resume_gbps'] / top['steady_resume_gbps']:.0%} | "
                if top else "| | ")
             + f"{s['first_pause_gbps']:.1f} | {s['first_pause_s'] / s['steady_pause_s']:.2f}× | {s['load_s']:.2f} | "

@@ -121,25 +121,37 @@ def backup(gpu: str, bench: str = "backup", title: str = "Pause and resume of {g
             "", *table(["backup", "library", "pause GB/s", "resume GB/s"], body), ""]
 
 
-def node(gpu: str) -> list[str]:
-    data, path = load("node", gpu)
+def node(gpu: str, bench: str = "node",
+         title: str = "Every GPU of a node at once") -> list[str]:
+    data, path = load(bench, gpu)
     if data is None:
         return []
     # A file may hold several invocations of the bench ("run"): each row beside its own run's ceiling.
     ceiling = {(s.get("run"), s["ranks"]): s for s in data["summaries"] if s["method"] == "pinned memcpy"}
-    body = [[s["method"], s["ranks"], s.get("run", 1), f"{s['steady_pause_gbps']:.1f}", f"{s['steady_resume_gbps']:.1f}",
+    # A compressed row says what its backups take, over the weights.
+    body = [[s["method"] + (f" (stored {s['stored_fraction']:.3f})" if "stored_fraction" in s else ""), s["ranks"], s.get("run", 1), f"{s['steady_pause_gbps']:.1f}", f"{s['steady_resume_gbps']:.1f}",
              f"{s['steady_pause_gbps'] / ceiling[s.get('run'), s['ranks']]['steady_pause_gbps']:.0%}",
              f"{s['steady_resume_gbps'] / ceiling[s.get('run'), s['ranks']]['steady_resume_gbps']:.0%}",
              f"{s['first_pause_gbps']:.1f}", f"{s['steady_pause_gbps'] / s['first_pause_gbps']:.2f}×",
              "yes" if s["identical"] else "NO"] for s in data["summaries"]]
+    # Compressed rows beside the same bench's uncompressed row (same run, as many GPUs).
+    plain = {(s.get("run"), s["ranks"]): s for s in data["summaries"] if s["method"] == "uvm memory_saver"}
+    header_extra = []
+    if any("stored_fraction" in s for s in data["summaries"]):
+        header_extra = ["pause / uncompressed", "resume / uncompressed"]
+        for row, s in zip(body, data["summaries"]):
+            base = plain.get((s.get("run"), s["ranks"])) if "stored_fraction" in s else None
+            row += [f"{s['steady_pause_gbps'] / base['steady_pause_gbps']:.2f}×",
+                    f"{s['steady_resume_gbps'] / base['steady_resume_gbps']:.2f}×"] if base else ["", ""]
     kv = data.get("kv_cache_gib_per_rank", 0)
     cache = f" and {kv:g} GiB of KV cache (no backup)" if kv else ""
     runs = "; the run column names the bench's invocation, whose own pinned memcpy row each row is set beside" \
         if len(data.get("runs", [])) > 1 else ""
-    return [f"**Every GPU of a node at once** (`bench/node_bench.py`: {data['gib_per_rank']:g} GiB of weights per GPU"
+    return [f"**{title}** (`bench/node_bench.py`: {data['gib_per_rank']:g} GiB of weights per GPU"
             f"{cache} paused and resumed by all GPUs together, then by fewer{runs}): {versions(data['environment'], path)}", "",
             *table(["method", "GPUs", "run", "steady pause GB/s", "steady resume GB/s", "pause / pinned memcpy",
-                    "resume / pinned memcpy", "first pause GB/s", "first pause time / steady", "bytes identical"], body), ""]
+                    "resume / pinned memcpy", "first pause GB/s", "first pause time / steady", "bytes identical",
+                    *header_extra], body), ""]
 
 
 def codec(gpu: str) -> list[str]:
@@ -198,7 +210,9 @@ def block() -> str:
                  *stream(gpu), *backup(gpu),
                  *backup(gpu, "backup_disk_retain", "Disk backups of {gib} GiB, cycle after cycle, with and without "
                          "retain_cpu_backup"),
-                 *node(gpu), *codec(gpu), *jit(gpu)]
+                 *node(gpu),
+                 *node(gpu, "node_compressed", "Compressed backups in the pause and resume, every GPU of a node at once"),
+                 *codec(gpu), *jit(gpu)]
         if parts:
             lines += [f"### {title}", "", *parts]
     lines += ["### Any machine", "", *first_use(), END]

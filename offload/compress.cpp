@@ -1,7 +1,6 @@
 #include "compress.hpp"
 
 #include <algorithm>
-#include <cstdio>
 #include <functional>
 #include <vector>
 
@@ -16,77 +15,51 @@ namespace {
 #include "codec_ptx.inc"
 
 constexpr unsigned kCodecThreads = 256;  // the kernels' block (codec_kernels.cu's kThreads)
+constexpr const char* kCoderKernels[] = {"uvm_codec_choose", "uvm_codec_encode", "uvm_codec_decode"};
+constexpr size_t kChunk = codec::kChunkBytes;
 
-// What an operation borrows for its duration: device memory for the flags and two batches (one is
-// coded while the other is copied), and a stream for the copies. Given back once both streams have
-// passed the work that used them.
-class Scratch {
- public:
-  Scratch() = default;
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  ~Scratch() {
-    if (stream_ != nullptr) clear_cuda_error(cudaStreamSynchronize(stream_));
-    if (copies_ != nullptr) {
-      clear_cuda_error(cudaStreamSynchronize(copies_));
-      clear_cuda_error(cudaStreamDestroy(copies_));
-    }
-    clear_cuda_error(cudaFree(flags_));
-    for (uint8_t* batch : batches_) clear_cuda_error(cudaFree(batch));
-  }
-  // The flags of `chunks` chunks; with `batches`, the two scratch batches and the copy stream too.
-  uvm_status allocate(const Call& call, int device, size_t chunks, cudaStream_t stream, bool batches = true) {
-    stream_ = stream;
-    if (cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&flags_), chunks)) {
-      return fail_cuda(call, e, "cudaMalloc(%zu bytes of chunk flags for compression, device %d)", chunks, device);
-    }
-    if (!batches) return UVM_OK;
-    const size_t batch = kCodecBatchChunks * codec::kChunkBytes;
-    for (uint8_t*& buffer : batches_) {
-      if (cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&buffer), batch)) {
-        return fail_cuda(call, e, "cudaMalloc(%zu bytes of compression scratch, device %d)", batch, device);
-      }
-    }
-    if (cudaError_t e = cudaStreamCreateWithFlags(&copies_, cudaStreamNonBlocking)) {
-      copies_ = nullptr;
-      return fail_cuda(call, e, "cudaStreamCreateWithFlags(the compression's copy stream, device %d)", device);
-    }
-    return UVM_OK;
-  }
-  uint8_t* flags() const { return flags_; }
-  uint8_t* batch(size_t index) const { return batches_[index % 2]; }
-  cudaStream_t copies() const { return copies_; }
-
- private:
-  uint8_t* flags_ = nullptr;
-  uint8_t* batches_[2] = {nullptr, nullptr};
-  cudaStream_t stream_ = nullptr;
-  cudaStream_t copies_ = nullptr;
+// A batch of chunks [first, end) of job `job`.
+struct Batch {
+  size_t job;
+  size_t first;
+  size_t end;
 };
+
+// Cuts chunks [first, end) of job `job` into batches of at most kCodecBatchChunks, onto `batches`.
+void add_batches(size_t job, size_t first, size_t end, std::vector<Batch>* batches) {
+  for (size_t at = first; at < end; at += kCodecBatchChunks) batches->push_back(Batch{job, at, std::min(at + kCodecBatchChunks, end)});
+}
 
 // Batch b's stage one writes scratch batch b % 2 on `one`, its stage two reads it on `two`: batch
 // b + 1's stage one runs beside batch b's stage two, and batch b + 2's waits for it. Each stage
-// gets its batch's chunks [first, end) and the scratch batch.
-using Stage = std::function<uvm_status(size_t first, size_t end, uint8_t* batch)>;
-uvm_status run_batches(const Call& call, size_t chunks, const Scratch& scratch, cudaStream_t one, const Stage& first_stage,
-                       cudaStream_t two, const Stage& second_stage) {
+// gets its batch and the scratch batch.
+using Stage = std::function<uvm_status(const Batch& batch, uint8_t* scratch_batch)>;
+uvm_status run_batches(const Call& call, const std::vector<Batch>& batches, const CodecScratch& scratch,
+                       cudaStream_t one, const Stage& first_stage, cudaStream_t two, const Stage& second_stage) {
   EventRef read[2];  // where the last stage two reading each scratch batch ends
-  for (size_t first = 0, b = 0; first < chunks; first += kCodecBatchChunks, ++b) {
-    const size_t end = std::min(first + kCodecBatchChunks, chunks);
+  for (size_t b = 0; b < batches.size(); ++b) {
     if (read[b % 2]) {
       if (cudaError_t e = cudaStreamWaitEvent(one, read[b % 2]->handle, 0)) {
         return fail_cuda(call, e, "cudaStreamWaitEvent(compression scratch still being read)");
       }
     }
-    if (uvm_status s = first_stage(first, end, scratch.batch(b))) return s;
+    if (uvm_status s = first_stage(batches[b], scratch.batch(b))) return s;
     EventRef written;
     if (uvm_status s = record_event(call, one, &written)) return s;
     if (cudaError_t e = cudaStreamWaitEvent(two, written->handle, 0)) {
       return fail_cuda(call, e, "cudaStreamWaitEvent(compression scratch being written)");
     }
-    if (uvm_status s = second_stage(first, end, scratch.batch(b))) return s;
+    if (uvm_status s = second_stage(batches[b], scratch.batch(b))) return s;
     if (uvm_status s = record_event(call, two, &read[b % 2])) return s;
   }
+  return UVM_OK;
+}
+
+// `waiter` waits for everything issued on `stream` so far.
+uvm_status wait_for_stream(const Call& call, cudaStream_t waiter, cudaStream_t stream, const char* what) {
+  EventRef reached;
+  if (uvm_status s = record_event(call, stream, &reached)) return s;
+  if (cudaError_t e = cudaStreamWaitEvent(waiter, reached->handle, 0)) return fail_cuda(call, e, "cudaStreamWaitEvent(%s)", what);
   return UVM_OK;
 }
 
@@ -114,147 +87,332 @@ uvm_status launch_batch(const Call& call, int device, const char* name, const vo
   return UVM_OK;
 }
 
-// Each chunk's flag, chosen on the device into `device_flags` and copied into host `flags`; returns
-// once they are on the host (the layout of the stored chunks depends on them).
-uvm_status choose_flags(const Call& call, int device, const uint8_t* in, size_t chunks, uint8_t* device_flags,
-                        uint8_t* flags, cudaStream_t stream) {
-  CUfunction choose = nullptr;
-  if (uvm_status s = codec_kernel(call, device, "uvm_codec_choose", &choose)) return s;
-  for (size_t first = 0; first < chunks; first += kCodecBatchChunks) {
-    const size_t count = std::min(kCodecBatchChunks, chunks - first);
-    const void* batch_src = in + first * codec::kChunkBytes;
-    uint8_t* batch_flags = device_flags + first;
-    void* params[] = {&batch_src, &batch_flags};
-    if (CUresult r = launch_kernel(choose, static_cast<unsigned>(count), kCodecThreads, stream, params)) {
-      return fail_driver(call, r, "cuLaunchKernel(uvm_codec_choose of %zu chunks at %p, device %d)", count, batch_src,
-                         device);
+// Copies `bytes` between device memory `on_device` and the host copy's bytes from offset `at`, one
+// copy per part they reach. `what` names the bytes in messages.
+uvm_status copy_parts(const Call& call, int device, const HostParts& host, size_t at, void* on_device, size_t bytes,
+                      bool to_host, const char* what, cudaStream_t stream) {
+  auto* device_bytes = static_cast<char*>(on_device);
+  size_t part_begin = 0;
+  for (const HostPart& part : host) {
+    const size_t part_end = part_begin + part.bytes;
+    if (bytes > 0 && at < part_end) {
+      const size_t n = std::min(bytes, part_end - at);
+      char* host_bytes = part.host + (at - part_begin);
+      const cudaError_t e = to_host ? cudaMemcpyAsync(host_bytes, device_bytes, n, cudaMemcpyDefault, stream)
+                                    : cudaMemcpyAsync(device_bytes, host_bytes, n, cudaMemcpyDefault, stream);
+      if (e != cudaSuccess) {
+        return fail_cuda(call, e, "cudaMemcpyAsync(%zu %s %s the host at %p, device %d)", n, what,
+                         to_host ? "to" : "from", static_cast<void*>(host_bytes), device);
+      }
+      device_bytes += n;
+      at += n;
+      bytes -= n;
     }
+    part_begin = part_end;
   }
-  if (cudaError_t e = cudaMemcpyAsync(flags, device_flags, chunks, cudaMemcpyDefault, stream)) {
-    return fail_cuda(call, e, "cudaMemcpyAsync(%zu chunk flags to the host, device %d)", chunks, device);
-  }
-  if (cudaError_t e = cudaStreamSynchronize(stream)) {
-    return fail_cuda(call, e, "cudaStreamSynchronize(choosing how %zu chunks at %p are coded, device %d)", chunks,
-                     static_cast<const void*>(in), device);
+  if (bytes > 0) {
+    return fail(call, UVM_ERROR_INVALID_ARGUMENT, "%zu %s lie past the end of the host copy (%zu bytes)", bytes, what,
+                part_begin);
   }
   return UVM_OK;
 }
 
-// Copies the raw tail (less than a chunk: `tail` bytes from `src` to `dst`) on `stream`, then waits for
-// everything issued there; `what` names the operation, for messages.
-uvm_status copy_tail_and_wait(const Call& call, int device, void* dst, const void* src, size_t tail, const char* what,
-                              cudaStream_t stream) {
-  if (tail > 0) {
-    if (cudaError_t e = cudaMemcpyAsync(dst, src, tail, cudaMemcpyDefault, stream)) {
-      return fail_cuda(call, e, "cudaMemcpyAsync(the %zu-byte tail from %p to %p, device %d)", tail, src, dst, device);
-    }
+// Every job's flags, one after the other in the scratch's device flags (`*base`: where each job's
+// start), each job's `flags` from its host copy.
+template <typename Job>
+uvm_status upload_flags(const Call& call, int device, CodecScratch& scratch, const std::vector<Job>& jobs,
+                        std::vector<size_t>* base, cudaStream_t stream) {
+  size_t total = 0;
+  for (const Job& job : jobs) {
+    base->push_back(total);
+    total += codec::chunks_in(job.bytes);
   }
-  if (cudaError_t e = cudaStreamSynchronize(stream)) {
-    return fail_cuda(call, e, "cudaStreamSynchronize(%s, device %d)", what, device);
+  if (total == 0) return UVM_OK;
+  if (uvm_status s = scratch.prepare(call, device, total, stream)) return s;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const size_t chunks = codec::chunks_in(jobs[j].bytes);
+    if (chunks == 0) continue;
+    if (cudaError_t e = cudaMemcpyAsync(scratch.flags() + (*base)[j], jobs[j].flags, chunks, cudaMemcpyDefault, stream)) {
+      return fail_cuda(call, e, "cudaMemcpyAsync(%zu chunk flags to device %d)", chunks, device);
+    }
   }
   return UVM_OK;
 }
 
-// compress_to_host (`to_host`: through the scratch batches and their copies) and compress_on_device
-// (each batch coded straight into `dst`).
-uvm_status compress(const Call& call, int device, const void* src, size_t bytes, void* dst, uint8_t* flags,
-                    size_t* stored, cudaStream_t stream, bool to_host) {
-  const size_t chunks = codec::chunks_in(bytes);
-  const auto* in = static_cast<const uint8_t*>(src);
-  auto* out = static_cast<uint8_t*>(dst);
-  size_t at = 0;  // where the next stored chunk goes in `dst`
-  if (chunks > 0) {
-    Scratch scratch;
-    if (uvm_status s = scratch.allocate(call, device, chunks, stream, to_host)) return s;
-    if (uvm_status s = choose_flags(call, device, in, chunks, scratch.flags(), flags, stream)) return s;
-    const Stage encode = [&](size_t first, size_t end, uint8_t* batch) {
-      return launch_batch(call, device, "uvm_codec_encode", in + first * codec::kChunkBytes, scratch.flags(), first,
-                          end - first, batch, stream);
-    };
-    if (!to_host) {
-      for (size_t first = 0; first < chunks; first += kCodecBatchChunks) {
-        const size_t end = std::min(first + kCodecBatchChunks, chunks);
-        if (uvm_status s = encode(first, end, out + at)) return s;
-        at += stored_run(flags, first, end);
-      }
-    } else {
-      // Coded on `stream`, copied out on the scratch's stream; `stream` then waits for the copies.
-      const Stage copy_out = [&](size_t first, size_t end, uint8_t* batch) {
-        const size_t batch_bytes = stored_run(flags, first, end);
-        if (cudaError_t e = cudaMemcpyAsync(out + at, batch, batch_bytes, cudaMemcpyDefault, scratch.copies())) {
-          return fail_cuda(call, e, "cudaMemcpyAsync(%zu coded bytes to the host at %p, device %d)", batch_bytes,
-                           static_cast<void*>(out + at), device);
-        }
-        at += batch_bytes;
-        return UVM_OK;
-      };
-      if (uvm_status s = run_batches(call, chunks, scratch, stream, encode, scratch.copies(), copy_out)) return s;
-      EventRef copied;
-      if (uvm_status s = record_event(call, scratch.copies(), &copied)) return s;
-      if (cudaError_t e = cudaStreamWaitEvent(stream, copied->handle, 0)) {
-        return fail_cuda(call, e, "cudaStreamWaitEvent(the coded bytes' copies to the host)");
-      }
-    }
+uvm_status wait_until_done(const Call& call, int device, const char* what, size_t bytes, const void* at,
+                           cudaStream_t stream) {
+  if (cudaError_t e = cudaStreamSynchronize(stream)) {
+    return fail_cuda(call, e, "cudaStreamSynchronize(%s %zu bytes at %p, device %d)", what, bytes, at, device);
   }
-  const size_t tail = bytes - chunks * codec::kChunkBytes;
-  char what[96];
-  std::snprintf(what, sizeof what, "compressing %zu bytes at %p", bytes, src);
-  if (uvm_status s = copy_tail_and_wait(call, device, out + at, in + chunks * codec::kChunkBytes, tail, what, stream)) {
-    return s;
-  }
-  *stored = at + tail;
   return UVM_OK;
 }
 
 }  // namespace
 
+CodecScratch::~CodecScratch() {
+  if (stream_ != nullptr) clear_cuda_error(cudaStreamSynchronize(stream_));
+  if (copies_ != nullptr) {
+    clear_cuda_error(cudaStreamSynchronize(copies_));
+    clear_cuda_error(cudaStreamDestroy(copies_));
+  }
+  clear_cuda_error(cudaFree(flags_));
+  for (uint8_t* batch : batches_) clear_cuda_error(cudaFree(batch));
+  clear_cuda_error(cudaFree(edge_));
+}
+
+uvm_status CodecScratch::prepare(const Call& call, int device, size_t chunks, cudaStream_t stream, bool batches,
+                                 bool edge) {
+  stream_ = stream;
+  if (chunks > flag_capacity_) {
+    // Every operation waits for its work before it returns: nothing uses the smaller flags now.
+    clear_cuda_error(cudaFree(flags_));
+    flags_ = nullptr;
+    flag_capacity_ = 0;
+    if (cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&flags_), chunks)) {
+      flags_ = nullptr;
+      return fail_cuda(call, e, "cudaMalloc(%zu bytes of chunk flags for compression, device %d)", chunks, device);
+    }
+    flag_capacity_ = chunks;
+  }
+  if (batches) {
+    const size_t batch = kCodecBatchChunks * kChunk;
+    for (uint8_t*& buffer : batches_) {
+      if (buffer != nullptr) continue;
+      if (cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&buffer), batch)) {
+        buffer = nullptr;
+        return fail_cuda(call, e, "cudaMalloc(%zu bytes of compression scratch, device %d)", batch, device);
+      }
+    }
+    if (copies_ == nullptr) {
+      if (cudaError_t e = cudaStreamCreateWithFlags(&copies_, cudaStreamNonBlocking)) {
+        copies_ = nullptr;
+        return fail_cuda(call, e, "cudaStreamCreateWithFlags(the compression's copy stream, device %d)", device);
+      }
+    }
+  }
+  if (edge && edge_ == nullptr) {
+    if (cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&edge_), kChunk)) {
+      edge_ = nullptr;
+      return fail_cuda(call, e, "cudaMalloc(%zu bytes for the edge chunk of a partial decompression, device %d)", kChunk,
+                       device);
+    }
+  }
+  return UVM_OK;
+}
+
+bool coder_loads(int device, std::string* why) {
+  const Call call = Call::of("uvm_pause");
+  for (const char* name : kCoderKernels) {
+    CUfunction function = nullptr;
+    if (codec_kernel(call, device, name, &function) != UVM_OK) {
+      *why = uvm_last_error();
+      const size_t reason = why->find("): ");  // after the call's name: the driver call and its error
+      if (reason != std::string::npos) why->erase(0, reason + 3);
+      return false;
+    }
+  }
+  return true;
+}
+
+uvm_status choose_chunk_flags(const Call& call, int device, CodecScratch& scratch, const std::vector<ChooseJob>& jobs,
+                              cudaStream_t stream) {
+  size_t total = 0, bytes = 0;
+  for (const ChooseJob& job : jobs) {
+    total += codec::chunks_in(job.bytes);
+    bytes += job.bytes;
+  }
+  if (total == 0) return UVM_OK;
+  if (uvm_status s = scratch.prepare(call, device, total, stream, false)) return s;
+  CUfunction choose = nullptr;
+  if (uvm_status s = codec_kernel(call, device, "uvm_codec_choose", &choose)) return s;
+  uint8_t* device_flags = scratch.flags();  // each job's after the one before
+  for (const ChooseJob& job : jobs) {
+    const size_t chunks = codec::chunks_in(job.bytes);
+    const auto* in = static_cast<const uint8_t*>(job.src);
+    for (size_t first = 0; first < chunks; first += kCodecBatchChunks) {
+      const size_t count = std::min(kCodecBatchChunks, chunks - first);
+      const void* batch_src = in + first * kChunk;
+      uint8_t* batch_flags = device_flags + first;
+      void* params[] = {&batch_src, &batch_flags};
+      if (CUresult r = launch_kernel(choose, static_cast<unsigned>(count), kCodecThreads, stream, params)) {
+        return fail_driver(call, r, "cuLaunchKernel(uvm_codec_choose of %zu chunks at %p, device %d)", count, batch_src,
+                           device);
+      }
+    }
+    if (chunks > 0) {
+      if (cudaError_t e = cudaMemcpyAsync(job.flags, device_flags, chunks, cudaMemcpyDefault, stream)) {
+        return fail_cuda(call, e, "cudaMemcpyAsync(%zu chunk flags to the host, device %d)", chunks, device);
+      }
+    }
+    device_flags += chunks;
+  }
+  return wait_until_done(call, device, "choosing how to code", bytes, jobs.front().src, stream);
+}
+
+uvm_status encode_to_host(const Call& call, int device, CodecScratch& scratch, const std::vector<EncodeJob>& jobs,
+                          cudaStream_t stream) {
+  std::vector<size_t> base;
+  if (uvm_status s = upload_flags(call, device, scratch, jobs, &base, stream)) return s;
+  std::vector<Batch> batches;
+  for (size_t j = 0; j < jobs.size(); ++j) add_batches(j, 0, codec::chunks_in(jobs[j].bytes), &batches);
+  std::vector<size_t> at(jobs.size(), 0);  // where each job's next stored chunk goes in its host copy
+  if (!batches.empty()) {
+    // Coded on `stream`, copied out on the scratch's stream; `stream` then waits for the copies.
+    const Stage encode = [&](const Batch& batch, uint8_t* scratch_batch) {
+      const auto* in = static_cast<const uint8_t*>(jobs[batch.job].src);
+      return launch_batch(call, device, "uvm_codec_encode", in + batch.first * kChunk, scratch.flags() + base[batch.job],
+                          batch.first, batch.end - batch.first, scratch_batch, stream);
+    };
+    const Stage copy_out = [&](const Batch& batch, uint8_t* scratch_batch) {
+      const EncodeJob& job = jobs[batch.job];
+      const size_t batch_bytes = stored_run(job.flags, batch.first, batch.end);
+      if (uvm_status s = copy_parts(call, device, job.host, at[batch.job], scratch_batch, batch_bytes, true, "coded bytes",
+                                    scratch.copies())) {
+        return s;
+      }
+      at[batch.job] += batch_bytes;
+      return UVM_OK;
+    };
+    if (uvm_status s = run_batches(call, batches, scratch, stream, encode, scratch.copies(), copy_out)) return s;
+    if (uvm_status s = wait_for_stream(call, stream, scratch.copies(), "the coded bytes' copies to the host")) return s;
+  }
+  size_t bytes = 0;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const size_t whole = codec::chunks_in(jobs[j].bytes) * kChunk;
+    void* tail = const_cast<uint8_t*>(static_cast<const uint8_t*>(jobs[j].src) + whole);  // only read: a copy to the host
+    if (uvm_status s = copy_parts(call, device, jobs[j].host, at[j], tail, jobs[j].bytes - whole, true,
+                                  "bytes of the raw tail", stream)) {
+      return s;
+    }
+    bytes += jobs[j].bytes;
+  }
+  return wait_until_done(call, device, "compressing", bytes, jobs.empty() ? nullptr : jobs.front().src, stream);
+}
+
+uvm_status decode_from_host(const Call& call, int device, CodecScratch& scratch, const std::vector<DecodeJob>& jobs,
+                            cudaStream_t stream) {
+  for (const DecodeJob& job : jobs) {
+    if (job.from >= job.to || job.to > job.bytes) {
+      return fail(call, UVM_ERROR_INVALID_ARGUMENT, "bytes [%zu, %zu) of a %zu-byte compressed copy", job.from, job.to,
+                  job.bytes);
+    }
+  }
+  // Where raw byte `raw` of job j goes.
+  auto out_at = [&](const DecodeJob& job, size_t raw) { return static_cast<uint8_t*>(job.dst) + (raw - job.from); };
+  // Each job's chunks wholly inside [from, to), and the (at most two) it reaches only in part.
+  std::vector<Batch> whole, edges;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const DecodeJob& job = jobs[j];
+    const size_t chunks = codec::chunks_in(job.bytes);
+    const size_t first = std::min((job.from + kChunk - 1) / kChunk, chunks);
+    const size_t end = std::max(std::min(job.to / kChunk, chunks), first);
+    add_batches(j, first, end, &whole);
+    for (const size_t c : {job.from / kChunk, (job.to - 1) / kChunk}) {
+      const bool partial = c < chunks && (c < first || c >= end);
+      if (partial && (edges.empty() || edges.back().job != j || edges.back().first != c)) edges.push_back(Batch{j, c, c + 1});
+    }
+  }
+  std::vector<size_t> base;
+  if (uvm_status s = upload_flags(call, device, scratch, jobs, &base, stream)) return s;
+  if (!edges.empty()) {
+    if (uvm_status s = scratch.prepare(call, device, 0, stream, true, true)) return s;
+  }
+  // Copied in on the scratch's stream (after the flags, on `stream`), decoded on `stream`; a decode
+  // writes where the batch's first chunk goes, or into the edge chunk.
+  const auto run = [&](const std::vector<Batch>& batches, bool into_edge) -> uvm_status {
+    if (batches.empty()) return UVM_OK;
+    if (uvm_status s = wait_for_stream(call, scratch.copies(), stream, "decoding before the copies in")) return s;
+    const Stage copy_in = [&](const Batch& batch, uint8_t* scratch_batch) {
+      const DecodeJob& job = jobs[batch.job];
+      const size_t batch_bytes = stored_run(job.flags, batch.first, batch.end);
+      return copy_parts(call, device, job.host, stored_run(job.flags, 0, batch.first), scratch_batch, batch_bytes, false,
+                        "coded bytes", scratch.copies());
+    };
+    const Stage decode = [&](const Batch& batch, uint8_t* scratch_batch) {
+      const DecodeJob& job = jobs[batch.job];
+      uint8_t* dst = into_edge ? scratch.edge() : out_at(job, batch.first * kChunk);
+      if (uvm_status s = launch_batch(call, device, "uvm_codec_decode", scratch_batch, scratch.flags() + base[batch.job],
+                                      batch.first, batch.end - batch.first, dst, stream)) {
+        return s;
+      }
+      if (!into_edge) return UVM_OK;
+      // Only the edge chunk's bytes inside [from, to) go on.
+      const size_t chunk_begin = batch.first * kChunk;
+      const size_t begin = std::max(job.from, chunk_begin), end = std::min(job.to, chunk_begin + kChunk);
+      if (cudaError_t e = cudaMemcpyAsync(out_at(job, begin), scratch.edge() + (begin - chunk_begin), end - begin,
+                                          cudaMemcpyDefault, stream)) {
+        return fail_cuda(call, e, "cudaMemcpyAsync(%zu bytes of a decoded edge chunk to %p, device %d)", end - begin,
+                         static_cast<void*>(out_at(job, begin)), device);
+      }
+      return UVM_OK;
+    };
+    return run_batches(call, batches, scratch, scratch.copies(), copy_in, stream, decode);
+  };
+  if (uvm_status s = run(whole, false)) return s;
+  // One at a time: each decodes into the same edge chunk, which the copy after it reads on `stream`.
+  for (const Batch& edge : edges) {
+    if (uvm_status s = run({edge}, true)) return s;
+  }
+  size_t bytes = 0;
+  for (const DecodeJob& job : jobs) {
+    const size_t chunks = codec::chunks_in(job.bytes);
+    const size_t tail_begin = std::max(job.from, chunks * kChunk);
+    if (tail_begin < job.to) {
+      const size_t at = stored_run(job.flags, 0, chunks) + (tail_begin - chunks * kChunk);
+      if (uvm_status s = copy_parts(call, device, job.host, at, out_at(job, tail_begin), job.to - tail_begin, false,
+                                    "bytes of the raw tail", stream)) {
+        return s;
+      }
+    }
+    bytes += job.to - job.from;
+  }
+  return wait_until_done(call, device, "decompressing", bytes, jobs.empty() ? nullptr : jobs.front().dst, stream);
+}
+
 uvm_status compress_to_host(const Call& call, int device, const void* src, size_t bytes, void* host, uint8_t* flags,
                             size_t* stored, cudaStream_t stream) {
-  return compress(call, device, src, bytes, host, flags, stored, stream, true);
+  CodecScratch scratch;
+  if (uvm_status s = choose_chunk_flags(call, device, scratch, {ChooseJob{src, bytes, flags}}, stream)) return s;
+  const std::vector<EncodeJob> job = {EncodeJob{src, bytes, flags, {HostPart{static_cast<char*>(host), bytes}}}};
+  if (uvm_status s = encode_to_host(call, device, scratch, job, stream)) return s;
+  *stored = codec::compressed_bytes(flags, bytes);
+  return UVM_OK;
 }
 
 uvm_status compress_on_device(const Call& call, int device, const void* src, size_t bytes, void* dst, uint8_t* flags,
                               size_t* stored, cudaStream_t stream) {
-  return compress(call, device, src, bytes, dst, flags, stored, stream, false);
+  CodecScratch scratch;
+  if (uvm_status s = choose_chunk_flags(call, device, scratch, {ChooseJob{src, bytes, flags}}, stream)) return s;
+  const size_t chunks = codec::chunks_in(bytes);
+  const auto* in = static_cast<const uint8_t*>(src);
+  auto* out = static_cast<uint8_t*>(dst);
+  size_t at = 0;
+  for (size_t first = 0; first < chunks; first += kCodecBatchChunks) {  // the flags on the device are chosen's
+    const size_t end = std::min(first + kCodecBatchChunks, chunks);
+    if (uvm_status s = launch_batch(call, device, "uvm_codec_encode", in + first * kChunk, scratch.flags(), first,
+                                    end - first, out + at, stream)) {
+      return s;
+    }
+    at += stored_run(flags, first, end);
+  }
+  const size_t tail = bytes - chunks * kChunk;
+  if (tail > 0) {
+    if (cudaError_t e = cudaMemcpyAsync(out + at, in + chunks * kChunk, tail, cudaMemcpyDefault, stream)) {
+      return fail_cuda(call, e, "cudaMemcpyAsync(the %zu-byte tail to %p, device %d)", tail, static_cast<void*>(out + at),
+                       device);
+    }
+  }
+  if (uvm_status s = wait_until_done(call, device, "compressing", bytes, src, stream)) return s;
+  *stored = at + tail;
+  return UVM_OK;
 }
 
 uvm_status decompress_from_host(const Call& call, int device, const void* host, const uint8_t* flags, size_t bytes,
                                 void* dst, cudaStream_t stream) {
-  const size_t chunks = codec::chunks_in(bytes);
-  const auto* in = static_cast<const uint8_t*>(host);
-  auto* out = static_cast<uint8_t*>(dst);
-  size_t at = 0;
-  if (chunks > 0) {
-    Scratch scratch;
-    if (uvm_status s = scratch.allocate(call, device, chunks, stream)) return s;
-    if (cudaError_t e = cudaMemcpyAsync(scratch.flags(), flags, chunks, cudaMemcpyDefault, stream)) {
-      return fail_cuda(call, e, "cudaMemcpyAsync(%zu chunk flags to device %d)", chunks, device);
-    }
-    // Copied in on the scratch's stream (after the flags, on `stream`), decoded on `stream`.
-    EventRef flags_copied;
-    if (uvm_status s = record_event(call, stream, &flags_copied)) return s;
-    if (cudaError_t e = cudaStreamWaitEvent(scratch.copies(), flags_copied->handle, 0)) {
-      return fail_cuda(call, e, "cudaStreamWaitEvent(the chunk flags' copy to device %d)", device);
-    }
-    const Stage copy_in = [&](size_t first, size_t end, uint8_t* batch) {
-      const size_t batch_bytes = stored_run(flags, first, end);
-      if (cudaError_t e = cudaMemcpyAsync(batch, in + at, batch_bytes, cudaMemcpyDefault, scratch.copies())) {
-        return fail_cuda(call, e, "cudaMemcpyAsync(%zu coded bytes from the host at %p, device %d)", batch_bytes,
-                         static_cast<const void*>(in + at), device);
-      }
-      at += batch_bytes;
-      return UVM_OK;
-    };
-    const Stage decode = [&](size_t first, size_t end, uint8_t* batch) {
-      return launch_batch(call, device, "uvm_codec_decode", batch, scratch.flags(), first, end - first,
-                          out + first * codec::kChunkBytes, stream);
-    };
-    if (uvm_status s = run_batches(call, chunks, scratch, scratch.copies(), copy_in, stream, decode)) return s;
-  }
-  char what[96];
-  std::snprintf(what, sizeof what, "decompressing %zu bytes to %p", bytes, dst);
-  return copy_tail_and_wait(call, device, out + chunks * codec::kChunkBytes, in + at, bytes - chunks * codec::kChunkBytes,
-                            what, stream);
+  if (bytes == 0) return UVM_OK;
+  CodecScratch scratch;
+  const HostParts parts = {HostPart{static_cast<char*>(const_cast<void*>(host)), codec::compressed_bytes(flags, bytes)}};
+  return decode_from_host(call, device, scratch, {DecodeJob{parts, flags, bytes, 0, bytes, dst}}, stream);
 }
 
 }  // namespace uvm

@@ -1,17 +1,19 @@
 // Compressed backups' device side: the format of codec.hpp written and read on the GPU by uvm's
 // kernels (codec_kernels.cu), so that fewer bytes cross the link and less host memory holds them.
 //
-// Compressing `bytes` of device memory runs in three steps on one stream: a kernel picks each
-// chunk's flag (its exponent window, or raw); the flags come to the host, which lays the chunks out;
-// then, a batch of chunks at a time, a kernel codes the batch into device scratch memory and a copy
-// takes the coded bytes to the host. Decompressing runs the other way. The raw tail (less than a
-// chunk) is copied as it is.
+// Compressing `bytes` of device memory runs in two steps on one stream: a kernel picks each chunk's
+// flag (its exponent window, or raw) and the flags come to the host, which then knows the room the
+// copy needs; then, a batch of chunks at a time, a kernel codes the batch into device scratch
+// memory and a copy takes the coded bytes to the host. Decompressing runs the other way. The raw
+// tail (less than a chunk) is copied as it is.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "../alloc/errors.hpp"
 #include "codec.hpp"
@@ -21,12 +23,92 @@ namespace uvm {
 // Raw chunks one batch takes: 32 MiB, coded into scratch memory of that size at most.
 constexpr size_t kCodecBatchChunks = 512;
 
-// Compresses the `bytes` of device memory at `src` (on `device`, whose context is current) into host
-// memory `host` (room for `bytes`; pinned for the copies to run at the link's speed), writing each
-// chunk's flag into host memory `flags` (codec::chunks_in(bytes) of them) and the compressed size into
-// `*stored`. Work is issued on `stream`, which has reached its end when this returns. The
-// bytes at `src` are only read. A failure names the step and the CUDA error; what was written to
-// `host` by then is not a backup of anything.
+// Where a compressed copy's stored bytes lie in host memory: parts, in order. A reservation of
+// pinned staging may come in parts (cut where a step of its pinning ends), and one copy may not
+// cross two host registrations, so every copy is cut where a part ends.
+struct HostPart {
+  char* host;
+  size_t bytes;
+};
+using HostParts = std::vector<HostPart>;
+
+// The device memory and the copy stream the coder borrows: chunk flags, two scratch batches (one is
+// coded while the other is copied) and a chunk for the edges of a partial decode. Made once for a
+// move's pieces, grown as a piece needs, and given back (after both streams have passed the work
+// that used it) when it goes.
+class CodecScratch {
+ public:
+  CodecScratch() = default;
+  CodecScratch(const CodecScratch&) = delete;
+  CodecScratch& operator=(const CodecScratch&) = delete;
+  ~CodecScratch();
+  // Room for the flags of `chunks` chunks, on `stream`; with `batches`, the batches and the copy
+  // stream too; with `edge`, the edge chunk.
+  uvm_status prepare(const Call& call, int device, size_t chunks, cudaStream_t stream, bool batches = true,
+                     bool edge = false);
+  uint8_t* flags() const { return flags_; }
+  uint8_t* batch(size_t index) const { return batches_[index % 2]; }
+  uint8_t* edge() const { return edge_; }
+  cudaStream_t copies() const { return copies_; }
+
+ private:
+  uint8_t* flags_ = nullptr;
+  size_t flag_capacity_ = 0;
+  uint8_t* batches_[2] = {nullptr, nullptr};
+  uint8_t* edge_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  cudaStream_t copies_ = nullptr;
+};
+
+// Whether the coder's kernels load on `device` (current): where they cannot (a driver too old for
+// their PTX), `why` names the call that failed and its error, and no CUDA error is left pending.
+bool coder_loads(int device, std::string* why);
+
+// Step one of compressing, for several sources at once: each job's `bytes` of device memory at
+// `src` (on `device`, whose context is current), each whole chunk's flag chosen on the device and
+// in host `flags` (codec::chunks_in(bytes) of them) once this returns, after one wait for them all.
+// Their codec::compressed_bytes is the room step two needs.
+struct ChooseJob {
+  const void* src;
+  size_t bytes;
+  uint8_t* flags;
+};
+uvm_status choose_chunk_flags(const Call& call, int device, CodecScratch& scratch, const std::vector<ChooseJob>& jobs,
+                              cudaStream_t stream);
+
+// Step two for several sources at once: each job's `bytes` at device `src`, coded under its host
+// `flags`, into its host memory `host` (codec::compressed_bytes(flags, bytes) of room; pinned for
+// the copies to run at the link's speed), the raw tail after the chunks. The jobs' batches run in one
+// pipeline, so that coding one source overlaps the copies of the one before. Returns once the bytes
+// are on the host. The sources are only read. A failure names the step and the CUDA error; what was
+// written to the hosts by then is not a backup of anything.
+struct EncodeJob {
+  const void* src;
+  size_t bytes;
+  const uint8_t* flags;
+  HostParts host;
+};
+uvm_status encode_to_host(const Call& call, int device, CodecScratch& scratch, const std::vector<EncodeJob>& jobs,
+                          cudaStream_t stream);
+
+// Reverses step two, job by job: the raw bytes [from, to) of the `bytes` that `host` and `flags`
+// code, written into device memory `dst` (where byte `from` goes). Chunks that lie across `from`
+// or `to` are decoded into the edge chunk and only their bytes inside are copied on, so no byte
+// outside [dst, dst + to - from) changes. The whole chunks of every job run in one pipeline.
+// Returns once every byte is there. `host` and `flags` are only read: after a failure they still
+// hold the backup.
+struct DecodeJob {
+  HostParts host;
+  const uint8_t* flags;
+  size_t bytes;
+  size_t from;
+  size_t to;
+  void* dst;
+};
+uvm_status decode_from_host(const Call& call, int device, CodecScratch& scratch, const std::vector<DecodeJob>& jobs,
+                            cudaStream_t stream);
+
+// Both steps at once, into host memory `host` (room for `bytes`), the compressed size in `*stored`.
 uvm_status compress_to_host(const Call& call, int device, const void* src, size_t bytes, void* host, uint8_t* flags,
                             size_t* stored, cudaStream_t stream);
 
@@ -35,9 +117,7 @@ uvm_status compress_to_host(const Call& call, int device, const void* src, size_
 uvm_status compress_on_device(const Call& call, int device, const void* src, size_t bytes, void* dst, uint8_t* flags,
                               size_t* stored, cudaStream_t stream);
 
-// Reverses compress_to_host: the `bytes` raw bytes that `host` and `flags` hold, written into device
-// memory `dst` on `device`. `host` and `flags` are only read: after a failure they still hold the
-// backup, and `dst` holds part of it at most.
+// Reverses compress_to_host: all `bytes` raw bytes that `host` and `flags` hold, into `dst`.
 uvm_status decompress_from_host(const Call& call, int device, const void* host, const uint8_t* flags, size_t bytes,
                                 void* dst, cudaStream_t stream);
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <set>
 
+#include "coded.hpp"
+
 namespace uvm {
 namespace {
 
@@ -208,7 +210,10 @@ uvm_kept_copies kept_copies_of(const Selection& selection) {
         switch (piece.kept) {
           case Kept::pinned: total.pinned_bytes += piece.span.size(); break;
           case Kept::pageable: total.pageable_bytes += piece.span.size(); break;
-          case Kept::disk: total.disk_bytes += piece.span.size(); files.insert(piece.file.get()); break;
+          case Kept::disk:
+            total.disk_bytes += piece.span.size();
+            files.insert(piece.coded ? piece.coded->file.get() : piece.file.get());
+            break;
         }
       }
       for (const auto& [begin, piece] : copies->retained) total.retained_bytes += piece.span.size();
@@ -216,6 +221,24 @@ uvm_kept_copies kept_copies_of(const Selection& selection) {
   });
   total.disk_files = files.size();
   return total;
+}
+
+void compressed_copies_of(const Selection& selection, size_t* raw, size_t* stored) {
+  *raw = *stored = 0;
+  std::set<const CodedCopy*> counted;
+  registry().with_records([&](Registry::Records& records) {
+    records.each_selected(selection, [&](const Allocation& record) {
+      const HostCopies* copies = copies_in(record);
+      if (copies == nullptr) return;
+      for (const PieceMap* pieces : {&copies->staged, &copies->retained}) {
+        for (const auto& [begin, piece] : *pieces) {
+          if (!piece.coded || !counted.insert(piece.coded.get()).second) continue;
+          *raw += piece.coded->raw.size();
+          *stored += piece.coded->stored;
+        }
+      }
+    });
+  });
 }
 
 }  // namespace uvm

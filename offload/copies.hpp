@@ -16,6 +16,7 @@
 namespace uvm {
 
 class BackupFile;  // disk.hpp: a file of offloaded bytes, removed with its last piece
+struct CodedCopy;  // coded.hpp: a compressed copy
 
 // Where a staged copy lives: in uvm's pinned staging memory (kept across cycles), in pageable host
 // memory mapped for it alone (given back once its last piece goes), or in a file on disk (removed
@@ -26,7 +27,8 @@ enum class Kept : uint8_t { pinned, pageable, disk };
 // A staged copy of some of an allocation's bytes: `span`'s bytes are at `host` (pinned, pageable)
 // or at `file_offset` in `file` (disk) once `written` has completed (null: complete). `lease`
 // holds the host bytes (the staging store's lease, or the pageable mapping); when the last piece
-// holding a lease or a file is dropped, its bytes go back.
+// holding a lease or a file is dropped, its bytes go back. A compressed one has neither: `coded`
+// holds its bytes, coded (coded.hpp), and `kept` says where they are.
 struct StagedPiece {
   Span span;
   char* host = nullptr;
@@ -35,6 +37,7 @@ struct StagedPiece {
   Kept kept = Kept::pinned;
   std::shared_ptr<BackupFile> file;
   uint64_t file_offset = 0;
+  std::shared_ptr<const CodedCopy> coded;
   // The bytes [from, to) of this piece (inside its span), kept in the same place.
   StagedPiece part(uintptr_t from, uintptr_t to) const {
     StagedPiece piece = *this;
@@ -93,5 +96,9 @@ size_t staged_copy_bytes(Kept kept = Kept::pinned);
 
 // The selected allocations' staged bytes in each kind of memory (uvm_get_kept_copies).
 uvm_kept_copies kept_copies_of(const Selection& selection);
+
+// The raw and stored bytes of the selected allocations' compressed copies, each counted once
+// however many pieces hold it (uvm_get_compressed_copies).
+void compressed_copies_of(const Selection& selection, size_t* raw, size_t* stored);
 
 }  // namespace uvm

@@ -77,6 +77,13 @@ uvm_status load_kernel_function(const Call& call, int device, const char* ptx, c
   return UVM_OK;
 }
 
+void forget_loaded_kernels_for_test() {
+  LoadedModules& table = loaded_modules();
+  std::lock_guard<std::mutex> lock(table.mutex);
+  table.modules.clear();
+  table.functions.clear();
+}
+
 CUresult launch_kernel(CUfunction function, unsigned blocks, unsigned threads, cudaStream_t stream, void** params) {
   return kernel_api().launch_kernel(function, blocks, 1, 1, threads, 1, 1, 0, reinterpret_cast<CUstream>(stream), params,
                                     nullptr);

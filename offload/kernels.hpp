@@ -23,6 +23,10 @@ uvm_status load_kernel_function(const Call& call, int device, const char* ptx, c
 // Launches `function` as `blocks` blocks of `threads` on `stream` with `params` (cuLaunchKernel's),
 // and returns the driver's result: the caller names what failed (fail_driver), so that a launch
 // formats no message unless it fails.
+// Tests only: forgets every function and module loaded (they stay loaded in the driver), so the next
+// load_kernel_function loads again and a test can make that load fail.
+void forget_loaded_kernels_for_test();
+
 CUresult launch_kernel(CUfunction function, unsigned blocks, unsigned threads, cudaStream_t stream, void** params);
 
 }  // namespace uvm

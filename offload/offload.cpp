@@ -12,6 +12,7 @@
 #include "../hints/moves/release.hpp"
 #include "../hints/moves/trace.hpp"
 #include "../hints/prefetch.hpp"
+#include "coded.hpp"
 #include "copies.hpp"
 #include "group.hpp"
 #include "offload.hpp"
@@ -218,14 +219,31 @@ uvm_status issue_offload(const Call& call, const MoveScope& move, const OffloadP
   return release_emptied(call, move.ranges, stream, *done);
 }
 
-// UVM_STRATEGY_MMAP and UVM_STRATEGY_DISK: once `stream` has reached the call, the bytes are copied
-// out through bounce buffers (spill.hpp) while the call waits; only then, on `stream`, are they
-// discarded and their releasable memory given back. A copy that fails leaves the device as it was.
-uvm_status offload_kept(const Call& call, const MoveArgs& args, Kept kept, cudaStream_t stream) {
-  const uvm_strategy strategy = kept == Kept::disk ? UVM_STRATEGY_DISK : UVM_STRATEGY_MMAP;
+// The offload that keeps plain copies in `kept` memory.
+uvm_strategy strategy_keeping(Kept kept) {
+  switch (kept) {
+    case Kept::pageable: return UVM_STRATEGY_MMAP;
+    case Kept::disk: return UVM_STRATEGY_DISK;
+    default: return UVM_STRATEGY_STAGED;
+  }
+}
+
+// UVM_STRATEGY_MMAP and UVM_STRATEGY_DISK, and compressed copies (`coded`, in any memory): once
+// `stream` has reached the call, the bytes are copied out — through bounce buffers (spill.hpp), or
+// coded on the GPU (coded.hpp) — while the call waits; only then, on `stream`, are they discarded
+// and their releasable memory given back. A copy that fails leaves the device as it was. A
+// compressed offload that cannot run here (the coder does not load, or managed pages cannot be
+// discarded) does nothing but set `*plain`: the caller offloads with plain copies instead.
+uvm_status offload_kept(const Call& call, const MoveArgs& args, Kept kept, cudaStream_t stream, bool coded = false,
+                        bool* plain = nullptr) {
+  const uvm_strategy strategy = strategy_keeping(kept);
   MoveScope move;
   if (uvm_status s = begin_move(call, MoveKind::offload, args, stream, &move)) return s;
   if (move.ranges.empty()) return UVM_OK;
+  if (coded && (!move.caps.discard_supported || !coder_usable(move.device))) {
+    *plain = true;
+    return UVM_OK;
+  }
   if (uvm_status s = check_strategy_fits(call, strategy, strategy, move)) return s;
   const OffloadPieces pieces = pieces_to_move(move.ranges, true, move.caps.discard_supported);
   for (const auto* part : {&pieces.staged, &pieces.free}) {
@@ -233,7 +251,9 @@ uvm_status offload_kept(const Call& call, const MoveArgs& args, Kept kept, cudaS
   }
   if (!pieces.staged.empty()) {
     std::vector<StagedPiece> copies;
-    if (uvm_status s = spill_out(call, move.device, move.stream, pieces.staged, kept, &copies)) return s;
+    const uvm_status copied = coded ? code_out(call, move.device, move.stream, pieces.staged, kept, &copies)
+                                    : spill_out(call, move.device, move.stream, pieces.staged, kept, &copies);
+    if (copied != UVM_OK) return copied;
     // From the discard on, the copy is all there is of these bytes: it is recorded first.
     for (const HintRange& piece : pieces.staged) account_move(piece, Move::staged, 0);  // as offload_staged
     stage_copies(std::move(copies));
@@ -255,7 +275,7 @@ Reservation retained_room(const std::vector<HintRange>& pieces) {
     const std::vector<StagedPiece> kept = retained_copies(piece.begin, piece.end);
     uintptr_t covered = piece.begin;  // the parts, in address order, must tile the piece
     for (const StagedPiece& part : kept) {
-      if (part.kept != Kept::pinned || part.span.begin != covered) break;
+      if (part.kept != Kept::pinned || part.coded || part.span.begin != covered) break;
       covered = part.span.end;
     }
     if (kept.empty() || covered != piece.end) continue;
@@ -388,6 +408,14 @@ uvm_status offload_moves(const Call& call, const MoveArgs& args, int strategy, c
   bool staged = false;
   const uvm_status status = offload_in_rounds(call, args, strategy, stream, &staged);
   if (status == UVM_OK && staged) free_unused_staging_after_offload();
+  return status;
+}
+
+uvm_status offload_compressed(const Call& call, const MoveArgs& args, Kept kept, cudaStream_t stream) {
+  bool plain = false;
+  const uvm_status status = offload_kept(call, args, kept, stream, true, &plain);
+  if (plain) return offload_moves(call, args, kept == Kept::pinned ? UVM_STRATEGY_AUTO : strategy_keeping(kept), stream);
+  if (status == UVM_OK && kept == Kept::pinned) free_unused_staging_after_offload();
   return status;
 }
 

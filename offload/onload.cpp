@@ -14,6 +14,7 @@
 #include "../hints/moves/streams.hpp"
 #include "../hints/moves/trace.hpp"
 #include "../hints/prefetch.hpp"
+#include "coded.hpp"
 #include "copies.hpp"
 #include "onload.hpp"
 #include "plan.hpp"
@@ -222,11 +223,12 @@ void split_staged(const std::vector<HintRange>& merged, std::vector<StagedWork>*
   }
 }
 
-// Copies kept in pageable memory or on disk come back through bounce buffers (spill.hpp) once
-// `stream` has reached the call, into memory mapped first; the call waits for them. They stay
-// staged until every copy is done, so a failure (a file changed meanwhile) loses nothing.
+// Copies kept in pageable memory or on disk come back through bounce buffers (spill.hpp), and
+// compressed ones (`coded`) are decoded on the GPU (coded.hpp), once `stream` has reached the call,
+// into memory mapped first; the call waits for them. They stay staged until every copy is done, so
+// a failure (a file changed meanwhile) loses nothing.
 uvm_status copy_back_kept(const Call& call, int device, const std::vector<StagedWork>& work, cudaStream_t stream,
-                          bool retain) {
+                          bool retain, bool coded) {
   if (work.empty()) return UVM_OK;
   for (const StagedWork& w : work) {
     if (w.range.releasable) {
@@ -239,7 +241,9 @@ uvm_status copy_back_kept(const Call& call, int device, const std::vector<Staged
     pieces.push_back(w.piece);
     managed.push_back(!w.range.releasable);
   }
-  if (uvm_status s = spill_in(call, device, stream, pieces, managed)) return s;
+  const uvm_status copied = coded ? code_in(call, device, stream, pieces, managed)
+                                  : spill_in(call, device, stream, pieces, managed);
+  if (copied != UVM_OK) return copied;
   finish_copy_back(device, work, EventRef{}, 0, retain);  // done already: nothing pending to wait for
   return UVM_OK;
 }
@@ -250,11 +254,14 @@ uvm_status onload_moves(const Call& call, const MoveArgs& args, cudaStream_t str
   MoveScope move;
   if (uvm_status s = begin_move(call, MoveKind::onload, args, stream, &move)) return s;
   if (move.ranges.empty()) return UVM_OK;
-  std::vector<StagedWork> all_staged, staged, kept;
+  std::vector<StagedWork> all_staged, staged, kept, coded;
   std::vector<HintRange> migrated;
   split_staged(move.ranges, &all_staged, &migrated);
-  for (StagedWork& w : all_staged) (w.piece.kept == Kept::pinned ? staged : kept).push_back(std::move(w));
-  if (uvm_status s = copy_back_kept(call, move.device, kept, move.stream, mode.retain)) return s;
+  for (StagedWork& w : all_staged) {
+    (w.piece.coded ? coded : w.piece.kept == Kept::pinned ? staged : kept).push_back(std::move(w));
+  }
+  if (uvm_status s = copy_back_kept(call, move.device, coded, move.stream, mode.retain, true)) return s;
+  if (uvm_status s = copy_back_kept(call, move.device, kept, move.stream, mode.retain, false)) return s;
   if (!staged.empty()) {
     if (uvm_status s = copy_back(call, move.device, staged, stream, mode)) return s;
   }

@@ -34,19 +34,22 @@ uvm_status run(const Call& call, uvm_status status) {
   return fail(call, status, "%s", inner.c_str());
 }
 
-// What each backup keeps, and the offload that keeps it.
+// What each backup keeps, the offload that keeps it, and where its compressed copies go.
 struct KeptBackup {
   uvm_backup backup;
   uvm_strategy strategy;
+  Kept kept;
 };
-constexpr KeptBackup kKeptBackups[] = {
-    {UVM_BACKUP_HOST, UVM_STRATEGY_AUTO}, {UVM_BACKUP_MMAP, UVM_STRATEGY_MMAP}, {UVM_BACKUP_DISK, UVM_STRATEGY_DISK}};
+constexpr KeptBackup kKeptBackups[] = {{UVM_BACKUP_HOST, UVM_STRATEGY_AUTO, Kept::pinned},
+                                       {UVM_BACKUP_MMAP, UVM_STRATEGY_MMAP, Kept::pageable},
+                                       {UVM_BACKUP_DISK, UVM_STRATEGY_DISK, Kept::disk}};
 
-// The backups that allocations of `selection` have, read without the moves lock: only whether,
-// and which, moves to begin. Each move selects again, under the lock, and marks what it moved.
-std::set<uvm_backup> backups_of(const Selection& selection) {
-  std::set<uvm_backup> backups;
-  for (const AllocationView& found : registry().select(selection)) backups.insert(found.backup);
+// The backups that allocations of `selection` have, and whether compressed, read without the moves
+// lock: only whether, and which, moves to begin. Each move selects again, under the lock, and
+// marks what it moved.
+std::set<std::pair<uvm_backup, bool>> backups_of(const Selection& selection) {
+  std::set<std::pair<uvm_backup, bool>> backups;
+  for (const AllocationView& found : registry().select(selection)) backups.insert({found.backup, found.compressed});
   return backups;
 }
 
@@ -57,24 +60,29 @@ std::set<uvm_backup> backups_of(const Selection& selection) {
 uvm_status pause_device(const Call& call, const Selection& of_device) {
   Selection unpaused = of_device;
   unpaused.paused = false;
-  const std::set<uvm_backup> backups = backups_of(unpaused);
+  const std::set<std::pair<uvm_backup, bool>> backups = backups_of(unpaused);
   if (backups.empty()) return UVM_OK;
   ContextScope scope;  // the legacy stream below is this device's
   if (uvm_status s = scope.enter(call, of_device.device, ContextScope::When::always)) return s;
   if (uvm_status s = run(call, uvm_device_synchronize(of_device.device))) return s;  // kernels may still use them
   MoveRecord record(call.name);
   Selection group = unpaused;
-  if (backups.count(UVM_BACKUP_NONE)) {  // first: nothing to copy, so its memory is free at once
+  if (backups.count({UVM_BACKUP_NONE, false}) || backups.count({UVM_BACKUP_NONE, true})) {  // first: nothing to copy
     group.backup = UVM_BACKUP_NONE;
     if (uvm_status s = discard_moves(call, MoveArgs::selected(group).marking_paused(true), nullptr)) {
       return record.done(s);
     }
   }
   for (const KeptBackup& kept : kKeptBackups) {
-    if (!backups.count(kept.backup)) continue;
-    group.backup = kept.backup;
-    const MoveArgs args = MoveArgs::selected(group).marking_paused(true);
-    if (uvm_status s = offload_moves(call, args, kept.strategy, nullptr)) return record.done(s);
+    for (const bool compressed : {false, true}) {
+      if (!backups.count({kept.backup, compressed})) continue;
+      group.backup = kept.backup;
+      group.compressed = compressed;
+      const MoveArgs args = MoveArgs::selected(group).marking_paused(true);
+      const uvm_status s = compressed ? offload_compressed(call, args, kept.kept, nullptr)
+                                      : offload_moves(call, args, kept.strategy, nullptr);
+      if (s != UVM_OK) return record.done(s);
+    }
   }
   record.done(UVM_OK);
   return run(call, uvm_device_synchronize(of_device.device));

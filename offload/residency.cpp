@@ -1,6 +1,8 @@
 // uvm_get_residency: where uvm last put the bytes of a set of allocations. uvm_mem_get_info: the
 // driver's free memory and what uvm knows is reclaimable. uvm_get_staged_copy: the host copy of
 // staged bytes.
+#include <algorithm>
+
 #include "../alloc/registry.hpp"
 #include "../hints/moves/hint_range.hpp"
 #include "copies.hpp"
@@ -60,6 +62,10 @@ uvm_status staged_copy(const Call& call, const void* ptr, size_t size, const voi
   std::vector<StagedPiece> pieces = staged_copies(range.begin, range.end);
   if (pieces.empty()) pieces = retained_copies(range.begin, range.end);
   if (pieces.empty() || pieces.front().span.begin != range.begin || pieces.back().span.end != range.end) return UVM_OK;
+  // A compressed copy is not the bytes themselves: there is nothing to read in place.
+  if (std::any_of(pieces.begin(), pieces.end(), [](const StagedPiece& piece) { return piece.coded != nullptr; })) {
+    return UVM_OK;
+  }
   for (size_t i = 1; i < pieces.size(); ++i) {
     const bool follows = pieces[i].span.begin == pieces[i - 1].span.end &&
                          pieces[i].host == pieces[i - 1].host + pieces[i - 1].span.size();
@@ -95,6 +101,19 @@ extern "C" uvm_status uvm_get_kept_copies(int device, const char* tag, uvm_kept_
     uvm::Selection selection;
     if (uvm_status s = uvm::select_arguments(call, device, tag, &selection)) return s;
     *kept = uvm::kept_copies_of(selection);
+    return UVM_OK;
+  });
+}
+
+extern "C" uvm_status uvm_get_compressed_copies(int device, const char* tag, size_t* raw_bytes, size_t* stored_bytes) {
+  const uvm::Call call = uvm::Call::of("uvm_get_compressed_copies").with_selection(device);
+  return uvm::guarded(call, [&] {
+    uvm::Selection selection;
+    if (uvm_status s = uvm::select_arguments(call, device, tag, &selection)) return s;
+    size_t raw = 0, stored = 0;
+    uvm::compressed_copies_of(selection, &raw, &stored);
+    if (raw_bytes != nullptr) *raw_bytes = raw;
+    if (stored_bytes != nullptr) *stored_bytes = stored;
     return UVM_OK;
   });
 }

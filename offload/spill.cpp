@@ -190,15 +190,6 @@ char* chunk_bytes_in(char* buffer, const SpillChunk& chunk) {
   return buffer + chunk.bounce + (chunk.offset - chunk.io_begin);
 }
 
-// Pageable memory for a copy: mapped, with huge pages where the host allows (page faults at 2 MiB,
-// not 4 KiB, while the workers fill it), unmapped when the last piece holding it lets go.
-uvm_status map_pageable(const Call& call, size_t bytes, std::shared_ptr<char>* out) {
-  void* host = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (host == MAP_FAILED) return fail_errno(call, errno, "mmap of %zu bytes of pageable memory for a copy", bytes);
-  if (bytes >= (size_t{2} << 20)) madvise(host, bytes, MADV_HUGEPAGE);
-  *out = std::shared_ptr<char>(static_cast<char*>(host), [bytes](char* mapped) { munmap(mapped, bytes); });
-  return UVM_OK;
-}
 
 // The caller's work on `stream` (and the moves before, which begin_move ordered there) ends before
 // the workers, on streams of their own, touch the bytes.
@@ -226,7 +217,7 @@ std::vector<StagedPiece> retained_file_parts(const HintRange& piece) {
   }
   uintptr_t covered = piece.begin;
   for (const StagedPiece& part : parts) {
-    if (part.kept != Kept::disk || part.file != parts.front().file || part.span.begin != covered ||
+    if (part.kept != Kept::disk || part.coded || part.file != parts.front().file || part.span.begin != covered ||
         part.file_offset % kDiskAlign != 0) {
       return {};
     }
@@ -539,6 +530,14 @@ uvm_status free_bounce_buffers(const Call& call) {
     pool.blocks.push_back(block);
   }
   return status;
+}
+
+uvm_status map_pageable(const Call& call, size_t bytes, std::shared_ptr<char>* out) {
+  void* host = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (host == MAP_FAILED) return fail_errno(call, errno, "mmap of %zu bytes of pageable memory for a copy", bytes);
+  if (bytes >= (size_t{2} << 20)) madvise(host, bytes, MADV_HUGEPAGE);
+  *out = std::shared_ptr<char>(static_cast<char*>(host), [bytes](char* mapped) { munmap(mapped, bytes); });
+  return UVM_OK;
 }
 
 }  // namespace uvm

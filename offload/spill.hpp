@@ -6,6 +6,7 @@
 // link, the disk and the CPU's memcpy work at once.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "copies.hpp"
@@ -33,6 +34,10 @@ uvm_status spill_out(const Call& call, int device, cudaStream_t stream, const st
 // offloaded fails the call before anything is copied.
 uvm_status spill_in(const Call& call, int device, cudaStream_t stream, const std::vector<StagedPiece>& pieces,
                     const std::vector<bool>& managed);
+
+// Pageable memory for a copy: mapped, with huge pages where the host allows (page faults at 2 MiB,
+// not 4 KiB, while it is filled), unmapped when the last holder of `out` lets go.
+uvm_status map_pageable(const Call& call, size_t bytes, std::shared_ptr<char>* out);
 
 // Tests only: a move makes, writes and reads no more than `most` backup files at once (0, the
 // default: a quarter of the descriptor limit, at most 256), so that moves of a few files run in

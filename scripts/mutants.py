@@ -79,8 +79,8 @@ MUTANTS = [
   "return allocation.host.total() + allocation.discarded.total() > 0;", "hints_tests", "[release]"),
  ("offload/offload.cpp", "  return release_emptied(call, move.ranges, stream, *done);", "  return UVM_OK;", "hints_tests", "[release]"),
  ("offload/onload.cpp", "    if (!managed) {\n      if (uvm_status s = restore_one(call, allocation)) return s;\n    }\n", "", "hints_tests", "[release]"),
- ("offload/onload.cpp", "  if (move.ranges.empty()) return UVM_OK;\n  std::vector<StagedWork> all_staged, staged, kept;",
-  "  if (move.ranges.empty()) return UVM_OK;\n  if (uvm_status s = restore_released(call, move.ranges)) return s;\n  std::vector<StagedWork> all_staged, staged, kept;",
+ ("offload/onload.cpp", "  if (move.ranges.empty()) return UVM_OK;\n  std::vector<StagedWork> all_staged, staged, kept, coded;",
+  "  if (move.ranges.empty()) return UVM_OK;\n  if (uvm_status s = restore_released(call, move.ranges)) return s;\n  std::vector<StagedWork> all_staged, staged, kept, coded;",
   "hints_tests", "[release]"),
  ("hints/moves/release.cpp", "    if (!own && !stream_done) {", "    if (false) {", "hints_tests", "[release]"),
  ("offload/staging.cpp", "  std::lock_guard<std::mutex> growing(growth_mutex_);\n", "", "offload_tests", "reservations at once*"),
@@ -271,10 +271,21 @@ MUTANTS = [
  ("offload/codec.cpp", "  return kChunkWords - best > kEscapeCapacity ? kRaw",
   "  return kChunkWords - best >= kEscapeCapacity ? kRaw", "offload_tests", "[codec]"),
  ("offload/codec.cpp", "    if (code >= kWindow) {", "    if (code > kWindow) {", "offload_tests", "[codec]"),
- ("offload/compress.cpp", "        at += batch_bytes;\n        return UVM_OK;", "        return UVM_OK;",
+ ("offload/compress.cpp", "      at[batch.job] += batch_bytes;\n      return UVM_OK;", "      return UVM_OK;",
   "offload_tests", "[codec]"),
  ("offload/compress.cpp", "  for (size_t c = first; c < end; ++c) total += codec::stored_bytes(flags[c]);",
   "  for (size_t c = first; c < end; ++c) total += codec::kCodedBytes;", "offload_tests", "[codec]"),
+ # Compressed backups in the pause and resume: a partial decode that writes a whole edge chunk, or
+ # starts at the chunk before its first byte; no fallback where the coder cannot load; managed bytes
+ # decoded and not prefetched after (a later move to the CPU drops them).
+ ("offload/compress.cpp", "      const size_t begin = std::max(job.from, chunk_begin), end = std::min(job.to, chunk_begin + kChunk);",
+  "      const size_t begin = chunk_begin, end = std::min(job.to, chunk_begin + kChunk);", "offload_tests", "[codec]"),
+ ("offload/compress.cpp", "    const size_t first = std::min((job.from + kChunk - 1) / kChunk, chunks);",
+  "    const size_t first = std::min(job.from / kChunk, chunks);", "offload_tests", "[codec]"),
+ ("offload/offload.cpp", "  if (coded && (!move.caps.discard_supported || !coder_usable(move.device))) {",
+  "  if (coded && !move.caps.discard_supported) {", "offload_tests", "[codec]"),
+ ("offload/coded.cpp", "  if (uvm_status s = prefetch_managed(\"undoing the discard after the decode\")) return s;\n", "",
+  "offload_tests", "[codec]"),
  # uvm.nccl on one node: registered anyway (NCCL keeps memory a pause must give back).
  ("python_shim/uvm/nccl.py", "    if _one_node():\n", "    if False:\n",
   "pytest", "tests/python/test_nccl.py::test_every_rank_on_this_node_registers_nothing_and_says_why"),

@@ -647,6 +647,13 @@ CUresult run_codec(World& w, size_t index, unsigned chunks, void** params) {
     }
     at += codec::stored_bytes(flag);
   }
+  // A kernel's writes restore discarded managed bytes as a copy's do, and leave the driver's belief
+  // as a copy does (device_wrote): uvm prefetches them to the device after.
+  if (index == 2 && !inside_mapped_reservation(w, dst, raw)) {
+    update_discard(w, dst, raw, [](Discard& state, char*, size_t) {
+      if (state == Discard::discarded) state = Discard::rewritten;
+    });
+  }
   return CUDA_SUCCESS;
 }
 

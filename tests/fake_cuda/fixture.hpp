@@ -100,6 +100,9 @@ class TestThread {
   std::thread thread_;
 };
 
+// Whether `text` (an error message) contains `part`.
+inline bool mentions(const char* text, const char* part) { return std::string(text).find(part) != std::string::npos; }
+
 // uvm's residency counts for `device` (or UVM_ANY_DEVICE) and `tag` (nullptr: any).
 inline uvm_residency residency(int device = 0, const char* tag = nullptr) {
   uvm_residency r{};

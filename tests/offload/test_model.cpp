@@ -2,7 +2,7 @@
 // allocations and reuses freed ones without uvm_free (as PyTorch's does, reporting its blocks with
 // uvm_block_allocated / uvm_block_freed as the Python shim does for PyTorch), driven through random
 // sequences of allocate, free, write, offload / onload / discard by tensor, by a set of tensors (a
-// module), by tag and by device (listed, or selected in one call), by pool, uvm_pause and uvm_resume (retaining the host copies or not) of pools made with and without a backup, a releasable tensor shared
+// module), by tag and by device (listed, or selected in one call), by pool, uvm_pause and uvm_resume (retaining the host copies or not) of pools made with and without a backup, compressed or not, a releasable tensor shared
 // (exported, imported in this process, read and written through the import, closed), release_staging,
 // set_limit and empty_cache, on managed (slab and driver allocations) and releasable pools — against
 // a shadow of what every live tensor must hold. After every step each tensor the model says is on
@@ -58,6 +58,7 @@ struct Pool {
   bool reported;  // its segments are made with uvm_report_blocks on: their free space is dropped
   std::vector<Segment> segments;
   uvm_backup backup = UVM_BACKUP_NONE;  // what uvm_pause keeps of its segments
+  bool compressed = false;              // whether it keeps them compressed (uvm_set_thread_compression)
 };
 
 struct Tensor {
@@ -86,7 +87,10 @@ class Model {
     pools_.push_back(Pool{name + "-releasable", true, true, {}});
     pools_.push_back(Pool{name + "-kv", false, false, {}});
     const uvm_backup backups[] = {UVM_BACKUP_NONE, UVM_BACKUP_HOST, UVM_BACKUP_MMAP, UVM_BACKUP_DISK};
-    for (Pool& pool : pools_) pool.backup = backups[pick(4)];
+    for (Pool& pool : pools_) {
+      pool.backup = backups[pick(4)];
+      pool.compressed = pick(2) == 0;
+    }
     stream_ = fake::make_stream();
   }
 
@@ -140,10 +144,12 @@ class Model {
       const size_t segment_size = block <= kMiB ? kSmallSegment : round_up(block, kSmallSegment);
       uvm_set_thread_tag(pool.tag.c_str());
       uvm_set_thread_backup(pool.backup);
+      uvm_set_thread_compression(pool.compressed ? 1 : 0);
       uvm_report_blocks(pool.reported ? 1 : 0);  // per thread models: a process-wide switch, set just before
       void* base = pool.releasable ? uvm_malloc_releasable(segment_size, 0, nullptr) : uvm_malloc(segment_size, 0, nullptr);
       uvm_set_thread_tag(nullptr);
       uvm_set_thread_backup(UVM_BACKUP_NONE);
+      uvm_set_thread_compression(0);
       if (base == nullptr) {
         if (uvm_last_status() != UVM_ERROR_LIMIT_EXCEEDED) fail("a new segment failed");
         return nullptr;
@@ -217,6 +223,11 @@ class Model {
     const auto seed = static_cast<uint32_t>(rng_());
     tensor.shadow.resize(tensor.size);
     for (size_t i = 0; i < tensor.size; ++i) tensor.shadow[i] = pattern(seed, i);
+    // A compressed pool's tensors look like bf16 weights (few exponents) but now and then, so that
+    // its pauses code some chunks and keep others raw.
+    if (pools_[tensor.pool].compressed && seed % 4 != 0) {
+      for (size_t i = 1; i < tensor.size; i += 2) tensor.shadow[i] = static_cast<unsigned char>(0x3C + (tensor.shadow[i] & 1));
+    }
     std::memcpy(tensor.ptr, tensor.shadow.data(), tensor.size);
     fake::device_wrote(tensor.ptr, tensor.size);  // a kernel's or a copy's write, as far as the driver knows
     tensor.held = Held::device;
@@ -660,7 +671,7 @@ class Model {
         // bytes as they were, and die with their blocks (checked in allocate).
         const bool retain = !pause && pick(2) == 0;
         what << (pause ? "pause " : retain ? "resume, retaining, " : "resume ") << pool.tag
-             << (pool.backup != UVM_BACKUP_NONE ? " (backup)" : "");
+             << (pool.backup != UVM_BACKUP_NONE ? pool.compressed ? " (compressed backup)" : " (backup)" : "");
         note(what.str());
         expect_ok(uvm_set_retain_backups(retain ? 1 : 0), "uvm_set_retain_backups");
         expect_ok(pause ? uvm_pause(0, pool.tag.c_str()) : uvm_resume(0, pool.tag.c_str()), pause ? "uvm_pause" : "uvm_resume");
@@ -676,6 +687,11 @@ class Model {
               if (retain && copies_kept && had_bytes && alone_) check_retained(tensor);
             }
           }
+        }
+        if (pause && pool.compressed && pool.backup != UVM_BACKUP_NONE) {
+          size_t raw = 0;
+          expect_ok(uvm_get_compressed_copies(0, pool.tag.c_str(), &raw, nullptr), "uvm_get_compressed_copies");
+          compressed_ += raw > 0 ? 1 : 0;
         }
         size_t count = 0;
         expect_ok(uvm_paused_count(0, pool.tag.c_str(), &count), "uvm_paused_count");
@@ -779,6 +795,7 @@ class Model {
   size_t sliced() const { return sliced_; }
   size_t shared() const { return shared_; }
   size_t refused() const { return refused_; }
+  size_t compressed() const { return compressed_; }
 
  private:
   std::mt19937_64 rng_;
@@ -787,6 +804,7 @@ class Model {
   size_t dropped_ = 0;  // tensors dropped clean
   size_t sliced_ = 0;   // moves given in slices inside a group of moves
   size_t shared_ = 0;   // tensors read and written through an import
+  size_t compressed_ = 0;  // pauses that kept compressed copies
   size_t refused_ = 0;  // exports refused: bytes of the segment off the device
   bool alone_;
   std::vector<Pool> pools_;
@@ -833,7 +851,7 @@ TEST_CASE("random sequences of allocation, reuse and moves keep every tensor's b
   // A model's disk moves have a few files each: UVM_MODEL_FILES_AT_ONCE=1 moves them one file at
   // a time, as a move of more files than a quarter of the descriptor limit would go.
   const FilesAtOnce files_at_once(static_cast<size_t>(env_number("UVM_MODEL_FILES_AT_ONCE", 0)));
-  size_t retained = 0, dropped = 0, sliced = 0, shared = 0, refused = 0;
+  size_t retained = 0, dropped = 0, sliced = 0, shared = 0, refused = 0, compressed = 0;
   for (long n = 0; n < sequences; ++n) {
     const uint64_t seed = replay >= 0 ? static_cast<uint64_t>(replay) : static_cast<uint64_t>(n);
     Model model(seed, "model", true);
@@ -846,15 +864,17 @@ TEST_CASE("random sequences of allocation, reuse and moves keep every tensor's b
     sliced += model.sliced();
     shared += model.shared();
     refused += model.refused();
+    compressed += model.compressed();
   }
   if (sequences >= 200) CHECK(retained > 0);  // the sequences did reach retained copies
   if (sequences >= 200) CHECK(dropped > 0);   // and clean drops
   if (sequences >= 200) CHECK(sliced > 0);    // and moves in slices
   if (sequences >= 200) CHECK(shared > 0);    // and tensors shared
   if (sequences >= 200) CHECK(refused > 0);   // and exports refused
+  if (sequences >= 200) CHECK(compressed > 0);  // and compressed pauses
   std::printf("model: %ld sequences of %d steps kept every tensor's bytes (%zu retained copies checked, "
-              "%zu tensors dropped clean, %zu moves in slices, %zu tensors shared, %zu exports refused)\n", sequences,
-              kSteps, retained, dropped, sliced, shared, refused);
+              "%zu tensors dropped clean, %zu moves in slices, %zu tensors shared, %zu exports refused, "
+              "%zu compressed pauses)\n", sequences, kSteps, retained, dropped, sliced, shared, refused, compressed);
 }
 
 TEST_CASE("two threads running random sequences on pools of their own keep every tensor's bytes",

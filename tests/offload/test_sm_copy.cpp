@@ -12,7 +12,6 @@
 namespace {
 constexpr size_t kMiB = size_t{1} << 20;
 
-bool mentions(const char* text, const char* part) { return std::string(text).find(part) != std::string::npos; }
 }  // namespace
 
 TEST_CASE("auto takes the kernel only when the device has more than 4 times the staged bytes free", "[offload]") {

@@ -137,3 +137,24 @@ def test_a_region_tag_is_uvm_tag_itself_and_the_backup_a_setting_of_its_own():
             assert lib.uvm_get_thread_backup() == _lib.BACKUPS["disk"]
         assert lib.uvm_get_thread_backup() == _lib.BACKUPS["host"]
     assert lib.uvm_get_thread_backup() == _lib.BACKUPS["none"]
+
+
+def test_compress_backups_is_a_bool_that_regions_of_a_backup_pass_on_to_the_thread(monkeypatch):
+    """No GPU needed: the setting is a bool (env UVM_COMPRESS_BACKUPS by default), and a region's
+    config sets the thread's compression for its allocations only where there is a backup to keep."""
+    from uvm import _lib
+    from uvm.memory_saver import _region_config, _state, torch_memory_saver
+    lib = _lib.library()
+    with pytest.raises(TypeError, match="bool"):
+        torch_memory_saver.compress_backups = 1
+    monkeypatch.setattr(_state, "compress", True)
+    assert torch_memory_saver.compress_backups is True
+    with _region_config("weights", "host"):
+        assert lib.uvm_get_thread_compression() == 1
+        with _region_config("kv", "none"):  # nothing kept: nothing to compress
+            assert lib.uvm_get_thread_compression() == 0
+        assert lib.uvm_get_thread_compression() == 1
+    assert lib.uvm_get_thread_compression() == 0
+    monkeypatch.setattr(_state, "compress", False)
+    with _region_config("weights", "mmap"):
+        assert lib.uvm_get_thread_compression() == 0

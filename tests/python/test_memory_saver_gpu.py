@@ -483,3 +483,39 @@ assert uvm._pools.waiting() == 0, f"{uvm._pools.waiting()} dropped pools wait"
 del graph
 print("ok")
 """)
+
+
+@pytest.mark.parametrize("backend", ["pinned", "mmap"])
+def test_compressed_backups_take_less_host_memory_and_come_back_bit_identical(backend):
+    run(f"""
+saver.compress_backups = True
+backend = {backend!r}
+with saver.region(tag="weights", enable_cpu_backup=True, cpu_backup_backend=backend):
+    w = torch.randn(256 * MiB // 2, dtype=torch.bfloat16, device="cuda") * 0.02
+    b = pattern(8 * MiB + 123, 7)  # bytes that do not compress: kept as they are
+with saver.region(tag="plain", enable_cpu_backup=True):  # pinned, as the default backend
+    p = pattern(16 * MiB, 8)
+expected_w, expected_b, expected_p = w.clone(), b.clone(), p.clone()
+before = free()
+saver.pause("weights")
+saver.pause("plain")
+assert free() - before >= 0.9 * 280 * MiB
+raw, stored = ctypes.c_size_t(), ctypes.c_size_t()
+lib = uvm.library()
+assert lib.uvm_get_compressed_copies(-1, b"weights", ctypes.byref(raw), ctypes.byref(stored)) == 0
+assert raw.value >= 264 * MiB, raw.value
+assert stored.value <= 0.75 * 256 * MiB + 9 * MiB, (stored.value, raw.value)
+# The setting is the process's: the other region's backup is compressed too (its bytes kept raw).
+assert lib.uvm_get_compressed_copies(-1, b"plain", ctypes.byref(raw), None) == 0 and raw.value == 16 * MiB
+saver.resume("weights")
+saver.resume("plain")
+assert torch.equal(w.view(torch.int16), expected_w.view(torch.int16)), "compressed weights came back different"
+assert torch.equal(b, expected_b) and torch.equal(p, expected_p)
+try:
+    saver.compress_backups = False
+except RuntimeError as e:
+    assert "before the first region" in str(e)
+else:
+    raise AssertionError("compress_backups changed after the first region")
+print("ok")
+""")

@@ -1,0 +1,118 @@
+// GPU 0: compressed backups through the public API (uvm_set_thread_compression, uvm_pause,
+// uvm_resume). bf16 weights at a Llama-style model's scales, with chunks that do not compress, come
+// back bit for bit from pinned and mapped copies, releasable and managed, after a partial onload
+// across chunk edges and across retained cycles; the copy takes at most 0.75 of the bytes. Managed
+// memory stays far below a quarter of the card.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "codec_data.hpp"
+#include "gpu_support.hpp"
+
+using gpu::MiB;
+
+namespace {
+
+using codec_data::Bytes;
+constexpr size_t kChunk = size_t{64} << 10;  // the coder's chunk (offload/codec.hpp)
+
+// Tensors of 8 MiB at the scales of a Llama-style model's, a chunk of random bytes and one of
+// NaNs, infinities and denormals.
+Bytes weights(size_t bytes, unsigned seed) {
+  const float scales[] = {0.02f, 0.02f, 1.0f, 0.05f, 0.002f};
+  Bytes data(bytes);
+  for (size_t at = 0, i = 0; at < bytes; at += 8 * MiB, ++i) {
+    const Bytes part = codec_data::gaussian_bf16(std::min(8 * MiB, bytes - at), seed + static_cast<unsigned>(i), scales[i % 5]);
+    std::copy(part.begin(), part.end(), data.begin() + static_cast<std::ptrdiff_t>(at));
+  }
+  const Bytes noise = codec_data::random_bytes(kChunk, seed), special = codec_data::special_values(kChunk);
+  std::copy(noise.begin(), noise.end(), data.begin() + 5 * kChunk);
+  std::copy(special.begin(), special.end(), data.begin() + 9 * kChunk);
+  return data;
+}
+
+struct Coded {
+  Coded(const char* tag, uvm_backup backup, size_t bytes, bool managed, unsigned seed) : size(bytes), data(weights(bytes, seed)) {
+    REQUIRE(uvm_set_thread_tag(tag) == UVM_OK);
+    REQUIRE(uvm_set_thread_backup(backup) == UVM_OK);
+    REQUIRE(uvm_set_thread_compression(1) == UVM_OK);
+    ptr = static_cast<uint8_t*>(managed ? uvm_malloc(size, 0, nullptr) : uvm_malloc_releasable(size, 0, nullptr));
+    INFO(uvm_last_error());
+    REQUIRE(uvm_set_thread_compression(0) == UVM_OK);
+    REQUIRE(uvm_set_thread_backup(UVM_BACKUP_NONE) == UVM_OK);
+    REQUIRE(uvm_set_thread_tag(nullptr) == UVM_OK);
+    REQUIRE(ptr != nullptr);
+    CUDA_REQUIRE(cudaMemcpy(ptr, data.data(), size, cudaMemcpyDefault));
+  }
+  ~Coded() { uvm_free(ptr, size, 0, nullptr); }
+  Coded(const Coded&) = delete;
+  Coded& operator=(const Coded&) = delete;
+  // The first byte of [from, to) that differs from what it must hold; SIZE_MAX for none.
+  size_t differs(size_t from = 0, size_t to = 0) const {
+    to = to ? to : size;
+    Bytes now(to - from);
+    CUDA_REQUIRE(cudaMemcpy(now.data(), ptr + from, now.size(), cudaMemcpyDefault));
+    return codec_data::first_difference(now, Bytes(data.begin() + static_cast<std::ptrdiff_t>(from),
+                                                    data.begin() + static_cast<std::ptrdiff_t>(to)));
+  }
+  size_t size;
+  Bytes data;
+  uint8_t* ptr = nullptr;
+};
+
+struct Sizes {
+  size_t raw = 0, stored = 0;
+};
+Sizes compressed(const char* tag) {
+  Sizes s;
+  REQUIRE(uvm_get_compressed_copies(0, tag, &s.raw, &s.stored) == UVM_OK);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("compressed pauses keep bf16 weights in at most 0.75 of their bytes and bring every bit back", "[coded]") {
+  Coded releasable("coded-gpu", UVM_BACKUP_HOST, 256 * MiB + 12345, false, 1);
+  Coded managed("coded-gpu", UVM_BACKUP_HOST, 48 * MiB + 4097, true, 2);
+  Coded mapped("coded-gpu", UVM_BACKUP_MMAP, 32 * MiB + 100, false, 3);
+  size_t free_before = 0, total = 0;
+  CUDA_REQUIRE(cudaMemGetInfo(&free_before, &total));
+  REQUIRE(uvm_pause(0, "coded-gpu") == UVM_OK);
+  size_t free_paused = 0;
+  CUDA_REQUIRE(cudaMemGetInfo(&free_paused, &total));
+  CHECK(free_paused >= free_before + 256 * MiB);  // the releasable memory went back to the driver
+  const Sizes kept = compressed("coded-gpu");
+  CHECK(kept.raw == releasable.size + managed.size + mapped.size);
+  CHECK(kept.stored <= kept.raw * 3 / 4);
+  // Part of the managed one back first, from inside one chunk to inside another: only those bytes.
+  const size_t from = 3 * kChunk + 100, to = 7 * kChunk + 5;
+  const uvm_range part{managed.ptr + from, to - from};
+  REQUIRE(uvm_onload_ranges(&part, 1, nullptr) == UVM_OK);
+  CHECK(managed.differs(from, to) == SIZE_MAX);
+  REQUIRE(uvm_resume(0, "coded-gpu") == UVM_OK);
+  CHECK(releasable.differs() == SIZE_MAX);
+  CHECK(managed.differs() == SIZE_MAX);
+  CHECK(mapped.differs() == SIZE_MAX);
+  CHECK(compressed("coded-gpu").raw == 0);
+  CHECK(cudaGetLastError() == cudaSuccess);
+}
+
+TEST_CASE("retained compressed copies: each pause codes the weights as they are then", "[coded]") {
+  REQUIRE(uvm_set_retain_backups(1) == UVM_OK);
+  Coded weights_now("coded-retained", UVM_BACKUP_HOST, 128 * MiB, false, 4);
+  for (unsigned cycle = 0; cycle < 3; ++cycle) {
+    INFO("cycle " << cycle);
+    REQUIRE(uvm_pause(0, "coded-retained") == UVM_OK);
+    REQUIRE(uvm_resume(0, "coded-retained") == UVM_OK);
+    CHECK(weights_now.differs() == SIZE_MAX);
+    // The trainer updates the weights between cycles.
+    weights_now.data = weights(weights_now.size, 10 + cycle);
+    CUDA_REQUIRE(cudaMemcpy(weights_now.ptr, weights_now.data.data(), weights_now.size, cudaMemcpyDefault));
+  }
+  REQUIRE(uvm_set_retain_backups(0) == UVM_OK);
+  REQUIRE(uvm_pause(0, "coded-retained") == UVM_OK);
+  REQUIRE(uvm_resume(0, "coded-retained") == UVM_OK);
+  CHECK(weights_now.differs() == SIZE_MAX);
+  CHECK(compressed("coded-retained").raw == 0);
+}

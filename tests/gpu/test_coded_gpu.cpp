@@ -3,9 +3,15 @@
 // back bit for bit from pinned and mapped copies, releasable and managed, after a partial onload
 // across chunk edges and across retained cycles; the copy takes at most 0.75 of the bytes. Managed
 // memory stays far below a quarter of the card.
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include <ftw.h>
+#include <unistd.h>
 
 #include "codec_data.hpp"
 #include "gpu_support.hpp"
@@ -115,4 +121,34 @@ TEST_CASE("retained compressed copies: each pause codes the weights as they are 
   REQUIRE(uvm_resume(0, "coded-retained") == UVM_OK);
   CHECK(weights_now.differs() == SIZE_MAX);
   CHECK(compressed("coded-retained").raw == 0);
+}
+
+TEST_CASE("a compressed disk backup goes to its file and comes back bit for bit", "[coded]") {
+  // A directory on the disk the tests run from (meson runs them in the build directory; /tmp may
+  // be a tmpfs, which uvm refuses), removed at the end.
+  char dir[] = "uvm-coded-gpu-XXXXXX";
+  REQUIRE(mkdtemp(dir) != nullptr);
+  char full[PATH_MAX];
+  REQUIRE(realpath(dir, full) != nullptr);
+  INFO(uvm_last_error());
+  REQUIRE(uvm_set_disk_backup_dir(full) == UVM_OK);
+  {
+    Coded on_disk("coded-disk", UVM_BACKUP_DISK, 64 * MiB + 777, false, 5);
+    Coded managed("coded-disk", UVM_BACKUP_DISK, 16 * MiB + 3, true, 6);
+    REQUIRE(uvm_pause(0, "coded-disk") == UVM_OK);
+    uvm_kept_copies kept{};
+    REQUIRE(uvm_get_kept_copies(0, "coded-disk", &kept) == UVM_OK);
+    CHECK(kept.disk_bytes == on_disk.size + managed.size);
+    CHECK(kept.disk_files == 2);
+    const Sizes sizes = compressed("coded-disk");
+    CHECK(sizes.stored <= sizes.raw * 3 / 4 + 4096);
+    REQUIRE(uvm_resume(0, "coded-disk") == UVM_OK);
+    CHECK(on_disk.differs() == SIZE_MAX);
+    CHECK(managed.differs() == SIZE_MAX);
+    REQUIRE(uvm_get_kept_copies(0, "coded-disk", &kept) == UVM_OK);
+    CHECK(kept.disk_files == 0);
+  }
+  // The directory and this process's lock in it (no later test here writes to disk).
+  CHECK(nftw(full, [](const char* path, const struct stat*, int, struct FTW*) { return std::remove(path); }, 8,
+             FTW_DEPTH | FTW_PHYS) == 0);
 }

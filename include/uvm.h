@@ -681,7 +681,8 @@ UVM_API uvm_status uvm_paused_count(int device, const char* tag, size_t* count);
 
 /* Pins, ahead of need, the staging memory the next pause of the selection (device and tag as for
  * uvm_pause) will copy into: for its allocations kept in pinned host memory (UVM_BACKUP_HOST) that
- * are on their device and hold no copy, so that a first pause runs as fast as the later ones. Call
+ * are on their device and hold no copy, so that a first pause runs as fast as the later ones; and,
+ * where the selection has compressed allocations (any backup), loads the coder's kernels first. Call
  * it from a thread of your own while the model loads: it pins in batches of about 256 MiB and holds no
  * lock a move needs (a pause meanwhile uses what is pinned and pins the rest itself). Prepares at
  * most `max_bytes` beyond the room already held (0: no bound; a new block is at least 256 MiB, so it
@@ -793,14 +794,15 @@ typedef struct uvm_move_phase {
   const char* name;    /* "pin" (staging memory), "wait" (host waits for copies), "copy", "discard",
                           "release" and "map" (physical memory of releasable allocations),
                           "populate" (an onload's page population), "migrate" (a prefetch),
-                          "write" and "read" (mmap and disk copies, through bounce buffers) */
+                          "write" and "read" (mmap and disk copies, through bounce buffers),
+                          "code" (compressed copies: coded on the GPU and copied out, or back) */
   size_t bytes;        /* bytes it moved or handled (0 for waits) */
   uint32_t operations; /* timed operations: a batch of copies, a chunk, an allocation, a driver call */
   double start;        /* seconds from the call's start to its first operation's start */
   double seconds;      /* from its first operation's start to its last one's end */
 } uvm_move_phase;
 
-#define UVM_MOVE_PHASES 8 /* the most phases one move reports (of the 10 kinds, a move runs at most 8) */
+#define UVM_MOVE_PHASES 8 /* the most phases one move reports (of the 11 kinds, a move runs at most 8) */
 
 /* A move call (prefetch, offload, onload, discard) phase by phase. */
 typedef struct uvm_move_report {

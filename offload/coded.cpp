@@ -9,6 +9,7 @@
 #include <string>
 
 #include "../alloc/cuda_compat.hpp"
+#include "../hints/moves/trace.hpp"
 #include "disk.hpp"
 #include "pinned.hpp"
 #include "spill.hpp"
@@ -19,23 +20,15 @@ namespace {
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
-// Pinned staging for each copy's stored bytes, in order: its parts and leases. A block pinned in
-// steps may hold a copy in parts, and the room may come in rounds as its steps are pinned; where no
-// block has room, one is pinned at once (ensure_capacity, holding only the caller's moves lock).
-// `stream` waits for the copies that may still read the bytes reserved.
-uvm_status reserve_pinned(const Call& call, cudaStream_t stream, std::vector<CodedCopy>* copies) {
-  std::vector<Span> wanted;  // each copy's bytes, one after the other
-  uintptr_t offset = 0;
-  for (const CodedCopy& copy : *copies) {
-    wanted.push_back(Span{offset, offset + copy.stored});
-    offset += copy.stored;
-  }
+// Pinned staging for a copy's stored bytes: its parts and leases. A block pinned in steps may hold
+// the copy in parts, and the room may come in rounds as its steps are pinned; where no block has
+// room, one is pinned at once (ensure_capacity, holding only the caller's moves lock). `stream`
+// waits for the copies that may still read the bytes reserved.
+uvm_status reserve_pinned(const Call& call, cudaStream_t stream, CodedCopy* copy) {
   const Staging::RoomClaim claim(staging());  // made room stays until it is reserved
-  size_t next = 0;        // the first copy not wholly placed
-  uintptr_t placed = 0;   // the bytes placed so far
-  while (next < wanted.size()) {
-    std::vector<Span> rest(wanted.begin() + static_cast<std::ptrdiff_t>(next), wanted.end());
-    rest.front().begin = placed;
+  uintptr_t placed = 0;  // the bytes placed so far
+  while (placed < copy->stored) {
+    const std::vector<Span> rest = {Span{placed, copy->stored}};
     if (!staging().has_room(rest)) {
       if (uvm_status s = staging().ensure_capacity(call, rest)) return s;
     }
@@ -47,15 +40,11 @@ uvm_status reserve_pinned(const Call& call, cudaStream_t stream, std::vector<Cod
         return fail_cuda(call, e, "cudaStreamWaitEvent (staging memory still being read)");
       }
     }
-    size_t owner = next;
     for (size_t i = 0; i < reserved.spans.size(); ++i) {
-      while (wanted[owner].end <= reserved.spans[i].begin) ++owner;
-      CodedCopy& copy = (*copies)[owner];
-      copy.parts.push_back(HostPart{reserved.leases[i].get(), reserved.spans[i].size()});
-      copy.leases.push_back(reserved.leases[i]);
+      copy->parts.push_back(HostPart{reserved.leases[i].get(), reserved.spans[i].size()});
+      copy->leases.push_back(reserved.leases[i]);
       placed = reserved.spans[i].end;
     }
-    while (next < wanted.size() && wanted[next].end <= placed) ++next;
     // Nothing fits yet: wait for the pinning in progress; if there is none, another move took the
     // room, and the next round makes more.
     if (reserved.spans.empty()) staging().wait_for_pinning();
@@ -63,55 +52,108 @@ uvm_status reserve_pinned(const Call& call, cudaStream_t stream, std::vector<Cod
   return UVM_OK;
 }
 
+// Host memory for a copy's stored bytes, as kept: pinned staging, or a mapping of its own (a disk
+// copy's on the way to its file, `*on_the_way`).
+uvm_status place_copy(const Call& call, cudaStream_t stream, CodedCopy* copy, std::shared_ptr<char>* on_the_way) {
+  if (copy->kept == Kept::pinned) return reserve_pinned(call, stream, copy);
+  std::shared_ptr<char> mapping;
+  if (uvm_status s = map_pageable(call, round_up(copy->stored, kDiskAlign), &mapping)) return s;
+  copy->parts = {HostPart{mapping.get(), copy->stored}};
+  (copy->kept == Kept::pageable ? copy->leases.emplace_back() : *on_the_way) = mapping;
+  return UVM_OK;
+}
+
+// Writes a disk copy's coded bytes, complete in `on_the_way`, to a new file of its own (written
+// whole: O_DIRECT takes aligned lengths from aligned memory, as a mapping is).
+uvm_status write_to_file(const Call& call, CodedCopy* copy, const std::shared_ptr<char>& on_the_way) {
+  const size_t mapped = round_up(copy->stored, kDiskAlign);
+  copy->parts.clear();
+  if (uvm_status s = BackupFile::create(call, mapped, &copy->file)) return s;
+  if (uvm_status s = write_file(call, *copy->file, copy->file->fd(), on_the_way.get(), mapped, 0)) return s;
+  return copy->file->seal(call);
+}
+
 }  // namespace
 
 uvm_status code_out(const Call& call, int device, cudaStream_t stream, const std::vector<HintRange>& pieces, Kept kept,
-                    std::vector<StagedPiece>* out) {
+                    CodecScratch& scratch, std::vector<StagedPiece>* out, std::vector<EventRef>* copied) {
   // Out of date once these bytes are copied again; dropped first, a staging block whose leases are
   // all gone rewinds, and the new copies take its bytes instead of more.
   for (const HintRange& piece : pieces) unstage_copies(piece.begin, piece.end);
-  CodecScratch scratch;
+  copied->assign(pieces.size(), nullptr);
   std::vector<CodedCopy> copies(pieces.size());
-  std::vector<ChooseJob> choices;
   for (size_t i = 0; i < pieces.size(); ++i) {
+    copies[i].raw = Span{pieces[i].begin, pieces[i].end};
+    copies[i].kept = kept;
+    copies[i].flags.resize(codec::chunks_in(copies[i].raw.size()));
+  }
+  // Every copy's flags stay on the device where the choosing left them, one copy's after the
+  // other's, for its coding to read: room for all, made once. The choosing has a stream of its own,
+  // which starts after the caller's work on `stream`.
+  std::vector<size_t> flags_at;
+  size_t all_chunks = 0;
+  for (const CodedCopy& copy : copies) {
+    flags_at.push_back(all_chunks);
+    all_chunks += copy.flags.size();
+  }
+  if (all_chunks > 0) {
+    if (uvm_status s = scratch.prepare(call, device, 0, stream)) return s;
+    if (uvm_status s = scratch.prepare_choosing(call, device, all_chunks, true)) return s;
+    EventRef reached;
+    if (uvm_status s = record_event(call, stream, &reached)) return s;
+    if (cudaError_t e = cudaStreamWaitEvent(scratch.chooser(), reached->handle, 0)) {
+      return fail_cuda(call, e, "cudaStreamWaitEvent(choosing after the caller's work)");
+    }
+  }
+  // Once copies are issued, a failure waits for them before their host memory can go back.
+  const auto give_up = [&](uvm_status status) {
+    for (cudaStream_t own : {scratch.copies(), scratch.chooser()}) {
+      if (own != nullptr) clear_cuda_error(cudaStreamSynchronize(own));
+    }
+    clear_cuda_error(cudaStreamSynchronize(stream));
+    return status;
+  };
+  // Each copy's flags (and so the room it takes) are chosen, on the choosing's stream, after the
+  // copy before it is issued: the copies out begin after one copy's choosing, not after all of them
+  // (docs/measurements.md, "Compressed backups: where the pause's time goes"). Its flags come back
+  // to the host through the copy engine, behind the copies out already queued, so the host issues
+  // each copy about when the one before ends. A disk copy is waited for, to be written to its file,
+  // so the host holds one disk copy's bytes at most.
+  const auto choose = [&](size_t i) {
     CodedCopy& copy = copies[i];
-    copy.raw = Span{pieces[i].begin, pieces[i].end};
-    copy.kept = kept;
-    copy.flags.resize(codec::chunks_in(copy.raw.size()));
-    choices.push_back(ChooseJob{reinterpret_cast<const void*>(copy.raw.begin), copy.raw.size(), copy.flags.data()});
+    const ChooseJob job{reinterpret_cast<const void*>(copy.raw.begin), copy.raw.size(), copy.flags.data()};
+    if (uvm_status s = choose_chunk_flags(call, device, scratch, {job}, scratch.chooser(), flags_at[i])) return s;
+    copy.stored = codec::compressed_bytes(copy.flags.data(), copy.raw.size());
+    return UVM_OK;
+  };
+  if (!copies.empty()) {
+    if (uvm_status s = choose(0)) return s;
   }
-  if (uvm_status s = choose_chunk_flags(call, device, scratch, choices, stream)) return s;
-  for (CodedCopy& copy : copies) copy.stored = codec::compressed_bytes(copy.flags.data(), copy.raw.size());
-  if (kept == Kept::pinned) {
-    if (uvm_status s = reserve_pinned(call, stream, &copies)) return s;
-  }
-  // Pinned and pageable copies are coded in one pipeline; a disk copy goes through pageable memory
-  // to its file one at a time (written whole: O_DIRECT takes aligned lengths from aligned memory,
-  // as a mapping is), so the host holds one copy's bytes at most.
-  const size_t together = kept == Kept::disk ? 1 : copies.size();
-  for (size_t first = 0; first < copies.size(); first += together) {
-    const size_t end = std::min(first + together, copies.size());
-    std::vector<EncodeJob> jobs;
-    std::shared_ptr<char> on_the_way;  // a disk copy's bytes before its file
-    for (size_t i = first; i < end; ++i) {
-      CodedCopy& copy = copies[i];
-      if (kept != Kept::pinned) {
-        std::shared_ptr<char> mapping;
-        if (uvm_status s = map_pageable(call, round_up(copy.stored, kDiskAlign), &mapping)) return s;
-        copy.parts = {HostPart{mapping.get(), copy.stored}};
-        (kept == Kept::pageable ? copy.leases.emplace_back() : on_the_way) = mapping;
-      }
-      jobs.push_back(EncodeJob{reinterpret_cast<const void*>(copy.raw.begin), copy.raw.size(), copy.flags.data(), copy.parts});
-    }
-    if (uvm_status s = encode_to_host(call, device, scratch, jobs, stream)) return s;
+  for (size_t i = 0; i < copies.size(); ++i) {
+    CodedCopy& copy = copies[i];
+    std::shared_ptr<char> on_the_way;
+    if (uvm_status s = place_copy(call, stream, &copy, &on_the_way)) return give_up(s);
+    const std::vector<EncodeJob> job = {EncodeJob{reinterpret_cast<const void*>(copy.raw.begin), copy.raw.size(),
+                                                  copy.flags.data(), copy.parts, scratch.chosen() + flags_at[i]}};
     if (kept == Kept::disk) {
-      CodedCopy& copy = copies[first];
-      const size_t mapped = round_up(copy.stored, kDiskAlign);
-      copy.parts.clear();
-      if (uvm_status s = BackupFile::create(call, mapped, &copy.file)) return s;
-      if (uvm_status s = write_file(call, *copy.file, copy.file->fd(), on_the_way.get(), mapped, 0)) return s;
-      if (uvm_status s = copy.file->seal(call)) return s;
+      if (uvm_status s = encode_to_host(call, device, scratch, job, stream)) return give_up(s);
+      if (uvm_status s = write_to_file(call, &copy, on_the_way)) return give_up(s);
+    } else {
+      std::vector<EventRef> end;
+      if (uvm_status s = encode_to_host(call, device, scratch, job, stream, &end)) return give_up(s);
+      (*copied)[i] = end.front();
     }
+    if (i + 1 < copies.size()) {
+      if (uvm_status s = choose(i + 1)) return give_up(s);
+    }
+  }
+  // `stream` goes on once every copy is out (they end in order on the scratch's stream).
+  for (auto end = copied->rbegin(); end != copied->rend(); ++end) {
+    if (!*end) continue;
+    if (cudaError_t e = cudaStreamWaitEvent(stream, (*end)->handle, 0)) {
+      return give_up(fail_cuda(call, e, "cudaStreamWaitEvent(the coded bytes' copies to the host)"));
+    }
+    break;
   }
   for (CodedCopy& copy : copies) {
     StagedPiece piece;
@@ -137,6 +179,7 @@ uvm_status code_in(const Call& call, int device, cudaStream_t stream, const std:
     return UVM_OK;
   };
   if (uvm_status s = prefetch_managed("populating before the decode")) return s;
+  StreamPhase decoding(Phase::code, stream, 0, pieces.empty() ? 0 : pieces.front().span.begin);
   CodecScratch scratch;
   std::vector<DecodeJob> jobs;
   const auto job_of = [](const StagedPiece& piece, HostParts parts) {
@@ -165,6 +208,9 @@ uvm_status code_in(const Call& call, int device, cudaStream_t stream, const std:
     }
   }
   if (uvm_status s = decode_from_host(call, device, scratch, jobs, stream)) return s;
+  size_t raw = 0;
+  for (const StagedPiece& piece : pieces) raw += piece.span.size();
+  decoding.finish(raw);
   if (uvm_status s = prefetch_managed("undoing the discard after the decode")) return s;
   if (cudaError_t e = cudaStreamSynchronize(stream)) return fail_cuda(call, e, "cudaStreamSynchronize(after decoding)");
   return UVM_OK;

@@ -28,12 +28,16 @@ struct CodedCopy {
 
 // Copies `pieces` (of `device`, whose context is current; sorted by address, each inside a uvm
 // allocation whose memory is mapped) into new compressed copies kept as `kept` (pinned staging,
-// pageable memory or a file), one per piece, on `stream` (after the caller's work there); returns
-// once they are complete, `out` holding a staged piece for each. Retained copies of those bytes are
-// dropped first (out of date, and their host memory is what the new copies reuse). On a failure
-// nothing is kept and the device bytes are untouched.
+// pageable memory or a file), one per piece, on `stream` (after the caller's work there), `out`
+// holding a staged piece for each. Returns once the copies are issued: `(*copied)[i]` marks where
+// piece i's copy ends (null for a disk copy, complete on return), and `stream` waits for them all,
+// so that a piece's memory can go back once its own copy has ended. `scratch` is the coder's
+// device memory and streams; it must outlive the copies (its end waits for them). Retained
+// copies of those bytes are dropped first (out of date, and their host memory is what the new
+// copies reuse). On a failure nothing is kept, nothing still writes to the host, and the device
+// bytes are untouched.
 uvm_status code_out(const Call& call, int device, cudaStream_t stream, const std::vector<HintRange>& pieces, Kept kept,
-                    std::vector<StagedPiece>* out);
+                    CodecScratch& scratch, std::vector<StagedPiece>* out, std::vector<EventRef>* copied);
 
 // Decodes compressed `pieces` back into their device memory, which must be mapped, on `stream`;
 // returns once done. `managed[i]`: piece i is managed memory, populated on the device before its

@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <functional>
+#include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "../alloc/driver_api.hpp"
 #include "../alloc/events.hpp"
+#include "../hints/moves/trace.hpp"
 
 #include "kernels.hpp"
 
@@ -31,27 +34,29 @@ void add_batches(size_t job, size_t first, size_t end, std::vector<Batch>* batch
   for (size_t at = first; at < end; at += kCodecBatchChunks) batches->push_back(Batch{job, at, std::min(at + kCodecBatchChunks, end)});
 }
 
-// Batch b's stage one writes scratch batch b % 2 on `one`, its stage two reads it on `two`: batch
-// b + 1's stage one runs beside batch b's stage two, and batch b + 2's waits for it. Each stage
-// gets its batch and the scratch batch.
+// Batch b's stage one writes a scratch batch on `one`, its stage two reads it on `two`: batch b + 1's
+// stage one runs beside batch b's stage two, and batch b + 2's waits for it (scratch.take_batch,
+// over calls too: a call may begin while the last one's copies still read). Each stage gets its
+// batch and the scratch batch.
 using Stage = std::function<uvm_status(const Batch& batch, uint8_t* scratch_batch)>;
-uvm_status run_batches(const Call& call, const std::vector<Batch>& batches, const CodecScratch& scratch,
-                       cudaStream_t one, const Stage& first_stage, cudaStream_t two, const Stage& second_stage) {
-  EventRef read[2];  // where the last stage two reading each scratch batch ends
-  for (size_t b = 0; b < batches.size(); ++b) {
-    if (read[b % 2]) {
-      if (cudaError_t e = cudaStreamWaitEvent(one, read[b % 2]->handle, 0)) {
+uvm_status run_batches(const Call& call, const std::vector<Batch>& batches, CodecScratch& scratch, cudaStream_t one,
+                       const Stage& first_stage, cudaStream_t two, const Stage& second_stage) {
+  for (const Batch& batch : batches) {
+    EventRef* read = nullptr;  // where the last stage two reading the scratch batch ends
+    uint8_t* scratch_batch = scratch.take_batch(&read);
+    if (*read) {
+      if (cudaError_t e = cudaStreamWaitEvent(one, (*read)->handle, 0)) {
         return fail_cuda(call, e, "cudaStreamWaitEvent(compression scratch still being read)");
       }
     }
-    if (uvm_status s = first_stage(batches[b], scratch.batch(b))) return s;
+    if (uvm_status s = first_stage(batch, scratch_batch)) return s;
     EventRef written;
     if (uvm_status s = record_event(call, one, &written)) return s;
     if (cudaError_t e = cudaStreamWaitEvent(two, written->handle, 0)) {
       return fail_cuda(call, e, "cudaStreamWaitEvent(compression scratch being written)");
     }
-    if (uvm_status s = second_stage(batches[b], scratch.batch(b))) return s;
-    if (uvm_status s = record_event(call, two, &read[b % 2])) return s;
+    if (uvm_status s = second_stage(batch, scratch_batch)) return s;
+    if (uvm_status s = record_event(call, two, read)) return s;
   }
   return UVM_OK;
 }
@@ -119,7 +124,8 @@ uvm_status copy_parts(const Call& call, int device, const HostParts& host, size_
 }
 
 // Every job's flags, one after the other in the scratch's device flags (`*base`: where each job's
-// start), each job's `flags` from its host copy.
+// start), each job's `flags` from its host copy, in one copy (a copy from pageable memory waits for
+// the stream: one per job made a pause of 64 tensors wait 64 times).
 template <typename Job>
 uvm_status upload_flags(const Call& call, int device, CodecScratch& scratch, const std::vector<Job>& jobs,
                         std::vector<size_t>* base, cudaStream_t stream) {
@@ -129,13 +135,16 @@ uvm_status upload_flags(const Call& call, int device, CodecScratch& scratch, con
     total += codec::chunks_in(job.bytes);
   }
   if (total == 0) return UVM_OK;
-  if (uvm_status s = scratch.prepare(call, device, total, stream)) return s;
-  for (size_t j = 0; j < jobs.size(); ++j) {
-    const size_t chunks = codec::chunks_in(jobs[j].bytes);
-    if (chunks == 0) continue;
-    if (cudaError_t e = cudaMemcpyAsync(scratch.flags() + (*base)[j], jobs[j].flags, chunks, cudaMemcpyDefault, stream)) {
-      return fail_cuda(call, e, "cudaMemcpyAsync(%zu chunk flags to device %d)", chunks, device);
+  if constexpr (std::is_same_v<Job, EncodeJob>) {  // flags already on the device need no copy
+    if (std::all_of(jobs.begin(), jobs.end(), [](const EncodeJob& job) { return job.device_flags != nullptr; })) {
+      return scratch.prepare(call, device, 0, stream);
     }
+  }
+  if (uvm_status s = scratch.prepare(call, device, total, stream)) return s;
+  std::vector<uint8_t> all(total);
+  for (size_t j = 0; j < jobs.size(); ++j) std::copy_n(jobs[j].flags, codec::chunks_in(jobs[j].bytes), &all[(*base)[j]]);
+  if (cudaError_t e = cudaMemcpyAsync(scratch.flags(), all.data(), total, cudaMemcpyDefault, stream)) {
+    return fail_cuda(call, e, "cudaMemcpyAsync(%zu chunk flags to device %d)", total, device);
   }
   return UVM_OK;
 }
@@ -152,29 +161,50 @@ uvm_status wait_until_done(const Call& call, int device, const char* what, size_
 
 CodecScratch::~CodecScratch() {
   if (stream_ != nullptr) clear_cuda_error(cudaStreamSynchronize(stream_));
-  if (copies_ != nullptr) {
-    clear_cuda_error(cudaStreamSynchronize(copies_));
-    clear_cuda_error(cudaStreamDestroy(copies_));
+  for (cudaStream_t own : {copies_, chooser_}) {
+    if (own == nullptr) continue;
+    clear_cuda_error(cudaStreamSynchronize(own));
+    clear_cuda_error(cudaStreamDestroy(own));
   }
   clear_cuda_error(cudaFree(flags_));
+  clear_cuda_error(cudaFree(chosen_));
   for (uint8_t* batch : batches_) clear_cuda_error(cudaFree(batch));
   clear_cuda_error(cudaFree(edge_));
 }
 
+namespace {
+
+// Device flags `*flags` for at least `chunks` chunks (`*capacity` of them now), grown when they are
+// fewer. Every operation waits for its work on them before it returns: nothing uses the smaller ones.
+uvm_status grow_flags(const Call& call, int device, size_t chunks, const char* what, uint8_t** flags, size_t* capacity) {
+  if (chunks <= *capacity) return UVM_OK;
+  clear_cuda_error(cudaFree(*flags));
+  *flags = nullptr;
+  *capacity = 0;
+  if (cudaError_t e = cudaMalloc(reinterpret_cast<void**>(flags), chunks)) {
+    *flags = nullptr;
+    return fail_cuda(call, e, "cudaMalloc(%zu bytes of %s for compression, device %d)", chunks, what, device);
+  }
+  *capacity = chunks;
+  return UVM_OK;
+}
+
+// A stream of the scratch's own, made once.
+uvm_status own_stream(const Call& call, int device, const char* what, cudaStream_t* stream) {
+  if (*stream != nullptr) return UVM_OK;
+  if (cudaError_t e = cudaStreamCreateWithFlags(stream, cudaStreamNonBlocking)) {
+    *stream = nullptr;
+    return fail_cuda(call, e, "cudaStreamCreateWithFlags(the compression's %s, device %d)", what, device);
+  }
+  return UVM_OK;
+}
+
+}  // namespace
+
 uvm_status CodecScratch::prepare(const Call& call, int device, size_t chunks, cudaStream_t stream, bool batches,
                                  bool edge) {
   stream_ = stream;
-  if (chunks > flag_capacity_) {
-    // Every operation waits for its work before it returns: nothing uses the smaller flags now.
-    clear_cuda_error(cudaFree(flags_));
-    flags_ = nullptr;
-    flag_capacity_ = 0;
-    if (cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&flags_), chunks)) {
-      flags_ = nullptr;
-      return fail_cuda(call, e, "cudaMalloc(%zu bytes of chunk flags for compression, device %d)", chunks, device);
-    }
-    flag_capacity_ = chunks;
-  }
+  if (uvm_status s = grow_flags(call, device, chunks, "chunk flags", &flags_, &flag_capacity_)) return s;
   if (batches) {
     const size_t batch = kCodecBatchChunks * kChunk;
     for (uint8_t*& buffer : batches_) {
@@ -184,12 +214,7 @@ uvm_status CodecScratch::prepare(const Call& call, int device, size_t chunks, cu
         return fail_cuda(call, e, "cudaMalloc(%zu bytes of compression scratch, device %d)", batch, device);
       }
     }
-    if (copies_ == nullptr) {
-      if (cudaError_t e = cudaStreamCreateWithFlags(&copies_, cudaStreamNonBlocking)) {
-        copies_ = nullptr;
-        return fail_cuda(call, e, "cudaStreamCreateWithFlags(the compression's copy stream, device %d)", device);
-      }
-    }
+    if (uvm_status s = own_stream(call, device, "copy stream", &copies_)) return s;
   }
   if (edge && edge_ == nullptr) {
     if (cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&edge_), kChunk)) {
@@ -199,6 +224,11 @@ uvm_status CodecScratch::prepare(const Call& call, int device, size_t chunks, cu
     }
   }
   return UVM_OK;
+}
+
+uvm_status CodecScratch::prepare_choosing(const Call& call, int device, size_t chunks, bool own) {
+  if (uvm_status s = grow_flags(call, device, chunks, "chosen chunk flags", &chosen_, &chosen_capacity_)) return s;
+  return own ? own_stream(call, device, "choosing stream", &chooser_) : UVM_OK;
 }
 
 bool coder_loads(int device, std::string* why) {
@@ -216,17 +246,17 @@ bool coder_loads(int device, std::string* why) {
 }
 
 uvm_status choose_chunk_flags(const Call& call, int device, CodecScratch& scratch, const std::vector<ChooseJob>& jobs,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, size_t at) {
   size_t total = 0, bytes = 0;
   for (const ChooseJob& job : jobs) {
     total += codec::chunks_in(job.bytes);
     bytes += job.bytes;
   }
   if (total == 0) return UVM_OK;
-  if (uvm_status s = scratch.prepare(call, device, total, stream, false)) return s;
+  if (uvm_status s = scratch.prepare_choosing(call, device, at + total)) return s;
   CUfunction choose = nullptr;
   if (uvm_status s = codec_kernel(call, device, "uvm_codec_choose", &choose)) return s;
-  uint8_t* device_flags = scratch.flags();  // each job's after the one before
+  uint8_t* device_flags = scratch.chosen() + at;  // each job's after the one before
   for (const ChooseJob& job : jobs) {
     const size_t chunks = codec::chunks_in(job.bytes);
     const auto* in = static_cast<const uint8_t*>(job.src);
@@ -240,54 +270,96 @@ uvm_status choose_chunk_flags(const Call& call, int device, CodecScratch& scratc
                            device);
       }
     }
-    if (chunks > 0) {
-      if (cudaError_t e = cudaMemcpyAsync(job.flags, device_flags, chunks, cudaMemcpyDefault, stream)) {
-        return fail_cuda(call, e, "cudaMemcpyAsync(%zu chunk flags to the host, device %d)", chunks, device);
-      }
-    }
     device_flags += chunks;
   }
-  return wait_until_done(call, device, "choosing how to code", bytes, jobs.front().src, stream);
+  // One copy back for all the jobs (a copy into pageable memory waits for the stream).
+  std::vector<uint8_t> all(total);
+  if (cudaError_t e = cudaMemcpyAsync(all.data(), scratch.chosen() + at, total, cudaMemcpyDefault, stream)) {
+    return fail_cuda(call, e, "cudaMemcpyAsync(%zu chunk flags to the host, device %d)", total, device);
+  }
+  if (uvm_status s = wait_until_done(call, device, "choosing how to code", bytes, jobs.front().src, stream)) return s;
+  const uint8_t* from = all.data();
+  for (const ChooseJob& job : jobs) {
+    const size_t chunks = codec::chunks_in(job.bytes);
+    std::copy_n(from, chunks, job.flags);
+    from += chunks;
+  }
+  return UVM_OK;
 }
 
 uvm_status encode_to_host(const Call& call, int device, CodecScratch& scratch, const std::vector<EncodeJob>& jobs,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, std::vector<EventRef>* copied) {
   std::vector<size_t> base;
   if (uvm_status s = upload_flags(call, device, scratch, jobs, &base, stream)) return s;
-  std::vector<Batch> batches;
-  for (size_t j = 0; j < jobs.size(); ++j) add_batches(j, 0, codec::chunks_in(jobs[j].bytes), &batches);
-  std::vector<size_t> at(jobs.size(), 0);  // where each job's next stored chunk goes in its host copy
-  if (!batches.empty()) {
-    // Coded on `stream`, copied out on the scratch's stream; `stream` then waits for the copies.
-    const Stage encode = [&](const Batch& batch, uint8_t* scratch_batch) {
-      const auto* in = static_cast<const uint8_t*>(jobs[batch.job].src);
-      return launch_batch(call, device, "uvm_codec_encode", in + batch.first * kChunk, scratch.flags() + base[batch.job],
-                          batch.first, batch.end - batch.first, scratch_batch, stream);
-    };
-    const Stage copy_out = [&](const Batch& batch, uint8_t* scratch_batch) {
-      const EncodeJob& job = jobs[batch.job];
-      const size_t batch_bytes = stored_run(job.flags, batch.first, batch.end);
-      if (uvm_status s = copy_parts(call, device, job.host, at[batch.job], scratch_batch, batch_bytes, true, "coded bytes",
-                                    scratch.copies())) {
-        return s;
-      }
-      at[batch.job] += batch_bytes;
-      return UVM_OK;
-    };
-    if (uvm_status s = run_batches(call, batches, scratch, stream, encode, scratch.copies(), copy_out)) return s;
-    if (uvm_status s = wait_for_stream(call, stream, scratch.copies(), "the coded bytes' copies to the host")) return s;
-  }
+  if (jobs.empty()) return UVM_OK;
   size_t bytes = 0;
+  std::vector<Batch> batches;
   for (size_t j = 0; j < jobs.size(); ++j) {
-    const size_t whole = codec::chunks_in(jobs[j].bytes) * kChunk;
-    void* tail = const_cast<uint8_t*>(static_cast<const uint8_t*>(jobs[j].src) + whole);  // only read: a copy to the host
-    if (uvm_status s = copy_parts(call, device, jobs[j].host, at[j], tail, jobs[j].bytes - whole, true,
-                                  "bytes of the raw tail", stream)) {
-      return s;
-    }
+    add_batches(j, 0, codec::chunks_in(jobs[j].bytes), &batches);
     bytes += jobs[j].bytes;
   }
-  return wait_until_done(call, device, "compressing", bytes, jobs.empty() ? nullptr : jobs.front().src, stream);
+  if (copied != nullptr) copied->assign(jobs.size(), nullptr);
+  // The copies out run on the scratch's stream (made by upload_flags when there are chunks to code);
+  // with none, the raw tails go on `stream`.
+  const cudaStream_t out = batches.empty() ? stream : scratch.copies();
+  std::vector<size_t> at(jobs.size(), 0);  // where each job's next stored chunk goes in its host copy
+  // Each job's copies out, timed on `out` (the move's "code" phase): a trace shows when the first
+  // began, after the choosing, and how fast each ran.
+  std::vector<std::unique_ptr<StreamPhase>> timed(jobs.size());
+  const auto time_from_here = [&](size_t j) {
+    if (!timed[j]) timed[j] = std::make_unique<StreamPhase>(Phase::code, out, 1, reinterpret_cast<uintptr_t>(jobs[j].src));
+  };
+  // Once a job's chunks are out, its raw tail, read from its source on `out` (which waited for
+  // `stream`'s work before it), and where its copies end.
+  const auto finish_job = [&](size_t j) -> uvm_status {
+    const EncodeJob& job = jobs[j];
+    const size_t whole = codec::chunks_in(job.bytes) * kChunk;
+    void* tail = const_cast<uint8_t*>(static_cast<const uint8_t*>(job.src) + whole);  // only read: a copy to the host
+    time_from_here(j);
+    if (uvm_status s = copy_parts(call, device, job.host, at[j], tail, job.bytes - whole, true, "bytes of the raw tail",
+                                  out)) {
+      return s;
+    }
+    timed[j]->finish(job.bytes);
+    return copied == nullptr ? UVM_OK : record_event(call, out, &(*copied)[j]);
+  };
+  // Coded on `stream`, copied out on `out`; `stream` then waits for the copies.
+  const Stage encode = [&](const Batch& batch, uint8_t* scratch_batch) {
+    const auto* in = static_cast<const uint8_t*>(jobs[batch.job].src);
+    const uint8_t* flags = jobs[batch.job].device_flags ? jobs[batch.job].device_flags : scratch.flags() + base[batch.job];
+    return launch_batch(call, device, "uvm_codec_encode", in + batch.first * kChunk, flags, batch.first,
+                        batch.end - batch.first, scratch_batch, stream);
+  };
+  const Stage copy_out = [&](const Batch& batch, uint8_t* scratch_batch) {
+    const EncodeJob& job = jobs[batch.job];
+    const size_t batch_bytes = stored_run(job.flags, batch.first, batch.end);
+    time_from_here(batch.job);
+    if (uvm_status s = copy_parts(call, device, job.host, at[batch.job], scratch_batch, batch_bytes, true, "coded bytes",
+                                  out)) {
+      return s;
+    }
+    at[batch.job] += batch_bytes;
+    return batch.end == codec::chunks_in(job.bytes) ? finish_job(batch.job) : UVM_OK;
+  };
+  // After a failure nothing may still write into the hosts' bytes, which the caller gives back.
+  const auto give_up = [&](uvm_status status) {
+    clear_cuda_error(cudaStreamSynchronize(out));
+    clear_cuda_error(cudaStreamSynchronize(stream));
+    return status;
+  };
+  if (out != stream) {
+    if (uvm_status s = wait_for_stream(call, out, stream, "the sources' writes before their copies")) return give_up(s);
+  }
+  for (size_t j = 0; j < jobs.size(); ++j) {  // a job of less than a chunk has no batch
+    if (codec::chunks_in(jobs[j].bytes) > 0) continue;
+    if (uvm_status s = finish_job(j)) return give_up(s);
+  }
+  if (uvm_status s = run_batches(call, batches, scratch, stream, encode, out, copy_out)) return give_up(s);
+  if (copied != nullptr) return UVM_OK;  // the caller waits for the copies, by their events
+  if (out != stream) {
+    if (uvm_status s = wait_for_stream(call, stream, out, "the coded bytes' copies to the host")) return give_up(s);
+  }
+  return wait_until_done(call, device, "compressing", bytes, jobs.front().src, stream);
 }
 
 uvm_status decode_from_host(const Call& call, int device, CodecScratch& scratch, const std::vector<DecodeJob>& jobs,
@@ -399,7 +471,7 @@ uvm_status compress_on_device(const Call& call, int device, const void* src, siz
   size_t at = 0;
   for (size_t first = 0; first < chunks; first += kCodecBatchChunks) {  // the flags on the device are chosen's
     const size_t end = std::min(first + kCodecBatchChunks, chunks);
-    if (uvm_status s = launch_batch(call, device, "uvm_codec_encode", in + first * kChunk, scratch.flags(), first,
+    if (uvm_status s = launch_batch(call, device, "uvm_codec_encode", in + first * kChunk, scratch.chosen(), first,
                                     end - first, out + at, stream)) {
       return s;
     }

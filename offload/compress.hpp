@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../alloc/errors.hpp"
+#include "../alloc/events.hpp"
 #include "codec.hpp"
 
 namespace uvm {
@@ -32,10 +33,11 @@ struct HostPart {
 };
 using HostParts = std::vector<HostPart>;
 
-// The device memory and the copy stream the coder borrows: chunk flags, two scratch batches (one is
-// coded while the other is copied) and a chunk for the edges of a partial decode. Made once for a
-// move's pieces, grown as a piece needs, and given back (after both streams have passed the work
-// that used it) when it goes.
+// The device memory and the streams the coder borrows: the chosen flags (choose_chunk_flags) and
+// the choosing's own stream, so that the next piece can be chosen while one is coded; the flags a
+// decode copies in, two scratch batches (one is coded while the other is copied) with the copy
+// stream, and a chunk for the edges of a partial decode. Made once for a move's pieces, grown as a
+// piece needs, and given back (after every stream has passed the work that used it) when it goes.
 class CodecScratch {
  public:
   CodecScratch() = default;
@@ -46,15 +48,31 @@ class CodecScratch {
   // stream too; with `edge`, the edge chunk.
   uvm_status prepare(const Call& call, int device, size_t chunks, cudaStream_t stream, bool batches = true,
                      bool edge = false);
+  // Room for the flags choose_chunk_flags writes (chosen()) for `chunks` chunks; with `own_stream`,
+  // the choosing's own stream too (chooser()).
+  uvm_status prepare_choosing(const Call& call, int device, size_t chunks, bool own_stream = false);
   uint8_t* flags() const { return flags_; }
-  uint8_t* batch(size_t index) const { return batches_[index % 2]; }
+  uint8_t* chosen() const { return chosen_; }
+  cudaStream_t chooser() const { return chooser_; }
+  // The scratch batch to write next, the two in turn, and in `*read` where the last work reading it
+  // ends (null if none): the next writer waits for it, then records its own reader there.
+  uint8_t* take_batch(EventRef** read) {
+    next_ = 1 - next_;
+    *read = &read_[next_];
+    return batches_[next_];
+  }
   uint8_t* edge() const { return edge_; }
   cudaStream_t copies() const { return copies_; }
 
  private:
   uint8_t* flags_ = nullptr;
   size_t flag_capacity_ = 0;
+  uint8_t* chosen_ = nullptr;
+  size_t chosen_capacity_ = 0;
+  cudaStream_t chooser_ = nullptr;
   uint8_t* batches_[2] = {nullptr, nullptr};
+  EventRef read_[2];
+  size_t next_ = 1;
   uint8_t* edge_ = nullptr;
   cudaStream_t stream_ = nullptr;
   cudaStream_t copies_ = nullptr;
@@ -65,31 +83,39 @@ class CodecScratch {
 bool coder_loads(int device, std::string* why);
 
 // Step one of compressing, for several sources at once: each job's `bytes` of device memory at
-// `src` (on `device`, whose context is current), each whole chunk's flag chosen on the device and
-// in host `flags` (codec::chunks_in(bytes) of them) once this returns, after one wait for them all.
-// Their codec::compressed_bytes is the room step two needs.
+// `src` (on `device`, whose context is current), each whole chunk's flag chosen on the device (in
+// scratch.chosen() from flag `at` on, one job's after the other's) and in host `flags`
+// (codec::chunks_in(bytes) of them) once this returns, after one wait for them all, on `stream` (the
+// caller's, or the scratch's chooser()). Their codec::compressed_bytes is the room step two needs.
 struct ChooseJob {
   const void* src;
   size_t bytes;
   uint8_t* flags;
 };
 uvm_status choose_chunk_flags(const Call& call, int device, CodecScratch& scratch, const std::vector<ChooseJob>& jobs,
-                              cudaStream_t stream);
+                              cudaStream_t stream, size_t at = 0);
 
 // Step two for several sources at once: each job's `bytes` at device `src`, coded under its host
 // `flags`, into its host memory `host` (codec::compressed_bytes(flags, bytes) of room; pinned for
 // the copies to run at the link's speed), the raw tail after the chunks. The jobs' batches run in one
 // pipeline, so that coding one source overlaps the copies of the one before. Returns once the bytes
-// are on the host. The sources are only read. A failure names the step and the CUDA error; what was
-// written to the hosts by then is not a backup of anything.
+// are on the host; with `copied`, once the work is issued instead, `(*copied)[j]` recorded where
+// job j's copies end (its source is read no more, its host bytes are written), so that the caller
+// can act on each job while the later ones still run; `stream` does not wait for them (the caller
+// makes it, by the events), and the next call may begin meanwhile. The sources
+// are only read. A failure names the step and the CUDA error, and returns once nothing still writes
+// to the hosts; what was written there by then is not a backup of anything.
 struct EncodeJob {
   const void* src;
   size_t bytes;
   const uint8_t* flags;
   HostParts host;
+  // The same flags on the device, as choose_chunk_flags left them; null: copied there from `flags`
+  // (a copy from pageable memory, which waits for the stream: the host could not run ahead).
+  const uint8_t* device_flags = nullptr;
 };
 uvm_status encode_to_host(const Call& call, int device, CodecScratch& scratch, const std::vector<EncodeJob>& jobs,
-                          cudaStream_t stream);
+                          cudaStream_t stream, std::vector<EventRef>* copied = nullptr);
 
 // Reverses step two, job by job: the raw bytes [from, to) of the `bytes` that `host` and `flags`
 // code, written into device memory `dst` (where byte `from` goes). Chunks that lie across `from`

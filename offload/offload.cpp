@@ -228,12 +228,24 @@ uvm_strategy strategy_keeping(Kept kept) {
   }
 }
 
+// Where each releasable allocation's copies end: the event of its last piece's copy (`copied[i]`,
+// piece i's; null where the copy was waited for already).
+CopiesDone copies_done(const std::vector<HintRange>& pieces, const std::vector<EventRef>& copied) {
+  CopiesDone done;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (pieces[i].releasable && copied[i]) done[pieces[i].allocation] = CopiesEnd{copied[i], nullptr};
+  }
+  return done;
+}
+
 // UVM_STRATEGY_MMAP and UVM_STRATEGY_DISK, and compressed copies (`coded`, in any memory): once
 // `stream` has reached the call, the bytes are copied out — through bounce buffers (spill.hpp), or
-// coded on the GPU (coded.hpp) — while the call waits; only then, on `stream`, are they discarded
-// and their releasable memory given back. A copy that fails leaves the device as it was. A
-// compressed offload that cannot run here (the coder does not load, or managed pages cannot be
-// discarded) does nothing but set `*plain`: the caller offloads with plain copies instead.
+// coded on the GPU (coded.hpp) — and only then, on `stream`, discarded; the call waits for the
+// copies. A releasable allocation's compressed copy is waited for by its own event before its
+// memory goes back (as offload_staged's is), not by the stream, else once all are. A copy
+// that fails leaves the device as it was. A compressed offload that cannot run here (the coder does
+// not load, or managed pages cannot be discarded) does nothing but set `*plain`: the caller
+// offloads with plain copies instead.
 uvm_status offload_kept(const Call& call, const MoveArgs& args, Kept kept, cudaStream_t stream, bool coded = false,
                         bool* plain = nullptr) {
   const uvm_strategy strategy = strategy_keeping(kept);
@@ -249,19 +261,33 @@ uvm_status offload_kept(const Call& call, const MoveArgs& args, Kept kept, cudaS
   for (const auto* part : {&pieces.staged, &pieces.free}) {
     for (const HintRange& piece : *part) trace_move_bytes(piece.end - piece.begin);
   }
-  if (!pieces.staged.empty()) {
-    std::vector<StagedPiece> copies;
-    const uvm_status copied = coded ? code_out(call, move.device, move.stream, pieces.staged, kept, &copies)
-                                    : spill_out(call, move.device, move.stream, pieces.staged, kept, &copies);
-    if (copied != UVM_OK) return copied;
-    // From the discard on, the copy is all there is of these bytes: it is recorded first.
-    for (const HintRange& piece : pieces.staged) account_move(piece, Move::staged, 0);  // as offload_staged
-    stage_copies(std::move(copies));
-    if (uvm_status s = discard_batch(call, pieces.staged, move.stream)) return s;
-    if (uvm_status s = set_last_moves(call, pieces.staged, move.stream)) return s;
+  CodecScratch scratch;  // the coder's, until its copies end (its end waits for them)
+  const auto copy_out_and_release = [&]() -> uvm_status {
+    CopiesDone done;
+    if (!pieces.staged.empty()) {
+      std::vector<StagedPiece> copies;
+      std::vector<EventRef> copied;
+      const uvm_status issued = coded ? code_out(call, move.device, move.stream, pieces.staged, kept, scratch, &copies, &copied)
+                                      : spill_out(call, move.device, move.stream, pieces.staged, kept, &copies);
+      if (issued != UVM_OK) return issued;
+      // From the discard on, the copy is all there is of these bytes: it is recorded first.
+      for (const HintRange& piece : pieces.staged) account_move(piece, Move::staged, 0);  // as offload_staged
+      stage_copies(std::move(copies));
+      if (coded) done = copies_done(pieces.staged, copied);
+      if (uvm_status s = discard_batch(call, pieces.staged, move.stream)) return s;
+      if (uvm_status s = set_last_moves(call, pieces.staged, move.stream)) return s;
+    }
+    if (uvm_status s = drop_free_space(call, pieces.free, move.stream)) return s;
+    return release_emptied(call, move.ranges, move.stream, done);
+  };
+  uvm_status status = copy_out_and_release();
+  // Whatever happened, the copies end before the call returns: their host memory may go back after.
+  if (const cudaError_t e = cudaStreamSynchronize(move.stream); e != cudaSuccess) {
+    if (status != UVM_OK) clear_cuda_error(e);  // the first failure is the one to report
+    else status = fail_cuda(call, e, "cudaStreamSynchronize (the %s copies out, device %d)",
+                                  coded ? "compressed" : copy_name(strategy), move.device);
   }
-  if (uvm_status s = drop_free_space(call, pieces.free, move.stream)) return s;
-  return finish_move(release_emptied(call, move.ranges, move.stream), args, move);
+  return finish_move(status, args, move);
 }
 
 // Host bytes for the pieces that retained pinned copies cover exactly (uvm_set_retain_backups):

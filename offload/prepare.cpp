@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <set>
 #include <vector>
 
 #include "../alloc/devices.hpp"
 #include "../alloc/registry.hpp"
+#include "coded.hpp"
 #include "copies.hpp"
 #include "staging.hpp"
 
@@ -40,11 +42,29 @@ std::vector<Span> spans_to_stage(const Selection& selection, int* device) {
   return spans;
 }
 
+// The coder's kernels on each device where `selection` has compressed allocations not paused: the
+// driver compiles their PTX when they first load, which a first compressed pause would wait for.
+// Where they cannot load, coder_usable says why, once, and the pause keeps plain copies.
+uvm_status load_coder_ahead(const Call& call, const Selection& selection) {
+  Selection compressed = selection;
+  compressed.compressed = true;
+  compressed.paused = false;
+  std::set<int> devices;
+  for (const AllocationView& found : registry().select(compressed)) devices.insert(found.device);
+  for (int on : devices) {
+    ContextScope scope;
+    if (uvm_status s = scope.enter(call, on, ContextScope::When::always)) return s;
+    coder_usable(on);
+  }
+  return UVM_OK;
+}
+
 uvm_status prepare_pause(const Call& call, int device, const char* tag, size_t max_bytes, size_t* pinned) {
   if (pinned != nullptr) *pinned = 0;
   if (uvm_status s = check_options(call)) return s;
   Selection selection;
   if (uvm_status s = select_arguments(call, device, tag, &selection)) return s;
+  if (uvm_status s = load_coder_ahead(call, selection)) return s;
   const uint64_t asked_at = releases.load();
   const size_t before = staging().capacity_bytes();
   size_t added = 0;  // by this call's own blocks (a free meanwhile changes the capacity too)

@@ -25,6 +25,9 @@
 #   NODE_BENCH=1                 runs bench/node_bench.py: every GPU pausing and resuming at once, and GPU 0
 #                                alone, beside torch_memory_saver and the pinned memcpy ceiling
 #                                (NODE_ARGS: more arguments, e.g. "--gib 4 --cycles 3")
+#   NODE_TRACE=1                 runs the node bench again with UVM_TRACE (NODE_TRACE_ARGS; default: 4 GPUs or
+#                                all there are, then 1, 3 cycles, uvm.memory_saver plain and compressed)
+#                                and prints each pause and resume phase by phase (bench/probes/pause_phases.py)
 #   CODEC_BENCH=1                runs bench/codec_bench.cpp (built with the tests): compressed backups against
 #                                plain copies, every GPU at once and GPU 0 alone (CODEC_GIB per GPU, default 4)
 #   SLABS_BENCH=1                the offload bench's small-tensor model (2 GiB of 512 KiB tensors),
@@ -247,6 +250,17 @@ if [ "${NODE_BENCH:-0}" = 1 ]; then
   fi
   # shellcheck disable=SC2086  # NODE_ARGS is the bench's arguments, split as words
   PYTHONPATH=python_shim:/tmp/peer-site python3 bench/node_bench.py --out "$OUT/node" ${NODE_ARGS:-} || status=1
+fi
+
+if [ "${NODE_TRACE:-0}" = 1 ]; then
+  echo "== node bench traced (UVM_TRACE; bench/probes/pause_phases.py)"
+  mkdir -p "$OUT/node-traces"
+  methods="uvm memory_saver,uvm memory_saver (compressed)"
+  # shellcheck disable=SC2086  # NODE_TRACE_ARGS is the bench's arguments, split as words
+  UVM_TRACE="$OUT/node-traces/uvm-%p.json" PYTHONPATH=python_shim python3 bench/node_bench.py \
+    --out "$OUT/node-traced" --cycles 3 --methods "$methods" ${NODE_TRACE_ARGS:-} || status=1
+  python3 bench/probes/pause_phases.py "$OUT/node-traces" >"$OUT/node-traces/phases.txt" || status=1
+  cat "$OUT/node-traces/phases.txt"
 fi
 
 if [ "${CODEC_BENCH:-0}" = 1 ]; then

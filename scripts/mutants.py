@@ -271,7 +271,7 @@ MUTANTS = [
  ("offload/codec.cpp", "  return kChunkWords - best > kEscapeCapacity ? kRaw",
   "  return kChunkWords - best >= kEscapeCapacity ? kRaw", "offload_tests", "[codec]"),
  ("offload/codec.cpp", "    if (code >= kWindow) {", "    if (code > kWindow) {", "offload_tests", "[codec]"),
- ("offload/compress.cpp", "      at[batch.job] += batch_bytes;\n      return UVM_OK;", "      return UVM_OK;",
+ ("offload/compress.cpp", "    at[batch.job] += batch_bytes;\n    return batch.end", "    return batch.end",
   "offload_tests", "[codec]"),
  ("offload/compress.cpp", "  for (size_t c = first; c < end; ++c) total += codec::stored_bytes(flags[c]);",
   "  for (size_t c = first; c < end; ++c) total += codec::kCodedBytes;", "offload_tests", "[codec]"),
@@ -286,6 +286,10 @@ MUTANTS = [
   "  if (coded && !move.caps.discard_supported) {", "offload_tests", "[codec]"),
  ("offload/coded.cpp", "  if (uvm_status s = prefetch_managed(\"undoing the discard after the decode\")) return s;\n", "",
   "offload_tests", "[codec]"),
+ # A compressed pause that gives memory back only once every copy has ended (the stream, not the
+ # allocation's own copy); a preparation that leaves the coder to the first pause to load.
+ ("offload/offload.cpp", "      if (coded) done = copies_done(pieces.staged, copied);\n", "", "offload_tests", "[codec]"),
+ ("offload/prepare.cpp", "  if (uvm_status s = load_coder_ahead(call, selection)) return s;\n", "", "offload_tests", "[codec]"),
  # uvm.nccl on one node: registered anyway (NCCL keeps memory a pause must give back).
  ("python_shim/uvm/nccl.py", "    if _one_node():\n", "    if False:\n",
   "pytest", "tests/python/test_nccl.py::test_every_rank_on_this_node_registers_nothing_and_says_why"),

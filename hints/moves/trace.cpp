@@ -130,8 +130,8 @@ bool host_time_of(const MoveLog& log, const EventRef& mark, double* out) {
 }  // namespace
 
 const char* phase_name(Phase phase) {
-  static const char* const names[kPhaseCount] = {"pin", "wait",     "copy",    "discard", "release",
-                                                 "map", "populate", "migrate", "write",   "read"};
+  static const char* const names[kPhaseCount] = {"pin",     "wait",  "copy", "discard", "release", "map",
+                                                 "populate", "migrate", "write", "read",   "code"};
   const int index = static_cast<int>(phase);
   return index >= 0 && index < kPhaseCount ? names[index] : "unknown";
 }

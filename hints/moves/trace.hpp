@@ -30,8 +30,9 @@ enum class Phase : uint8_t {
   migrate,   // cudaMemPrefetchAsync moving pages between host and device
   write,     // copies out to pageable memory or disk through bounce buffers (host)
   read,      // copies back from pageable memory or disk through bounce buffers (host)
+  code,      // compressed copies: chunks coded on the GPU and copied out, or copied in and decoded
 };
-constexpr int kPhaseCount = 10;
+constexpr int kPhaseCount = 11;
 
 // The phase's name as reports and traces print it ("copy").
 const char* phase_name(Phase phase);

@@ -215,8 +215,8 @@ TEST_CASE("a failure while compressing or decompressing names its step and leave
     int skip;
     const char* named;
   };
-  for (const Failure& f : {Failure{"cudaMalloc", 0, "chunk flags"}, Failure{"cudaMalloc", 1, "compression scratch"},
-                           Failure{"cudaStreamCreateWithFlags", 0, "copy stream"},
+  for (const Failure& f : {Failure{"cudaMalloc", 0, "chosen chunk flags"}, Failure{"cudaMalloc", 1, "chunk flags"},
+                           Failure{"cudaMalloc", 2, "compression scratch"}, Failure{"cudaStreamCreateWithFlags", 0, "copy stream"},
                            Failure{"cuLaunchKernel", 0, "uvm_codec_choose"}, Failure{"cuLaunchKernel", 1, "uvm_codec_encode"},
                            Failure{"cudaMemcpyAsync", 2, "coded bytes to the host"}}) {
     INFO(f.call << " failing after " << f.skip);

@@ -3,6 +3,7 @@
 // change; a failure at any step loses nothing; where the coder cannot load, plain copies.
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -81,6 +82,16 @@ struct Retaining {
   ~Retaining() { uvm_set_retain_backups(0); }
 };
 
+// The bytes the "code" phase of this thread's last move reports (uvm_last_move); 0 for none.
+size_t code_phase_bytes() {
+  uvm_move_report report{};
+  REQUIRE(uvm_last_move(UVM_ANY_DEVICE, &report) == UVM_OK);
+  for (size_t i = 0; i < report.phase_count; ++i) {
+    if (std::string(report.phases[i].name) == "code") return report.phases[i].bytes;
+  }
+  return 0;
+}
+
 // Bytes that are neither a whole number of chunks nor one chunk: 33 chunks and a tail.
 constexpr size_t kWeightBytes = 33 * kChunk + 1000;
 }  // namespace
@@ -105,8 +116,10 @@ TEST_CASE("a compressed pause keeps bf16 weights in at most 0.75 of their bytes 
   CHECK(host_copy(plain->ptr, plain->size) != nullptr);
   CHECK(!FakeMachine::ops_named(fake::OpKind::codec_kernel).empty());
   CHECK(other->intact());
+  CHECK(code_phase_bytes() == kWeightBytes);  // the compressed one's, in the pause's report
 
   REQUIRE(uvm_resume(UVM_ANY_DEVICE, "weights") == UVM_OK);
+  CHECK(code_phase_bytes() == kWeightBytes);
   CHECK(packed.differs() == SIZE_MAX);
   CHECK(plain->intact());
   CHECK(paused("weights") == 0);
@@ -193,6 +206,60 @@ TEST_CASE("a retained compressed copy stays until the next pause, which codes th
   CHECK(packed.differs() == SIZE_MAX);
 }
 
+// Where in the op log `wanted` first comes at or after `from` (ops.size() if never).
+size_t find_op(const std::vector<fake::Op>& ops, size_t from, const std::function<bool(const fake::Op&)>& wanted) {
+  for (size_t i = from; i < ops.size(); ++i) {
+    if (wanted(ops[i])) return i;
+  }
+  return ops.size();
+}
+
+TEST_CASE("a compressed pause chooses one allocation ahead and gives its memory back once its own copy ends",
+          "[pause][codec][cuda13]") {
+  FakeMachine machine;
+  Compressed first("overlap", UVM_BACKUP_HOST, weights(kWeightBytes, 12));
+  Compressed second("overlap", UVM_BACKUP_HOST, weights(kWeightBytes, 13));
+  Compressed* const earlier = first.ptr < second.ptr ? &first : &second;  // coded and copied first
+  Compressed* const later = earlier == &first ? &second : &first;
+  fake::reset_ops();
+  REQUIRE(uvm_pause(UVM_ANY_DEVICE, "overlap") == UVM_OK);
+  const std::vector<fake::Op> ops = fake::ops();
+  const auto tail_of = [&](const Compressed* c) {  // the copy of its raw tail: the last of its copy
+    return find_op(ops, 0, [&](const fake::Op& op) {
+      return op.call == fake::OpKind::copy_to_host && op.ptr == c->ptr + 33 * kChunk;
+    });
+  };
+  const size_t earlier_tail = tail_of(earlier), later_tail = tail_of(later);
+  REQUIRE(earlier_tail < later_tail);
+  REQUIRE(later_tail < ops.size());
+  // The later one is chosen (its first kernel) once the earlier one's copies are issued, not before
+  // them: the copies out begin after one allocation's choosing.
+  const size_t later_chosen = find_op(ops, 0, [&](const fake::Op& op) {
+    return op.call == fake::OpKind::codec_kernel && op.ptr == later->ptr;
+  });
+  CHECK(later_chosen > earlier_tail);
+  // Its copy's end is marked before the later allocation's copy is done.
+  const size_t end_mark = find_op(ops, earlier_tail, [](const fake::Op& op) { return op.call == fake::OpKind::event_record; });
+  REQUIRE(end_mark < later_tail);
+  const size_t unmapped = find_op(ops, 0, [&](const fake::Op& op) {
+    return op.call == fake::OpKind::vmm_unmap && op.ptr == earlier->ptr;
+  });
+  REQUIRE(unmapped < ops.size());
+  // Released after waiting for that mark alone: no wait for the stream (all copies) before it.
+  size_t waited = unmapped;
+  while (waited > later_tail && ops[waited].call != fake::OpKind::event_sync) --waited;
+  REQUIRE(ops[waited].call == fake::OpKind::event_sync);
+  CHECK(ops[waited].ptr == ops[end_mark].ptr);
+  for (size_t i = later_tail; i < unmapped; ++i) {
+    INFO("op " << i << ": " << ops[i].call);
+    CHECK(ops[i].call != fake::OpKind::stream_sync);
+    CHECK(ops[i].call != fake::OpKind::device_sync);
+  }
+  REQUIRE(uvm_resume(UVM_ANY_DEVICE, "overlap") == UVM_OK);
+  CHECK(first.differs() == SIZE_MAX);
+  CHECK(second.differs() == SIZE_MAX);
+}
+
 TEST_CASE("a compressed pause or resume that fails at any step names it, loses nothing and can be done again",
           "[pause][codec][cuda13]") {
   FakeMachine machine;
@@ -204,10 +271,11 @@ TEST_CASE("a compressed pause or resume that fails at any step names it, loses n
     const char* named;
   };
   // The plain neighbour is paused first, in a move of its own: its copy is one cudaMemcpyAsync.
-  for (const Failure& f : {Failure{"cudaMalloc", 0, "chunk flags"}, Failure{"cuLaunchKernel", 0, "uvm_codec_choose"},
-                           Failure{"cudaMalloc", 1, "compression scratch"},
+  for (const Failure& f : {Failure{"cudaMalloc", 0, "compression scratch"}, Failure{"cudaMalloc", 2, "chosen chunk flags"},
+                           Failure{"cudaStreamCreateWithFlags", 1, "choosing stream"},
+                           Failure{"cuLaunchKernel", 0, "uvm_codec_choose"},
                            Failure{"cuLaunchKernel", 1, "uvm_codec_encode"},
-                           Failure{"cudaMemcpyAsync", 3, "coded bytes to the host"}}) {
+                           Failure{"cudaMemcpyAsync", 2, "coded bytes to the host"}}) {
     INFO(f.call << " failing after " << f.skip);
     fake::fail_next(f.call, cudaErrorInvalidValue, f.skip);
     CHECK(uvm_pause(UVM_ANY_DEVICE, "faults") == UVM_ERROR_CUDA);
@@ -256,6 +324,21 @@ TEST_CASE("where the coder cannot load, a compressed pause keeps plain copies", 
   REQUIRE(uvm_pause(UVM_ANY_DEVICE, "no coder") == UVM_OK);  // it loads now
   CHECK(compressed_copies("no coder").raw == kWeightBytes);
   REQUIRE(uvm_resume(UVM_ANY_DEVICE, "no coder") == UVM_OK);
+  CHECK(packed.differs() == SIZE_MAX);
+}
+
+TEST_CASE("uvm_prepare_pause loads the coder ahead, whatever the backup: the first compressed pause loads nothing",
+          "[pause][codec][prepare][cuda13]") {
+  FakeMachine machine;
+  Compressed packed("ahead", UVM_BACKUP_MMAP, weights(kWeightBytes, 14));
+  uvm::forget_loaded_kernels_for_test();
+  REQUIRE(uvm_prepare_pause(UVM_ANY_DEVICE, "ahead", 0, nullptr) == UVM_OK);
+  fake::fail_next("cuModuleLoadData", cudaErrorInvalidPtx);  // a load now would fall back to plain copies
+  REQUIRE(uvm_pause(UVM_ANY_DEVICE, "ahead") == UVM_OK);
+  CHECK(fake::injection_left("cuModuleLoadData"));
+  fake::clear_injections();
+  CHECK(compressed_copies("ahead").raw == kWeightBytes);
+  REQUIRE(uvm_resume(UVM_ANY_DEVICE, "ahead") == UVM_OK);
   CHECK(packed.differs() == SIZE_MAX);
 }
 

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <functional>
 #include <memory>
-#include <type_traits>
 #include <vector>
 
 #include "../alloc/driver_api.hpp"
@@ -135,11 +134,6 @@ uvm_status upload_flags(const Call& call, int device, CodecScratch& scratch, con
     total += codec::chunks_in(job.bytes);
   }
   if (total == 0) return UVM_OK;
-  if constexpr (std::is_same_v<Job, EncodeJob>) {  // flags already on the device need no copy
-    if (std::all_of(jobs.begin(), jobs.end(), [](const EncodeJob& job) { return job.device_flags != nullptr; })) {
-      return scratch.prepare(call, device, 0, stream);
-    }
-  }
   if (uvm_status s = scratch.prepare(call, device, total, stream)) return s;
   std::vector<uint8_t> all(total);
   for (size_t j = 0; j < jobs.size(); ++j) std::copy_n(jobs[j].flags, codec::chunks_in(jobs[j].bytes), &all[(*base)[j]]);
@@ -289,8 +283,17 @@ uvm_status choose_chunk_flags(const Call& call, int device, CodecScratch& scratc
 
 uvm_status encode_to_host(const Call& call, int device, CodecScratch& scratch, const std::vector<EncodeJob>& jobs,
                           cudaStream_t stream, std::vector<EventRef>* copied) {
+  // Flags the choosing left on the device need no copy there; the scratch then only needs its batches.
+  const bool flags_on_device =
+      std::all_of(jobs.begin(), jobs.end(), [](const EncodeJob& job) { return job.device_flags != nullptr; });
+  const bool any_chunk =
+      std::any_of(jobs.begin(), jobs.end(), [](const EncodeJob& job) { return codec::chunks_in(job.bytes) > 0; });
   std::vector<size_t> base;
-  if (uvm_status s = upload_flags(call, device, scratch, jobs, &base, stream)) return s;
+  if (!flags_on_device) {
+    if (uvm_status s = upload_flags(call, device, scratch, jobs, &base, stream)) return s;
+  } else if (any_chunk) {
+    if (uvm_status s = scratch.prepare(call, device, 0, stream)) return s;
+  }
   if (jobs.empty()) return UVM_OK;
   size_t bytes = 0;
   std::vector<Batch> batches;

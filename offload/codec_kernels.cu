@@ -67,8 +67,10 @@ __device__ __forceinline__ void copy_chunk(uint4* dst, const uint4* src) {
 
 // flags[c] for each chunk c of `src` (chunks of them): the base of the window of 7 exponents
 // holding the most words plus 1 (the lowest base on a tie), or 0 (raw) when more than 2,048 words
-// fall outside it.
-extern "C" __global__ void __launch_bounds__(kThreads) uvm_codec_choose(const uint8_t* src, uint8_t* flags) {
+// fall outside it. Unless null, host_flags[c] too: mapped host memory, which the host reads once
+// the kernel has ended, with no copy queued behind the copy engine's other work.
+extern "C" __global__ void __launch_bounds__(kThreads)
+    uvm_codec_choose(const uint8_t* src, uint8_t* flags, uint8_t* host_flags) {
   __shared__ unsigned histogram[256];
   __shared__ unsigned long long best;
   histogram[threadIdx.x] = 0;
@@ -96,7 +98,9 @@ extern "C" __global__ void __launch_bounds__(kThreads) uvm_codec_choose(const ui
   __syncthreads();
   if (threadIdx.x == 0) {
     const unsigned held = static_cast<unsigned>(best >> 8), base = 255u - static_cast<unsigned>(best & 0xFFu);
-    flags[blockIdx.x] = kChunkWords - held > kEscapeCapacity ? 0 : static_cast<uint8_t>(base + 1);
+    const uint8_t flag = kChunkWords - held > kEscapeCapacity ? 0 : static_cast<uint8_t>(base + 1);
+    flags[blockIdx.x] = flag;
+    if (host_flags != nullptr) host_flags[blockIdx.x] = flag;
   }
 }
 

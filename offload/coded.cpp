@@ -115,10 +115,10 @@ uvm_status code_out(const Call& call, int device, cudaStream_t stream, const std
   };
   // Each copy's flags (and so the room it takes) are chosen, on the choosing's stream, after the
   // copy before it is issued: the copies out begin after one copy's choosing, not after all of them
-  // (docs/measurements.md, "Compressed backups: where the pause's time goes"). Its flags come back
-  // to the host through the copy engine, behind the copies out already queued, so the host issues
-  // each copy about when the one before ends. A disk copy is waited for, to be written to its file,
-  // so the host holds one disk copy's bytes at most.
+  // (docs/measurements.md, "Compressed backups: where the pause's time goes"). Its flags reach the
+  // host through mapped memory, not behind the copies out queued on the copy engine, so the host
+  // issues every copy long before the first ends. A disk copy is waited for, to be written to its
+  // file, so the host holds one disk copy's bytes at most.
   const auto choose = [&](size_t i) {
     CodedCopy& copy = copies[i];
     const ChooseJob job{reinterpret_cast<const void*>(copy.raw.begin), copy.raw.size(), copy.flags.data()};
@@ -166,7 +166,7 @@ uvm_status code_out(const Call& call, int device, cudaStream_t stream, const std
 }
 
 uvm_status code_in(const Call& call, int device, cudaStream_t stream, const std::vector<StagedPiece>& pieces,
-                   const std::vector<bool>& managed) {
+                   const std::vector<bool>& managed, const std::function<uvm_status(size_t piece)>& make_ready) {
   // Managed pieces are populated on the device first and prefetched again after their decode.
   const auto prefetch_managed = [&](const char* why) {
     for (size_t i = 0; i < pieces.size(); ++i) {
@@ -182,15 +182,18 @@ uvm_status code_in(const Call& call, int device, cudaStream_t stream, const std:
   StreamPhase decoding(Phase::code, stream, 0, pieces.empty() ? 0 : pieces.front().span.begin);
   CodecScratch scratch;
   std::vector<DecodeJob> jobs;
+  std::vector<size_t> piece_of_job;  // of `jobs`
   const auto job_of = [](const StagedPiece& piece, HostParts parts) {
     const CodedCopy& copy = *piece.coded;
     return DecodeJob{std::move(parts), copy.flags.data(), copy.raw.size(), piece.span.begin - copy.raw.begin,
                      piece.span.end - copy.raw.begin, reinterpret_cast<void*>(piece.span.begin)};
   };
-  for (const StagedPiece& piece : pieces) {
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const StagedPiece& piece = pieces[i];
     const CodedCopy& copy = *piece.coded;
     if (copy.kept != Kept::disk) {
       jobs.push_back(job_of(piece, copy.parts));  // decoded together below
+      piece_of_job.push_back(i);
       continue;
     }
     // A disk copy is read whole into pageable memory and decoded before the next is read.
@@ -202,12 +205,17 @@ uvm_status code_in(const Call& call, int device, cudaStream_t stream, const std:
     const uvm_status read = read_file(call, *copy.file, fd, read_back.get(), mapped, 0);
     close(fd);
     if (read != UVM_OK) return read;
+    if (uvm_status s = make_ready(i)) return s;
     if (uvm_status s = decode_from_host(call, device, scratch, {job_of(piece, {HostPart{read_back.get(), copy.stored}})},
                                         stream)) {
       return s;
     }
   }
-  if (uvm_status s = decode_from_host(call, device, scratch, jobs, stream)) return s;
+  // Each piece's memory is made ready as its first write is issued: mapping the next allocations
+  // overlaps the decoding of the ones before (docs/measurements.md, "Compressed backups: where the
+  // pause's time goes").
+  const auto ready = [&](size_t job) { return make_ready(piece_of_job[job]); };
+  if (uvm_status s = decode_from_host(call, device, scratch, jobs, stream, ready)) return s;
   size_t raw = 0;
   for (const StagedPiece& piece : pieces) raw += piece.span.size();
   decoding.finish(raw);

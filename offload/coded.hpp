@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -39,12 +40,14 @@ struct CodedCopy {
 uvm_status code_out(const Call& call, int device, cudaStream_t stream, const std::vector<HintRange>& pieces, Kept kept,
                     CodecScratch& scratch, std::vector<StagedPiece>* out, std::vector<EventRef>* copied);
 
-// Decodes compressed `pieces` back into their device memory, which must be mapped, on `stream`;
-// returns once done. `managed[i]`: piece i is managed memory, populated on the device before its
-// decode and prefetched after, as onload.cpp's copy_chunk does for the same reason. The copies are
-// only read: after a failure they still hold every byte.
+// Decodes compressed `pieces` back into their device memory on `stream`; returns once done.
+// `make_ready(i)` runs once per piece, before anything that writes into piece i is issued (mapping
+// its memory: while it runs, the pieces before it go on decoding). `managed[i]`: piece i is managed
+// memory, populated on the device before its decode and prefetched after, as onload.cpp's
+// copy_chunk does for the same reason. The copies are only read: after a failure they still hold
+// every byte.
 uvm_status code_in(const Call& call, int device, cudaStream_t stream, const std::vector<StagedPiece>& pieces,
-                   const std::vector<bool>& managed);
+                   const std::vector<bool>& managed, const std::function<uvm_status(size_t piece)>& make_ready);
 
 // Whether the coder can run on `device` (current). The first time it cannot there, says why on
 // stderr, once: its pauses keep plain copies instead.

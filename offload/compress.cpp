@@ -162,6 +162,7 @@ CodecScratch::~CodecScratch() {
   }
   clear_cuda_error(cudaFree(flags_));
   clear_cuda_error(cudaFree(chosen_));
+  clear_cuda_error(cudaFreeHost(chosen_on_host_));
   for (uint8_t* batch : batches_) clear_cuda_error(cudaFree(batch));
   clear_cuda_error(cudaFree(edge_));
 }
@@ -221,7 +222,18 @@ uvm_status CodecScratch::prepare(const Call& call, int device, size_t chunks, cu
 }
 
 uvm_status CodecScratch::prepare_choosing(const Call& call, int device, size_t chunks, bool own) {
-  if (uvm_status s = grow_flags(call, device, chunks, "chosen chunk flags", &chosen_, &chosen_capacity_)) return s;
+  if (chunks > chosen_capacity_) {
+    clear_cuda_error(cudaFreeHost(chosen_on_host_));
+    chosen_on_host_ = nullptr;
+    if (uvm_status s = grow_flags(call, device, chunks, "chosen chunk flags", &chosen_, &chosen_capacity_)) return s;
+    void* mapped = nullptr;
+    if (cudaError_t e = cudaHostAlloc(&mapped, chunks, cudaHostAllocMapped)) {
+      chosen_capacity_ = 0;  // the device flags alone: grown again, both, next time
+      return fail_cuda(call, e, "cudaHostAlloc(%zu bytes of mapped memory for the chosen chunk flags, device %d)",
+                       chunks, device);
+    }
+    chosen_on_host_ = static_cast<uint8_t*>(mapped);
+  }
   return own ? own_stream(call, device, "choosing stream", &chooser_) : UVM_OK;
 }
 
@@ -250,29 +262,27 @@ uvm_status choose_chunk_flags(const Call& call, int device, CodecScratch& scratc
   if (uvm_status s = scratch.prepare_choosing(call, device, at + total)) return s;
   CUfunction choose = nullptr;
   if (uvm_status s = codec_kernel(call, device, "uvm_codec_choose", &choose)) return s;
-  uint8_t* device_flags = scratch.chosen() + at;  // each job's after the one before
+  // The kernel writes each job's flags after the one before's, on the device and (with no copy, so
+  // nothing waits behind the copy engine's queue of copies out) in the scratch's mapped host memory.
+  size_t first_of_job = at;
   for (const ChooseJob& job : jobs) {
     const size_t chunks = codec::chunks_in(job.bytes);
     const auto* in = static_cast<const uint8_t*>(job.src);
     for (size_t first = 0; first < chunks; first += kCodecBatchChunks) {
       const size_t count = std::min(kCodecBatchChunks, chunks - first);
       const void* batch_src = in + first * kChunk;
-      uint8_t* batch_flags = device_flags + first;
-      void* params[] = {&batch_src, &batch_flags};
+      uint8_t* batch_flags = scratch.chosen() + first_of_job + first;
+      uint8_t* batch_on_host = scratch.chosen_on_host() + first_of_job + first;
+      void* params[] = {&batch_src, &batch_flags, &batch_on_host};
       if (CUresult r = launch_kernel(choose, static_cast<unsigned>(count), kCodecThreads, stream, params)) {
         return fail_driver(call, r, "cuLaunchKernel(uvm_codec_choose of %zu chunks at %p, device %d)", count, batch_src,
                            device);
       }
     }
-    device_flags += chunks;
-  }
-  // One copy back for all the jobs (a copy into pageable memory waits for the stream).
-  std::vector<uint8_t> all(total);
-  if (cudaError_t e = cudaMemcpyAsync(all.data(), scratch.chosen() + at, total, cudaMemcpyDefault, stream)) {
-    return fail_cuda(call, e, "cudaMemcpyAsync(%zu chunk flags to the host, device %d)", total, device);
+    first_of_job += chunks;
   }
   if (uvm_status s = wait_until_done(call, device, "choosing how to code", bytes, jobs.front().src, stream)) return s;
-  const uint8_t* from = all.data();
+  const uint8_t* from = scratch.chosen_on_host() + at;
   for (const ChooseJob& job : jobs) {
     const size_t chunks = codec::chunks_in(job.bytes);
     std::copy_n(from, chunks, job.flags);
@@ -366,7 +376,7 @@ uvm_status encode_to_host(const Call& call, int device, CodecScratch& scratch, c
 }
 
 uvm_status decode_from_host(const Call& call, int device, CodecScratch& scratch, const std::vector<DecodeJob>& jobs,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, const std::function<uvm_status(size_t job)>& before_writing) {
   for (const DecodeJob& job : jobs) {
     if (job.from >= job.to || job.to > job.bytes) {
       return fail(call, UVM_ERROR_INVALID_ARGUMENT, "bytes [%zu, %zu) of a %zu-byte compressed copy", job.from, job.to,
@@ -397,6 +407,12 @@ uvm_status decode_from_host(const Call& call, int device, CodecScratch& scratch,
       }
     }
   }
+  std::vector<bool> ready(jobs.size(), !before_writing);
+  const auto make_ready = [&](size_t j) {
+    if (ready[j]) return UVM_OK;
+    ready[j] = true;
+    return before_writing(j);
+  };
   std::vector<size_t> base;
   if (uvm_status s = upload_flags(call, device, scratch, jobs, &base, stream)) return s;
   if (!edges.empty()) {
@@ -415,6 +431,7 @@ uvm_status decode_from_host(const Call& call, int device, CodecScratch& scratch,
     };
     const Stage decode = [&](const Batch& batch, uint8_t* scratch_batch) {
       const DecodeJob& job = jobs[batch.job];
+      if (uvm_status s = make_ready(batch.job)) return s;
       uint8_t* dst = into_edge ? scratch.edge() : out_at(job, batch.first * kChunk);
       if (uvm_status s = launch_batch(call, device, "uvm_codec_decode", scratch_batch, scratch.flags() + base[batch.job],
                                       batch.first, batch.end - batch.first, dst, stream)) {
@@ -439,10 +456,12 @@ uvm_status decode_from_host(const Call& call, int device, CodecScratch& scratch,
     if (uvm_status s = run({edge}, true)) return s;
   }
   size_t bytes = 0;
-  for (const DecodeJob& job : jobs) {
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const DecodeJob& job = jobs[j];
     const size_t chunks = codec::chunks_in(job.bytes);
     const size_t tail_begin = std::max(job.from, chunks * kChunk);
     if (tail_begin < job.to) {
+      if (uvm_status s = make_ready(j)) return s;
       const size_t at = stored_run(job.flags, 0, chunks) + (tail_begin - chunks * kChunk);
       if (uvm_status s = copy_parts(call, device, job.host, at, out_at(job, tail_begin), job.to - tail_begin, false,
                                     "bytes of the raw tail", stream)) {

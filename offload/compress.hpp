@@ -2,8 +2,8 @@
 // kernels (codec_kernels.cu), so that fewer bytes cross the link and less host memory holds them.
 //
 // Compressing `bytes` of device memory runs in two steps on one stream: a kernel picks each chunk's
-// flag (its exponent window, or raw) and the flags come to the host, which then knows the room the
-// copy needs; then, a batch of chunks at a time, a kernel codes the batch into device scratch
+// flag (its exponent window, or raw), writing it on the device and, through mapped memory, on the
+// host, which then knows the room the copy needs; then, a batch of chunks at a time, a kernel codes the batch into device scratch
 // memory and a copy takes the coded bytes to the host. Decompressing runs the other way. The raw
 // tail (less than a chunk) is copied as it is.
 #pragma once
@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -33,8 +34,8 @@ struct HostPart {
 };
 using HostParts = std::vector<HostPart>;
 
-// The device memory and the streams the coder borrows: the chosen flags (choose_chunk_flags) and
-// the choosing's own stream, so that the next piece can be chosen while one is coded; the flags a
+// The memory and the streams the coder borrows: the chosen flags (choose_chunk_flags, on the
+// device and in mapped host memory) and the choosing's own stream, so that the next piece can be chosen while one is coded; the flags a
 // decode copies in, two scratch batches (one is coded while the other is copied) with the copy
 // stream, and a chunk for the edges of a partial decode. Made once for a move's pieces, grown as a
 // piece needs, and given back (after every stream has passed the work that used it) when it goes.
@@ -53,6 +54,8 @@ class CodecScratch {
   uvm_status prepare_choosing(const Call& call, int device, size_t chunks, bool own_stream = false);
   uint8_t* flags() const { return flags_; }
   uint8_t* chosen() const { return chosen_; }
+  // The same flags in mapped host memory, written by the same kernel.
+  uint8_t* chosen_on_host() const { return chosen_on_host_; }
   cudaStream_t chooser() const { return chooser_; }
   // The scratch batch to write next, the two in turn, and in `*read` where the last work reading it
   // ends (null if none): the next writer waits for it, then records its own reader there.
@@ -68,7 +71,8 @@ class CodecScratch {
   uint8_t* flags_ = nullptr;
   size_t flag_capacity_ = 0;
   uint8_t* chosen_ = nullptr;
-  size_t chosen_capacity_ = 0;
+  uint8_t* chosen_on_host_ = nullptr;
+  size_t chosen_capacity_ = 0;  // of both
   cudaStream_t chooser_ = nullptr;
   uint8_t* batches_[2] = {nullptr, nullptr};
   EventRef read_[2];
@@ -121,8 +125,10 @@ uvm_status encode_to_host(const Call& call, int device, CodecScratch& scratch, c
 // code, written into device memory `dst` (where byte `from` goes). Chunks that lie across `from`
 // or `to` are decoded into the edge chunk and only their bytes inside are copied on, so no byte
 // outside [dst, dst + to - from) changes. The whole chunks of every job run in one pipeline.
-// Returns once every byte is there. `host` and `flags` are only read: after a failure they still
-// hold the backup.
+// With `before_writing`, before_writing(j) runs once per job, before anything that writes into job
+// j's `dst` is issued (the work issued for the jobs before runs on meanwhile); a failure there ends
+// the decode. Returns once every byte is there. `host` and `flags` are only read: after a failure
+// they still hold the backup.
 struct DecodeJob {
   HostParts host;
   const uint8_t* flags;
@@ -132,7 +138,7 @@ struct DecodeJob {
   void* dst;
 };
 uvm_status decode_from_host(const Call& call, int device, CodecScratch& scratch, const std::vector<DecodeJob>& jobs,
-                            cudaStream_t stream);
+                            cudaStream_t stream, const std::function<uvm_status(size_t job)>& before_writing = {});
 
 // Both steps at once, into host memory `host` (room for `bytes`), the compressed size in `*stored`.
 uvm_status compress_to_host(const Call& call, int device, const void* src, size_t bytes, void* host, uint8_t* flags,

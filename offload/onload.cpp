@@ -225,23 +225,25 @@ void split_staged(const std::vector<HintRange>& merged, std::vector<StagedWork>*
 
 // Copies kept in pageable memory or on disk come back through bounce buffers (spill.hpp), and
 // compressed ones (`coded`) are decoded on the GPU (coded.hpp), once `stream` has reached the call,
-// into memory mapped first; the call waits for them. They stay staged until every copy is done, so
-// a failure (a file changed meanwhile) loses nothing.
+// into memory mapped first (a compressed piece's as its decode is issued, so that mapping overlaps
+// the decoding of the pieces before); the call waits for them. They stay staged until every copy is
+// done, so a failure (a file changed meanwhile) loses nothing.
 uvm_status copy_back_kept(const Call& call, int device, const std::vector<StagedWork>& work, cudaStream_t stream,
                           bool retain, bool coded) {
   if (work.empty()) return UVM_OK;
-  for (const StagedWork& w : work) {
-    if (w.range.releasable) {
-      if (uvm_status s = restore_one(call, w.range.allocation)) return s;
-    }
-  }
+  const auto map_piece = [&](size_t i) {
+    return work[i].range.releasable ? restore_one(call, work[i].range.allocation) : UVM_OK;
+  };
   std::vector<StagedPiece> pieces;
   std::vector<bool> managed;
-  for (const StagedWork& w : work) {
-    pieces.push_back(w.piece);
-    managed.push_back(!w.range.releasable);
+  for (size_t i = 0; i < work.size(); ++i) {
+    if (!coded) {
+      if (uvm_status s = map_piece(i)) return s;
+    }
+    pieces.push_back(work[i].piece);
+    managed.push_back(!work[i].range.releasable);
   }
-  const uvm_status copied = coded ? code_in(call, device, stream, pieces, managed)
+  const uvm_status copied = coded ? code_in(call, device, stream, pieces, managed, map_piece)
                                   : spill_in(call, device, stream, pieces, managed);
   if (copied != UVM_OK) return copied;
   finish_copy_back(device, work, EventRef{}, 0, retain);  // done already: nothing pending to wait for

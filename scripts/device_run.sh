@@ -20,6 +20,8 @@
 #                                STREAM_ARGS (default: 12 GiB of layers, a 4 GiB budget)
 #   LIFETIME_BENCH=1             runs bench/lifetime_bench.py (what learning of a block's death costs)
 #   CLAIM_PROBE=1                runs bench/probes/claim_probe.py (host→device copies right after a giant free)
+#   MAP_PROBE=1                  runs bench/probes/map_threads_probe.cu: fresh device memory mapped by 1, 2 or 4
+#                                threads, alone and beside copies, on GPU 0 alone and every GPU at once
 #   PAGEABLE_BENCH=1             the offload bench at 4 GiB, staged, with UVM_PINNED=pageable and
 #                                registered, alternating, two rounds
 #   NODE_BENCH=1                 runs bench/node_bench.py: every GPU pausing and resuming at once, and GPU 0
@@ -231,6 +233,24 @@ fi
 if [ "${CLAIM_PROBE:-0}" = 1 ]; then
   echo "== claim probe"
   { versions; python3 bench/probes/claim_probe.py; } | tee "$OUT/claim_probe.txt" || status=1
+fi
+
+if [ "${MAP_PROBE:-0}" = 1 ]; then
+  echo "== map threads probe (GPU 0 alone, then every GPU at once)"
+  mkdir -p "$build"
+  if nvcc -O2 -std=c++17 -o "$build/map_threads_probe" bench/probes/map_threads_probe.cu -lcuda; then
+    gpus=$(nvidia-smi -L | wc -l)
+    {
+      versions
+      "$build/map_threads_probe" 0
+      echo "-- all $gpus GPUs at once"
+      for ((g = 0; g < gpus; g++)); do "$build/map_threads_probe" "$g" >"$OUT/map_threads-$g.txt" & done
+      wait
+      cat "$OUT"/map_threads-*.txt
+    } | tee "$OUT/map_threads_probe.txt" || status=1
+  else
+    status=1
+  fi
 fi
 
 if [ "${PAGEABLE_BENCH:-0}" = 1 ]; then

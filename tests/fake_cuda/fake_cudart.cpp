@@ -606,20 +606,33 @@ CUresult fake_module_get_function(CUfunction* function, CUmodule module, const c
   return CUDA_ERROR_INVALID_VALUE;
 }
 
+bool inside_pinned_host(World& w, const char* host, size_t size) {
+  for (const auto* blocks : {&w.pinned, &w.registered}) {
+    for (const auto& [block, bytes] : *blocks) {
+      const auto* begin = static_cast<const char*>(block);
+      if (host >= begin && host + size <= begin + bytes) return true;
+    }
+  }
+  return false;
+}
+
 // One launch of the coder's kernel `index` (grid of `chunks` blocks) on device memory, as
 // codec_kernels.cu runs it.
 CUresult run_codec(World& w, size_t index, unsigned chunks, void** params) {
   namespace codec = uvm::codec;
   const auto* src = *static_cast<const uint8_t**>(params[0]);
   std::vector<uint16_t> words(codec::kChunkWords);
-  if (index == 0) {  // choose(src, flags)
+  if (index == 0) {  // choose(src, flags, host_flags): host_flags null or pinned host memory
     auto* flags = *static_cast<uint8_t**>(params[1]);
-    if (!inside_one_allocation(w, src, size_t{chunks} * codec::kChunkBytes) || !inside_one_allocation(w, flags, chunks)) {
+    auto* host_flags = *static_cast<uint8_t**>(params[2]);
+    if (!inside_one_allocation(w, src, size_t{chunks} * codec::kChunkBytes) || !inside_one_allocation(w, flags, chunks) ||
+        (host_flags != nullptr && !inside_pinned_host(w, reinterpret_cast<const char*>(host_flags), chunks))) {
       return CUDA_ERROR_ILLEGAL_ADDRESS;
     }
     for (unsigned c = 0; c < chunks; ++c) {
       std::memcpy(words.data(), src + size_t{c} * codec::kChunkBytes, codec::kChunkBytes);
       flags[c] = codec::choose(words.data());
+      if (host_flags != nullptr) host_flags[c] = flags[c];
     }
     return CUDA_SUCCESS;
   }
@@ -655,16 +668,6 @@ CUresult run_codec(World& w, size_t index, unsigned chunks, void** params) {
     });
   }
   return CUDA_SUCCESS;
-}
-
-bool inside_pinned_host(World& w, const char* host, size_t size) {
-  for (const auto* blocks : {&w.pinned, &w.registered}) {
-    for (const auto& [block, bytes] : *blocks) {
-      const auto* begin = static_cast<const char*>(block);
-      if (host >= begin && host + size <= begin + bytes) return true;
-    }
-  }
-  return false;
 }
 
 CUresult fake_launch_kernel(CUfunction function, unsigned grid_x, unsigned grid_y, unsigned grid_z, unsigned block_x,

@@ -218,7 +218,8 @@ TEST_CASE("a failure while compressing or decompressing names its step and leave
   for (const Failure& f : {Failure{"cudaMalloc", 0, "chosen chunk flags"}, Failure{"cudaMalloc", 1, "chunk flags"},
                            Failure{"cudaMalloc", 2, "compression scratch"}, Failure{"cudaStreamCreateWithFlags", 0, "copy stream"},
                            Failure{"cuLaunchKernel", 0, "uvm_codec_choose"}, Failure{"cuLaunchKernel", 1, "uvm_codec_encode"},
-                           Failure{"cudaMemcpyAsync", 2, "coded bytes to the host"}}) {
+                           Failure{"cudaHostAlloc", 0, "mapped memory for the chosen chunk flags"},
+                           Failure{"cudaMemcpyAsync", 1, "coded bytes to the host"}}) {
     INFO(f.call << " failing after " << f.skip);
     fake::fail_next(f.call, cudaErrorInvalidValue, f.skip);
     CHECK(uvm::compress_to_host(call, 0, device, bytes, host.data(), flags.data(), &stored, stream) == UVM_ERROR_CUDA);

@@ -238,6 +238,13 @@ TEST_CASE("a compressed pause chooses one allocation ahead and gives its memory 
     return op.call == fake::OpKind::codec_kernel && op.ptr == later->ptr;
   });
   CHECK(later_chosen > earlier_tail);
+  // Its flags reach the host with no copy on the choosing's stream: one there would queue behind
+  // the copies out on the copy engine, and the host would wait for them to learn the room it takes.
+  for (const fake::Op& op : ops) {
+    if (op.stream != ops[later_chosen].stream) continue;
+    INFO("on the choosing's stream: " << op.call << " of " << op.size << " bytes");
+    CHECK(op.call != fake::OpKind::copy_to_host);
+  }
   // Its copy's end is marked before the later allocation's copy is done.
   const size_t end_mark = find_op(ops, earlier_tail, [](const fake::Op& op) { return op.call == fake::OpKind::event_record; });
   REQUIRE(end_mark < later_tail);
@@ -260,6 +267,28 @@ TEST_CASE("a compressed pause chooses one allocation ahead and gives its memory 
   CHECK(second.differs() == SIZE_MAX);
 }
 
+TEST_CASE("a compressed resume maps each allocation as its decode is issued, not all before the first",
+          "[pause][codec][cuda13]") {
+  FakeMachine machine;
+  Compressed first("mapping", UVM_BACKUP_HOST, weights(kWeightBytes, 14));
+  Compressed second("mapping", UVM_BACKUP_HOST, weights(kWeightBytes, 15));
+  Compressed* const later = first.ptr < second.ptr ? &second : &first;  // decoded second
+  REQUIRE(uvm_pause(UVM_ANY_DEVICE, "mapping") == UVM_OK);
+  fake::reset_ops();
+  REQUIRE(uvm_resume(UVM_ANY_DEVICE, "mapping") == UVM_OK);
+  const std::vector<fake::Op> ops = fake::ops();
+  const size_t first_decode = find_op(ops, 0, [](const fake::Op& op) { return op.call == fake::OpKind::codec_kernel; });
+  const size_t later_mapped = find_op(ops, 0, [&](const fake::Op& op) {
+    return op.call == fake::OpKind::vmm_map && op.ptr == later->ptr;
+  });
+  REQUIRE(later_mapped < ops.size());
+  // The earlier allocation's decode runs while the later one is mapped.
+  CHECK(first_decode < later_mapped);
+  // Nothing writes into the later one before it is mapped: its bytes all came back.
+  CHECK(first.differs() == SIZE_MAX);
+  CHECK(second.differs() == SIZE_MAX);
+}
+
 TEST_CASE("a compressed pause or resume that fails at any step names it, loses nothing and can be done again",
           "[pause][codec][cuda13]") {
   FakeMachine machine;
@@ -275,7 +304,8 @@ TEST_CASE("a compressed pause or resume that fails at any step names it, loses n
                            Failure{"cudaStreamCreateWithFlags", 1, "choosing stream"},
                            Failure{"cuLaunchKernel", 0, "uvm_codec_choose"},
                            Failure{"cuLaunchKernel", 1, "uvm_codec_encode"},
-                           Failure{"cudaMemcpyAsync", 2, "coded bytes to the host"}}) {
+                           Failure{"cudaHostAlloc", 0, "mapped memory for the chosen chunk flags"},
+                           Failure{"cudaMemcpyAsync", 1, "coded bytes to the host"}}) {
     INFO(f.call << " failing after " << f.skip);
     fake::fail_next(f.call, cudaErrorInvalidValue, f.skip);
     CHECK(uvm_pause(UVM_ANY_DEVICE, "faults") == UVM_ERROR_CUDA);
@@ -290,7 +320,8 @@ TEST_CASE("a compressed pause or resume that fails at any step names it, loses n
   }
   REQUIRE(uvm_pause(UVM_ANY_DEVICE, "faults") == UVM_OK);
   const CompressedBytes kept = compressed_copies("faults");
-  for (const Failure& f : {Failure{"cuLaunchKernel", 0, "uvm_codec_decode"},
+  // First the compressed allocation's own mapping, which stays after the failures past it.
+  for (const Failure& f : {Failure{"cuMemMap", 0, "cuMemMap"}, Failure{"cuLaunchKernel", 0, "uvm_codec_decode"},
                            Failure{"cudaMemcpyAsync", 1, "coded bytes from the host"},
                            Failure{"cudaMalloc", 0, "chunk flags"}}) {
     INFO(f.call << " failing after " << f.skip);

@@ -92,6 +92,8 @@ bool parse_slabs(const char* text, Options* into) { return parse_switch(text, &i
 
 bool parse_settle(const char* text, Options* into) { return parse_switch(text, &into->settle); }
 
+bool parse_pin_numa(const char* text, Options* into) { return parse_switch(text, &into->pin_numa); }
+
 bool parse_pinned(const char* text, Options* into) {
   static const char* const names[] = {"register", "hostalloc", "pageable"};
   static const PinnedKind kinds[] = {PinnedKind::registered, PinnedKind::host_alloc, PinnedKind::pageable};
@@ -177,6 +179,10 @@ const Row kRows[] = {
       "register, hostalloc or pageable: how staging memory is pinned (mapped and registered, cudaHostAlloc, or "
       "never pinned)"},
      parse_pinned},
+    {{"UVM_PIN_NUMA", "1",
+      "1 or 0: on a host with more than one NUMA node, pinned staging memory is placed on the node of the GPU "
+      "whose copies it serves (0: wherever the kernel puts it)"},
+     parse_pin_numa},
     {{"UVM_ONLOAD_COPY", "auto",
       "auto, engine, sm or mixed: what copies staged bytes back into releasable memory (a uvm kernel, the copy "
       "engines, both)"},

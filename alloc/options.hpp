@@ -32,6 +32,7 @@ struct Options {
   uvm_advice_mode default_advice = UVM_ADVICE_DEVICE;  // UVM_DEFAULT_ADVICE
   bool slabs = true;            // UVM_SLABS
   PinnedKind pinned = PinnedKind::registered;           // UVM_PINNED
+  bool pin_numa = true;         // UVM_PIN_NUMA: staging memory on its GPU's NUMA node (numa.hpp)
   OnloadCopy onload_copy = OnloadCopy::automatic;       // UVM_ONLOAD_COPY
   size_t onload_chunk_bytes = size_t{64} << 20;         // UVM_ONLOAD_CHUNK_MIB
   int onload_streams = 4;                               // UVM_ONLOAD_STREAMS (1–kMaxOnloadStreams)

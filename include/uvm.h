@@ -111,6 +111,7 @@ UVM_API const char* uvm_version(void);
  *   UVM_DEFAULT_ADVICE    device | host | none: the advice new memory gets
  *   UVM_SLABS             1 | 0: 2 MiB segments from shared slabs
  *   UVM_PINNED            register | hostalloc | pageable: how staging memory is pinned
+ *   UVM_PIN_NUMA          1 | 0: on a host with several NUMA nodes, staging memory on its GPU's node
  *   UVM_ONLOAD_COPY       auto | engine | sm | mixed: what copies staged bytes into releasable memory
  *   UVM_ONLOAD_CHUNK_MIB  1–4096 (64): MiB an onload moves in one step
  *   UVM_ONLOAD_STREAMS    1–8 (4): streams an onload copies on

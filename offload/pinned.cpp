@@ -7,13 +7,16 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "../alloc/devices.hpp"
+#include "numa.hpp"
 
 namespace uvm {
 namespace {
@@ -61,8 +64,18 @@ void fault_in(char* host, size_t bytes, Beside beside = Beside::nothing) {
   for (std::thread& worker : workers) worker.join();
 }
 
-// Maps `bytes` for pinning: huge pages advised, never inherited by a fork. Null and why on failure.
-char* map_for_pinning(size_t bytes, std::string* why) {
+// Says once per process that staging memory could not be placed on its GPU's NUMA node, and why.
+void tell_unplaced(const std::string& why) {
+  static std::once_flag told;
+  std::call_once(told, [&] {
+    std::fprintf(stderr, "uvm: staging memory stays where the kernel puts it, not on its GPU's NUMA node (%s); "
+                 "UVM_PIN_NUMA=0 asks for no placement\n", why.c_str());
+  });
+}
+
+// Maps `bytes` for pinning: huge pages advised, on `near_device`'s NUMA node where the host has
+// several (numa.hpp; -1: no device), never inherited by a fork. Null and why on failure.
+char* map_for_pinning(size_t bytes, std::string* why, int near_device) {
   void* mapped = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mapped == MAP_FAILED) {
     *why = std::string("mmap: ") + std::strerror(errno);
@@ -70,6 +83,10 @@ char* map_for_pinning(size_t bytes, std::string* why) {
   }
   auto* host = static_cast<char*>(mapped);
   (void)madvise(host, bytes, MADV_HUGEPAGE);  // a hint: without transparent huge pages it still works
+  // Before any page is faulted in, so that they all come from the node asked for.
+  std::string unplaced;
+  const int node = staging_node_for(near_device);
+  if (node >= 0 && !prefer_node(host, bytes, node, &unplaced)) tell_unplaced(unplaced);
   // A child process (any fork: subprocess, DataLoader workers) must not inherit pinned pages: the
   // kernel would copy every one of them at the fork, since pinned pages cannot be shared
   // copy-on-write. cudaHostAlloc's memory is not inherited either.
@@ -87,8 +104,8 @@ constexpr unsigned kRegisterFlags = cudaHostRegisterPortable | cudaHostRegisterM
 
 // mmap + huge pages + fault-in + cudaHostRegister; null and the reason on failure (nothing left
 // mapped, no CUDA error pending).
-char* register_pinned(size_t bytes, std::string* why) {
-  char* host = map_for_pinning(bytes, why);
+char* register_pinned(size_t bytes, std::string* why, int near_device) {
+  char* host = map_for_pinning(bytes, why, near_device);
   if (host == nullptr) return nullptr;
   fault_in(host, bytes);
   if (cudaError_t e = cudaHostRegister(host, bytes, kRegisterFlags)) {
@@ -157,10 +174,10 @@ void pin_steps(char* host, size_t bytes, int device, std::shared_ptr<StepPinning
 
 uint64_t pinning_parked_count() { return times_parked.load(); }
 
-uvm_status pin_host_memory(const Call& call, size_t bytes, PinnedKind wanted, PinnedMemory* out) {
+uvm_status pin_host_memory(const Call& call, size_t bytes, PinnedKind wanted, PinnedMemory* out, int near_device) {
   std::string why = "UVM_PINNED=hostalloc";
   if (wanted == PinnedKind::pageable) {
-    char* host = map_for_pinning(bytes, &why);
+    char* host = map_for_pinning(bytes, &why, near_device);
     if (host == nullptr) {
       return fail(call, UVM_ERROR_OUT_OF_MEMORY, "cannot map %zu bytes of pageable staging memory (UVM_PINNED=pageable): %s",
                   bytes, why.c_str());
@@ -170,7 +187,7 @@ uvm_status pin_host_memory(const Call& call, size_t bytes, PinnedKind wanted, Pi
     return UVM_OK;
   }
   if (wanted == PinnedKind::registered) {
-    if (char* host = register_pinned(bytes, &why)) {
+    if (char* host = register_pinned(bytes, &why, near_device)) {
       *out = PinnedMemory{host, bytes, PinnedKind::registered, nullptr};
       return UVM_OK;
     }
@@ -187,7 +204,7 @@ uvm_status pin_host_memory(const Call& call, size_t bytes, PinnedKind wanted, Pi
 uvm_status pin_host_memory_in_steps(const Call& call, size_t bytes, int device, PinnedMemory* out,
                                     StepPacing pacing) {
   std::string why;
-  char* host = map_for_pinning(bytes, &why);
+  char* host = map_for_pinning(bytes, &why, device);
   if (host == nullptr) return pin_host_memory(call, bytes, PinnedKind::host_alloc, out);
   auto progress = std::make_shared<StepPinning>();
   progress->pacers = pacing == StepPacing::copies_first ? 1 : 0;
@@ -195,7 +212,7 @@ uvm_status pin_host_memory_in_steps(const Call& call, size_t bytes, int device, 
     std::thread(pin_steps, host, bytes, device, progress).detach();
   } catch (...) {
     munmap(host, bytes);
-    return pin_host_memory(call, bytes, PinnedKind::registered, out);  // no thread: pin it here
+    return pin_host_memory(call, bytes, PinnedKind::registered, out, device);  // no thread: pin it here
   }
   *out = PinnedMemory{host, bytes, PinnedKind::registered, progress};
   return UVM_OK;

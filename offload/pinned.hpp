@@ -69,11 +69,13 @@ struct PinnedMemory {
 };
 
 // `bytes` of pinned memory got the `wanted` way, portable to every device's context
-// (cudaHostAllocPortable or cudaHostRegisterPortable). Fails naming cudaHostAlloc, and why
-// registration did not serve.
-uvm_status pin_host_memory(const Call& call, size_t bytes, PinnedKind wanted, PinnedMemory* out);
+// (cudaHostAllocPortable or cudaHostRegisterPortable). Memory mapped by uvm (registered or
+// pageable) is placed on the NUMA node of `near_device` where the host has several (numa.hpp;
+// -1: nowhere in particular); cudaHostAlloc's is where the driver puts it. Fails naming
+// cudaHostAlloc, and why registration did not serve.
+uvm_status pin_host_memory(const Call& call, size_t bytes, PinnedKind wanted, PinnedMemory* out, int near_device = -1);
 
-// Maps `bytes` the registered way and returns at once: a thread of its own faults the pages in
+// Maps `bytes` the registered way (on `device`'s NUMA node, as pin_host_memory) and returns at once: a thread of its own faults the pages in
 // and registers them kPinStepBytes at a time, faulting the next step in while it registers this
 // one, on `device`'s context; out->steps says how far it is. With StepPacing::copies_first the
 // caller is its first pacer: it reports its reservations and copies (note_steps_reserved,

@@ -74,7 +74,9 @@ uvm_status take_buffers(const Call& call, size_t count, size_t bytes, std::vecto
   // Pinned memory either way; UVM_PINNED=hostalloc asks for cudaHostAlloc.
   const PinnedKind kind = configured_pinned_kind() == PinnedKind::host_alloc ? PinnedKind::host_alloc : PinnedKind::registered;
   PinnedMemory block;
-  if (uvm_status s = pin_host_memory(call, missing * bytes, kind, &block)) return s;
+  int device = -1;  // the buffers go on the NUMA node of the device moved for first
+  clear_cuda_error(cudaGetDevice(&device));
+  if (uvm_status s = pin_host_memory(call, missing * bytes, kind, &block, device)) return s;
   for (size_t i = 0; i < missing; ++i) out->push_back(block.host + i * bytes);
   std::lock_guard<std::mutex> lock(pool.mutex);
   pool.blocks.push_back(BouncePool::Block{block, bytes});

@@ -58,7 +58,7 @@ uvm_status Staging::new_block(const Call& call, size_t bytes, bool in_steps, std
     if (uvm_status s = pin_host_memory_in_steps(call, bytes, block->device, &memory, StepPacing::copies_first)) return s;
   } else {
     HostPhase pinning(Phase::pin);
-    if (uvm_status s = pin_host_memory(call, bytes, configured_pinned_kind(), &memory)) return s;
+    if (uvm_status s = pin_host_memory(call, bytes, configured_pinned_kind(), &memory, block->device)) return s;
     pinning.finish(memory.bytes);
   }
   block->memory = memory;

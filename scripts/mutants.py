@@ -290,6 +290,17 @@ MUTANTS = [
  # allocation's own copy); a preparation that leaves the coder to the first pause to load.
  ("offload/offload.cpp", "      if (coded) done = copies_done(pieces.staged, copied);\n", "", "offload_tests", "[codec]"),
  ("offload/prepare.cpp", "  if (uvm_status s = load_coder_ahead(call, selection)) return s;\n", "", "offload_tests", "[codec]"),
+ # The chosen flags left out of the mapped host memory the host reads them from; a compressed resume
+ # that maps every allocation before its first decode.
+ ("offload/compress.cpp", "      uint8_t* batch_on_host = scratch.chosen_on_host() + first_of_job + first;",
+  "      uint8_t* batch_on_host = nullptr;", "offload_tests", "[codec]"),
+ ("offload/onload.cpp", "    if (!coded) {\n      if (uvm_status s = map_piece(i)) return s;\n    }",
+  "    if (uvm_status s = map_piece(i)) return s;", "offload_tests", "[codec]"),
+ # Staging memory near its GPU: the runtime's eight-digit PCI domain not cut to sysfs's four; a
+ # node chosen on a host with one node.
+ ("offload/numa.cpp", "  if (colon != std::string::npos && colon > 4) id.erase(0, colon - 4);\n", "", "offload_tests", "[numa]"),
+ ("offload/numa.cpp", "  if (node_count(sysfs) <= 1) return -1;", "  if (node_count(sysfs) < 1) return -1;", "offload_tests",
+  "[numa]"),
  # uvm.nccl on one node: registered anyway (NCCL keeps memory a pause must give back).
  ("python_shim/uvm/nccl.py", "    if _one_node():\n", "    if False:\n",
   "pytest", "tests/python/test_nccl.py::test_every_rank_on_this_node_registers_nothing_and_says_why"),

@@ -21,9 +21,10 @@ uvm::Options parsed(const std::map<std::string, std::string>& env) {
 }
 
 const char* const kNames[] = {"UVM_LIMIT_BYTES",    "UVM_LIMIT_FRACTION", "UVM_DEFAULT_ADVICE",
-                              "UVM_SLABS",          "UVM_PINNED",         "UVM_ONLOAD_COPY",
-                              "UVM_ONLOAD_CHUNK_MIB", "UVM_ONLOAD_STREAMS", "UVM_TRACE",
-                              "UVM_DISK_BACKUP_DIR",  "UVM_BACKUP_THREADS", "UVM_SETTLE"};
+                              "UVM_SLABS",          "UVM_PINNED",         "UVM_PIN_NUMA",
+                              "UVM_ONLOAD_COPY",    "UVM_ONLOAD_CHUNK_MIB", "UVM_ONLOAD_STREAMS",
+                              "UVM_TRACE",          "UVM_DISK_BACKUP_DIR",  "UVM_BACKUP_THREADS",
+                              "UVM_SETTLE"};
 }  // namespace
 
 TEST_CASE("nothing set, or set empty, gives every default", "[options]") {
@@ -60,6 +61,9 @@ TEST_CASE("every option reads the values it documents", "[options]") {
   CHECK_FALSE(parsed({{"UVM_SLABS", "0"}}).slabs);
   CHECK(parsed({{"UVM_SLABS", "1"}}).slabs);
   CHECK_FALSE(parsed({{"UVM_SETTLE", "0"}}).settle);
+  CHECK(parsed({}).pin_numa);
+  CHECK_FALSE(parsed({{"UVM_PIN_NUMA", "0"}}).pin_numa);
+  CHECK_THAT(parsed({{"UVM_PIN_NUMA", "yes"}}).error, Has("UVM_PIN_NUMA='yes' is not understood; expected 1 or 0"));
   CHECK(parsed({{"UVM_SETTLE", "1"}}).settle);
   CHECK_THAT(parsed({{"UVM_SETTLE", "off"}}).error, Has("UVM_SETTLE='off' is not understood; expected 1 or 0"));
   CHECK(parsed({{"UVM_PINNED", "hostalloc"}}).pinned == uvm::PinnedKind::host_alloc);
@@ -75,7 +79,7 @@ TEST_CASE("every option reads the values it documents", "[options]") {
   CHECK(parsed({{"UVM_ONLOAD_STREAMS", "8"}}).onload_streams == uvm::kMaxOnloadStreams);
   const uvm::Options traced = parsed({{"UVM_TRACE", "/tmp/t-%p.json"}});
   CHECK(traced.trace_path == "/tmp/t-" + std::to_string(getpid()) + ".json");
-  CHECK(traced.raw[8] == "/tmp/t-%p.json");
+  CHECK(traced.raw[9] == "/tmp/t-%p.json");  // UVM_TRACE, tenth in the table
 }
 
 TEST_CASE("a value not understood is refused naming the variable, and keeps the default", "[options]") {
@@ -142,7 +146,7 @@ TEST_CASE("uvm_get_option lists the table in uvm.h's order", "[options]") {
   }
   uvm_option_info info{};
   CHECK(uvm_get_option(-1, &info) == UVM_ERROR_INVALID_ARGUMENT);
-  CHECK_THAT(last_error(), Has("uvm_get_option(): index -1 is not below uvm_option_count() = 12"));
+  CHECK_THAT(last_error(), Has("uvm_get_option(): index -1 is not below uvm_option_count() = 13"));
   CHECK(uvm_get_option(uvm_option_count(), &info) == UVM_ERROR_INVALID_ARGUMENT);
   CHECK(uvm_get_option(0, nullptr) == UVM_ERROR_INVALID_ARGUMENT);
   CHECK_THAT(last_error(), Has("info is NULL"));

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <iterator>
 #include <map>
@@ -1006,6 +1007,15 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
     case cudaDevAttrComputeCapabilityMajor: *value = scenario() == "pre_volta" ? 6 : 9; break;
     default: return set_error(cudaErrorInvalidValue);
   }
+  return cudaSuccess;
+}
+
+// Device d sits at PCI bus d + 1 of domain 0, written with the runtime's eight-digit domain.
+cudaError_t cudaDeviceGetPCIBusId(char* pci_bus_id, int len, int device) {
+  if (cudaError_t e; injected_now("cudaDeviceGetPCIBusId", &e)) return e;
+  if (device < 0 || device >= kDeviceCount) return set_error(cudaErrorInvalidDevice);
+  if (pci_bus_id == nullptr || len < 17) return set_error(cudaErrorInvalidValue);
+  std::snprintf(pci_bus_id, static_cast<size_t>(len), "00000000:%02X:00.0", device + 1);
   return cudaSuccess;
 }
 

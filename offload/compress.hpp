@@ -3,9 +3,9 @@
 //
 // Compressing `bytes` of device memory runs in two steps on one stream: a kernel picks each chunk's
 // flag (its exponent window, or raw), writing it on the device and, through mapped memory, on the
-// host, which then knows the room the copy needs; then, a batch of chunks at a time, a kernel codes the batch into device scratch
-// memory and a copy takes the coded bytes to the host. Decompressing runs the other way. The raw
-// tail (less than a chunk) is copied as it is.
+// host, which then knows the room the copy needs; then, a batch of chunks at a time, a kernel codes
+// the batch into device scratch memory and a copy takes the coded bytes to the host. Decompressing
+// runs the other way. The raw tail (less than a chunk) is copied as it is.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -35,9 +35,9 @@ struct HostPart {
 using HostParts = std::vector<HostPart>;
 
 // The memory and the streams the coder borrows: the chosen flags (choose_chunk_flags, on the
-// device and in mapped host memory) and the choosing's own stream, so that the next piece can be chosen while one is coded; the flags a
-// decode copies in, two scratch batches (one is coded while the other is copied) with the copy
-// stream, and a chunk for the edges of a partial decode. Made once for a move's pieces, grown as a
+// device and in mapped host memory) and the choosing's own stream, so that the next piece can be
+// chosen while one is coded; the flags a decode copies in, two scratch batches (one is coded while
+// the other is copied) with the copy stream, and a chunk for the edges of a partial decode. Made once for a move's pieces, grown as a
 // piece needs, and given back (after every stream has passed the work that used it) when it goes.
 class CodecScratch {
  public:

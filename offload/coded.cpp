@@ -20,6 +20,8 @@ namespace {
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
+constexpr size_t kCoderAlignment = 16;  // codec_kernels.cu: one uint4 a thread
+
 // Pinned staging for a copy's stored bytes: its parts and leases. A block pinned in steps may hold
 // the copy in parts, and the room may come in rounds as its steps are pinned; where no block has
 // room, one is pinned at once (ensure_capacity, holding only the caller's moves lock). `stream`
@@ -81,11 +83,22 @@ uvm_status code_out(const Call& call, int device, cudaStream_t stream, const std
   // all gone rewinds, and the new copies take its bytes instead of more.
   for (const HintRange& piece : pieces) unstage_copies(piece.begin, piece.end);
   copied->assign(pieces.size(), nullptr);
-  std::vector<CodedCopy> copies(pieces.size());
+  // The coder's kernels read and write 16 bytes at a time from a copy's start, and a piece can start
+  // at any byte (what is left of an allocation after bytes offloaded before): its first bytes up to
+  // a 16-byte boundary are a copy of their own, under a chunk, so kept raw and copied by the copy
+  // engine. A misaligned kernel access would lose the context, and every byte on the device with it.
+  std::vector<CodedCopy> copies;
+  std::vector<size_t> piece_of;  // of each copy
   for (size_t i = 0; i < pieces.size(); ++i) {
-    copies[i].raw = Span{pieces[i].begin, pieces[i].end};
-    copies[i].kept = kept;
-    copies[i].flags.resize(codec::chunks_in(copies[i].raw.size()));
+    const uintptr_t aligned = std::min(round_up(pieces[i].begin, kCoderAlignment), pieces[i].end);
+    for (const Span raw : {Span{pieces[i].begin, aligned}, Span{aligned, pieces[i].end}}) {
+      if (raw.size() == 0) continue;
+      copies.emplace_back();
+      copies.back().raw = raw;
+      copies.back().kept = kept;
+      copies.back().flags.resize(codec::chunks_in(raw.size()));
+      piece_of.push_back(i);
+    }
   }
   // Every copy's flags stay on the device where the choosing left them, one copy's after the
   // other's, for its coding to read: room for all, made once. The choosing has a stream of its own,
@@ -141,7 +154,7 @@ uvm_status code_out(const Call& call, int device, cudaStream_t stream, const std
     } else {
       std::vector<EventRef> end;
       if (uvm_status s = encode_to_host(call, device, scratch, job, stream, &end)) return give_up(s);
-      (*copied)[i] = end.front();
+      (*copied)[piece_of[i]] = end.front();  // a piece's copies end in order: its last one's
     }
     if (i + 1 < copies.size()) {
       if (uvm_status s = choose(i + 1)) return give_up(s);

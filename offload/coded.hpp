@@ -29,8 +29,9 @@ struct CodedCopy {
 
 // Copies `pieces` (of `device`, whose context is current; sorted by address, each inside a uvm
 // allocation whose memory is mapped) into new compressed copies kept as `kept` (pinned staging,
-// pageable memory or a file), one per piece, on `stream` (after the caller's work there), `out`
-// holding a staged piece for each. Returns once the copies are issued: `(*copied)[i]` marks where
+// pageable memory or a file), one per piece (two where a piece starts off a 16-byte boundary: its
+// bytes up to it are a raw copy of their own, since the kernels access 16 bytes at a time), on
+// `stream` (after the caller's work there), `out` holding a staged piece for each copy. Returns once the copies are issued: `(*copied)[i]` marks where
 // piece i's copy ends (null for a disk copy, complete on return), and `stream` waits for them all,
 // so that a piece's memory can go back once its own copy has ended. `scratch` is the coder's
 // device memory and streams; it must outlive the copies (its end waits for them). Retained

@@ -79,8 +79,22 @@ size_t stored_run(const uint8_t* flags, size_t first, size_t end) {
   return total;
 }
 
+// The kernels load and store 16 bytes a thread: a misaligned access would lose the context (and
+// every byte on the device), so a pointer off 16 bytes is refused before any launch. The moves
+// never pass one (coded.cpp copies a piece's unaligned head apart); this is the last guard.
+uvm_status check_aligned(const Call& call, int device, const char* name, const void* src, const void* dst) {
+  for (const void* ptr : {src, dst}) {
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) {
+      return fail(call, UVM_ERROR_INTERNAL, "%s would access %p, which is not 16-byte aligned (device %d): not launched",
+                  name, ptr, device);
+    }
+  }
+  return UVM_OK;
+}
+
 uvm_status launch_batch(const Call& call, int device, const char* name, const void* src, const uint8_t* flags,
                         size_t first, size_t count, void* dst, cudaStream_t stream) {
+  if (uvm_status s = check_aligned(call, device, name, src, dst)) return s;
   CUfunction function = nullptr;
   if (uvm_status s = codec_kernel(call, device, name, &function)) return s;
   uint64_t first_chunk = first;
@@ -273,6 +287,7 @@ uvm_status choose_chunk_flags(const Call& call, int device, CodecScratch& scratc
       const void* batch_src = in + first * kChunk;
       uint8_t* batch_flags = scratch.chosen() + first_of_job + first;
       uint8_t* batch_on_host = scratch.chosen_on_host() + first_of_job + first;
+      if (uvm_status s = check_aligned(call, device, "uvm_codec_choose", batch_src, nullptr)) return s;
       void* params[] = {&batch_src, &batch_flags, &batch_on_host};
       if (CUresult r = launch_kernel(choose, static_cast<unsigned>(count), kCodecThreads, stream, params)) {
         return fail_driver(call, r, "cuLaunchKernel(uvm_codec_choose of %zu chunks at %p, device %d)", count, batch_src,

@@ -82,6 +82,10 @@ class CodecScratch {
   cudaStream_t copies_ = nullptr;
 };
 
+// Every device pointer the coder's kernels read or write (a job's `src`, a decode's `dst` and each
+// whole chunk after them) must be 16-byte aligned: they access 16 bytes a thread, and a misaligned
+// access loses the context. One that is not fails UVM_ERROR_INTERNAL, with nothing launched.
+
 // Whether the coder's kernels load on `device` (current): where they cannot (a driver too old for
 // their PTX), `why` names the call that failed and its error, and no CUDA error is left pending.
 bool coder_loads(int device, std::string* why);

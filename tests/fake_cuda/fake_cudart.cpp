@@ -619,9 +619,17 @@ bool inside_pinned_host(World& w, const char* host, size_t size) {
 
 // One launch of the coder's kernel `index` (grid of `chunks` blocks) on device memory, as
 // codec_kernels.cu runs it.
+// The kernels load and store 16 bytes at a time from their source and destination (one uint4 a
+// thread): a pointer that is not 16-byte aligned is a misaligned access on the GPU, which loses the
+// context (an H200 did: issue 73), so the double refuses it as the GPU would fail it.
+bool aligned_16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
 CUresult run_codec(World& w, size_t index, unsigned chunks, void** params) {
   namespace codec = uvm::codec;
   const auto* src = *static_cast<const uint8_t**>(params[0]);
+  if (!aligned_16(src) || (index > 0 && !aligned_16(*static_cast<void**>(params[3])))) {
+    return CUDA_ERROR_MISALIGNED_ADDRESS;
+  }
   std::vector<uint16_t> words(codec::kChunkWords);
   if (index == 0) {  // choose(src, flags, host_flags): host_flags null or pinned host memory
     auto* flags = *static_cast<uint8_t**>(params[1]);

@@ -104,6 +104,29 @@ TEST_CASE("compressed pauses keep bf16 weights in at most 0.75 of their bytes an
   CHECK(cudaGetLastError() == cudaSuccess);
 }
 
+// Issue 73's H200 repro: one bf16 word offloaded (`uvm.offload(w[:1])`), then a compressed pause
+// of the rest, whose piece starts at byte 2, lost the context (cudaErrorMisalignedAddress in the
+// choose kernel). A middle run offloaded too leaves a piece ending and one starting off 16 bytes.
+TEST_CASE("a compressed pause of pieces starting and ending at odd bytes keeps the context and every bit", "[coded]") {
+  for (const bool managed : {false, true}) {
+    CAPTURE(managed);
+    Coded w("coded-odd", UVM_BACKUP_HOST, 64 * MiB, managed, 11);
+    const uvm_range offloaded[] = {{w.ptr, 2}, {w.ptr + 3 * kChunk + 5, kChunk - 2}};
+    REQUIRE(uvm_offload_ranges(offloaded, 2, UVM_STRATEGY_AUTO, nullptr) == UVM_OK);
+    INFO(uvm_last_error());
+    REQUIRE(uvm_pause(0, "coded-odd") == UVM_OK);
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);  // the context is alive
+    const Sizes kept = compressed("coded-odd");
+    CHECK(kept.raw == w.size - kChunk);
+    CHECK(kept.stored <= kept.raw * 3 / 4);
+    REQUIRE(uvm_resume(0, "coded-odd") == UVM_OK);
+    const uvm_range whole{w.ptr, w.size};
+    REQUIRE(uvm_onload_ranges(&whole, 1, nullptr) == UVM_OK);
+    CHECK(w.differs() == SIZE_MAX);
+    CHECK(cudaGetLastError() == cudaSuccess);
+  }
+}
+
 TEST_CASE("retained compressed copies: each pause codes the weights as they are then", "[coded]") {
   REQUIRE(uvm_set_retain_backups(1) == UVM_OK);
   Coded weights_now("coded-retained", UVM_BACKUP_HOST, 128 * MiB, false, 4);

@@ -247,3 +247,26 @@ TEST_CASE("a failure while compressing or decompressing names its step and leave
   }
   REQUIRE(cudaFree(device) == cudaSuccess);
 }
+
+TEST_CASE("the coder refuses a source or destination off 16 bytes before any launch", "[offload][codec]") {
+  FakeMachine machine;
+  cudaStream_t stream = fake::make_stream();
+  const uvm::Call call = uvm::Call::of("test");
+  const size_t bytes = 2 * codec::kChunkBytes;
+  const Bytes raw = gaussian_bf16(bytes, 41);
+  uint8_t* device = nullptr;
+  REQUIRE(cudaMalloc(reinterpret_cast<void**>(&device), bytes + 16) == cudaSuccess);
+  std::memcpy(device + 2, raw.data(), bytes);
+  Bytes host(bytes), flags(codec::chunks_in(bytes));
+  size_t stored = 0;
+  CHECK(uvm::compress_to_host(call, 0, device + 2, bytes, host.data(), flags.data(), &stored, stream) == UVM_ERROR_INTERNAL);
+  CHECK(mentions(uvm_last_error(), "uvm_codec_choose"));
+  CHECK(mentions(uvm_last_error(), "not 16-byte aligned"));
+  std::memcpy(device, raw.data(), bytes);
+  REQUIRE(uvm::compress_to_host(call, 0, device, bytes, host.data(), flags.data(), &stored, stream) == UVM_OK);
+  CHECK(uvm::decompress_from_host(call, 0, host.data(), flags.data(), bytes, device + 8, stream) == UVM_ERROR_INTERNAL);
+  CHECK(mentions(uvm_last_error(), "uvm_codec_decode"));
+  CHECK(FakeMachine::ops_named(fake::OpKind::codec_kernel).size() == 2);  // the good compression's alone
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  REQUIRE(cudaFree(device) == cudaSuccess);
+}

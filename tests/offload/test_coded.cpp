@@ -128,6 +128,35 @@ TEST_CASE("a compressed pause keeps bf16 weights in at most 0.75 of their bytes 
   CHECK(cudaPeekAtLastError() == cudaSuccess);
 }
 
+// The coder's kernels read and write 16 bytes at a time from a piece's start; a pause's pieces are
+// what is left of an allocation after bytes already offloaded, so they can start and end anywhere
+// (issue 73: on an H200, `uvm.offload(w[:1])` then a compressed pause lost the GPU context).
+TEST_CASE("a compressed pause of pieces that start and end at any byte codes them and brings every bit back",
+          "[pause][codec][cuda13]") {
+  FakeMachine machine;
+  const bool managed = GENERATE(false, true);
+  const uvm_backup backup = GENERATE(UVM_BACKUP_HOST, UVM_BACKUP_MMAP);
+  CAPTURE(managed, backup);
+  Compressed packed("unaligned", backup, weights(kWeightBytes, 21), managed);
+  auto neighbour = releasable_under("unaligned neighbour", UVM_BACKUP_HOST, 22);
+  // Offloaded first: one bf16 word at the start, and a run from inside chunk 3 to inside chunk 4,
+  // so the pause's pieces start at bytes 2 and 4 * kChunk + 3 and one ends at 3 * kChunk + 5.
+  const uvm_range offloaded[] = {{packed.ptr, 2}, {packed.ptr + 3 * kChunk + 5, kChunk - 2}};
+  REQUIRE(uvm_offload_ranges(offloaded, 2, UVM_STRATEGY_AUTO, nullptr) == UVM_OK);
+  REQUIRE(uvm_pause(UVM_ANY_DEVICE, "unaligned") == UVM_OK);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  const CompressedBytes kept = compressed_copies("unaligned");
+  CHECK(kept.raw == kWeightBytes - 2 - (kChunk - 2));
+  CHECK(kept.stored <= kept.raw * 3 / 4);  // still coded, not kept raw for its odd start
+  REQUIRE(uvm_resume(UVM_ANY_DEVICE, "unaligned") == UVM_OK);
+  const uvm_range whole = {packed.ptr, packed.size};
+  REQUIRE(uvm_onload_ranges(&whole, 1, nullptr) == UVM_OK);
+  CHECK(packed.differs() == SIZE_MAX);
+  CHECK(neighbour->intact());
+  CHECK(compressed_copies("unaligned").raw == 0);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+}
+
 TEST_CASE("managed memory pauses compressed; an onload of part of it writes only that part, across chunk edges",
           "[pause][codec][cuda13]") {
   FakeMachine machine;

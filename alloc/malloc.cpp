@@ -144,10 +144,11 @@ uvm_status free_slot(const Call& call, uintptr_t slab, void* ptr, bool reusable,
 // stage or map it after this; a move issued before is waited for by cudaFree (or the device
 // synchronization below), which waits for the work still running. Its staged copies go back to
 // staging with the record.
-std::optional<Allocation> forget_allocation(void* ptr) {
+// Its export goes with it, into `*exported`, to be put back if the free fails.
+std::optional<Allocation> forget_allocation(void* ptr, std::optional<Export>* exported) {
   const auto moves = lock_moves();
   std::optional<Allocation> found = registry().erase(reinterpret_cast<uintptr_t>(ptr));
-  if (found) forget_export(reinterpret_cast<uintptr_t>(ptr));
+  if (found) *exported = forget_export(reinterpret_cast<uintptr_t>(ptr));
   return found;
 }
 
@@ -180,7 +181,8 @@ uvm_status free_allocation(const Call& call, void* ptr, size_t size, int device,
     if (s != UVM_OK) return s;  // still allocated: nothing was forgotten
     waited = true;
   }
-  found = forget_allocation(ptr);
+  std::optional<Export> exported;
+  found = forget_allocation(ptr, &exported);
   if (!found) {
     AllocationView inside;
     if (registry().find(ptr, &inside)) {
@@ -221,6 +223,8 @@ uvm_status free_allocation(const Call& call, void* ptr, size_t size, int device,
     // made meanwhile can have taken its address.
     registry().insert(reinterpret_cast<uintptr_t>(ptr), std::move(*found));
     found.reset();
+    // Its importers too: a pause must still be refused while another process maps the memory.
+    if (exported) restore_export(reinterpret_cast<uintptr_t>(ptr), std::move(*exported));
     return status;
   }
   record_free(found->device, found->size, found->host.total());

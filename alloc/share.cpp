@@ -26,16 +26,6 @@
 namespace uvm {
 namespace {
 
-struct Importer {
-  int connection;  // its socket: closed by the importer's close, exit or crash
-  pid_t pid;
-};
-
-struct Export {
-  uint64_t id = 0;
-  std::vector<Importer> importers;
-};
-
 // The exporter's side. Its thread and socket are made at the first export; the state is never
 // destroyed (no code runs from static destructors), and a child made by fork starts without them.
 struct Exports {
@@ -131,7 +121,10 @@ void answer_import(int connection, uint64_t id) {
   Mapping mapping;
   uvm_status status = UVM_OK;
   if (base == 0 || !registry().find(reinterpret_cast<const void*>(base), &found)) {
-    status = fail(call, UVM_ERROR_INVALID_ARGUMENT, "the exported allocation was freed");
+    status = fail(call, UVM_ERROR_INVALID_ARGUMENT,
+                  "export %llu is gone: its allocation was freed, or paused or offloaded and exported again since "
+                  "(its memory is new: the new handle maps it)",
+                  static_cast<unsigned long long>(id));
   } else {
     status = all_on_device(call, found, &mapping);
   }
@@ -277,7 +270,8 @@ uvm_status export_allocation(const Call& call, const void* ptr, uvm_share_handle
   }
   Mapping mapping;
   if (uvm_status s = all_on_device(call, found, &mapping)) return s;
-  if (!mapping.exportable) {
+  const bool swapped = !mapping.exportable;
+  if (swapped) {
     // Memory is made exportable only here (vmm.hpp, Mapping::exportable), and until its next pause
     // or offload: exports of it meanwhile (a tensor sent each step) make no driver call. Where the
     // device or the driver cannot export its memory this fails here, not in the importer.
@@ -294,6 +288,11 @@ uvm_status export_allocation(const Call& call, const void* ptr, uvm_share_handle
   std::lock_guard<std::mutex> lock(state.mutex);
   if (uvm_status s = start_server(call, state)) return s;
   Export& exported = state.by_base[found.base];
+  if (swapped && exported.id != 0) {
+    // New memory: handles of the old, which a pause gave back, must not map this one.
+    state.base_of.erase(exported.id);
+    exported.id = 0;
+  }
   if (exported.id == 0) {
     exported.id = state.next_id++;
     state.base_of[exported.id] = found.base;
@@ -335,13 +334,29 @@ uvm_status check_not_shared(const Call& call, uintptr_t base, const char* what) 
               pids.size() > 1 ? (" and " + std::to_string(pids.size() - 1) + " more").c_str() : "", what);
 }
 
-void forget_export(uintptr_t base) {
+std::optional<Export> forget_export(uintptr_t base) {
   Exports& state = exports();
   std::lock_guard<std::mutex> lock(state.mutex);
   auto it = state.by_base.find(base);
-  if (it == state.by_base.end()) return;
-  state.base_of.erase(it->second.id);
+  if (it == state.by_base.end()) return std::nullopt;
+  Export taken = std::move(it->second);
+  state.base_of.erase(taken.id);
   state.by_base.erase(it);  // importers keep the memory they map; their close is answered all the same
+  return taken;
+}
+
+void restore_export(uintptr_t base, Export exported) {
+  Exports& state = exports();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  auto& list = exported.importers;
+  const auto& open = state.connections;
+  list.erase(std::remove_if(list.begin(), list.end(),
+                            [&](const Importer& i) {
+                              return std::find(open.begin(), open.end(), i.connection) == open.end();
+                            }),
+             list.end());
+  state.base_of[exported.id] = base;
+  state.by_base[base] = std::move(exported);
 }
 
 }  // namespace uvm

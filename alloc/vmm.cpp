@@ -425,7 +425,14 @@ uvm_status vmm_make_exportable(const Call& call, uintptr_t base, Mapping* m) {
   *m = swapped;
   m->exportable = true;
   if (CUresult r = release_physical(old_handle, m->device)) {
-    return fail_driver(call, r, "cuMemRelease(the old physical memory of %p)", at);
+    // Nothing else holds the old memory now: it is kept as spare memory (it is not exportable, so
+    // any map of its size may take it), and the next trim gives it back (trim_spares).
+    SparePool& pool = spare_pool();
+    std::lock_guard<std::mutex> lock(pool.mutex);
+    pool.kept.push_back(Spare{m->device, m->reserved, old_handle});
+    pool.held[m->device] += m->reserved;
+    return fail_driver(call, r, "cuMemRelease(the old physical memory of %p): kept as spare memory, given back at "
+                       "the next trim", at);
   }
   return UVM_OK;
 }

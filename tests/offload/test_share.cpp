@@ -276,6 +276,17 @@ TEST_CASE("releasable memory is exportable only from its export to its next paus
   }
   CHECK(exit_code_of(child) == 0);
   REQUIRE(importers_drop_to_zero(mine));
+  // The handle from before the offload names memory given back since: a slow receiver of it must
+  // not map the memory exported now (issue 73, item 7: the export id was kept per address).
+  child = fork();
+  if (child == 0) {
+    void* theirs = nullptr;
+    const uvm_status s = uvm_share_import(&first, 0, &theirs);
+    const std::string why = uvm_last_error();
+    _exit(s != UVM_OK && why.find("exported again since") != std::string::npos ? 0 : 1);
+  }
+  CHECK(exit_code_of(child) == 0);
+  CHECK(importers(mine).empty());
   // A free of exportable memory gives it back (never kept as spare memory for another allocation).
   REQUIRE(uvm_set_spare_limit(0, 64 * kMiB) == UVM_OK);
   uvm_free(mine, kSize, 0, nullptr);
@@ -323,6 +334,71 @@ TEST_CASE("an export whose swap to exportable memory fails keeps the allocation'
   REQUIRE(uvm_share_export(mine, &handle) == UVM_OK);  // the next one works
   CHECK(all_bytes(mine, kSize, 0x3c));
   uvm_free(mine, kSize, 0, nullptr);
+}
+
+// Issue 73, item 6: the swap's last step gives the old physical memory back; where the driver
+// would not take it, it was lost (nothing held its handle any more).
+TEST_CASE("an export whose old memory the driver will not take back keeps it as spare, given back at the next trim",
+          "[share][errors]") {
+  FakeMachine machine;
+  const size_t handles = fake::physical_handles();
+  auto* mine = static_cast<unsigned char*>(uvm_malloc_releasable(kSize, 0, nullptr));
+  REQUIRE(mine != nullptr);
+  std::memset(mine, 0x5e, kSize);
+  fake::fail_next("cuMemRelease", cudaErrorLaunchFailure);
+  uvm_share_handle handle{};
+  CHECK(uvm_share_export(mine, &handle) == UVM_ERROR_CUDA);
+  CHECK(mentions(uvm_last_error(), "cuMemRelease(the old physical memory of"));
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  CHECK(fake::exportable_at(mine));  // the swap itself was done
+  CHECK(all_bytes(mine, kSize, 0x5e));
+  CHECK(fake::physical_handles() == handles + 2);  // the new memory, and the old one kept
+  REQUIRE(uvm_share_export(mine, &handle) == UVM_OK);
+  uvm_free(mine, kSize, 0, nullptr);
+  REQUIRE(uvm_set_spare_limit(0, 0) == UVM_OK);  // a trim tries the old memory again
+  CHECK(fake::physical_handles() == handles);
+}
+
+// Issue 73, item 5: the export was forgotten before the driver's free; a free that failed put the
+// record back but not the importers, and the next pause went through while another process mapped it.
+TEST_CASE("a free that fails keeps the allocation's importers: a pause is still refused while one maps it",
+          "[share][errors]") {
+  FakeMachine machine;
+  auto* mine = static_cast<unsigned char*>(uvm_malloc_releasable(kSize, 0, nullptr));
+  REQUIRE(mine != nullptr);
+  std::memset(mine, 0x44, kSize);
+  uvm_share_handle handle{};
+  REQUIRE(uvm_share_export(mine, &handle) == UVM_OK);
+  Pipe to_parent, to_child;
+  const pid_t child = fork();
+  if (child == 0) {
+    to_parent.writes();
+    to_child.reads();
+    void* theirs = nullptr;
+    if (uvm_share_import(&handle, 0, &theirs) != UVM_OK) _exit(10);
+    to_parent.send();
+    to_child.receive();
+    if (!all_bytes(static_cast<unsigned char*>(theirs), kSize, 0x44)) _exit(11);
+    _exit(uvm_share_close(theirs) == UVM_OK ? 0 : 12);
+  }
+  to_parent.reads();
+  to_child.writes();
+  REQUIRE(to_parent.receive() == 'x');
+  REQUIRE(importers(mine) == std::vector<int>{child});
+  fake::fail_next("cuMemUnmap", cudaErrorLaunchFailure);
+  uvm_free(mine, kSize, 0, nullptr);
+  CHECK(uvm_last_status() == UVM_ERROR_CUDA);
+  CHECK(importers(mine) == std::vector<int>{child});  // still recorded, and still counted
+  REQUIRE(uvm_set_thread_tag(nullptr) == UVM_OK);
+  CHECK(uvm_pause(0, "") == UVM_ERROR_SHARED);
+  CHECK(mentions(uvm_last_error(), ("mapped by process " + std::to_string(child)).c_str()));
+  CHECK(all_bytes(mine, kSize, 0x44));
+  to_child.send();
+  CHECK(exit_code_of(child) == 0);
+  CHECK(importers(mine).empty());
+  uvm_clear_last_error();
+  uvm_free(mine, kSize, 0, nullptr);
+  CHECK(uvm_last_status() == UVM_OK);
 }
 
 TEST_CASE("an importer that crashes, or exits without closing, counts no longer", "[share]") {

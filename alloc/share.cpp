@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <pthread.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -25,6 +26,20 @@
 
 namespace uvm {
 namespace {
+
+static_assert(sizeof(Export::token) == kShareTokenBytes, "an export's token is a handle's");
+
+// A new export's secret token, from the kernel's random source.
+uvm_status random_token(const Call& call, uint8_t* token) {
+  size_t got = 0;
+  while (got < kShareTokenBytes) {
+    const ssize_t n = getrandom(token + got, kShareTokenBytes - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return fail_errno(call, errno, "getrandom(%zu bytes for the export's token)", kShareTokenBytes);
+    got += static_cast<size_t>(n);
+  }
+  return UVM_OK;
+}
 
 // The exporter's side. Its thread and socket are made at the first export; the state is never
 // destroyed (no code runs from static destructors), and a child made by fork starts without them.
@@ -105,22 +120,30 @@ uvm_status all_on_device(const Call& call, const AllocationView& found, Mapping*
   return UVM_OK;
 }
 
-// An import of export `id` over `connection`: under the moves lock, so that no move of the
-// allocation runs between the check that its bytes are on the device and the count of the importer.
-void answer_import(int connection, uint64_t id) {
+// An import of export `id` with `token` over `connection`: under the moves lock, so that no move of
+// the allocation runs between the check that its bytes are on the device and the count of the importer.
+void answer_import(int connection, uint64_t id, const uint8_t* token) {
   const Call call = Call::of("uvm_share_import (answered by the exporting process)");
   const auto moves = lock_moves();
   uintptr_t base = 0;
+  bool token_matches = false;
   {
     Exports& state = exports();
     std::lock_guard<std::mutex> lock(state.mutex);
     auto it = state.base_of.find(id);
-    if (it != state.base_of.end()) base = it->second;
+    if (it != state.base_of.end()) {
+      base = it->second;
+      token_matches = same_token(state.by_base[base].token, token);
+    }
   }
   AllocationView found;
   Mapping mapping;
   uvm_status status = UVM_OK;
-  if (base == 0 || !registry().find(reinterpret_cast<const void*>(base), &found)) {
+  if (base != 0 && !token_matches) {
+    status = fail(call, UVM_ERROR_INVALID_ARGUMENT,
+                  "the handle's token is not export %llu's: only a handle uvm_share_export made maps it",
+                  static_cast<unsigned long long>(id));
+  } else if (base == 0 || !registry().find(reinterpret_cast<const void*>(base), &found)) {
     status = fail(call, UVM_ERROR_INVALID_ARGUMENT,
                   "export %llu is gone: its allocation was freed, or paused or offloaded and exported again since "
                   "(its memory is new: the new handle maps it)",
@@ -183,7 +206,7 @@ bool answer(int connection) {
   const ssize_t got = recv(connection, &message, sizeof(message), 0);
   if (got != static_cast<ssize_t>(sizeof(message)) || message.magic != kShareMagic) return false;
   if (message.request == ShareRequest::import_memory) {
-    answer_import(connection, message.export_id);
+    answer_import(connection, message.export_id, message.token);
   } else {
     drop_importer(connection);
     send_reply(connection, ShareReply{}, -1);
@@ -294,6 +317,10 @@ uvm_status export_allocation(const Call& call, const void* ptr, uvm_share_handle
     exported.id = 0;
   }
   if (exported.id == 0) {
+    if (uvm_status s = random_token(call, exported.token)) {
+      state.by_base.erase(found.base);
+      return s;
+    }
     exported.id = state.next_id++;
     state.base_of[exported.id] = found.base;
   }
@@ -304,6 +331,7 @@ uvm_status export_allocation(const Call& call, const void* ptr, uvm_share_handle
   handle.offset = reinterpret_cast<uintptr_t>(ptr) - found.base;
   handle.size = mapping.reserved;
   handle.device = found.device;
+  std::memcpy(handle.token, exported.token, kShareTokenBytes);
   *out = uvm_share_handle{};
   std::memcpy(out->bytes, &handle, sizeof(handle));
   return UVM_OK;

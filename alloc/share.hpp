@@ -20,9 +20,10 @@ struct Importer {
   pid_t pid;
 };
 
-// One exported allocation: the id its handles carry, and who maps it now.
+// One exported allocation: the id and secret token its handles carry, and who maps it now.
 struct Export {
   uint64_t id = 0;
+  uint8_t token[16] = {};  // share_wire.hpp's kShareTokenBytes
   std::vector<Importer> importers;
 };
 

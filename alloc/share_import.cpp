@@ -2,6 +2,7 @@
 // memory's file descriptor over its socket, maps it, and keeps the connection open while it is
 // mapped, so that the exporter counts this process among the allocation's importers until
 // uvm_share_close, or until this process ends, however it ends.
+#include <pthread.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -40,33 +41,76 @@ struct Imports {
   std::map<ExportKey, uintptr_t> base_of;
 };
 
+// Never destroyed: no CUDA calls from static destructors. A child made by fork closes its copies of
+// the connections: the exporter counts an importer while any process holds its connection, so a
+// DataLoader worker forked from a crashed importer would hold off the exporter's pauses for its
+// whole life. The child has no CUDA context of its own, so it has no mapping to keep either.
 Imports& imports() {
-  static auto* made = new Imports();  // never destroyed: no CUDA calls from static destructors
+  static auto* made = [] {
+    auto* state = new Imports();
+    pthread_atfork([] { imports().mutex.lock(); }, [] { imports().mutex.unlock(); },
+                   [] {
+                     Imports& child = imports();
+                     for (const auto& [base, imported] : child.by_base) close(imported.connection);
+                     child.by_base.clear();
+                     child.base_of.clear();
+                     child.mutex.unlock();
+                   });
+    return state;
+  }();
   return *made;
 }
 
-// Sends `message` and waits for the reply (and the file descriptor beside it, if any: `fd`).
+// Sends `message` and waits for the reply, and the file descriptor beside it when the reply is
+// UVM_OK and `fd` asks for one. Every other descriptor that arrives (beside a refusal, a close's
+// reply, or more than one) is closed here: none is left open in this process.
 bool ask(int connection, const ShareMessage& message, ShareReply* reply, int* fd) {
+  if (fd != nullptr) *fd = -1;
   if (send(connection, &message, sizeof(message), MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(message))) return false;
   iovec part{reply, sizeof(*reply)};
   msghdr received{};
   received.msg_iov = &part;
   received.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))] = {};
   received.msg_control = control;
   received.msg_controllen = sizeof(control);
   ssize_t got;
   do {
     got = recvmsg(connection, &received, MSG_CMSG_CLOEXEC);
   } while (got < 0 && errno == EINTR);
-  if (got != static_cast<ssize_t>(sizeof(*reply))) return false;
-  if (fd != nullptr) {
-    *fd = -1;
-    for (cmsghdr* header = CMSG_FIRSTHDR(&received); header != nullptr; header = CMSG_NXTHDR(&received, header)) {
-      if (header->cmsg_level == SOL_SOCKET && header->cmsg_type == SCM_RIGHTS) std::memcpy(fd, CMSG_DATA(header), sizeof(int));
+  const bool whole = got == static_cast<ssize_t>(sizeof(*reply));
+  for (cmsghdr* header = CMSG_FIRSTHDR(&received); header != nullptr; header = CMSG_NXTHDR(&received, header)) {
+    if (header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (header->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int received_fd = -1;
+      std::memcpy(&received_fd, CMSG_DATA(header) + i * sizeof(int), sizeof(int));
+      if (whole && fd != nullptr && *fd < 0 && reply->status == UVM_OK) {
+        *fd = received_fd;
+      } else {
+        close(received_fd);
+      }
     }
   }
-  return true;
+  return whole;
+}
+
+// Whether the process answering at `connection` is the exporter the handle names: after it exits,
+// any process of the user could bind its socket's name and hand over memory of its own.
+uvm_status check_exporter(const Call& call, int connection, const ShareHandle& handle) {
+  ucred peer{};
+  socklen_t length = sizeof(peer);
+  if (getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &peer, &length) != 0) {
+    return fail_errno(call, errno, "getsockopt(SO_PEERCRED) on the connection to process %d", handle.owner_pid);
+  }
+  if (peer.pid != handle.owner_pid || peer.uid != getuid()) {
+    return fail(call, UVM_ERROR_INVALID_ARGUMENT,
+                "the socket of exporting process %d is answered by process %d (user %u): the exporter has exited "
+                "and another process took its socket's name, or the exporter runs in another PID namespace; "
+                "nothing was sent to it",
+                handle.owner_pid, static_cast<int>(peer.pid), static_cast<unsigned>(peer.uid));
+  }
+  return UVM_OK;
 }
 
 uvm_status connect_to(const Call& call, const ShareHandle& handle, int* connection) {
@@ -107,8 +151,13 @@ uvm_status import_allocation(const Call& call, const uvm_share_handle* raw, int 
   }
   int connection = -1;
   if (uvm_status s = connect_to(call, handle, &connection)) return s;
+  if (uvm_status s = check_exporter(call, connection, handle)) {  // before the token is sent
+    close(connection);
+    return s;
+  }
   ShareMessage message;
   message.export_id = handle.export_id;
+  std::memcpy(message.token, handle.token, kShareTokenBytes);
   ShareReply reply;
   int fd = -1;
   if (!ask(connection, message, &reply, &fd)) {
@@ -116,7 +165,7 @@ uvm_status import_allocation(const Call& call, const uvm_share_handle* raw, int 
     return fail(call, UVM_ERROR_INVALID_ARGUMENT, "the exporting process %d closed the connection before answering",
                 handle.owner_pid);
   }
-  if (reply.status != UVM_OK || fd < 0) {
+  if (reply.status != UVM_OK || fd < 0) {  // no descriptor is left open (ask)
     close(connection);
     reply.message[sizeof(reply.message) - 1] = '\0';
     return fail(call, reply.status != UVM_OK ? static_cast<uvm_status>(reply.status) : UVM_ERROR_INTERNAL,

@@ -14,7 +14,10 @@
 
 namespace uvm {
 
-constexpr uint32_t kShareMagic = 0x31534d55;  // "UMS1"
+constexpr uint32_t kShareMagic = 0x32534d55;  // "UMS2": handles and messages carry a token
+// Random bytes (getrandom) per export: export ids run 1, 2, 3, and any process of the user can list
+// the abstract socket names (/proc/net/unix), so an id alone would let it map every export.
+constexpr size_t kShareTokenBytes = 16;
 
 // The handle, as uvm_share_handle's bytes hold it.
 struct ShareHandle {
@@ -25,8 +28,16 @@ struct ShareHandle {
   uint64_t offset = 0;     // of the exported pointer in the allocation
   uint64_t size = 0;       // bytes of the allocation's physical memory (its reserved size)
   int32_t device = 0;      // the exporter's device
+  uint8_t token[kShareTokenBytes] = {};  // the export's secret: the exporter maps nothing without it
 };
 static_assert(sizeof(ShareHandle) <= sizeof(uvm_share_handle), "a handle fits uvm_share_handle");
+
+// Whether two tokens are equal, in time that does not depend on where they differ.
+inline bool same_token(const uint8_t* a, const uint8_t* b) {
+  uint8_t differ = 0;
+  for (size_t i = 0; i < kShareTokenBytes; ++i) differ |= static_cast<uint8_t>(a[i] ^ b[i]);
+  return differ == 0;
+}
 
 enum class ShareRequest : uint32_t { import_memory = 1, close_import = 2 };
 
@@ -34,6 +45,7 @@ struct ShareMessage {
   uint32_t magic = kShareMagic;
   ShareRequest request = ShareRequest::import_memory;
   uint64_t export_id = 0;
+  uint8_t token[kShareTokenBytes] = {};  // the handle's: an import without the export's is refused
 };
 
 // The exporter's answer: a status, its message when it refused, and with UVM_OK the memory's file

@@ -698,7 +698,9 @@ UVM_API uvm_status uvm_prepare_pause(int device, const char* tag, size_t max_byt
  * ---------------------------------------------------------------------------------------------- */
 
 /* What another process needs to map an allocation of this one: plain bytes, to send any way (a pipe,
- * a pickle); it names this process and the allocation, and holds no secret. */
+ * a pickle); it names this process and the allocation, and holds the export's secret token (16
+ * random bytes), without which the exporter maps nothing. Whoever holds it can map the memory
+ * read-write and, while mapping it, hold off the exporter's pauses: send it only where it is meant. */
 #define UVM_SHARE_HANDLE_BYTES 64
 typedef struct uvm_share_handle {
   unsigned char bytes[UVM_SHARE_HANDLE_BYTES];
@@ -711,8 +713,8 @@ typedef struct uvm_share_handle {
  * maps no memory that a pause gives back. An import of a handle from before that pause fails; export
  * again. The first export starts a thread that answers imports on a Unix socket of this process (Linux's
  * abstract namespace: no file, no privilege; processes of the same user in the same network
- * namespace reach it). Managed memory cannot be exported (CUDA has no IPC for it):
- * UVM_ERROR_UNSUPPORTED naming that; so does a device whose driver cannot export VMM memory. The
+ * namespace reach it, and only with the handle's token). Managed memory cannot be exported (CUDA
+ * has no IPC for it): UVM_ERROR_UNSUPPORTED naming that; so does a device whose driver cannot export VMM memory. The
  * allocation must be on its device: an offloaded or paused one fails, UVM_ERROR_INVALID_ARGUMENT. */
 UVM_API uvm_status uvm_share_export(const void* ptr, uvm_share_handle* handle);
 
@@ -723,7 +725,8 @@ UVM_API uvm_status uvm_share_export(const void* ptr, uvm_share_handle* handle);
  * fails with UVM_ERROR_SHARED naming this process, so no importer reads memory given back or bytes
  * moved away. An importer that exits or crashes counts no longer. If the exporter frees the
  * allocation, the memory stays for the importers until they close it. Fails naming the exporter's
- * process when it is gone or refuses (the allocation freed, offloaded or not its own user's).
+ * process when it is gone or refuses (the allocation freed, offloaded, or the token not the export's),
+ * and sends nothing to a process that is not the exporter (its socket's name taken after it exited).
  * Imports of one allocation for one device share one mapping in this process (a model's tensors,
  * sent one by one): only the first asks the exporter and maps; each import is closed once. */
 UVM_API uvm_status uvm_share_import(const uvm_share_handle* handle, int device, void** ptr);

@@ -2,7 +2,11 @@
 // fake driver, whose exportable physical memory lives in a memfd: the importer is a child made by
 // fork, a process of its own with its own uvm, talking to the exporter over its socket. Children
 // report by exit code (Catch2 is the parent's).
+#include <dirent.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "../../alloc/share_wire.hpp"
 #include "fixture.hpp"
 
 namespace {
@@ -64,6 +69,46 @@ bool importers_drop_to_zero(const void* ptr) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   return true;
+}
+
+// The file descriptors this process has open now.
+size_t open_descriptors() {
+  size_t count = 0;
+  DIR* dir = opendir("/proc/self/fd");
+  REQUIRE(dir != nullptr);
+  while (const dirent* entry = readdir(dir)) count += entry->d_name[0] != '.';
+  closedir(dir);
+  return count;
+}
+
+uvm::ShareHandle handle_fields(const uvm_share_handle& handle) {
+  uvm::ShareHandle fields;
+  std::memcpy(&fields, handle.bytes, sizeof(fields));
+  return fields;
+}
+
+uvm_share_handle with_fields(const uvm::ShareHandle& fields) {
+  uvm_share_handle handle{};
+  std::memcpy(handle.bytes, &fields, sizeof(fields));
+  return handle;
+}
+
+// A socket listening at the name a handle of (pid, server) is reached at: another process's.
+int listen_as(int32_t pid, uint64_t server) {
+  const int listening = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  REQUIRE(listening >= 0);
+  sockaddr_un address;
+  const socklen_t length = uvm::share_address(pid, server, &address);
+  REQUIRE(bind(listening, reinterpret_cast<sockaddr*>(&address), length) == 0);
+  REQUIRE(listen(listening, 4) == 0);
+  return listening;
+}
+
+// The next connection to `listening`, within a few seconds; -1 if none came.
+int accept_within(int listening) {
+  pollfd watched{listening, POLLIN, 0};
+  if (poll(&watched, 1, 5000) != 1) return -1;
+  return accept(listening, nullptr, nullptr);
 }
 
 bool all_bytes(const unsigned char* p, size_t size, unsigned char value) {
@@ -401,6 +446,132 @@ TEST_CASE("a free that fails keeps the allocation's importers: a pause is still 
   CHECK(uvm_last_status() == UVM_OK);
 }
 
+// Issue 73, item 3: export ids run 1, 2, 3 and the socket names are listed in /proc/net/unix, so
+// an id alone let any process of the user map every export read-write.
+TEST_CASE("an import needs the export's secret token: a forged or another export's handle maps nothing",
+          "[share][trust]") {
+  FakeMachine machine;
+  auto* mine = static_cast<unsigned char*>(uvm_malloc_releasable(kSize, 0, nullptr));
+  auto* other = static_cast<unsigned char*>(uvm_malloc_releasable(kSize, 0, nullptr));
+  REQUIRE(mine != nullptr);
+  REQUIRE(other != nullptr);
+  std::memset(mine, 0x71, kSize);
+  uvm_share_handle handle{}, other_handle{};
+  REQUIRE(uvm_share_export(mine, &handle) == UVM_OK);
+  REQUIRE(uvm_share_export(other, &other_handle) == UVM_OK);
+  const uvm::ShareHandle fields = handle_fields(handle);
+  CHECK_FALSE(uvm::same_token(fields.token, handle_fields(other_handle).token));  // each export its own
+  uvm::ShareHandle zeroed = fields, flipped = fields, guessed = handle_fields(other_handle);
+  std::memset(zeroed.token, 0, sizeof(zeroed.token));
+  flipped.token[7] ^= 1;
+  guessed.export_id = fields.export_id;  // this export's id, another export's token
+  const uvm_share_handle forged[] = {with_fields(zeroed), with_fields(flipped), with_fields(guessed)};
+  const pid_t child = fork();
+  if (child == 0) {
+    for (const uvm_share_handle& bad : forged) {
+      void* theirs = nullptr;
+      const uvm_status s = uvm_share_import(&bad, 0, &theirs);
+      const std::string why = uvm_last_error();
+      if (s != UVM_ERROR_INVALID_ARGUMENT || theirs != nullptr || why.find("token is not export") == std::string::npos) {
+        _exit(10);
+      }
+      if (cudaPeekAtLastError() != cudaSuccess) _exit(11);
+    }
+    void* theirs = nullptr;
+    if (uvm_share_import(&handle, 0, &theirs) != UVM_OK) _exit(12);  // the real one still maps
+    if (!all_bytes(static_cast<unsigned char*>(theirs), kSize, 0x71)) _exit(13);
+    _exit(uvm_share_close(theirs) == UVM_OK ? 0 : 14);
+  }
+  CHECK(exit_code_of(child) == 0);
+  CHECK(importers(mine).empty());
+  uvm_free(mine, kSize, 0, nullptr);
+  uvm_free(other, kSize, 0, nullptr);
+}
+
+TEST_CASE("an importer sends its token only to the exporter: a process that took a gone exporter's socket name gets "
+          "nothing and gives nothing",
+          "[share][trust]") {
+  FakeMachine machine;
+  Pipe handle_pipe;
+  const pid_t exporter = fork();
+  if (exporter == 0) {
+    handle_pipe.writes();
+    void* theirs = uvm_malloc_releasable(kSize, 0, nullptr);
+    uvm_share_handle handle{};
+    if (theirs == nullptr || uvm_share_export(theirs, &handle) != UVM_OK) _exit(10);
+    (void)!write(handle_pipe.fds[1], &handle, sizeof(handle));
+    _exit(0);
+  }
+  handle_pipe.reads();
+  uvm_share_handle handle{};
+  REQUIRE(read(handle_pipe.fds[0], &handle, sizeof(handle)) == static_cast<ssize_t>(sizeof(handle)));
+  REQUIRE(exit_code_of(exporter) == 0);
+  const uvm::ShareHandle fields = handle_fields(handle);
+  const int impostor = listen_as(fields.owner_pid, fields.server);  // this process: the name is free again
+  const pid_t importer = fork();
+  if (importer == 0) {
+    void* theirs = nullptr;
+    const uvm_status s = uvm_share_import(&handle, 0, &theirs);
+    const std::string why = uvm_last_error();
+    _exit(s == UVM_ERROR_INVALID_ARGUMENT &&
+                  why.find("exporting process " + std::to_string(exporter) + " is answered by process " +
+                           std::to_string(getppid())) != std::string::npos
+              ? 0
+              : 1);
+  }
+  const int connection = accept_within(impostor);
+  REQUIRE(connection >= 0);
+  uvm::ShareMessage message;
+  CHECK(recv(connection, &message, sizeof(message), 0) == 0);  // closed: no token came
+  CHECK(exit_code_of(importer) == 0);
+  close(connection);
+  close(impostor);
+}
+
+TEST_CASE("a descriptor that comes with a refusal is closed: an import that fails leaves no file open",
+          "[share][trust]") {
+  FakeMachine machine;
+  uvm::ShareHandle fields;
+  fields.owner_pid = getpid();
+  fields.server = 0x5eedULL;  // a server of this process's, played by the test
+  fields.export_id = 1;
+  fields.size = kSize;
+  const uvm_share_handle handle = with_fields(fields);
+  const size_t before = open_descriptors();
+  const int listening = listen_as(fields.owner_pid, fields.server);
+  std::thread server([&] {
+    const int connection = accept_within(listening);
+    if (connection < 0) return;
+    uvm::ShareMessage message;
+    (void)!recv(connection, &message, sizeof(message), 0);
+    uvm::ShareReply reply;
+    reply.status = UVM_ERROR_INVALID_ARGUMENT;
+    std::snprintf(reply.message, sizeof(reply.message), "refused by the test");
+    const int memory = memfd_create("uvm-test-refused", MFD_CLOEXEC);
+    iovec part{&reply, sizeof(reply)};
+    msghdr sent{};
+    sent.msg_iov = &part;
+    sent.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    sent.msg_control = control;
+    sent.msg_controllen = sizeof(control);
+    cmsghdr* header = CMSG_FIRSTHDR(&sent);
+    header->cmsg_level = SOL_SOCKET;
+    header->cmsg_type = SCM_RIGHTS;
+    header->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(header), &memory, sizeof(int));
+    (void)!sendmsg(connection, &sent, MSG_NOSIGNAL);
+    close(memory);
+    close(connection);
+  });
+  void* mapped = nullptr;
+  CHECK(uvm_share_import(&handle, 0, &mapped) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions(uvm_last_error(), "refused by the test"));
+  server.join();
+  close(listening);
+  CHECK(open_descriptors() == before);
+}
+
 TEST_CASE("an importer that crashes, or exits without closing, counts no longer", "[share]") {
   for (const bool crash : {true, false}) {
     CAPTURE(crash);
@@ -427,6 +598,40 @@ TEST_CASE("an importer that crashes, or exits without closing, counts no longer"
     CHECK(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
     uvm_free(mine, kSize, 0, nullptr);
   }
+}
+
+// Issue 73, item 4: a forked child (a DataLoader worker) kept the importer's connection, so a
+// crashed importer stayed counted, and the exporter's pauses failed, for the child's whole life.
+TEST_CASE("an importer that crashes counts no longer while a child it forked lives on", "[share]") {
+  FakeMachine machine;
+  void* mine = uvm_malloc_releasable(kSize, 0, nullptr);
+  REQUIRE(mine != nullptr);
+  uvm_share_handle handle{};
+  REQUIRE(uvm_share_export(mine, &handle) == UVM_OK);
+  Pipe to_parent, release_worker;
+  const pid_t importer = fork();
+  if (importer == 0) {
+    to_parent.writes();
+    void* theirs = nullptr;
+    if (uvm_share_import(&handle, 0, &theirs) != UVM_OK) _exit(10);
+    if (fork() == 0) {  // the worker: lives until the test lets it go
+      release_worker.reads();
+      release_worker.receive();
+      _exit(0);
+    }
+    to_parent.send();
+    raise(SIGKILL);
+  }
+  to_parent.reads();
+  REQUIRE(to_parent.receive() == 'x');
+  CHECK(exit_code_of(importer) == 128 + SIGKILL);
+  CHECK(importers_drop_to_zero(mine));  // the worker still runs
+  REQUIRE(uvm_set_thread_tag(nullptr) == UVM_OK);
+  CHECK(uvm_pause(0, "") == UVM_OK);
+  CHECK(uvm_resume(0, "") == UVM_OK);
+  release_worker.writes();
+  release_worker.send();
+  uvm_free(mine, kSize, 0, nullptr);
 }
 
 TEST_CASE("an exporter that exits leaves the importer its memory, and the importer's close returns", "[share]") {

@@ -54,4 +54,11 @@ uvm_status code_in(const Call& call, int device, cudaStream_t stream, const std:
 // stderr, once: its pauses keep plain copies instead.
 bool coder_usable(int device);
 
+// Makes `scratch` ready for code_out of `pieces` (its device memory, mapped flags and streams), all
+// before anything is moved; false where it cannot (a device with no room for 64 MiB of scratch, say),
+// with nothing pending and the failure said on stderr once per device: the pause then keeps plain
+// copies, since a pause that plain copies can do must never fail because of compression.
+bool coder_scratch_ready(const Call& call, int device, cudaStream_t stream, const std::vector<HintRange>& pieces,
+                         CodecScratch& scratch);
+
 }  // namespace uvm

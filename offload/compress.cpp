@@ -1,8 +1,13 @@
 #include "compress.hpp"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "../alloc/driver_api.hpp"
@@ -163,6 +168,86 @@ uvm_status wait_until_done(const Call& call, int device, const char* what, size_
     return fail_cuda(call, e, "cudaStreamSynchronize(%s %zu bytes at %p, device %d)", what, bytes, at, device);
   }
   return UVM_OK;
+}
+
+// Reads `bytes` of a host copy's stored bytes from offset `at` into `out` (the parts are host memory).
+void read_parts(const HostParts& host, size_t at, uint8_t* out, size_t bytes) {
+  size_t part_begin = 0;
+  for (const HostPart& part : host) {
+    const size_t part_end = part_begin + part.bytes;
+    if (bytes > 0 && at < part_end) {
+      const size_t n = std::min(bytes, part_end - at);
+      std::memcpy(out, part.host + (at - part_begin), n);
+      out += n;
+      at += n;
+      bytes -= n;
+    }
+    part_begin = part_end;
+  }
+}
+
+// decode_from_host where the device has no room for the coder's scratch: the reference coder
+// decodes on the CPU, a batch of chunks at a time, into host memory copied to the device. Slower
+// than the kernels, but a resume that plain copies could do never fails because of compression.
+uvm_status decode_on_host(const Call& call, int device, const std::vector<DecodeJob>& jobs, cudaStream_t stream,
+                          const std::function<uvm_status(size_t job)>& make_ready) {
+  constexpr size_t kHostBatchChunks = 256;  // 16 MiB of raw bytes at a time
+  std::vector<uint8_t> raw(kHostBatchChunks * kChunk), stored(kChunk);
+  size_t bytes = 0;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const DecodeJob& job = jobs[j];
+    if (make_ready) {
+      if (uvm_status s = make_ready(j)) return s;
+    }
+    const size_t chunks = codec::chunks_in(job.bytes);
+    const size_t first = std::min(job.from / kChunk, chunks), end = std::min((job.to + kChunk - 1) / kChunk, chunks);
+    size_t at = stored_run(job.flags, 0, first);
+    for (size_t batch = first; batch < end; batch += kHostBatchChunks) {
+      const size_t batch_end = std::min(batch + kHostBatchChunks, end);
+      for (size_t c = batch; c < batch_end; ++c) {
+        const size_t n = codec::stored_bytes(job.flags[c]);
+        uint8_t* out = raw.data() + (c - batch) * kChunk;
+        if (job.flags[c] == codec::kRaw) {
+          read_parts(job.host, at, out, n);
+        } else {
+          read_parts(job.host, at, stored.data(), n);
+          codec::decode(stored.data(), job.flags[c], reinterpret_cast<uint16_t*>(out));
+        }
+        at += n;
+      }
+      // Only the bytes inside [from, to) go to the device.
+      const size_t begin = std::max(job.from, batch * kChunk), stop = std::min(job.to, batch_end * kChunk);
+      void* to = static_cast<uint8_t*>(job.dst) + (begin - job.from);
+      if (cudaError_t e = cudaMemcpyAsync(to, raw.data() + (begin - batch * kChunk), stop - begin, cudaMemcpyDefault,
+                                          stream)) {
+        return fail_cuda(call, e, "cudaMemcpyAsync(%zu bytes decoded on the host to %p, device %d)", stop - begin, to,
+                         device);
+      }
+      if (uvm_status s = wait_until_done(call, device, "decoding on the host", stop - begin, to, stream)) return s;
+    }
+    const size_t tail_begin = std::max(job.from, chunks * kChunk);
+    if (tail_begin < job.to) {
+      void* to = static_cast<uint8_t*>(job.dst) + (tail_begin - job.from);
+      const size_t tail_at = stored_run(job.flags, 0, chunks) + (tail_begin - chunks * kChunk);
+      if (uvm_status s = copy_parts(call, device, job.host, tail_at, to, job.to - tail_begin, false,
+                                    "bytes of the raw tail", stream)) {
+        return s;
+      }
+    }
+    bytes += job.to - job.from;
+  }
+  return wait_until_done(call, device, "decoding on the host", bytes, jobs.empty() ? nullptr : jobs.front().dst, stream);
+}
+
+// Whether the CPU decodes a resume's chunks on `device`: the first time, said on stderr.
+void say_decoding_on_host(int device, const std::string& why) {
+  static auto* mutex = new std::mutex();  // never destroyed: no code runs from static destructors
+  static auto* told = new std::set<int>();
+  std::lock_guard<std::mutex> lock(*mutex);
+  if (told->insert(device).second) {
+    std::fprintf(stderr, "uvm: compressed copies on device %d are decoded on the CPU: no room for the coder's "
+                 "scratch (%s)\n", device, why.c_str());
+  }
 }
 
 }  // namespace
@@ -428,6 +513,17 @@ uvm_status decode_from_host(const Call& call, int device, CodecScratch& scratch,
     ready[j] = true;
     return before_writing(j);
   };
+  // The scratch first, all of it: where the device has no room for it (a colocated process took
+  // all but the paused bytes), the CPU decodes instead.
+  size_t all_chunks = 0;
+  for (const DecodeJob& job : jobs) all_chunks += codec::chunks_in(job.bytes);
+  if (!whole.empty() || !edges.empty()) {
+    if (scratch.prepare(call, device, all_chunks, stream, true, !edges.empty()) != UVM_OK) {
+      say_decoding_on_host(device, uvm_last_error());
+      uvm_clear_last_error();
+      return decode_on_host(call, device, jobs, stream, before_writing);
+    }
+  }
   std::vector<size_t> base;
   if (uvm_status s = upload_flags(call, device, scratch, jobs, &base, stream)) return s;
   if (!edges.empty()) {

@@ -258,10 +258,14 @@ uvm_status offload_kept(const Call& call, const MoveArgs& args, Kept kept, cudaS
   }
   if (uvm_status s = check_strategy_fits(call, strategy, strategy, move)) return s;
   const OffloadPieces pieces = pieces_to_move(move.ranges, true, move.caps.discard_supported);
+  CodecScratch scratch;  // the coder's, until its copies end (its end waits for them)
+  if (coded && !coder_scratch_ready(call, move.device, move.stream, pieces.staged, scratch)) {
+    *plain = true;  // nothing moved yet
+    return UVM_OK;
+  }
   for (const auto* part : {&pieces.staged, &pieces.free}) {
     for (const HintRange& piece : *part) trace_move_bytes(piece.end - piece.begin);
   }
-  CodecScratch scratch;  // the coder's, until its copies end (its end waits for them)
   const auto copy_out_and_release = [&]() -> uvm_status {
     CopiesDone done;
     if (!pieces.staged.empty()) {

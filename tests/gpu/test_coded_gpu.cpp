@@ -127,6 +127,55 @@ TEST_CASE("a compressed pause of pieces starting and ending at odd bytes keeps t
   }
 }
 
+// A plain allocation ("ballast") that leaves `room` bytes of the device free, as a colocated
+// process would; freed with it. Plain memory, never managed: the safety rule allows any size.
+struct Ballast {
+  explicit Ballast(size_t room) {
+    size_t free_now = 0, total = 0;
+    CUDA_REQUIRE(cudaMemGetInfo(&free_now, &total));
+    REQUIRE(free_now > room + 64 * MiB);
+    for (size_t take = free_now - room; take > 0 && ptr == nullptr; take -= 2 * MiB) {
+      if (cudaMalloc(&ptr, take) != cudaSuccess) {
+        ptr = nullptr;
+        (void)cudaGetLastError();
+      }
+    }
+    CUDA_REQUIRE(cudaMemGetInfo(&free_now, &total));
+    left = free_now;
+  }
+  ~Ballast() { cudaFree(ptr); }
+  void* ptr = nullptr;
+  size_t left = 0;
+};
+
+// Issue 73, item 8: the coder's scratch (2 x 32 MiB and flags) was allocated in every move, so a
+// GPU a colocated process filled up to the paused bytes failed a compressed resume that plain
+// copies would do.
+TEST_CASE("with no room for the coder's scratch a compressed pause keeps plain copies and a resume decodes on the CPU",
+          "[coded]") {
+  Coded w("coded-full", UVM_BACKUP_HOST, 128 * MiB, false, 21);
+  REQUIRE(uvm_pause(0, "coded-full") == UVM_OK);
+  CHECK(compressed("coded-full").raw == w.size);
+  {
+    Ballast ballast(w.size + 16 * MiB);  // the paused bytes and less than one scratch batch
+    INFO("free with the ballast: " << ballast.left / MiB << " MiB");
+    CHECK(ballast.left < w.size + 64 * MiB);
+    REQUIRE(uvm_resume(0, "coded-full") == UVM_OK);
+    INFO(uvm_last_error());
+    CHECK(cudaGetLastError() == cudaSuccess);
+    CHECK(w.differs() == SIZE_MAX);
+  }
+  {
+    Ballast ballast(16 * MiB);
+    INFO("free with the ballast: " << ballast.left / MiB << " MiB");
+    REQUIRE(uvm_pause(0, "coded-full") == UVM_OK);
+    CHECK(compressed("coded-full").raw == 0);  // plain copies
+  }
+  REQUIRE(uvm_resume(0, "coded-full") == UVM_OK);
+  CHECK(w.differs() == SIZE_MAX);
+  CHECK(cudaGetLastError() == cudaSuccess);
+}
+
 TEST_CASE("retained compressed copies: each pause codes the weights as they are then", "[coded]") {
   REQUIRE(uvm_set_retain_backups(1) == UVM_OK);
   Coded weights_now("coded-retained", UVM_BACKUP_HOST, 128 * MiB, false, 4);

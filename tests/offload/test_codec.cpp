@@ -230,8 +230,8 @@ TEST_CASE("a failure while compressing or decompressing names its step and leave
   }
   REQUIRE(uvm::compress_to_host(call, 0, device, bytes, host.data(), flags.data(), &stored, stream) == UVM_OK);
   const Bytes backup(host.begin(), host.begin() + stored), backup_flags = flags;
-  for (const Failure& f : {Failure{"cudaMalloc", 0, "chunk flags"}, Failure{"cudaStreamCreateWithFlags", 0, "copy stream"},
-                           Failure{"cudaMemcpyAsync", 0, "chunk flags"},
+  // (No room for the scratch is no failure: the CPU decodes, tested below.)
+  for (const Failure& f : {Failure{"cudaMemcpyAsync", 0, "chunk flags"},
                            Failure{"cudaMemcpyAsync", 1, "coded bytes from the host"},
                            Failure{"cuLaunchKernel", 0, "uvm_codec_decode"}}) {
     INFO(f.call << " failing after " << f.skip);
@@ -268,5 +268,36 @@ TEST_CASE("the coder refuses a source or destination off 16 bytes before any lau
   CHECK(mentions(uvm_last_error(), "uvm_codec_decode"));
   CHECK(FakeMachine::ops_named(fake::OpKind::codec_kernel).size() == 2);  // the good compression's alone
   CHECK(cudaPeekAtLastError() == cudaSuccess);
+  REQUIRE(cudaFree(device) == cudaSuccess);
+}
+
+TEST_CASE("decompress_from_host decodes on the CPU where the device has no room for the scratch, bit for bit",
+          "[offload][codec]") {
+  FakeMachine machine;
+  cudaStream_t stream = fake::make_stream();
+  const uvm::Call call = uvm::Call::of("test");
+  const size_t bytes = 5 * codec::kChunkBytes + 777, guard = 4096;
+  Bytes raw = gaussian_bf16(bytes, 51);
+  const Bytes noise = random_bytes(codec::kChunkBytes, 52);
+  std::memcpy(&raw[2 * codec::kChunkBytes], noise.data(), noise.size());  // one chunk kept raw
+  uint8_t* device = nullptr;
+  REQUIRE(cudaMalloc(reinterpret_cast<void**>(&device), bytes + 2 * guard) == cudaSuccess);
+  std::memcpy(device + guard, raw.data(), bytes);
+  Bytes host(bytes), flags(codec::chunks_in(bytes));
+  size_t stored = 0;
+  REQUIRE(uvm::compress_to_host(call, 0, device + guard, bytes, host.data(), flags.data(), &stored, stream) == UVM_OK);
+  for (const char* failing : {"cudaMalloc", "cudaStreamCreateWithFlags"}) {
+    CAPTURE(failing);
+    std::memset(device, 0xA5, bytes + 2 * guard);
+    fake::reset_ops();
+    fake::fail_next(failing, cudaErrorMemoryAllocation);
+    REQUIRE(uvm::decompress_from_host(call, 0, host.data(), flags.data(), bytes, device + guard, stream) == UVM_OK);
+    CHECK(FakeMachine::ops_named(fake::OpKind::codec_kernel).empty());
+    CHECK(std::memcmp(device + guard, raw.data(), bytes) == 0);
+    for (size_t i = 0; i < guard; ++i) {
+      if (device[i] != 0xA5 || device[guard + bytes + i] != 0xA5) FAIL("a neighbour changed at " << i);
+    }
+    CHECK(cudaPeekAtLastError() == cudaSuccess);
+  }
   REQUIRE(cudaFree(device) == cudaSuccess);
 }

@@ -329,11 +329,9 @@ TEST_CASE("a compressed pause or resume that fails at any step names it, loses n
     const char* named;
   };
   // The plain neighbour is paused first, in a move of its own: its copy is one cudaMemcpyAsync.
-  for (const Failure& f : {Failure{"cudaMalloc", 0, "compression scratch"}, Failure{"cudaMalloc", 2, "chosen chunk flags"},
-                           Failure{"cudaStreamCreateWithFlags", 1, "choosing stream"},
-                           Failure{"cuLaunchKernel", 0, "uvm_codec_choose"},
+  // (The coder's scratch failing is no failure: the pause keeps plain copies, tested below.)
+  for (const Failure& f : {Failure{"cuLaunchKernel", 0, "uvm_codec_choose"},
                            Failure{"cuLaunchKernel", 1, "uvm_codec_encode"},
-                           Failure{"cudaHostAlloc", 0, "mapped memory for the chosen chunk flags"},
                            Failure{"cudaMemcpyAsync", 1, "coded bytes to the host"}}) {
     INFO(f.call << " failing after " << f.skip);
     fake::fail_next(f.call, cudaErrorInvalidValue, f.skip);
@@ -351,8 +349,7 @@ TEST_CASE("a compressed pause or resume that fails at any step names it, loses n
   const CompressedBytes kept = compressed_copies("faults");
   // First the compressed allocation's own mapping, which stays after the failures past it.
   for (const Failure& f : {Failure{"cuMemMap", 0, "cuMemMap"}, Failure{"cuLaunchKernel", 0, "uvm_codec_decode"},
-                           Failure{"cudaMemcpyAsync", 1, "coded bytes from the host"},
-                           Failure{"cudaMalloc", 0, "chunk flags"}}) {
+                           Failure{"cudaMemcpyAsync", 1, "coded bytes from the host"}}) {
     INFO(f.call << " failing after " << f.skip);
     fake::fail_next(f.call, cudaErrorInvalidValue, f.skip);
     CHECK(uvm_resume(UVM_ANY_DEVICE, "faults") == UVM_ERROR_CUDA);
@@ -365,6 +362,50 @@ TEST_CASE("a compressed pause or resume that fails at any step names it, loses n
   REQUIRE(uvm_resume(UVM_ANY_DEVICE, "faults") == UVM_OK);
   CHECK(packed.differs() == SIZE_MAX);
   CHECK(neighbour->intact());
+}
+
+// Issue 73, item 8: the coder's scratch (2 x 32 MiB, flags, streams) was made inside every move,
+// so a GPU with room for the paused bytes and not for the scratch failed where plain copies work.
+TEST_CASE("with no room for the coder's scratch a compressed pause keeps plain copies and a resume decodes on the CPU",
+          "[pause][codec][cuda13]") {
+  FakeMachine machine;
+  Compressed packed("cramped", UVM_BACKUP_HOST, weights(kWeightBytes, 14));
+  auto neighbour = releasable_under("cramped", UVM_BACKUP_HOST, 15);
+  struct Failure {
+    const char* call;
+    int skip;
+  };
+  for (const Failure& f : {Failure{"cudaMalloc", 0}, Failure{"cudaMalloc", 1}, Failure{"cudaMalloc", 2},
+                           Failure{"cudaStreamCreateWithFlags", 0}, Failure{"cudaStreamCreateWithFlags", 1},
+                           Failure{"cudaHostAlloc", 0}}) {
+    CAPTURE(f.call, f.skip);
+    fake::fail_next(f.call, cudaErrorMemoryAllocation, f.skip);
+    REQUIRE(uvm_pause(UVM_ANY_DEVICE, "cramped") == UVM_OK);
+    CHECK(!fake::injection_left(f.call));
+    CHECK(cudaPeekAtLastError() == cudaSuccess);
+    CHECK(paused("cramped") == 2);
+    CHECK(compressed_copies("cramped").raw == 0);  // plain copies
+    CHECK(host_copy(packed.ptr, packed.size) != nullptr);
+    REQUIRE(uvm_resume(UVM_ANY_DEVICE, "cramped") == UVM_OK);
+    CHECK(packed.differs() == SIZE_MAX);
+    CHECK(neighbour->intact());
+  }
+  // Compressed, then resumed where no scratch can be had: every bit back (the double fills new
+  // physical memory with a byte of its own), and no kernel decoded it.
+  for (const Failure& f : {Failure{"cudaMalloc", 0}, Failure{"cudaMalloc", 1}, Failure{"cudaStreamCreateWithFlags", 0}}) {
+    CAPTURE(f.call, f.skip);
+    REQUIRE(uvm_pause(UVM_ANY_DEVICE, "cramped") == UVM_OK);
+    CHECK(compressed_copies("cramped").raw == kWeightBytes);
+    fake::reset_ops();
+    fake::fail_next(f.call, cudaErrorMemoryAllocation, f.skip);
+    REQUIRE(uvm_resume(UVM_ANY_DEVICE, "cramped") == UVM_OK);
+    CHECK(!fake::injection_left(f.call));
+    CHECK(cudaPeekAtLastError() == cudaSuccess);
+    CHECK(FakeMachine::ops_named(fake::OpKind::codec_kernel).empty());
+    CHECK(packed.differs() == SIZE_MAX);
+    CHECK(neighbour->intact());
+    CHECK(paused("cramped") == 0);
+  }
 }
 
 TEST_CASE("where the coder cannot load, a compressed pause keeps plain copies", "[pause][codec][cuda13]") {

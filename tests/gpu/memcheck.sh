@@ -13,6 +13,7 @@ if [ $? -eq 77 ]; then "$suite"; exit 77; fi  # prints its own reason: no GPU
 if [ -z "$sanitizer" ]; then echo "SKIP: compute-sanitizer not found"; exit 77; fi
 # memcheck also reports failed API calls. One test provokes one on purpose — uvm's capture probe on
 # the legacy stream (cudaErrorStreamCaptureImplicit, cleared at once) — so it runs outside memcheck,
-# in the plain gpu test, which checks that no error is left pending.
+# in the plain gpu test, which checks that no error is left pending; so does the compressed pause
+# and resume with the device full (the coder's scratch allocation fails, and they go on without it).
 # A second argument picks the tests instead (e.g. "[release]" under UVM_ONLOAD_COPY=sm).
 exec "$sanitizer" --tool memcheck --leak-check no --error-exitcode 99 "$suite" "${2:-~[api_error_probe]~[multi_gpu]}"

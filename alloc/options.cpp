@@ -94,6 +94,13 @@ bool parse_settle(const char* text, Options* into) { return parse_switch(text, &
 
 bool parse_pin_numa(const char* text, Options* into) { return parse_switch(text, &into->pin_numa); }
 
+bool parse_share_timeout(const char* text, Options* into) {
+  long seconds = 0;
+  if (!parse_int_in(text, 1, 86400, &seconds)) return false;
+  into->share_timeout_s = static_cast<int>(seconds);
+  return true;
+}
+
 bool parse_pinned(const char* text, Options* into) {
   static const char* const names[] = {"register", "hostalloc", "pageable"};
   static const PinnedKind kinds[] = {PinnedKind::registered, PinnedKind::host_alloc, PinnedKind::pageable};
@@ -207,6 +214,11 @@ const Row kRows[] = {
       "1 or 0: after a wake made new device memory, a thread of uvm's pays the driver's deferred work on it "
       "(0: the next call that makes or gives back memory pays it)"},
      parse_settle},
+    // An import is answered under the exporter's moves lock, so it waits behind a pause there (seconds
+    // for GiBs); an exporter that never answers must not hang the importer.
+    {{"UVM_SHARE_TIMEOUT_S", "120",
+      "1-86400: seconds uvm_share_import and uvm_share_close wait for the exporting process's answer"},
+     parse_share_timeout},
 };
 constexpr size_t kRowCount = sizeof kRows / sizeof kRows[0];
 static_assert(kMaxOnloadStreams == 8, "UVM_ONLOAD_STREAMS's meaning says 1-8");

@@ -40,6 +40,7 @@ struct Options {
   std::string disk_backup_dir;  // UVM_DISK_BACKUP_DIR; empty: none until uvm_set_disk_backup_dir
   int backup_threads = 0;       // UVM_BACKUP_THREADS (1–kMaxBackupThreads; 0: auto, by the copies' kind)
   bool settle = true;           // UVM_SETTLE: settle the driver after a wake (settle.hpp)
+  int share_timeout_s = 120;    // UVM_SHARE_TIMEOUT_S: how long an importer waits for the exporter's answer
   std::vector<std::string> raw;  // each row's value as found in the environment, "" when unset
   // Why the environment was refused ("UVM_PINNED='pinned' is not one of …"); empty when every
   // variable was understood. A refused variable leaves its field at the default.

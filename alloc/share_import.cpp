@@ -4,6 +4,7 @@
 // uvm_share_close, or until this process ends, however it ends.
 #include <pthread.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include <tuple>
 
 #include "devices.hpp"
+#include "options.hpp"
 #include "registry.hpp"
 #include "share_wire.hpp"
 #include "vmm.hpp"
@@ -116,6 +118,9 @@ uvm_status check_exporter(const Call& call, int connection, const ShareHandle& h
 uvm_status connect_to(const Call& call, const ShareHandle& handle, int* connection) {
   const int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (s < 0) return fail_errno(call, errno, "socket(AF_UNIX)");
+  // Every answer is waited for at most UVM_SHARE_TIMEOUT_S (ask fails past it, errno EAGAIN).
+  const timeval wait{options().share_timeout_s, 0};
+  setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof(wait));
   sockaddr_un address;
   const socklen_t length = share_address(handle.owner_pid, handle.server, &address);
   if (connect(s, reinterpret_cast<sockaddr*>(&address), length) != 0) {
@@ -161,7 +166,14 @@ uvm_status import_allocation(const Call& call, const uvm_share_handle* raw, int 
   ShareReply reply;
   int fd = -1;
   if (!ask(connection, message, &reply, &fd)) {
-    close(connection);
+    const bool timed_out = errno == EAGAIN || errno == EWOULDBLOCK;
+    close(connection);  // the exporter counts this process out, should it answer later
+    if (timed_out) {
+      return fail(call, UVM_ERROR_INVALID_ARGUMENT,
+                  "the exporting process %d did not answer within %d s (UVM_SHARE_TIMEOUT_S): a pause or move there "
+                  "holds its moves lock, or it hangs",
+                  handle.owner_pid, options().share_timeout_s);
+    }
     return fail(call, UVM_ERROR_INVALID_ARGUMENT, "the exporting process %d closed the connection before answering",
                 handle.owner_pid);
   }

@@ -122,6 +122,7 @@ UVM_API const char* uvm_version(void);
  *   UVM_SETTLE            1 | 0: after a wake made new releasable memory, a thread of uvm's makes and
  *                         gives back 2 MiB now and then for a while, paying the driver's deferred work
  *                         after a large free there instead of in the next sleep's first release
+ *   UVM_SHARE_TIMEOUT_S   1–86400 (120): seconds an import or close waits for the exporting process
  *
  * Read once, at the first call that needs one. Unset or empty means the default; names are
  * case-insensitive. A value uvm does not understand is never passed over for the default: uvm_malloc,

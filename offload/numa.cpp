@@ -39,11 +39,15 @@ int node_count(const std::string& sysfs) {
   return count;
 }
 
-// sysfs's name for a PCI address: lower case, a domain of four digits (the runtime may write eight).
+// sysfs's name for a PCI address: lower case, a domain of at least four digits without the leading
+// zeros the runtime pads it to eight with (a VMD domain, 10000, keeps all five).
 std::string sysfs_pci_name(std::string id) {
   for (char& c : id) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  const size_t colon = id.find(':');
-  if (colon != std::string::npos && colon > 4) id.erase(0, colon - 4);
+  size_t colon = id.find(':');
+  while (colon != std::string::npos && colon > 4 && id[0] == '0') {
+    id.erase(0, 1);
+    --colon;
+  }
   return id;
 }
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import sys
 import threading
 
 from . import _lib
@@ -47,37 +48,52 @@ def install() -> None:
 
 
 
-def _releasable_base(tensor) -> int | None:
-    """The base of the uvm allocation holding the tensor's storage, if uvm made it; None otherwise."""
+def _uvm_storage(tensor):
+    """The storage of a dense CUDA tensor that uvm allocated; None for anything else. Asks nothing of
+    a tensor that is not strided and on a GPU (a sparse, nested, meta or fake tensor has no storage of
+    its own to ask for: torch's reducer handles its layout), and never raises: whatever uvm cannot
+    tell is not uvm's."""
+    try:
+        import torch
+        if getattr(tensor, "layout", torch.strided) is not torch.strided or not tensor.is_cuda:
+            return None
+        storage = tensor.untyped_storage()
+        pointer = storage.data_ptr()
+    except Exception:  # noqa: BLE001 - not uvm's to judge: the earlier reducer decides
+        return None
+    if pointer == 0:
+        return None
     lib = _lib.library()
     base, size, device = ctypes.c_void_p(), ctypes.c_size_t(), ctypes.c_int()
-    pointer = tensor.untyped_storage().data_ptr()
     if lib.uvm_allocation_info(pointer, ctypes.byref(base), ctypes.byref(size), ctypes.byref(device)) != _lib.UVM_OK:
         lib.uvm_clear_last_error()
         return None
-    return base.value
+    return storage
 
 
 def reduce_tensor(tensor):
     """torch.multiprocessing's reduction of `tensor`: uvm's for a CUDA tensor in uvm memory (managed
     memory fails with UVM_ERROR_UNSUPPORTED naming it), torch's (or what was installed before uvm's)
-    for any other. The arguments keep torch's rebuild_cuda_tensor layout, which SGLang and others
-    rewrite in place (the device, at index 6, becomes the GPU's UUID on the way)."""
-    if not tensor.is_cuda or tensor.untyped_storage().data_ptr() == 0 or _releasable_base(tensor) is None:
+    for any other, untouched. The arguments keep torch's rebuild_cuda_tensor layout, which SGLang and
+    others rewrite in place (the device, at index 6, becomes the GPU's UUID on the way)."""
+    storage = _uvm_storage(tensor)
+    if storage is None:
         return _torch_reduce(tensor)
+    if _pending_closes:
+        close_pending()
     import torch
     if tensor.requires_grad and not tensor.is_leaf:
         raise RuntimeError("Cowardly refusing to serialize non-leaf tensor which requires_grad, since autograd "
                            "does not support crossing process boundaries.  If you just want to transfer the data, "
                            "call detach() on the tensor before serializing (e.g., putting it on the queue).")
-    storage = tensor.untyped_storage()
+    # Everything that can fail runs before the export, so that no failure leaves an export behind.
+    torch.cuda.current_stream(tensor.device).synchronize()  # the receiver reads what was written
+    layout = (type(tensor), tensor.size(), tensor.stride(), tensor.storage_offset(), type(storage), tensor.dtype,
+              tensor.device.index)
+    tail = (storage.nbytes(), 0, tensor.requires_grad, None, None, None, False)
     handle = _lib.ShareHandle()
     _lib.check(_lib.library().uvm_share_export(storage.data_ptr(), ctypes.byref(handle)), "sending a uvm tensor")
-    torch.cuda.current_stream(tensor.device).synchronize()  # the receiver reads what was written
-    return (rebuild_tensor,
-            (type(tensor), tensor.size(), tensor.stride(), tensor.storage_offset(), type(storage), tensor.dtype,
-             tensor.device.index, bytes(handle.bytes), storage.nbytes(), 0, tensor.requires_grad,
-             None, None, None, False))
+    return (rebuild_tensor, layout + (bytes(handle.bytes),) + tail)
 
 
 class _Mapped:
@@ -92,9 +108,57 @@ class _Mapped:
         self.device = device
 
     def __del__(self):
+        _close_or_keep(self.pointer)
+
+
+_pending_closes: list[int] = []  # mappings whose close had to wait, retried by close_pending()
+_pending_lock = threading.Lock()
+_told_close_failed = False
+
+
+def _capturing() -> bool:
+    torch = sys.modules.get("torch")
+    try:
+        return torch is not None and bool(torch.cuda.is_current_stream_capturing())
+    except Exception:  # noqa: BLE001 - at exit torch may be half torn down: nothing captures then
+        return False
+
+
+def _close_or_keep(pointer: int) -> bool:
+    """Closes a received mapping, or keeps its pointer for close_pending(): while this thread captures
+    a CUDA graph (the close waits for the device, which would spoil the capture), or when the close
+    fails (said once on stderr: a finalizer has no caller to raise to). A mapping never goes
+    ownerless: until it is closed the sender cannot pause it."""
+    global _told_close_failed
+    if not _capturing():
         lib = _lib.library()
-        if lib.uvm_share_close(self.pointer) != _lib.UVM_OK:
-            lib.uvm_clear_last_error()  # a finalizer has no caller to tell; the exit unmaps it anyway
+        if lib.uvm_share_close(pointer) == _lib.UVM_OK:
+            return True
+        message = lib.uvm_last_error().decode(errors="replace")
+        lib.uvm_clear_last_error()
+        if not _told_close_failed:
+            _told_close_failed = True
+            print(f"uvm: a received tensor's memory could not be closed ({message}); uvm tries again at the next "
+                  f"tensor sent or received, or at uvm.sharing.close_pending()", file=sys.stderr)
+    with _pending_lock:
+        _pending_closes.append(pointer)
+    return False
+
+
+def close_pending() -> int:
+    """Closes the received mappings whose close had to wait (their tensors died during a CUDA graph
+    capture, or the close failed); returns how many still wait. Runs at every tensor sent or received
+    through uvm, so a caller needs it only to let the sender pause sooner."""
+    if _capturing():
+        with _pending_lock:
+            return len(_pending_closes)
+    with _pending_lock:
+        waiting = _pending_closes[:]
+        _pending_closes.clear()
+    for pointer in waiting:
+        _close_or_keep(pointer)
+    with _pending_lock:
+        return len(_pending_closes)
 
 
 def _device_index(device) -> int:
@@ -135,6 +199,8 @@ def rebuild_tensor(tensor_cls, size, stride, offset, storage_cls, dtype, device,
     """The receiver's side of reduce_tensor: maps the sent memory for the sender's GPU (or
     receive_on's) and views it as the sent tensor."""
     import torch
+    if _pending_closes:
+        close_pending()
     index = _receiving_device(device)
     raw = _lib.ShareHandle()
     ctypes.memmove(raw.bytes, handle, len(handle))

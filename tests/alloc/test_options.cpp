@@ -24,7 +24,7 @@ const char* const kNames[] = {"UVM_LIMIT_BYTES",    "UVM_LIMIT_FRACTION", "UVM_D
                               "UVM_SLABS",          "UVM_PINNED",         "UVM_PIN_NUMA",
                               "UVM_ONLOAD_COPY",    "UVM_ONLOAD_CHUNK_MIB", "UVM_ONLOAD_STREAMS",
                               "UVM_TRACE",          "UVM_DISK_BACKUP_DIR",  "UVM_BACKUP_THREADS",
-                              "UVM_SETTLE"};
+                              "UVM_SETTLE",         "UVM_SHARE_TIMEOUT_S"};
 }  // namespace
 
 TEST_CASE("nothing set, or set empty, gives every default", "[options]") {
@@ -66,6 +66,9 @@ TEST_CASE("every option reads the values it documents", "[options]") {
   CHECK_THAT(parsed({{"UVM_PIN_NUMA", "yes"}}).error, Has("UVM_PIN_NUMA='yes' is not understood; expected 1 or 0"));
   CHECK(parsed({{"UVM_SETTLE", "1"}}).settle);
   CHECK_THAT(parsed({{"UVM_SETTLE", "off"}}).error, Has("UVM_SETTLE='off' is not understood; expected 1 or 0"));
+  CHECK(parsed({}).share_timeout_s == 120);
+  CHECK(parsed({{"UVM_SHARE_TIMEOUT_S", "5"}}).share_timeout_s == 5);
+  CHECK_THAT(parsed({{"UVM_SHARE_TIMEOUT_S", "0"}}).error, Has("UVM_SHARE_TIMEOUT_S='0' is not understood; expected 1-86400"));
   CHECK(parsed({{"UVM_PINNED", "hostalloc"}}).pinned == uvm::PinnedKind::host_alloc);
   CHECK(parsed({{"UVM_PINNED", "pageable"}}).pinned == uvm::PinnedKind::pageable);
   CHECK(parsed({{"UVM_PINNED", "register"}}).pinned == uvm::PinnedKind::registered);
@@ -146,7 +149,7 @@ TEST_CASE("uvm_get_option lists the table in uvm.h's order", "[options]") {
   }
   uvm_option_info info{};
   CHECK(uvm_get_option(-1, &info) == UVM_ERROR_INVALID_ARGUMENT);
-  CHECK_THAT(last_error(), Has("uvm_get_option(): index -1 is not below uvm_option_count() = 13"));
+  CHECK_THAT(last_error(), Has("uvm_get_option(): index -1 is not below uvm_option_count() = 14"));
   CHECK(uvm_get_option(uvm_option_count(), &info) == UVM_ERROR_INVALID_ARGUMENT);
   CHECK(uvm_get_option(0, nullptr) == UVM_ERROR_INVALID_ARGUMENT);
   CHECK_THAT(last_error(), Has("info is NULL"));

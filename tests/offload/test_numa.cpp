@@ -47,6 +47,10 @@ TEST_CASE("a GPU's NUMA node is its PCI device's, where the host has more than o
   const FakeSysfs one(1, "0");
   CHECK(uvm::numa_node_of_pci(one.root, "0000:18:00.0") == -1);  // one node: nothing to choose
   CHECK(uvm::numa_node_of_pci("/nonexistent", "0000:18:00.0") == -1);
+  // A domain wider than four digits (Intel VMD puts GPUs behind domain 10000): sysfs names it whole.
+  fs::create_directories(two.root / "bus/pci/devices/10000:e1:00.0");
+  std::ofstream(two.root / "bus/pci/devices/10000:e1:00.0/numa_node") << "0\n";
+  CHECK(uvm::numa_node_of_pci(two.root, "00010000:E1:00.0") == 0);
 }
 
 TEST_CASE("mapped pages are placed on the node asked for, before any is faulted in", "[numa]") {

@@ -572,6 +572,35 @@ TEST_CASE("a descriptor that comes with a refusal is closed: an import that fail
   CHECK(open_descriptors() == before);
 }
 
+// Issue 73, item 10: an import is answered under the exporter's moves lock and waited for with no
+// bound. Run with UVM_SHARE_TIMEOUT_S=1 (tests/meson.build, offload-share-timeout).
+TEST_CASE("an exporter that does not answer fails the import after UVM_SHARE_TIMEOUT_S, naming it", "[.share_timeout]") {
+  FakeMachine machine;
+  uvm::ShareHandle fields;
+  fields.owner_pid = getpid();
+  fields.server = 0x7171ULL;  // a server of this process's, played by the test, that never answers
+  fields.export_id = 1;
+  fields.size = kSize;
+  const uvm_share_handle handle = with_fields(fields);
+  const int listening = listen_as(fields.owner_pid, fields.server);
+  Pipe done;
+  std::thread server([&] {
+    const int connection = accept_within(listening);
+    uvm::ShareMessage message;
+    if (connection >= 0) (void)!recv(connection, &message, sizeof(message), 0);
+    done.receive();  // holds the connection, answering nothing, until the import has given up
+    if (connection >= 0) close(connection);
+  });
+  void* mapped = nullptr;
+  CHECK(uvm_share_import(&handle, 0, &mapped) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions(uvm_last_error(), "did not answer within 1 s (UVM_SHARE_TIMEOUT_S)"));
+  CHECK(mapped == nullptr);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  done.send();
+  server.join();
+  close(listening);
+}
+
 TEST_CASE("an importer that crashes, or exits without closing, counts no longer", "[share]") {
   for (const bool crash : {true, false}) {
     CAPTURE(crash);

@@ -300,6 +300,10 @@ def device_ordinal(device, *, cpu: bool = False) -> int:
             import torch
         except ImportError:
             return 0
+        if not torch.cuda.is_available():  # torch's own error here would name no way out
+            raise UnifiedMemoryUnsupportedError(
+                f"no CUDA device for uvm: this torch ({torch.__version__}) sees none (built without CUDA, "
+                "no GPU, or CUDA_VISIBLE_DEVICES hides them); pass a device ordinal to use uvm without torch's")
         return torch.cuda.current_device()
     if isinstance(device, bool):
         raise TypeError("a device is an int ordinal, a str or a torch.device, not a bool")

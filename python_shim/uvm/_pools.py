@@ -28,6 +28,11 @@ def make(allocator, device_index: int):
     """A torch.cuda.MemPool over `allocator` on `device_index` (the current device) whose memory goes
     back when it is dropped, at a safe point."""
     import torch
+    with _lock:  # two threads' first pools make one class: a pool of another is not seen as uvm's
+        return _make_locked(torch, allocator, device_index)
+
+
+def _make_locked(torch, allocator, device_index: int):
     global _pool_class
     if _pool_class is None:
         class UnifiedMemoryPool(torch.cuda.MemPool):

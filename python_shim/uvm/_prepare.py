@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 
 from . import _lib
 
@@ -31,11 +32,20 @@ def _host_bound() -> int:
 
 
 class Preparer:
-    """One daemon thread that prepares the pauses of the tags asked, one at a time, in the order asked."""
+    """One daemon thread that prepares the pauses of the tags asked, one at a time, in the order asked.
+    A preparation that raises is kept in last_error like one that fails, and the thread goes on; a
+    child made by fork starts with nothing asked and its own thread when it asks."""
 
     def __init__(self):
+        self._reset()
+        me = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: (lambda preparer: preparer and preparer._reset())(me()))
+
+    def _reset(self) -> None:
+        # A fresh lock too: the parent's thread may have held the old one at the fork, and is not here.
         self._ready = threading.Condition()
         self._pending: list[str] = []
+        self._busy = False
         self._thread: threading.Thread | None = None
         self.last_error = ""  # the last preparation's failure (the pause then pins for itself)
 
@@ -43,7 +53,7 @@ class Preparer:
         with self._ready:
             if tag not in self._pending:
                 self._pending.append(tag)
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="uvm-prepare-pause", daemon=True)
                 self._thread.start()
             self._ready.notify()
@@ -53,22 +63,24 @@ class Preparer:
         with self._ready:
             self._ready.wait_for(lambda: not self._pending and not self._busy)
 
-    _busy = False
-
     def _run(self) -> None:
         while True:
             with self._ready:
                 self._ready.wait_for(lambda: self._pending)
                 tag = self._pending[0]
                 self._busy = True
-            lib = _lib.library()
-            if lib.uvm_prepare_pause(_lib.UVM_ANY_DEVICE, tag.encode(), _host_bound(), None) != _lib.UVM_OK:
-                self.last_error = lib.uvm_last_error().decode(errors="replace")
-                lib.uvm_clear_last_error()
-            with self._ready:
-                self._pending.remove(tag)
-                self._busy = False
-                self._ready.notify_all()
+            try:
+                lib = _lib.library()
+                if lib.uvm_prepare_pause(_lib.UVM_ANY_DEVICE, tag.encode(), _host_bound(), None) != _lib.UVM_OK:
+                    self.last_error = lib.uvm_last_error().decode(errors="replace")
+                    lib.uvm_clear_last_error()
+            except Exception as error:  # noqa: BLE001 - a daemon thread has no caller: kept for the user to read
+                self.last_error = f"{type(error).__name__}: {error}"
+            finally:
+                with self._ready:
+                    self._pending.remove(tag)
+                    self._busy = False
+                    self._ready.notify_all()
 
 
 preparer = Preparer()

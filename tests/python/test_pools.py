@@ -192,3 +192,30 @@ def test_a_pools_death_is_decided_and_done_under_the_lock_busy_takes(pools):
             assert recording.seen[:2] == [("taken", 0), ("let go", 1)], "busy() counted its entry outside the lock"
     finally:
         pools._lock = real_lock
+
+
+class SlowToSubclass(FakeMemPool):
+    """A MemPool whose subclassing waits for a second thread to subclass it too (up to 0.5 s): two
+    threads making their first pool at once meet inside the class's creation unless it is locked."""
+    meeting = threading.Barrier(2)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        try:
+            SlowToSubclass.meeting.wait(timeout=0.5)
+        except threading.BrokenBarrierError:
+            pass
+
+
+def test_two_threads_making_their_first_pools_at_once_make_one_pool_class(pools, monkeypatch):
+    monkeypatch.setattr(sys.modules["torch"].cuda, "MemPool", SlowToSubclass)
+    SlowToSubclass.meeting = threading.Barrier(2)
+    made = []
+    threads = [threading.Thread(target=lambda: made.append(pools.make("allocator", 0))) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(made) == 2
+    assert type(made[0]) is type(made[1])
+    assert all(pools.is_uvm_pool(pool) for pool in made)

@@ -68,6 +68,52 @@ def test_a_failed_preparation_is_kept_to_read_and_leaves_no_error_pending(prepar
     assert library.cleared == 1
 
 
+def waits_within(preparer, seconds: float = 10) -> bool:
+    """Whether preparer.wait() returns within `seconds` (a hung wait fails the test, not the run)."""
+    waiter = threading.Thread(target=preparer.wait, daemon=True)
+    waiter.start()
+    waiter.join(seconds)
+    return not waiter.is_alive()
+
+
+def test_a_preparation_that_raises_is_kept_and_the_thread_goes_on(prepare, monkeypatch):
+    module, library = prepare
+    from uvm import _lib
+    from uvm._errors import UnifiedMemoryUnsupportedError
+
+    def no_library():
+        raise UnifiedMemoryUnsupportedError("libuvm.so could not be loaded")
+
+    monkeypatch.setattr(_lib, "library", no_library)
+    preparer = module.Preparer()
+    preparer.ask("weights")
+    assert waits_within(preparer), "wait() hung after a preparation raised"
+    assert preparer.last_error == "UnifiedMemoryUnsupportedError: libuvm.so could not be loaded"
+    monkeypatch.setattr(_lib, "library", lambda: library)
+    preparer.ask("kv")  # the thread still answers
+    assert waits_within(preparer)
+    assert [tag for _, tag, _, _ in library.calls] == [b"kv"]
+
+
+def test_a_forked_child_prepares_on_a_thread_of_its_own(prepare):
+    import os
+    module, library = prepare
+    preparer = module.Preparer()
+    preparer.ask("weights")  # the parent's thread runs
+    assert waits_within(preparer)
+    library.gate.clear()
+    preparer.ask("held")  # and is busy with this one when the child is made
+    child = os.fork()
+    if child == 0:
+        library.gate.set()
+        preparer.ask("in the child")
+        os._exit(0 if waits_within(preparer, 5) and b"in the child" in [c[1] for c in library.calls] else 1)
+    library.gate.set()
+    _, status = os.waitpid(child, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert waits_within(preparer)
+
+
 def test_uvm_prepare_pause_0_turns_it_off_and_the_bound_is_half_of_memavailable(monkeypatch):
     import uvm._prepare as module
     monkeypatch.setenv("UVM_PREPARE_PAUSE", "0")

@@ -518,6 +518,22 @@ def test_one_device_normaliser(given, cpu, expected, monkeypatch):
     assert _lib.device_ordinal(given, cpu=cpu) == expected
 
 
+def test_the_current_device_where_torch_sees_no_gpu_is_refused_naming_why(monkeypatch):
+    import types
+    from uvm import _lib
+    from uvm._errors import UnifiedMemoryUnsupportedError
+
+    def not_compiled():
+        raise AssertionError("Torch not compiled with CUDA enabled")
+
+    cpu_only = types.SimpleNamespace(__version__="2.11.0+cpu",
+                                     cuda=types.SimpleNamespace(is_available=lambda: False, current_device=not_compiled))
+    monkeypatch.setitem(sys.modules, "torch", cpu_only)
+    with pytest.raises(UnifiedMemoryUnsupportedError, match=r"this torch \(2.11.0\+cpu\) sees none"):
+        _lib.device_ordinal(None)
+    assert _lib.device_ordinal("cuda:1") == 1  # named devices need no torch
+
+
 @pytest.mark.parametrize("given, cpu, error", [
     ("cpu", False, ValueError), ("gpu", True, ValueError), ("cuda:x", False, ValueError), (True, False, TypeError),
 ])

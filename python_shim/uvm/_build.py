@@ -256,10 +256,7 @@ def _process_group(watchdog: "Watchdog | None") -> dict:
     the builder), else in a new session."""
     if watchdog is None:
         return {"start_new_session": True}
-    if sys.version_info >= (3, 11):
-        return {"process_group": watchdog.group}
-    group = watchdog.group
-    return {"preexec_fn": lambda: os.setpgid(0, group)}
+    return {"process_group": watchdog.group}
 
 
 _WATCHDOG = """
@@ -277,9 +274,8 @@ class Watchdog:
     since each joins the group as it is created."""
 
     def __init__(self, scratch: Path):
-        new_group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": lambda: os.setpgid(0, 0)}
         self._process = subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(scratch)], stdin=subprocess.PIPE,
-                                         text=True, **new_group)
+                                         text=True, process_group=0)
         self.group = self._process.pid
         self.timed_out = threading.Event()
 

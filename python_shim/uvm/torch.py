@@ -487,7 +487,7 @@ class _SlicedMove:
         for device, count in self.moved.items():
             spans = list(itertools.islice(self.found[device], count))
             status = entry(_range_array(spans), len(spans), _stream_handle(self.stream, device))
-            if status != _lib.UVM_OK and hasattr(error, "add_note"):  # Python 3.11+
+            if status != _lib.UVM_OK:
                 error.add_note(f"uvm: moving back what was moved before the failure failed too, on device "
                                f"{device}: {_lib.library().uvm_last_error().decode(errors='replace')}")
 

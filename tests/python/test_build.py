@@ -365,3 +365,22 @@ def test_a_cache_hit_hashes_no_file_and_any_edit_changes_the_key(tmp_path, monke
     for memo in (tmp_path / "cache" / "keys").iterdir():
         memo.write_text("not a key\n")  # a damaged memo is not believed
     assert b.build_key(root, cxx, home) == first
+
+
+def test_the_oldest_python_claimed_is_the_oldest_the_code_and_tests_run_on():
+    """pyproject's floor and classifiers agree, and no branch in the shim is left for a Python below
+    the floor (uvm claimed 3.9 while it used 3.11's process_group and add_note untested)."""
+    import ast
+    from conftest import ROOT
+    text = (ROOT / "pyproject.toml").read_text()
+    floor = re.search(r'requires-python = ">=3\.(\d+)"', text)
+    assert floor, "requires-python is not a plain >=3.N"
+    oldest = int(floor.group(1))
+    claimed = sorted(int(minor) for minor in re.findall(r'"Programming Language :: Python :: 3\.(\d+)"', text))
+    assert claimed and claimed[0] == oldest, (oldest, claimed)
+    assert sys.version_info >= (3, oldest), f"the tests run on {sys.version_info[:2]}, below the floor 3.{oldest}"
+    for source in (ROOT / "python_shim" / "uvm").rglob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.Compare) and ast.unparse(node.left) == "sys.version_info":
+                version = ast.literal_eval(node.comparators[0])
+                assert tuple(version) > (3, oldest), f"{source.name}: a branch for Python {version}: {ast.unparse(node)}"

@@ -193,6 +193,7 @@ def build_library() -> str:
         preloaded = _preloaded_libuvm()
         if preloaded is not None:
             return preloaded
+        _runtime.check_supported_major()  # before anything is loaded or compiled for another major
         use_shipped = not os.environ.get("UVM_LIBRARY") and os.environ.get("UVM_PREBUILT", "1") != "0"
         shipped = _shipped_for_this_runtime() if use_shipped else None
         return str(shipped) if shipped is not None else str(_build.build())

@@ -103,6 +103,21 @@ def system_runtimes() -> list[Runtime]:
     return [found[major] for major in sorted(found, reverse=True)]
 
 
+def check_supported_major() -> None:
+    """Raises UnifiedMemoryUnsupportedError, saying what to install, when this process uses (or its
+    torch was built for) a CUDA major uvm has no build for: loading or compiling uvm beside it would
+    bring a second runtime into the process, and fail later with a message about that."""
+    loaded = mapped()
+    major, source = (loaded.major, f"the CUDA runtime this process loaded ({loaded.path})") if loaded else (
+        torch_cuda_major(), "the CUDA runtime the installed torch was built for")
+    if major is None or major in MAJORS:
+        return
+    raise UnifiedMemoryUnsupportedError(
+        f"this process uses CUDA {major}: {source}; uvm supports CUDA "
+        f"{' and '.join(map(str, sorted(MAJORS)))} only: install a torch built for CUDA 12 or 13 (the wheels on "
+        "PyPI, or PyTorch's cu12x/cu13x indexes), or run without torch beside a CUDA 12 or 13 runtime")
+
+
 def choose(available_majors: set[int]) -> Runtime | None:
     """The runtime libuvm.so must be loaded beside, among builds for `available_majors` (None: none
     found). A runtime already mapped is the answer even if no build matches it (the caller says so)."""

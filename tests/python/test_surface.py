@@ -608,3 +608,19 @@ def test_node_bench_takes_the_slowest_rank_and_sets_each_row_beside_the_ceiling(
     assert "and 4 GiB of KV cache with none" in table
     row = next(line for line in table.splitlines() if line.startswith("| uvm memory_saver | 2 |"))
     assert "| 80% | 80% |" in row and "| 8.00× |" in row and row.endswith("| yes |")
+
+
+def test_a_torch_built_for_a_cuda_major_uvm_has_no_build_for_is_refused_first_saying_what_to_install(tmp_path):
+    """A torch built for CUDA 11 made uvm load or compile a build for another major, then fail about a
+    second runtime in the process (issue 73). The check reads torch/version.py, importing nothing."""
+    from conftest import python
+    fake_torch = tmp_path / "torch"
+    fake_torch.mkdir()
+    (fake_torch / "__init__.py").write_text("raise ImportError('this stand-in torch is only read')\n")
+    (fake_torch / "version.py").write_text("__version__ = '2.0.1+cu118'\ncuda: str = '11.8'\n")
+    code = ("import uvm, uvm._lib as lib\n"
+            "try:\n    lib.build_library()\nexcept uvm.UnifiedMemoryUnsupportedError as e:\n    print('REFUSED', e)\n")
+    result = python(code, env={"PYTHONPATH": f"{tmp_path}:{UVM_PATH}", "UVM_CACHE_DIR": str(tmp_path / "cache")})
+    assert "REFUSED this process uses CUDA 11" in result.stdout, result.stdout + result.stderr
+    assert "install a torch built for CUDA 12 or 13" in result.stdout
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.so"))  # nothing compiled

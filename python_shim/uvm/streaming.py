@@ -75,22 +75,25 @@ class Streamed:
         self._originals: list[list] = []
         self._hooks = []
         self._spare_limit_before = None
+        # Whatever fails on the way (a copy half-way through a layer, the spare limit) is undone
+        # whole: every weight back where it was, no hook left on the module, nothing of uvm's kept.
         with torch.cuda.device(self.device):
             try:
                 for i in range(len(self.layers)):
                     self._adopt(i)
+                # Each step drops one layer and fetches the next: the dropped layer's physical memory
+                # is kept for it (uvm_set_spare_limit) rather than given back to the driver while the
+                # fetch before it copies, which slows that copy by 11 %. Within the budget: it is
+                # taken again before the next fetch could count it twice.
+                limit = ctypes.c_size_t()
+                _lib.check(self.lib.uvm_get_spare_limit(self.device, ctypes.byref(limit)))
+                self._spare_limit_before = limit.value
+                _lib.check(self.lib.uvm_set_spare_limit(self.device, max(limit.value, max(self.layer_bytes))))
+                # Last: once the hooks are on, the module streams.
+                self._hooks = [layer.register_forward_pre_hook(self._pre_hook(i)) for i, layer in enumerate(self.layers)]
             except BaseException:
                 self.undo()
                 raise
-        self._hooks = [layer.register_forward_pre_hook(self._pre_hook(i)) for i, layer in enumerate(self.layers)]
-        # Each step drops one layer and fetches the next: the dropped layer's physical memory is
-        # kept for it (uvm_set_spare_limit) rather than given back to the driver while the fetch
-        # before it copies, which slows that copy by 11 %. Within the budget: it is taken again
-        # before the next fetch could count it twice.
-        limit = ctypes.c_size_t()
-        _lib.check(self.lib.uvm_get_spare_limit(self.device, ctypes.byref(limit)))
-        self._spare_limit_before = limit.value
-        _lib.check(self.lib.uvm_set_spare_limit(self.device, max(limit.value, max(self.layer_bytes))))
 
     # --- set-up and undo ---
 
@@ -128,7 +131,10 @@ class Streamed:
             _lib.check(self.lib.uvm_last_status(), f"uvm.stream: allocating layer {i} ({self.layer_bytes[i]} bytes)")
         self._bases.append(base)
         flat = torch.as_tensor(_DeviceBytes(base, self.layer_bytes[i]), device=f"cuda:{self.device}")
+        # Recorded as each weight moves: a copy that fails half-way leaves undo() the ones moved
+        # before it, which would otherwise point into memory undo() frees.
         offset, originals = 0, []
+        self._originals.append(originals)
         for p in self._params[i]:
             nbytes = p.numel() * p.element_size()
             slot = flat[offset:offset + nbytes].view(p.dtype).view(p.shape)
@@ -136,7 +142,6 @@ class Streamed:
             originals.append(p.device)
             p.data = slot
             offset += _round_up(nbytes, BLOCK_BYTES)
-        self._originals.append(originals)
         _lib.check(self.lib.uvm_offload_ranges(self._ranges([i]), 1, _lib.STRATEGIES["staged"], stream.cuda_stream),
                    f"uvm.stream: staging layer {i}")
 

@@ -411,12 +411,13 @@ def _split(obj, tags: list, devices: list, rest: list) -> None:
         rest.append(obj)  # _list says what is wrong with it
 
 
-def _move_selection(entry, device: int, tags: list[str], stream, extra: tuple, moved_on: set) -> int:
+def _move_selection(entry, device: int, tags: list[str], stream, extra: tuple, moved_on: set,
+                    done: list | None = None) -> int:
     """The C `entry` for the allocations of `device` (UVM_ANY_DEVICE: every device) with any of
     `tags` ([]: any tag), once per device on that device's stream, each device's in one move: uvm
     chooses the allocations where the move begins, so one freed by another thread meanwhile, and
     its address given to another allocation, is never moved for it. Returns the bytes moved; adds
-    the devices that moved (or failed) to `moved_on`."""
+    the devices that moved (or failed) to `moved_on`, and each (device, tags) moved to `done`."""
     lib = _lib.library()
     devices = range(lib.uvm_device_count()) if device == _lib.UVM_ANY_DEVICE else [device]
     encoded = (ctypes.c_char_p * len(tags))(*(tag.encode() for tag in tags)) if tags else None
@@ -427,6 +428,8 @@ def _move_selection(entry, device: int, tags: list[str], stream, extra: tuple, m
         if status != _lib.UVM_OK or nbytes.value:
             moved_on.add(index)
         _lib.check(status)
+        if done is not None:
+            done.append((index, tags))
         moved += nbytes.value
     return moved
 
@@ -497,10 +500,10 @@ def _move(entries, obj, stream, include_buffers: bool, *extra, undo=None, sliced
     """Moves what `obj` names: its tags and devices through the C selection entry (entries[1]), the
     ranges of the rest through the batched entry (entries[0]), as _SlicedMove gives them (with
     sliced=False, all found first: for moves that wait for their copies, which nothing overlaps).
-    When finding or moving a range fails, `undo` (the opposite batched entry) moves the slices
-    already moved back, so a failed offload leaves the ranges it found on the device. `stages`: an
-    offload that may stage, which tells the group what it expects to stage. Returns the bytes
-    asked for."""
+    When any part fails, `undo` (the opposite entries: batched, selection) moves back what the parts
+    before it moved — the slices, and the tags and devices — so a failed offload leaves everything it
+    named on the device. `stages`: an offload that may stage, which tells the group what it expects
+    to stage. Returns the bytes asked for."""
     by_ranges, by_selection = entries
     tags, devices, rest = [], [], []
     _split(obj, tags, devices, rest)
@@ -511,26 +514,40 @@ def _move(entries, obj, stream, include_buffers: bool, *extra, undo=None, sliced
     lib = _lib.library()
     _lib.check(lib.uvm_begin_moves(_staging_bytes(listed) if stages and sliced else 0))
     ranges = _SlicedMove(by_ranges, stream, extra, moved_on)
+    selected: list = []  # (device, tags) moved whole, to move back should a later part fail
     try:
-        if tags:  # every tag in one call per device
-            moved += _move_selection(by_selection, _lib.UVM_ANY_DEVICE, list(dict.fromkeys(tags)), stream, extra,
-                                     moved_on)
-        for device in dict.fromkeys(devices):
-            moved += _move_selection(by_selection, device, [], stream, extra, moved_on)
         try:
+            if tags:  # every tag in one call per device
+                moved += _move_selection(by_selection, _lib.UVM_ANY_DEVICE, list(dict.fromkeys(tags)), stream,
+                                         extra, moved_on, selected)
+            for device in dict.fromkeys(devices):
+                moved += _move_selection(by_selection, device, [], stream, extra, moved_on, selected)
             for _ in _gather(listed, ranges.found):
                 if sliced:
                     moved += ranges.move_found()
             moved += ranges.move_found(last=True)
         except BaseException as error:
             if undo is not None:
-                ranges.undo(undo, error)
+                undo_ranges, undo_selection = undo
+                ranges.undo(undo_ranges, error)
+                _undo_selections(undo_selection, selected, stream, error)
             raise
     finally:
         ended = lib.uvm_end_moves()
         _lib.note_moved(sorted(moved_on))  # for last_move(): the devices moved on, a failed one too
     _lib.check(ended)
     return moved
+
+
+def _undo_selections(entry, selected: list, stream, error: BaseException) -> None:
+    """Moves back, with the opposite selection `entry`, each (device, tags) a failed move had moved;
+    a failure to do so is added to `error`'s notes."""
+    for device, tags in selected:
+        encoded = (ctypes.c_char_p * len(tags))(*(tag.encode() for tag in tags)) if tags else None
+        nbytes = ctypes.c_size_t()
+        if entry(device, encoded, len(tags), _stream_handle(stream, device), ctypes.byref(nbytes)) != _lib.UVM_OK:
+            error.add_note(f"uvm: moving back {', '.join(tags) or 'everything'} on device {device} after the failure "
+                           f"failed too: {_lib.library().uvm_last_error().decode(errors='replace')}")
 
 
 def _range_array(spans: list):
@@ -565,7 +582,8 @@ def offload(obj, *, stream=None, strategy: str = "auto", include_buffers: bool =
     nccl.before_pause(obj)  # a pool registered through uvm.nccl leaves NCCL first
     try:
         return _move((lib.uvm_offload_ranges, lib.uvm_offload_selection), obj, stream, include_buffers, code,
-                     undo=lib.uvm_onload_ranges, stages=code != _lib.STRATEGIES["migrate"],
+                     undo=(lib.uvm_onload_ranges, lib.uvm_onload_selection),
+                     stages=code != _lib.STRATEGIES["migrate"],
                      sliced=code not in (_lib.STRATEGIES["mmap"], _lib.STRATEGIES["disk"]))
     except BaseException:
         nccl.after_resume(obj)  # a failed offload leaves its ranges on the device: registered again

@@ -269,3 +269,58 @@ def test_a_kv_cache_larger_than_its_budget_pages_requests_ahead_of_use():
         assert torch.all(cache[b] == writes[b]), f"block {b}: {cache[b][0].item()} instead of {writes[b]}"
     del cache
     uvm.release_pool(pool)
+
+
+def unchanged_and_not_uvms(model, before):
+    """Every weight as it was, in ordinary memory, and no forward hook left on the module."""
+    lib = uvm.library()
+    for (name, p), (_, value) in zip(model.named_parameters(), before):
+        assert p.device == value.device, name
+        assert torch.equal(p.data, value), name
+        assert lib.uvm_allocation_info(p.data_ptr(), None, None, None) != 0, f"{name} still points into uvm memory"
+    lib.uvm_clear_last_error()
+    assert not any(module._forward_pre_hooks for module in model.modules())
+
+
+def test_a_copy_that_fails_half_way_through_a_layer_leaves_every_weight_where_it_was(monkeypatch):
+    """Issue 73: weights moved before the failing copy pointed into memory undo() then freed."""
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(1024, 1024, dtype=torch.float16, device="cuda"))
+                                  for _ in range(3)])  # weight and bias in each layer
+    before = [(name, p.detach().clone()) for name, p in model.named_parameters()]
+    copies = {"count": 0}
+    original_copy = torch.Tensor.copy_
+
+    def copy_failing_at_the_fourth(self, source, *args, **kwargs):
+        copies["count"] += 1
+        if copies["count"] == 4:  # layer 1's bias: its weight was moved already
+            raise RuntimeError("injected: the copy failed")
+        return original_copy(self, source, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "copy_", copy_failing_at_the_fourth)
+    with pytest.raises(RuntimeError, match="injected"):
+        uvm.stream(model, budget_bytes=64 * MiB)
+    monkeypatch.undo()
+    unchanged_and_not_uvms(model, before)
+
+
+def test_a_failure_after_every_layer_moved_removes_the_hooks_and_gives_everything_back(monkeypatch):
+    """Issue 73: the hooks were registered before the spare limit's check, which could raise."""
+    from uvm import _lib
+    model = linear_stack(layers=3, hidden=1024)
+    before = [(name, p.detach().clone()) for name, p in model.named_parameters()]
+    real = _lib.library()
+
+    class RefusingSpareLimit:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def uvm_set_spare_limit(self, device, size):
+            if size != 0:
+                return real.uvm_set_spare_limit(10_000, size)  # refused by the library: no such device
+            return real.uvm_set_spare_limit(device, size)
+
+    monkeypatch.setattr(_lib, "library", lambda: RefusingSpareLimit())
+    with pytest.raises(Exception):
+        uvm.stream(model, budget_bytes=64 * MiB)
+    monkeypatch.undo()
+    unchanged_and_not_uvms(model, before)

@@ -683,14 +683,16 @@ UVM_API uvm_status uvm_paused_count(int device, const char* tag, size_t* count);
 
 /* Pins, ahead of need, the staging memory the next pause of the selection (device and tag as for
  * uvm_pause) will copy into: for its allocations kept in pinned host memory (UVM_BACKUP_HOST) that
- * are on their device and hold no copy, so that a first pause runs as fast as the later ones; and,
- * where the selection has compressed allocations (any backup), loads the coder's kernels first. Call
+ * are on their device and hold no copy (their bytes the pause will copy: free space left out, a
+ * compressed allocation at the size bf16 weights code to), so that a first pause runs as fast as
+ * the later ones; and, where the selection has compressed allocations (any backup), loads the
+ * coder's kernels first. Call
  * it from a thread of your own while the model loads: it pins in batches of about 256 MiB and holds no
  * lock a move needs (a pause meanwhile uses what is pinned and pins the rest itself). Prepares at
  * most `max_bytes` beyond the room already held (0: no bound; a new block is at least 256 MiB, so it
  * may pin up to that), `*pinned` (may be NULL) says how much it added. A
  * uvm_release_staging (or its async form) stops it after its batch, and gives back what holds
- * nothing. Without retained backups (uvm_set_retain_backups) each resume gives the staging back, so
+ * nothing (the batch in flight too, before this returns). Without retained backups (uvm_set_retain_backups) each resume gives the staging back, so
  * only the first pause gains. */
 UVM_API uvm_status uvm_prepare_pause(int device, const char* tag, size_t max_bytes, size_t* pinned);
 

@@ -11,7 +11,9 @@
 #include "../alloc/devices.hpp"
 #include "../alloc/registry.hpp"
 #include "coded.hpp"
+#include "codec.hpp"
 #include "copies.hpp"
+#include "plan.hpp"
 #include "staging.hpp"
 
 namespace uvm {
@@ -25,9 +27,17 @@ constexpr size_t kBatchBytes = size_t{256} << 20;
 // uvm_release_staging's count: a preparation that sees it change stops after its batch.
 std::atomic<uint64_t> releases{0};
 
-// What a pause of `selection` would stage in pinned memory now: each allocation kept in host memory
-// that is on its device and holds no copy (a retained one is written again in place). `*device`:
-// the first one's device.
+// The pinned bytes a compressed copy of `bytes` takes, as bf16 weights code (0.72 of them): whole
+// chunks coded, the tail kept raw. Data that codes worse makes its pause pin the rest itself.
+size_t coded_estimate(size_t bytes) {
+  return codec::chunks_in(bytes) * codec::kCodedBytes + bytes % codec::kChunkBytes;
+}
+
+// What a pause of `selection` would stage in pinned memory now, in the order it stages it: the
+// pieces of each allocation kept in host memory that is on its device and holds no copy (a retained
+// one is written again in place), without its free space (blocks its runtime reported free are
+// dropped, not copied); a compressed allocation's pieces at the size they code to. `*device`: the
+// first one's device.
 std::vector<Span> spans_to_stage(const Selection& selection, int* device) {
   Selection kept = selection;
   kept.backup = UVM_BACKUP_HOST;
@@ -36,8 +46,11 @@ std::vector<Span> spans_to_stage(const Selection& selection, int* device) {
   for (const AllocationView& found : registry().select(kept)) {
     const uintptr_t end = found.base + found.size;
     if (!staged_copies(found.base, end).empty() || !retained_copies(found.base, end).empty()) continue;
-    if (spans.empty()) *device = found.device;
-    spans.push_back(Span{found.base, end});
+    const RangeSplit split = split_range(Span{found.base, end}, {}, registry().free_space(found.base, found.base, end));
+    for (const Span& piece : split.rest) {
+      if (spans.empty()) *device = found.device;
+      spans.push_back(found.compressed ? Span{piece.begin, piece.begin + coded_estimate(piece.size())} : piece);
+    }
   }
   return spans;
 }
@@ -98,6 +111,11 @@ uvm_status prepare_pause(const Call& call, int device, const char* tag, size_t m
       if (s != UVM_OK) return s;
     }
     if (bounded || count == all) break;
+  }
+  if (releases.load() != asked_at) {
+    // uvm_release_staging came while a batch was being pinned, and may have returned before it
+    // ended: what this call pinned and nothing holds goes back now, so none stays after both return.
+    if (uvm_status s = staging().free_unused(call)) return s;
   }
   if (pinned != nullptr) *pinned = added;
   return UVM_OK;

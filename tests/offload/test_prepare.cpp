@@ -89,4 +89,39 @@ TEST_CASE("uvm_release_staging stops a preparation after the batch it is pinning
   CHECK(status == UVM_OK);
   CHECK(pinned >= 400 * kMiB);  // the first batch: the first two allocations
   CHECK(pinned < 600 * kMiB);   // and no more
+  // The batch in flight when the release came goes too (issue 73: it stayed pinned, uvm_release_staging
+  // having returned before it ended).
+  CHECK(staging_capacity() == 0);
+}
+
+// Issue 73, item 9: the preparation pinned whole allocations (1 GiB for 16 MiB live, in a CPU repro),
+// where the pause copies only what its runtime holds, and compressed allocations at their raw size.
+TEST_CASE("a preparation pins what the pause will copy: no free space, compressed bytes at their coded size",
+          "[prepare][cuda13]") {
+  FakeMachine machine;
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  SECTION("a pool segment with 16 MiB live of 512 MiB") {
+    REQUIRE(uvm_report_blocks(1) == UVM_OK);  // as PyTorch's block hook does
+    auto segment = releasable_under("weights", UVM_BACKUP_HOST, 1, 512 * kMiB);
+    REQUIRE(uvm_report_blocks(0) == UVM_OK);
+    REQUIRE(uvm_block_allocated(segment->ptr + 64 * kMiB, 16 * kMiB) == UVM_OK);
+    size_t pinned = 0;
+    REQUIRE(uvm_prepare_pause(UVM_ANY_DEVICE, "weights", 0, &pinned) == UVM_OK);
+    CHECK(pinned >= 16 * kMiB);
+    CHECK(pinned <= 256 * kMiB);  // one block of the least size, not the segment
+    const size_t blocks = fake::pinned_blocks();
+    REQUIRE(uvm_pause(UVM_ANY_DEVICE, "weights") == UVM_OK);
+    CHECK(fake::pinned_blocks() == blocks);  // the pause needed nothing more
+    REQUIRE(uvm_resume(UVM_ANY_DEVICE, "weights") == UVM_OK);
+    CHECK(segment->intact(64 * kMiB, 80 * kMiB));
+  }
+  SECTION("bf16 weights kept compressed") {
+    REQUIRE(uvm_set_thread_compression(1) == UVM_OK);
+    auto weights = releasable_under("weights", UVM_BACKUP_HOST, 2, 512 * kMiB);
+    REQUIRE(uvm_set_thread_compression(0) == UVM_OK);
+    size_t pinned = 0;
+    REQUIRE(uvm_prepare_pause(UVM_ANY_DEVICE, "weights", 0, &pinned) == UVM_OK);
+    CHECK(pinned >= 512 * kMiB / 100 * 71);
+    CHECK(pinned <= 512 * kMiB / 100 * 73);
+  }
 }

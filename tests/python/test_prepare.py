@@ -26,6 +26,12 @@ class Library:
         self.thread_names.add(threading.current_thread().name)
         return 7 if self.fail else 0
 
+    def uvm_get_staging(self, capacity, staged):
+        capacity._obj.value = self.held  # what this process holds pinned (a byref)
+        return 0
+
+    held = 0
+
     def uvm_last_error(self):
         return b"uvm_prepare_pause: cudaHostRegister failed"
 
@@ -34,12 +40,13 @@ class Library:
 
 
 @pytest.fixture
-def prepare(monkeypatch):
+def prepare(monkeypatch, tmp_path):
     import uvm._prepare as module
     from uvm import _lib
     library = Library()
     monkeypatch.setattr(_lib, "library", lambda: library)
-    monkeypatch.setattr(module, "_host_bound", lambda: 123 << 20)
+    monkeypatch.setattr(module, "_available", lambda: 246 << 20)  # half of it: 123 MiB
+    monkeypatch.setattr(module, "_ledger_path", lambda: str(tmp_path / "ledger.json"))
     return module, library
 
 
@@ -122,6 +129,44 @@ def test_uvm_prepare_pause_0_turns_it_off_and_the_bound_is_half_of_memavailable(
     assert module.enabled()
     monkeypatch.delenv("UVM_PREPARE_PAUSE")
     assert module.enabled()
-    with open("/proc/meminfo") as meminfo:
-        available = next(int(line.split()[1]) for line in meminfo if line.startswith("MemAvailable:"))
-    assert abs(module._host_bound() - available * 1024 // 2) < (256 << 20)  # it moves a little meanwhile
+
+
+
+def test_the_host_memory_is_read_from_memavailable(tmp_path):
+    import uvm._prepare as module
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       263856524 kB\nMemFree:         1000 kB\nMemAvailable:   131072000 kB\n")
+    assert module._available(str(meminfo)) == 131072000 * 1024
+    meminfo.write_text("MemTotal:       263856524 kB\n")
+    assert module._available(str(meminfo)) is None
+    assert module._available(str(tmp_path / "none")) is None
+
+
+def test_the_node_shares_one_bound_half_its_memory_across_its_processes(prepare):
+    """Issue 73: each process bounded itself at half of MemAvailable, so eight ranks on a node each
+    claimed half. Now another live process's holding counts against this one's share, a gone one's
+    does not, and what is claimed is in the ledger while it is pinned."""
+    import json
+    import os
+    module, library = prepare
+    gone = os.fork()
+    if gone == 0:
+        os._exit(0)
+    os.waitpid(gone, 0)
+    with open(module._ledger_path(), "w") as ledger:
+        json.dump({str(os.getppid()): 100 << 20, str(gone): 500 << 20}, ledger)
+    library.held = 10 << 20  # this process holds 10 MiB already
+    preparer = module.Preparer()
+    preparer.ask("weights")
+    assert waits_within(preparer)
+    # Half of (246 available + 100 held by the other + 10 of ours) = 178, less 110: 68 MiB more.
+    assert [bound for _, _, bound, _ in library.calls] == [68 << 20]
+    with open(module._ledger_path()) as ledger:
+        assert json.load(ledger) == {str(os.getppid()): 100 << 20, str(os.getpid()): 10 << 20}
+    # The other processes hold the node's half: nothing is pinned, and the user can read why.
+    with open(module._ledger_path(), "w") as ledger:
+        json.dump({str(os.getppid()): 400 << 20}, ledger)
+    preparer.ask("kv")
+    assert waits_within(preparer)
+    assert len(library.calls) == 1
+    assert "the node's processes hold half of its available memory" in preparer.last_error

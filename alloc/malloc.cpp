@@ -92,7 +92,7 @@ uvm_status allocate(const Call& call, size_t size, int device, Backing backing, 
   void* ptr = nullptr;
   if (status == UVM_OK) {
     status = backing == Backing::managed ? allocate_managed(call, size, device, caps, mode, &ptr, &record.slab)
-                                         : vmm_allocate(call, size, device, &ptr, &record.mapping);
+                                         : vmm_allocate(call, size, device, thread_exportable(), &ptr, &record.mapping);
   }
   if (status != UVM_OK) {
     cancel_reservation(device, size);

@@ -127,6 +127,7 @@ void answer_import(int connection, uint64_t id, const uint8_t* token) {
   const auto moves = lock_moves();
   uintptr_t base = 0;
   bool token_matches = false;
+  unsigned long long exported_memory = 0;  // the physical memory the export was made for
   {
     Exports& state = exports();
     std::lock_guard<std::mutex> lock(state.mutex);
@@ -134,6 +135,7 @@ void answer_import(int connection, uint64_t id, const uint8_t* token) {
     if (it != state.base_of.end()) {
       base = it->second;
       token_matches = same_token(state.by_base[base].token, token);
+      exported_memory = state.by_base[base].memory;
     }
   }
   AllocationView found;
@@ -151,7 +153,8 @@ void answer_import(int connection, uint64_t id, const uint8_t* token) {
   } else {
     status = all_on_device(call, found, &mapping);
   }
-  if (status == UVM_OK && !mapping.exportable) {
+  if (status == UVM_OK && (!mapping.exportable || mapping.handle != exported_memory)) {
+    // A slow receiver of a handle from before a pause must not map the memory mapped since.
     status = fail(call, UVM_ERROR_INVALID_ARGUMENT,
                   "the allocation at %p (%zu bytes) was paused or offloaded after it was exported, and its "
                   "memory is new: export it again (uvm_share_export)",
@@ -277,6 +280,29 @@ uvm_status start_server(const Call& call, Exports& state) {
   return UVM_OK;
 }
 
+// An export of memory made without an exportable handle. It is not swapped for exportable memory
+// here: the swap (wait for the device, copy, unmap, map new memory at the address) cannot be
+// ordered against kernels other threads launch meanwhile, and one launched during it lost the GPU
+// context (docs/measurements.md, "An export beside a writing thread"). The allocation is marked
+// instead, and its next map (a resume, an onload) makes exportable memory; where the device cannot
+// export, says so.
+uvm_status refuse_unexportable(const Call& call, const AllocationView& found, Mapping* mapping) {
+  const void* at = reinterpret_cast<const void*>(found.base);
+  if (mapping->shared) {  // asked, and mapped since: the device's memory cannot be exported
+    return fail(call, UVM_ERROR_UNSUPPORTED,
+                "device %d's driver cannot export VMM memory to another process (no "
+                "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR support); the allocation at %p stays this process's",
+                found.device, at);
+  }
+  mapping->shared = true;
+  registry().set_mapping(found.base, *mapping);
+  return fail(call, UVM_ERROR_UNSUPPORTED,
+              "the allocation at %p (%zu bytes) was not made exportable: allocate it so (uvm_set_thread_exportable(1); "
+              "in Python, UVM_SHAREABLE or uvm.sharing.exportable()); swapping its memory now could lose the GPU "
+              "context under work other threads launch. It is exportable from its next map on (a resume or onload)",
+              at, found.size);
+}
+
 uvm_status export_allocation(const Call& call, const void* ptr, uvm_share_handle* out) {
   if (out == nullptr) return fail(call, UVM_ERROR_INVALID_ARGUMENT, "handle is NULL");
   const auto moves = lock_moves();
@@ -293,26 +319,27 @@ uvm_status export_allocation(const Call& call, const void* ptr, uvm_share_handle
   }
   Mapping mapping;
   if (uvm_status s = all_on_device(call, found, &mapping)) return s;
-  const bool swapped = !mapping.exportable;
-  if (swapped) {
-    // Memory is made exportable only here (vmm.hpp, Mapping::exportable), and until its next pause
-    // or offload: exports of it meanwhile (a tensor sent each step) make no driver call. Where the
-    // device or the driver cannot export its memory this fails here, not in the importer.
+  if (!mapping.exportable) return refuse_unexportable(call, found, &mapping);
+  Exports& state = exports();
+  bool first_of_memory = true;  // no export of this memory yet: whether the driver exports it is tried here
+  {
+    std::lock_guard<std::mutex> lock(state.mutex);
+    auto it = state.by_base.find(found.base);
+    first_of_memory = it == state.by_base.end() || it->second.id == 0 || it->second.memory != mapping.handle;
+  }
+  if (first_of_memory) {  // so that a driver that cannot export fails here, not in the importer
     ContextScope scope;
     int fd = -1;
     uvm_status s = scope.enter(call, found.device, ContextScope::When::always);
-    if (s == UVM_OK) s = vmm_make_exportable(call, found.base, &mapping);
-    registry().set_mapping(found.base, mapping);  // as it now is, even after a failure
     if (s == UVM_OK) s = vmm_export(call, found.base, mapping, &fd);
     if (fd >= 0) close(fd);
     if (s != UVM_OK) return s;
   }
-  Exports& state = exports();
   std::lock_guard<std::mutex> lock(state.mutex);
   if (uvm_status s = start_server(call, state)) return s;
   Export& exported = state.by_base[found.base];
-  if (swapped && exported.id != 0) {
-    // New memory: handles of the old, which a pause gave back, must not map this one.
+  if (exported.id != 0 && exported.memory != mapping.handle) {
+    // New memory (a pause or offload mapped it since): handles of the old must not map this one.
     state.base_of.erase(exported.id);
     exported.id = 0;
   }
@@ -322,6 +349,7 @@ uvm_status export_allocation(const Call& call, const void* ptr, uvm_share_handle
       return s;
     }
     exported.id = state.next_id++;
+    exported.memory = mapping.handle;
     state.base_of[exported.id] = found.base;
   }
   ShareHandle handle;

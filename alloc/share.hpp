@@ -24,6 +24,7 @@ struct Importer {
 struct Export {
   uint64_t id = 0;
   uint8_t token[16] = {};  // share_wire.hpp's kShareTokenBytes
+  unsigned long long memory = 0;  // the physical memory (Mapping::handle) it was made for
   std::vector<Importer> importers;
 };
 

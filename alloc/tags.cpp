@@ -24,6 +24,7 @@ TagTable& table() {
 thread_local TagId current_thread_tag = kUntagged;
 thread_local uvm_backup current_thread_backup = UVM_BACKUP_NONE;
 thread_local bool current_thread_compression = false;
+thread_local bool current_thread_exportable = false;
 
 bool lookup(const TagTable& t, const char* name, size_t count, TagId* id) {
   for (size_t i = 1; i < count; ++i) {
@@ -75,6 +76,8 @@ uvm_backup thread_backup() { return current_thread_backup; }
 
 bool thread_compression() { return current_thread_compression; }
 
+bool thread_exportable() { return current_thread_exportable; }
+
 }  // namespace uvm
 
 extern "C" {
@@ -114,6 +117,17 @@ uvm_status uvm_set_thread_compression(int compress) {
 }
 
 int uvm_get_thread_compression(void) { return uvm::current_thread_compression ? 1 : 0; }
+
+uvm_status uvm_set_thread_exportable(int exportable) {
+  const uvm::Call call = uvm::Call::of("uvm_set_thread_exportable");
+  if (exportable != 0 && exportable != 1) {
+    return uvm::fail(call, UVM_ERROR_INVALID_ARGUMENT, "exportable is %d, not 0 or 1", exportable);
+  }
+  uvm::current_thread_exportable = exportable == 1;
+  return UVM_OK;
+}
+
+int uvm_get_thread_exportable(void) { return uvm::current_thread_exportable ? 1 : 0; }
 
 size_t uvm_tag_count(void) { return uvm::table().count.load(std::memory_order_acquire) - 1; }
 

@@ -29,4 +29,8 @@ uvm_backup thread_backup();
 // Whether uvm_pause compresses the backups of allocations made on this thread (uvm_set_thread_compression).
 bool thread_compression();
 
+// Whether releasable allocations made on this thread get exportable memory at every map
+// (uvm_set_thread_exportable).
+bool thread_exportable();
+
 }  // namespace uvm

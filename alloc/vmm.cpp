@@ -104,8 +104,8 @@ uvm_status memory_caps(const Call& call, int device, MemoryCaps* caps) {
   return UVM_OK;
 }
 
-// What physical memory of `device` is asked to be; `exportable`: memory another process may map
-// (only for vmm_make_exportable, see Mapping::exportable).
+// What physical memory of `device` is asked to be; `exportable`: memory another process may map,
+// where the device can export (an allocation that asked: Mapping::shared).
 uvm_status device_memory(const Call& call, int device, CUmemAllocationProp* prop, bool exportable = false) {
   MemoryCaps caps;
   if (uvm_status s = memory_caps(call, device, &caps)) return s;
@@ -232,7 +232,7 @@ uvm_status map_physical(const Call& call, uintptr_t base, int device, Mapping* m
   const VmmApi& api = vmm_api();
   *created = false;
   CUmemAllocationProp prop;
-  if (uvm_status s = device_memory(call, device, &prop)) return s;
+  if (uvm_status s = device_memory(call, device, &prop, m->shared)) return s;
   CUmemGenericAllocationHandle handle = m->handle;
   if (handle == 0) {
     if (uvm_status s = create_physical(call, device, prop, *m, &handle, created)) return s;
@@ -254,6 +254,7 @@ uvm_status map_physical(const Call& call, uintptr_t base, int device, Mapping* m
     return fail_driver(call, r, "cuMemSetAccess(%p, %zu bytes, device %d)", reinterpret_cast<void*>(base),
                        m->reserved, device);
   }
+  if (handle != m->handle) m->exportable = prop.requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE;  // new memory
   m->handle = handle;
   m->mapped = true;
   m->device = device;
@@ -279,7 +280,7 @@ uvm_status unmap_physical(const Call& call, uintptr_t base, Mapping* m, bool may
 
 }  // namespace
 
-uvm_status vmm_allocate(const Call& call, size_t size, int device, void** out, Mapping* mapping) {
+uvm_status vmm_allocate(const Call& call, size_t size, int device, bool shared, void** out, Mapping* mapping) {
   const VmmApi& api = vmm_api();
   if (!api.available) {
     return fail(call, UVM_ERROR_UNSUPPORTED,
@@ -293,6 +294,7 @@ uvm_status vmm_allocate(const Call& call, size_t size, int device, void** out, M
     return fail_driver(call, r, "cuMemGetAllocationGranularity(device %d)", device);
   }
   Mapping m;
+  m.shared = shared;
   m.reserved = (size + granularity - 1) / granularity * granularity;
   CUdeviceptr base = 0;
   if (CUresult r = api.address_reserve(&base, m.reserved, granularity, 0, 0)) {
@@ -349,90 +351,6 @@ uvm_status vmm_export(const Call& call, uintptr_t base, const Mapping& mapping, 
   if (CUresult r = api.export_handle(fd, mapping.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)) {
     return fail_driver(call, r, "cuMemExportToShareableHandle(physical memory of %p, POSIX fd)",
                        reinterpret_cast<void*>(base));
-  }
-  return UVM_OK;
-}
-
-uvm_status vmm_make_exportable(const Call& call, uintptr_t base, Mapping* m) {
-  if (m->exportable) return UVM_OK;
-  const VmmApi& api = vmm_api();
-  MemoryCaps caps;
-  if (uvm_status s = memory_caps(call, m->device, &caps)) return s;
-  if (api.export_handle == nullptr || !caps.exportable) {
-    return fail(call, UVM_ERROR_UNSUPPORTED,
-                "device %d's driver cannot export VMM memory to another process (no "
-                "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR support); the allocation at %p stays this process's",
-                m->device, reinterpret_cast<void*>(base));
-  }
-  CUmemAllocationProp prop;
-  if (uvm_status s = device_memory(call, m->device, &prop, true)) return s;
-  size_t granularity = 0;
-  if (CUresult r = api.get_granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)) {
-    return fail_driver(call, r, "cuMemGetAllocationGranularity(device %d)", m->device);
-  }
-  void* const at = reinterpret_cast<void*>(base);
-  // The new memory, mapped at an address of its own (`copy_at`) until the swap is done: a swap that
-  // fails half-way copies the bytes back from there.
-  Mapping fresh;
-  fresh.reserved = m->reserved;
-  CUdeviceptr copy_at = 0;
-  if (CUresult r = api.address_reserve(&copy_at, m->reserved, granularity, 0, 0)) {
-    return fail_driver(call, r, "cuMemAddressReserve(%zu bytes, for the exportable copy of %p)", m->reserved, at);
-  }
-  void* const copy = reinterpret_cast<void*>(copy_at);
-  const auto copy_bytes = [&](void* to, const void* from) -> uvm_status {  // every stream's writes first
-    if (cudaError_t e = cudaDeviceSynchronize()) return fail_cuda(call, e, "cudaDeviceSynchronize (device %d)", m->device);
-    if (cudaError_t e = cudaMemcpyAsync(to, from, m->reserved, cudaMemcpyDefault, nullptr)) {
-      return fail_cuda(call, e, "cudaMemcpyAsync(%p to %p, %zu bytes, the allocation at %p into exportable memory)",
-                       from, to, m->reserved, at);
-    }
-    if (cudaError_t e = cudaDeviceSynchronize()) return fail_cuda(call, e, "cudaDeviceSynchronize (device %d)", m->device);
-    return UVM_OK;
-  };
-  bool created = false;
-  CUmemGenericAllocationHandle made = 0;
-  uvm_status status = create_physical(call, m->device, prop, fresh, &made, &created);
-  fresh.handle = made;
-  if (status == UVM_OK) status = map_physical(call, copy_at, m->device, &fresh, &created);
-  if (status == UVM_OK) status = copy_bytes(copy, at);
-  Mapping swapped = *m;  // the allocation, on the new memory
-  swapped.handle = fresh.handle;
-  swapped.mapped = false;
-  bool swapped_in = false;
-  if (status == UVM_OK) {
-    if (CUresult r = api.unmap(base, m->reserved)) {
-      status = fail_driver(call, r, "cuMemUnmap(%p, %zu bytes)", at, m->reserved);
-    } else if ((status = map_physical(call, base, m->device, &swapped, &created)) == UVM_OK) {
-      swapped_in = true;
-    } else {  // the old memory goes back at `base`, and the bytes with it
-      Mapping old = *m;
-      old.mapped = false;
-      if (map_physical(call, base, m->device, &old, &created) == UVM_OK) {
-        copy_bytes(at, copy);
-      } else {
-        *m = old;  // unmapped, the old memory still its own: the registry records it so
-      }
-    }
-  }
-  // Should these fail, only the copy's address range stays (mapping the allocation's memory twice).
-  if (fresh.mapped) api.unmap(copy_at, fresh.reserved);
-  api.address_free(copy_at, m->reserved);
-  if (!swapped_in) {
-    if (fresh.handle != 0) api.release(fresh.handle);
-    return status;
-  }
-  const CUmemGenericAllocationHandle old_handle = m->handle;
-  *m = swapped;
-  m->exportable = true;
-  if (CUresult r = release_physical(old_handle, m->device)) {
-    // Nothing else holds the old memory now: it is kept as spare memory (it is not exportable, so
-    // any map of its size may take it), and the next trim gives it back (trim_spares).
-    SparePool& pool = spare_pool();
-    std::lock_guard<std::mutex> lock(pool.mutex);
-    pool.kept.push_back(Spare{m->device, m->reserved, old_handle});
-    pool.held[m->device] += m->reserved;
-    return fail_driver(call, r, "cuMemRelease(the old physical memory of %p): kept as spare memory, given back at "
-                       "the next trim", at);
   }
   return UVM_OK;
 }

@@ -24,16 +24,22 @@ struct Mapping {
   unsigned long long handle = 0;      // CUmemGenericAllocationHandle of the physical memory
   bool mapped = false;
   int device = -1;                    // where the physical memory is made
-  // Whether another process may map `handle` (a POSIX file descriptor): only memory uvm exported
-  // (vmm_make_exportable). Memory made otherwise is not, so that NCCL, which maps a peer's buffers
-  // wherever their memory lets it (user-buffer and graph registration), keeps no mapping of memory
-  // a pause gives back: it copies through its own buffers, as with torch_memory_saver's memory.
+  // Whether another process may map `handle` (a POSIX file descriptor): memory made for an
+  // allocation that asked (`shared`), where the device can export. Memory made otherwise is not, so
+  // that NCCL, which maps a peer's buffers wherever their memory lets it (user-buffer and graph
+  // registration), keeps no mapping of memory a pause gives back: it copies through its own
+  // buffers, as with torch_memory_saver's memory.
   bool exportable = false;
+  // The allocation asked for exportable memory (uvm_set_thread_exportable, or an export refused
+  // since): every map makes it so. Memory is never swapped for exportable memory under work other
+  // threads may launch: that lost the GPU context (bench/probes/export_swap_race.py).
+  bool shared = false;
 };
 
 // Reserves round_up(size, granularity) bytes of address space, creates physical memory on
-// `device` and maps it read-write for that device. The caller has made `device`'s context current.
-uvm_status vmm_allocate(const Call& call, size_t size, int device, void** out, Mapping* mapping);
+// `device` and maps it read-write for that device; with `shared`, exportable memory at this map
+// and every later one (Mapping::shared). The caller has made `device`'s context current.
+uvm_status vmm_allocate(const Call& call, size_t size, int device, bool shared, void** out, Mapping* mapping);
 
 // Unmaps the physical memory mapped at `base` (a no-op if it is not mapped) and gives it back to
 // the driver, or keeps it as spare memory where the device's spare limit has room. The caller has
@@ -54,12 +60,6 @@ uvm_status vmm_free(const Call& call, uintptr_t base, Mapping* mapping);
 // physical memory behind `fd` (`size` bytes, made by another process) at a new address, read-write
 // for `device`; vmm_close_import undoes it. Nothing is left behind on failure.
 uvm_status vmm_export(const Call& call, uintptr_t base, const Mapping& mapping, int* fd);
-// Gives the mapped allocation at `base` exportable physical memory (a no-op if it has it): new
-// memory of its size, its bytes copied in after the device's work is done (cudaDeviceSynchronize),
-// mapped at `base` in place of the old memory, which is given back. Needs the allocation's size
-// free on its device for the copy. On failure the allocation keeps its memory and bytes. An unmap
-// (a pause, an offload) ends it: the memory mapped again is not exportable.
-uvm_status vmm_make_exportable(const Call& call, uintptr_t base, Mapping* mapping);
 uvm_status vmm_import(const Call& call, int fd, size_t size, int device, uintptr_t* base, unsigned long long* handle);
 uvm_status vmm_close_import(const Call& call, uintptr_t base, size_t size, unsigned long long handle);
 

@@ -709,16 +709,28 @@ typedef struct uvm_share_handle {
   unsigned char bytes[UVM_SHARE_HANDLE_BYTES];
 } uvm_share_handle;
 
+/* With `exportable` 1, the releasable allocations this thread makes from now on get memory another
+ * process can map (a POSIX file descriptor), at their first map and every later one (each resume and
+ * onload); 0 (the default) does not. Recorded with each allocation. NCCL can map such memory into its
+ * peers (user-buffer and graph registration), and keeps what it mapped across a pause: lift its
+ * registrations first (uvm.nccl), or make exportable only what is sent to other processes.
+ * UVM_ERROR_INVALID_ARGUMENT unless 0 or 1. */
+UVM_API uvm_status uvm_set_thread_exportable(int exportable);
+
+/* This thread's exportable setting: 1 or 0. */
+UVM_API int uvm_get_thread_exportable(void);
+
 /* A handle for the releasable allocation holding `ptr` (uvm_malloc_releasable), pointing at `ptr`.
- * Releasable memory is not exportable until this call makes it so: it waits for the device's work,
- * copies the allocation into new exportable memory mapped at the same address (its size must be
- * free on the device meanwhile) and keeps it until the allocation's next pause or offload; so NCCL
- * maps no memory that a pause gives back. An import of a handle from before that pause fails; export
- * again. The first export starts a thread that answers imports on a Unix socket of this process (Linux's
- * abstract namespace: no file, no privilege; processes of the same user in the same network
- * namespace reach it, and only with the handle's token). Managed memory cannot be exported (CUDA
- * has no IPC for it): UVM_ERROR_UNSUPPORTED naming that; so does a device whose driver cannot export VMM memory. The
- * allocation must be on its device: an offloaded or paused one fails, UVM_ERROR_INVALID_ARGUMENT. */
+ * The allocation must have been made exportable (uvm_set_thread_exportable): memory is never swapped
+ * for exportable memory under work other threads may launch, which could lose the GPU context. One
+ * that was not fails, UVM_ERROR_UNSUPPORTED naming how, and is exportable from its next map (a resume
+ * or onload) on. An import of a handle from before a pause or offload fails (the memory is new);
+ * export again. The first export starts a thread that answers imports on a Unix socket of this
+ * process (Linux's abstract namespace: no file, no privilege; processes of the same user in the same
+ * network namespace reach it, and only with the handle's token). Managed memory cannot be exported
+ * (CUDA has no IPC for it): UVM_ERROR_UNSUPPORTED naming that; so does a device whose driver cannot
+ * export VMM memory. The allocation must be on its device: an offloaded or paused one fails,
+ * UVM_ERROR_INVALID_ARGUMENT. */
 UVM_API uvm_status uvm_share_export(const void* ptr, uvm_share_handle* handle);
 
 /* Maps the exported allocation in this process, read-write for `device` (the exporter's GPU, or a

@@ -246,16 +246,16 @@ MUTANTS = [
  # new allocation at its address would be handed out under the old handle).
  ("alloc/vmm.cpp", "  if (exportable && caps.exportable) prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;\n", "",
   "offload_tests", "[share]"),
- # Exportable only from an export to the next pause (NCCL maps exportable memory into its peers):
- # all memory made exportable; the mark kept past an unmap; an import across a pause not refused;
- # a failed swap's bytes not copied back; exportable memory kept as spare for another allocation.
+ # Exportable only where asked (NCCL maps exportable memory into its peers): all memory made
+ # exportable; the mark kept past an unmap; an import across a pause not refused; a refused export
+ # not marked for the next map; exportable memory kept as spare for another allocation.
  ("alloc/vmm.cpp", "  if (exportable && caps.exportable) prop->requestedHandleTypes", "  if (caps.exportable) prop->requestedHandleTypes",
   "offload_tests", "[share]"),
  ("alloc/vmm.cpp", "  m->handle = 0;\n  m->exportable = false;\n  return UVM_OK;", "  m->handle = 0;\n  return UVM_OK;",
   "offload_tests", "[share]"),
- ("alloc/share.cpp", "  if (status == UVM_OK && !mapping.exportable) {", "  if (false) {", "offload_tests", "[share]"),
- ("alloc/vmm.cpp", "      if (map_physical(call, base, m->device, &old, &created) == UVM_OK) {\n        copy_bytes(at, copy);",
-  "      if (map_physical(call, base, m->device, &old, &created) == UVM_OK) {", "offload_tests", "[share]"),
+ ("alloc/share.cpp", "  if (status == UVM_OK && (!mapping.exportable || mapping.handle != exported_memory)) {",
+  "  if (status == UVM_OK && !mapping.exportable) {", "offload_tests", "[share]"),
+ ("alloc/share.cpp", "  mapping->shared = true;\n  registry().set_mapping(found.base, *mapping);\n", "", "offload_tests", "[share]"),
  ("alloc/vmm.cpp", "  if (may_keep && !m->exportable) return release_or_keep(call, base, m);",
   "  if (may_keep) return release_or_keep(call, base, m);", "offload_tests", "[share]"),
  # A prepared pause: the retained copies' room prepared again; uvm_release_staging not stopping
@@ -422,7 +422,8 @@ MUTANTS = [
   "      return UVM_ERROR_CUDA;", "offload_tests", "[codec]"),
  # Sharing: the token not checked; the importer not checking who answers; a descriptor beside a
  # refusal kept; a forked child keeping the importer's connection; a failed free forgetting the
- # importers; the swap's old memory lost; a handle from before a pause kept valid; no timeout.
+ # importers; exportable memory not marked so at its map; a handle from before a pause kept valid;
+ # no timeout.
  ("alloc/share.cpp", "      token_matches = same_token(state.by_base[base].token, token);", "      token_matches = true;",
   "offload_tests", "[trust]"),
  ("alloc/share_import.cpp", "  if (uvm_status s = check_exporter(call, connection, handle)) {  // before the token is sent",
@@ -432,9 +433,9 @@ MUTANTS = [
   "offload_tests", "[share]"),
  ("alloc/malloc.cpp", "    if (exported) restore_export(reinterpret_cast<uintptr_t>(ptr), std::move(*exported));\n", "",
   "offload_tests", "[share]"),
- ("alloc/vmm.cpp", "    pool.kept.push_back(Spare{m->device, m->reserved, old_handle});\n    pool.held[m->device] += m->reserved;\n", "",
-  "offload_tests", "[share]"),
- ("alloc/share.cpp", "  if (swapped && exported.id != 0) {", "  if (false) {", "offload_tests", "[share]"),
+ ("alloc/vmm.cpp", "  if (handle != m->handle) m->exportable = prop.requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE;  // new memory\n",
+  "", "offload_tests", "[share]"),
+ ("alloc/share.cpp", "  if (exported.id != 0 && exported.memory != mapping.handle) {", "  if (false) {", "offload_tests", "[share]"),
  ("alloc/share_import.cpp", "  setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof(wait));\n", "  (void)wait;\n",
   "meson:offload-share-timeout", ""),
  # prepare_pause pinning free space, and keeping the batch in flight after a release.

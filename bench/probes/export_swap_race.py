@@ -1,15 +1,17 @@
-"""Does the first export's swap (vmm_make_exportable: wait for the device, copy into exportable
-memory, unmap the old, map the new at the same address) lose writes that another thread launches
-meanwhile? Issue 73, item 2, asks for it to be shown either way. A writer thread adds 1 to a 64 MiB
-int32 tensor in releasable memory, on a stream of its own, ADDS times; the main thread exports the
-allocation (the swap) after a random delay into those adds; then every element must equal ADDS. Each
-round ends with an offload and onload, which maps non-exportable memory again, so the next round's
-export swaps again. Prints, per round, the delay, the export's status, the elements that differ, and
-any CUDA error; the summary line says how many rounds lost writes or faulted.
+"""An export beside a thread that keeps writing: does it lose writes or the context? Issue 73, item 2.
+The first export used to swap the allocation's memory for exportable memory (wait for the device,
+copy, unmap, map new memory at the same address), which nothing ordered against kernels other
+threads launch: on an H200 (2026-11-29) the second round faulted (cudaErrorIllegalAddress, the
+context lost). Now only memory made exportable (uvm_set_thread_exportable) is exported, with no swap;
+other memory is refused. A writer thread adds 1 to a 64 MiB int32 tensor in exportable releasable
+memory, on a stream of its own, ADDS times; the main thread exports the allocation after a random
+delay into those adds; then every element must equal ADDS. Each round ends with an offload and
+onload (new memory, exportable again), so every round's export is of memory not exported before.
+A last check exports memory not made exportable: refused, its bytes and the writer untouched.
 
     python bench/probes/export_swap_race.py [--rounds 40] [--adds 3000]
 
-Managed memory: none (64 MiB of CUDA VMM memory)."""
+Managed memory: none (128 MiB of CUDA VMM memory)."""
 from __future__ import annotations
 
 import argparse
@@ -41,8 +43,12 @@ def main() -> int:
     lib = uvm.library()
     nbytes = 64 << 20
     torch.cuda.init()
+    _lib.check(lib.uvm_set_thread_exportable(1))
     pointer = lib.uvm_malloc_releasable(nbytes, 0, None)
+    _lib.check(lib.uvm_set_thread_exportable(0))
     assert pointer, lib.uvm_last_error()
+    plain = lib.uvm_malloc_releasable(nbytes, 0, None)  # not made exportable
+    assert plain, lib.uvm_last_error()
     x = torch.as_tensor(_DeviceBytes(pointer, nbytes), device="cuda:0")
     ranges = (_lib.Range * 1)()
     ranges[0].ptr, ranges[0].size = pointer, nbytes
@@ -89,8 +95,14 @@ def main() -> int:
         _lib.check(lib.uvm_offload_ranges(ranges, 1, _lib.STRATEGIES["staged"], None))
         _lib.check(lib.uvm_onload_ranges(ranges, 1, None))
         torch.cuda.synchronize()
-    print(f"export swap race: {args.rounds} rounds of {args.adds} adds, {lost} lost writes, {faulted} faulted")
-    return 0
+    handle = _lib.ShareHandle()
+    refused = lib.uvm_share_export(plain, ctypes.byref(handle))
+    message = lib.uvm_last_error().decode(errors="replace")
+    lib.uvm_clear_last_error()
+    print(f"memory not made exportable: export status {refused}: {message[:160]}")
+    print(f"export beside a writer: {args.rounds} rounds of {args.adds} adds, {lost} lost writes, {faulted} faulted, "
+          f"plain memory {'refused' if refused else 'EXPORTED'}")
+    return 0 if not lost and not faulted and refused else 1
 
 
 if __name__ == "__main__":

@@ -119,6 +119,8 @@ SIGNATURES = {
     "uvm_get_thread_backup": (_int, []),
     "uvm_set_thread_compression": (_int, [_int]),
     "uvm_get_thread_compression": (_int, []),
+    "uvm_set_thread_exportable": (_int, [_int]),
+    "uvm_get_thread_exportable": (_int, []),
     "uvm_report_blocks": (_int, [_int]),
     "uvm_block_allocated": (_int, [_ptr, _size]),
     "uvm_block_freed": (_int, [_ptr, _size]),

@@ -68,12 +68,24 @@ def _compression(on: bool):
         lib.uvm_set_thread_compression(previous)
 
 
+def _shareable_from_env(text: str):
+    """UVM_SHAREABLE: "1" or "all" for every tag, "" or "0" for none, else tags separated by commas."""
+    text = text.strip()
+    if text.lower() in ("1", "all", "true", "yes"):
+        return "all"
+    if text.lower() in ("", "0", "false", "no"):
+        return frozenset()
+    return frozenset(tag.strip() for tag in text.split(",") if tag.strip())
+
+
 @contextlib.contextmanager
 def _region_config(tag: str, kind: str):
     """Allocations this thread makes inside carry `tag` and backup `kind` (the pool is the caller's),
-    compressed as compress_backups says."""
+    compressed as compress_backups says, exportable as shareable_tags says."""
     from . import tag as uvm_tag
-    with uvm_tag(tag), _backup(kind), _compression(_state.compress and kind != "none"):
+    from .sharing import exportable
+    with uvm_tag(tag), _backup(kind), _compression(_state.compress and kind != "none"), \
+            exportable(_state.is_shareable(tag)):
         yield
 
 
@@ -205,9 +217,13 @@ class _State:
         self.tags: set[str] = set()
         self.backing = "releasable"
         self.compress = os.environ.get("UVM_COMPRESS_BACKUPS", "0").lower() in ("1", "true", "yes")
+        self.shareable = _shareable_from_env(os.environ.get("UVM_SHAREABLE", ""))
         self.hook_mode: str | None = None  # chosen at the first use unless set (TorchMemorySaver.hook_mode)
         self.retain_read = False  # env TMS_RETAIN_CPU_BACKUP applied (at the first use of the library)
         self.memory_margin_bytes = 0
+
+    def is_shareable(self, tag: str) -> bool:
+        return self.shareable == "all" or tag in self.shareable
 
     def pool(self, pools: dict, key: tuple):
         """The pool of `key` in `pools` (region_pools or graph_pools; key: ..., tag-first, device-last),
@@ -327,7 +343,7 @@ class TorchMemorySaver:
         # The graph captures into the uvm pool of its tag, whatever `pool` says: graphs of one tag
         # share it, which is the sharing a caller's pool asks for (SGLang passes one pool to all).
         ours = _state.pool(_state.graph_pools, (tag, kind, torch.cuda.current_device()))
-        with _state.open_region(), uvm_tag(tag), _backup(kind), _compression(_state.compress and kind != "none"):
+        with _state.open_region(), _region_config(tag, kind):
             with torch.cuda.graph(cuda_graph, pool=ours.id, stream=stream, capture_error_mode=capture_error_mode):
                 yield
             # The graph holds its pool for its life: a hold, not an allocation under way.
@@ -505,6 +521,25 @@ class TorchMemorySaver:
                 raise RuntimeError("set compress_backups before the first region: pools already exist with "
                                    f"compress_backups {_state.compress!r}")
             _state.compress = value
+
+    @property
+    def shareable_tags(self):
+        """The tags whose regions (and graphs) get memory other processes can map, so that their
+        tensors can be sent through torch.multiprocessing (uvm.sharing): "all", or a frozenset of tags
+        (default: env UVM_SHAREABLE, "1" or "all" for every tag, or tags separated by commas; else
+        none). Memory is never swapped for exportable memory when a tensor is sent: under work other
+        threads launch that could lose the GPU context. NCCL can map such memory into its peers:
+        register the tag through uvm.nccl, which lifts that before a pause. Set before the first
+        region of those tags."""
+        return _state.shareable
+
+    @shareable_tags.setter
+    def shareable_tags(self, value) -> None:
+        chosen = "all" if value == "all" else frozenset(value)
+        if not all(isinstance(tag, str) for tag in (chosen if chosen != "all" else ())):
+            raise TypeError(f"shareable_tags is \"all\" or tags (strs), not {value!r}")
+        with _state.lock:
+            _state.shareable = chosen
 
     @property
     def retain_cpu_backup(self) -> bool:

@@ -8,7 +8,9 @@ every other tensor to torch's. Managed memory cannot be sent: CUDA has no IPC fo
 As with torch's CUDA tensors, the sending process keeps the tensor alive while the receiver uses it.
 While the receiver maps it, the sender cannot pause, offload or discard it (UVM_ERROR_SHARED, naming
 the receiver's process): the receiver drops its tensor first. `install()` runs when uvm makes a pool
-or a region; call it yourself for releasable memory made otherwise.
+or a region; call it yourself for releasable memory made otherwise. Only memory made exportable can be
+sent: inside `exportable()`, or a uvm.memory_saver region whose tag is shareable (env UVM_SHAREABLE,
+`shareable_tags`).
 
 A received tensor is on the sender's GPU (found by index, or by the UUID SGLang sends). Inside
 `receive_on(device)` it is mapped for a peer GPU instead: the receiver's kernels on that GPU read and
@@ -46,6 +48,22 @@ def install() -> None:
             ForkingPickler.register(cls, reduce_tensor)
         _installed = True
 
+
+
+@contextlib.contextmanager
+def exportable(on: bool = True):
+    """Releasable memory this thread allocates inside (uvm's pools, uvm.memory_saver's regions) is
+    made so that other processes can map it, at every map: its tensors can be sent. Memory made
+    otherwise is refused when sent (naming this), and exportable from its next resume or onload on:
+    uvm never swaps memory under work other threads may launch (uvm_set_thread_exportable in uvm.h).
+    NCCL can map exportable memory into its peers: lift that before a pause (uvm.nccl)."""
+    lib = _lib.library()
+    previous = lib.uvm_get_thread_exportable()
+    _lib.check(lib.uvm_set_thread_exportable(1 if on else 0))
+    try:
+        yield
+    finally:
+        lib.uvm_set_thread_exportable(previous)
 
 
 def _uvm_storage(tensor):

@@ -146,10 +146,12 @@ class Model {
       uvm_set_thread_backup(pool.backup);
       uvm_set_thread_compression(pool.compressed ? 1 : 0);
       uvm_report_blocks(pool.reported ? 1 : 0);  // per thread models: a process-wide switch, set just before
+      uvm_set_thread_exportable(pool.releasable ? 1 : 0);  // its tensors may be shared (share_tensor)
       void* base = pool.releasable ? uvm_malloc_releasable(segment_size, 0, nullptr) : uvm_malloc(segment_size, 0, nullptr);
       uvm_set_thread_tag(nullptr);
       uvm_set_thread_backup(UVM_BACKUP_NONE);
       uvm_set_thread_compression(0);
+      uvm_set_thread_exportable(0);
       if (base == nullptr) {
         if (uvm_last_status() != UVM_ERROR_LIMIT_EXCEEDED) fail("a new segment failed");
         return nullptr;

@@ -111,6 +111,14 @@ int accept_within(int listening) {
   return accept(listening, nullptr, nullptr);
 }
 
+// Releasable memory made exportable (uvm_set_thread_exportable), as memory sent to another process is.
+void* exportable_releasable(size_t size) {
+  REQUIRE(uvm_set_thread_exportable(1) == UVM_OK);
+  void* ptr = uvm_malloc_releasable(size, 0, nullptr);
+  REQUIRE(uvm_set_thread_exportable(0) == UVM_OK);
+  return ptr;
+}
+
 bool all_bytes(const unsigned char* p, size_t size, unsigned char value) {
   for (size_t i = 0; i < size; ++i) {
     if (p[i] != value) return false;
@@ -122,7 +130,7 @@ bool all_bytes(const unsigned char* p, size_t size, unsigned char value) {
 TEST_CASE("another process maps exported releasable memory: the same bytes both ways, and no move takes them meanwhile",
           "[share]") {
   FakeMachine machine;
-  auto* mine = static_cast<unsigned char*>(uvm_malloc_releasable(kSize, 0, nullptr));
+  auto* mine = static_cast<unsigned char*>(exportable_releasable(kSize));
   REQUIRE(mine != nullptr);
   std::memset(mine, 0x11, kSize);
   uvm_share_handle handle{};
@@ -179,7 +187,7 @@ TEST_CASE("another process maps exported releasable memory: the same bytes both 
 TEST_CASE("imports of one allocation in a process share one mapping, which stays until the last import's close",
           "[share]") {
   FakeMachine machine;
-  auto* mine = static_cast<unsigned char*>(uvm_malloc_releasable(kSize, 0, nullptr));
+  auto* mine = static_cast<unsigned char*>(exportable_releasable(kSize));
   REQUIRE(mine != nullptr);
   std::memset(mine, 0x55, kSize);
   uvm_share_handle whole{}, inside{};
@@ -227,7 +235,7 @@ TEST_CASE("a region paused and resumed with free space in its segment can be sha
   REQUIRE(uvm_set_thread_tag("weights") == UVM_OK);
   REQUIRE(uvm_set_thread_backup(UVM_BACKUP_HOST) == UVM_OK);
   REQUIRE(uvm_report_blocks(1) == UVM_OK);  // as torch's allocator in a region: free space is dropped at a pause
-  auto* mine = static_cast<unsigned char*>(uvm_malloc_releasable(kSize, 0, nullptr));
+  auto* mine = static_cast<unsigned char*>(exportable_releasable(kSize));
   uvm_report_blocks(0);
   uvm_set_thread_tag(nullptr);
   uvm_set_thread_backup(UVM_BACKUP_NONE);
@@ -262,43 +270,39 @@ TEST_CASE("a region paused and resumed with free space in its segment can be sha
   uvm_free(mine, kSize, 0, nullptr);
 }
 
-TEST_CASE("releasable memory is exportable only from its export to its next pause or offload, so NCCL never maps "
-          "memory a pause gives back; the bytes stay through every swap",
+TEST_CASE("memory made exportable is exportable at every map, never swapped; a handle from before a pause maps "
+          "nothing",
           "[share]") {
   FakeMachine machine;
-  auto* mine = static_cast<unsigned char*>(uvm_malloc_releasable(kSize, 0, nullptr));
+  auto* mine = static_cast<unsigned char*>(exportable_releasable(kSize));
   auto* neighbour = static_cast<unsigned char*>(uvm_malloc_releasable(kSize, 0, nullptr));
   REQUIRE(mine != nullptr);
   REQUIRE(neighbour != nullptr);
   std::memset(mine, 0x5a, kSize);
   std::memset(neighbour, 0xa5, kSize);
+  CHECK(fake::exportable_at(mine));
   // NCCL registers a peer's buffer by exporting its memory (user-buffer and graph registration):
-  // made this way, it cannot, and copies through its own buffers instead.
-  CHECK_FALSE(fake::exportable_at(mine));
-  const size_t handles = fake::physical_handles(), reservations = fake::live_reservations();
+  // memory made otherwise cannot be, and NCCL copies through its own buffers instead.
+  CHECK_FALSE(fake::exportable_at(neighbour));
+  fake::reset_ops();
   uvm_share_handle first{};
   REQUIRE(uvm_share_export(mine, &first) == UVM_OK);
-  CHECK(fake::exportable_at(mine));                     // new memory, at the same address
-  CHECK(all_bytes(mine, kSize, 0x5a));                  // with the same bytes
-  CHECK_FALSE(fake::exportable_at(neighbour));
-  CHECK(all_bytes(neighbour, kSize, 0xa5));
-  CHECK(fake::physical_handles() == handles);           // the old memory given back
-  CHECK(fake::live_reservations() == reservations);     // and the copy's address range
-  fake::reset_ops();
   uvm_share_handle again{};
-  REQUIRE(uvm_share_export(mine + kMiB, &again) == UVM_OK);  // exportable already: no new memory
-  for (const fake::Op& op : fake::ops()) CHECK(op.call != fake::OpKind::vmm_create);
-  // An offload, then an onload, maps new memory: not exportable, and an import of the earlier
-  // export is refused naming why.
+  REQUIRE(uvm_share_export(mine + kMiB, &again) == UVM_OK);
+  for (const fake::Op& op : fake::ops()) {  // no swap: no memory made, nothing unmapped, nothing copied
+    CHECK(op.call != fake::OpKind::vmm_create);
+    CHECK(op.call != fake::OpKind::vmm_release);
+  }
+  CHECK(all_bytes(mine, kSize, 0x5a));
+  // An offload, then an onload, maps new memory, exportable again; an import of the earlier export
+  // is refused naming why (issue 73, item 7: a slow receiver must not map the memory mapped since).
   const uvm_range whole{mine, kSize};
   REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
   REQUIRE(uvm_onload_ranges(&whole, 1, nullptr) == UVM_OK);
-  CHECK_FALSE(fake::exportable_at(mine));
+  CHECK(fake::exportable_at(mine));
   CHECK(all_bytes(mine, kSize, 0x5a));
-  Pipe to_parent;
   pid_t child = fork();
   if (child == 0) {
-    to_parent.writes();
     void* theirs = nullptr;
     const uvm_status s = uvm_share_import(&first, 0, &theirs);
     const std::string why = uvm_last_error();
@@ -308,30 +312,18 @@ TEST_CASE("releasable memory is exportable only from its export to its next paus
               : 1);
   }
   CHECK(exit_code_of(child) == 0);
-  // Exported again: exportable again, and an importer reads the bytes.
   uvm_share_handle later{};
   REQUIRE(uvm_share_export(mine, &later) == UVM_OK);
-  CHECK(fake::exportable_at(mine));
   child = fork();
   if (child == 0) {
     void* theirs = nullptr;
+    if (uvm_share_import(&first, 0, &theirs) == UVM_OK) _exit(9);  // exported again: still refused
     if (uvm_share_import(&later, 0, &theirs) != UVM_OK) _exit(10);
     if (!all_bytes(static_cast<unsigned char*>(theirs), kSize, 0x5a)) _exit(11);
     _exit(uvm_share_close(theirs) == UVM_OK ? 0 : 12);
   }
   CHECK(exit_code_of(child) == 0);
   REQUIRE(importers_drop_to_zero(mine));
-  // The handle from before the offload names memory given back since: a slow receiver of it must
-  // not map the memory exported now (issue 73, item 7: the export id was kept per address).
-  child = fork();
-  if (child == 0) {
-    void* theirs = nullptr;
-    const uvm_status s = uvm_share_import(&first, 0, &theirs);
-    const std::string why = uvm_last_error();
-    _exit(s != UVM_OK && why.find("exported again since") != std::string::npos ? 0 : 1);
-  }
-  CHECK(exit_code_of(child) == 0);
-  CHECK(importers(mine).empty());
   // A free of exportable memory gives it back (never kept as spare memory for another allocation).
   REQUIRE(uvm_set_spare_limit(0, 64 * kMiB) == UVM_OK);
   uvm_free(mine, kSize, 0, nullptr);
@@ -343,65 +335,36 @@ TEST_CASE("releasable memory is exportable only from its export to its next paus
   REQUIRE(uvm_set_spare_limit(0, 0) == UVM_OK);
 }
 
-TEST_CASE("an export whose swap to exportable memory fails keeps the allocation's memory and bytes, says which call "
-          "failed, and leaves nothing behind",
-          "[share][errors]") {
+// Issue 73, item 2: the first export swapped the allocation's memory for exportable memory (wait,
+// copy, unmap, map at the same address), which nothing orders against kernels other threads launch:
+// on an H200 a kernel launched during it lost the context (bench/probes/export_swap_race.py).
+TEST_CASE("memory not made exportable is refused naming how, swapped for nothing, and exportable from its next map",
+          "[share]") {
   FakeMachine machine;
   auto* mine = static_cast<unsigned char*>(uvm_malloc_releasable(kSize, 0, nullptr));
   REQUIRE(mine != nullptr);
   std::memset(mine, 0x3c, kSize);
-  const size_t handles = fake::physical_handles(), reservations = fake::live_reservations();
-  struct Failure {
-    const char* call;
-    cudaError_t error;
-    int skip;  // calls of it that pass first
-  };
-  // The copy's address range, its memory, its map, the copy, the old memory's unmap, the new
-  // memory's map at the allocation's address (the old goes back there).
-  for (const Failure f : {Failure{"cuMemAddressReserve", cudaErrorLaunchFailure, 0},
-                          Failure{"cuMemCreate", cudaErrorMemoryAllocation, 0}, Failure{"cuMemMap", cudaErrorLaunchFailure, 0},
-                          Failure{"cudaMemcpyAsync", cudaErrorLaunchFailure, 0},
-                          Failure{"cuMemUnmap", cudaErrorLaunchFailure, 0}, Failure{"cuMemMap", cudaErrorLaunchFailure, 1}}) {
-    CAPTURE(f.call, f.skip);
-    fake::fail_next(f.call, f.error, f.skip);
-    uvm_clear_last_error();
-    uvm_share_handle handle{};
-    CHECK(uvm_share_export(mine, &handle) != UVM_OK);
-    CHECK_FALSE(fake::injection_left(f.call));
-    CHECK(std::string(uvm_last_error()).find(std::string(f.call) + "(") != std::string::npos);
-    CHECK(cudaPeekAtLastError() == cudaSuccess);
-    CHECK_FALSE(fake::exportable_at(mine));
-    CHECK(all_bytes(mine, kSize, 0x3c));
-    CHECK(fake::physical_handles() == handles);
-    CHECK(fake::live_reservations() == reservations);
-  }
+  fake::reset_ops();
   uvm_share_handle handle{};
-  REQUIRE(uvm_share_export(mine, &handle) == UVM_OK);  // the next one works
-  CHECK(all_bytes(mine, kSize, 0x3c));
-  uvm_free(mine, kSize, 0, nullptr);
-}
-
-// Issue 73, item 6: the swap's last step gives the old physical memory back; where the driver
-// would not take it, it was lost (nothing held its handle any more).
-TEST_CASE("an export whose old memory the driver will not take back keeps it as spare, given back at the next trim",
-          "[share][errors]") {
-  FakeMachine machine;
-  const size_t handles = fake::physical_handles();
-  auto* mine = static_cast<unsigned char*>(uvm_malloc_releasable(kSize, 0, nullptr));
-  REQUIRE(mine != nullptr);
-  std::memset(mine, 0x5e, kSize);
-  fake::fail_next("cuMemRelease", cudaErrorLaunchFailure);
-  uvm_share_handle handle{};
-  CHECK(uvm_share_export(mine, &handle) == UVM_ERROR_CUDA);
-  CHECK(mentions(uvm_last_error(), "cuMemRelease(the old physical memory of"));
+  CHECK(uvm_share_export(mine, &handle) == UVM_ERROR_UNSUPPORTED);
+  CHECK(mentions(uvm_last_error(), "was not made exportable"));
+  CHECK(mentions(uvm_last_error(), "uvm_set_thread_exportable(1)"));
+  CHECK(mentions(uvm_last_error(), "exportable from its next map on"));
   CHECK(cudaPeekAtLastError() == cudaSuccess);
-  CHECK(fake::exportable_at(mine));  // the swap itself was done
-  CHECK(all_bytes(mine, kSize, 0x5e));
-  CHECK(fake::physical_handles() == handles + 2);  // the new memory, and the old one kept
+  CHECK(fake::ops().empty());  // no driver call: nothing swapped under running work
+  CHECK_FALSE(fake::exportable_at(mine));
+  CHECK(all_bytes(mine, kSize, 0x3c));
+  const uvm_range whole{mine, kSize};
+  REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
+  REQUIRE(uvm_onload_ranges(&whole, 1, nullptr) == UVM_OK);
+  CHECK(fake::exportable_at(mine));
+  CHECK(all_bytes(mine, kSize, 0x3c));
   REQUIRE(uvm_share_export(mine, &handle) == UVM_OK);
   uvm_free(mine, kSize, 0, nullptr);
-  REQUIRE(uvm_set_spare_limit(0, 0) == UVM_OK);  // a trim tries the old memory again
-  CHECK(fake::physical_handles() == handles);
+  // The thread's setting: 0 or 1, and only releasable allocations made while it is 1 are exportable.
+  CHECK(uvm_set_thread_exportable(2) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK(mentions(uvm_last_error(), "exportable is 2, not 0 or 1"));
+  CHECK(uvm_get_thread_exportable() == 0);
 }
 
 // Issue 73, item 5: the export was forgotten before the driver's free; a free that failed put the
@@ -409,7 +372,7 @@ TEST_CASE("an export whose old memory the driver will not take back keeps it as 
 TEST_CASE("a free that fails keeps the allocation's importers: a pause is still refused while one maps it",
           "[share][errors]") {
   FakeMachine machine;
-  auto* mine = static_cast<unsigned char*>(uvm_malloc_releasable(kSize, 0, nullptr));
+  auto* mine = static_cast<unsigned char*>(exportable_releasable(kSize));
   REQUIRE(mine != nullptr);
   std::memset(mine, 0x44, kSize);
   uvm_share_handle handle{};
@@ -451,8 +414,8 @@ TEST_CASE("a free that fails keeps the allocation's importers: a pause is still 
 TEST_CASE("an import needs the export's secret token: a forged or another export's handle maps nothing",
           "[share][trust]") {
   FakeMachine machine;
-  auto* mine = static_cast<unsigned char*>(uvm_malloc_releasable(kSize, 0, nullptr));
-  auto* other = static_cast<unsigned char*>(uvm_malloc_releasable(kSize, 0, nullptr));
+  auto* mine = static_cast<unsigned char*>(exportable_releasable(kSize));
+  auto* other = static_cast<unsigned char*>(exportable_releasable(kSize));
   REQUIRE(mine != nullptr);
   REQUIRE(other != nullptr);
   std::memset(mine, 0x71, kSize);
@@ -496,7 +459,7 @@ TEST_CASE("an importer sends its token only to the exporter: a process that took
   const pid_t exporter = fork();
   if (exporter == 0) {
     handle_pipe.writes();
-    void* theirs = uvm_malloc_releasable(kSize, 0, nullptr);
+    void* theirs = exportable_releasable(kSize);
     uvm_share_handle handle{};
     if (theirs == nullptr || uvm_share_export(theirs, &handle) != UVM_OK) _exit(10);
     (void)!write(handle_pipe.fds[1], &handle, sizeof(handle));
@@ -608,7 +571,7 @@ TEST_CASE("an importer that crashes, or exits without closing, counts no longer"
   for (const bool crash : {true, false}) {
     CAPTURE(crash);
     FakeMachine machine;
-    void* mine = uvm_malloc_releasable(kSize, 0, nullptr);
+    void* mine = exportable_releasable(kSize);
     REQUIRE(mine != nullptr);
     uvm_share_handle handle{};
     REQUIRE(uvm_share_export(mine, &handle) == UVM_OK);
@@ -636,7 +599,7 @@ TEST_CASE("an importer that crashes, or exits without closing, counts no longer"
 // crashed importer stayed counted, and the exporter's pauses failed, for the child's whole life.
 TEST_CASE("an importer that crashes counts no longer while a child it forked lives on", "[share]") {
   FakeMachine machine;
-  void* mine = uvm_malloc_releasable(kSize, 0, nullptr);
+  void* mine = exportable_releasable(kSize);
   REQUIRE(mine != nullptr);
   uvm_share_handle handle{};
   REQUIRE(uvm_share_export(mine, &handle) == UVM_OK);
@@ -673,7 +636,7 @@ TEST_CASE("an exporter that exits leaves the importer its memory, and the import
   if (child == 0) {  // the exporter
     handle_pipe.writes();
     to_child.reads();
-    auto* theirs = static_cast<unsigned char*>(uvm_malloc_releasable(kSize, 0, nullptr));
+    auto* theirs = static_cast<unsigned char*>(exportable_releasable(kSize));
     if (theirs == nullptr) _exit(10);
     std::memset(theirs, 0x44, kSize);
     uvm_share_handle handle{};
@@ -725,7 +688,7 @@ TEST_CASE("what cannot be shared fails naming why, in the exporter or the import
     CHECK(uvm_share_close(&local) == UVM_ERROR_INVALID_ARGUMENT);
   }
   SECTION("an offloaded allocation, exported or imported") {
-    void* mine = uvm_malloc_releasable(kSize, 0, nullptr);
+    void* mine = exportable_releasable(kSize);
     REQUIRE(mine != nullptr);
     uvm_share_handle handle{};
     REQUIRE(uvm_share_export(mine, &handle) == UVM_OK);
@@ -748,13 +711,13 @@ TEST_CASE("what cannot be shared fails naming why, in the exporter or the import
     uvm_free(mine, kSize, 0, nullptr);
   }
   SECTION("a freed allocation: a new one at its address is another export") {
-    void* mine = uvm_malloc_releasable(kSize, 0, nullptr);
+    void* mine = exportable_releasable(kSize);
     REQUIRE(mine != nullptr);
     uvm_share_handle handle{};
     REQUIRE(uvm_share_export(mine, &handle) == UVM_OK);
     uvm_free(mine, kSize, 0, nullptr);
     fake::reserve_next_at(mine);
-    void* again = uvm_malloc_releasable(kSize, 0, nullptr);
+    void* again = exportable_releasable(kSize);
     REQUIRE(again == mine);
     const pid_t child = fork();
     if (child == 0) {
@@ -770,7 +733,7 @@ TEST_CASE("what cannot be shared fails naming why, in the exporter or the import
   // (A colon far into a section's name makes Catch2 2.13 wrap it for ever when the section fails.)
   SECTION("a refused import: the driver cannot map it for a peer GPU; it fails naming the call and the device, "
           "maps nothing, and the exporter counts it out") {
-    void* mine = uvm_malloc_releasable(kSize, 0, nullptr);
+    void* mine = exportable_releasable(kSize);
     REQUIRE(mine != nullptr);
     uvm_share_handle handle{};
     REQUIRE(uvm_share_export(mine, &handle) == UVM_OK);
@@ -792,7 +755,7 @@ TEST_CASE("what cannot be shared fails naming why, in the exporter or the import
     uvm_free(mine, kSize, 0, nullptr);
   }
   SECTION("a driver that cannot export: the export fails, naming the call, with nothing pending") {
-    void* mine = uvm_malloc_releasable(kSize, 0, nullptr);
+    void* mine = exportable_releasable(kSize);
     REQUIRE(mine != nullptr);
     uvm_share_handle handle{};
     fake::fail_next("cuMemExportToShareableHandle", cudaErrorNotSupported);

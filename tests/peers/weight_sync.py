@@ -78,6 +78,7 @@ def trainer(mode: str, to_engine, from_engine, results) -> None:
         import uvm
         from uvm.memory_saver import torch_memory_saver as saver
         saver.hook_mode = "torch"
+        saver.shareable_tags = {"train"}  # its tensors are sent to the engine (uvm.sharing)
         device = torch.device("cuda", 0)
         torch.cuda.set_device(device)
         model = model_on(device, saver.region("train", enable_cpu_backup=True))

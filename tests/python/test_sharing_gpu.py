@@ -5,9 +5,10 @@ releasable pool's tensor go through a Queue and through the pickled form SGLang'
 the sender; while it maps them the sender's pause fails naming the receiver's process, and once it
 drops them the pause, the resume and the bytes are whole. A managed tensor fails naming why. An
 importer that crashes or exits without closing is counted out, and the offload goes through after;
-an exporter that exits leaves its importer the bytes it maps. Region memory can be exported (and so
-mapped by NCCL) only from its send to its next pause. Each process holds at most 64 MiB of
-releasable memory."""
+an exporter that exits leaves its importer the bytes it maps. Only memory made exportable (a
+shareable tag's region, uvm.sharing.exportable()) can be sent, and so mapped by NCCL; other memory is
+refused naming how, swapped for nothing, and exportable from its next map. Each process holds at most
+64 MiB of releasable memory."""
 import os
 import subprocess
 import sys
@@ -72,11 +73,12 @@ if __name__ == "__main__":
     from uvm.memory_saver import torch_memory_saver as saver
     assert saver.hook_mode == sys.argv[1], (saver.hook_mode, sys.argv[1])
     if sys.argv[2] == "region":
+        saver.shareable_tags = {"weights"}
         with saver.region("weights", enable_cpu_backup=True):  # else a pause keeps no bytes
             weights = pattern(32 * MiB + 4096, 3)
     else:
         pool = uvm.create_releasable_mempool()
-        with torch.cuda.use_mem_pool(pool):
+        with torch.cuda.use_mem_pool(pool), uvm.sharing.exportable():
             weights = pattern(32 * MiB + 4096, 3)
     expected = weights.clone()
     context = mp.get_context("spawn")
@@ -153,7 +155,7 @@ def importer(inbox, outbox, ending):  # maps the tensor and ends without droppin
 def exporter(inbox, outbox):  # sends a tensor and exits while the importer still maps it
     import uvm
     pool = uvm.create_releasable_mempool()
-    with torch.cuda.use_mem_pool(pool):
+    with torch.cuda.use_mem_pool(pool), uvm.sharing.exportable():
         weights = pattern(16 * MiB)
     outbox.put(weights)
     assert inbox.get() == "mapped"
@@ -173,7 +175,7 @@ if __name__ == "__main__":
     ending = sys.argv[1]
     if ending in ("crash", "exit"):
         pool = uvm.create_releasable_mempool()
-        with torch.cuda.use_mem_pool(pool):
+        with torch.cuda.use_mem_pool(pool), uvm.sharing.exportable():
             weights = pattern(16 * MiB)
         expected = weights.clone()
         process = context.Process(target=importer, args=(inbox, outbox, ending), daemon=True)
@@ -233,20 +235,32 @@ if __name__ == "__main__":
     import uvm
     from uvm.memory_saver import torch_memory_saver as saver
     assert saver.hook_mode == sys.argv[1], (saver.hook_mode, sys.argv[1])
+    saver.shareable_tags = {"kv"}
     with saver.region("weights", enable_cpu_backup=True):
         weights = torch.arange(16 * MiB, device="cuda", dtype=torch.int32)
+    with saver.region("kv", enable_cpu_backup=True):
+        kv = torch.arange(16 * MiB, device="cuda", dtype=torch.int32)
     expected = weights.clone()
-    assert not nccl_could_map(weights), "memory never sent can be exported: NCCL would map it"
-    ForkingPickler.dumps(weights)  # sent: uvm makes it exportable, bytes and address kept
-    assert nccl_could_map(weights), "sent memory cannot be exported"
-    assert torch.equal(weights, expected), "bytes lost making the memory exportable"
-    weights.add_(1)  # the address still works for kernels
-    expected.add_(1)
+    assert not nccl_could_map(weights), "memory of a tag not shareable can be exported: NCCL would map it"
+    try:  # no swap under work other threads may launch (issue 73: it lost the context on an H200)
+        ForkingPickler.dumps(weights)
+    except uvm.UnifiedMemoryUnsupportedError as error:
+        assert "was not made exportable" in str(error) and "UVM_SHAREABLE" in str(error), error
+    else:
+        raise AssertionError("memory not made exportable was sent")
+    assert not nccl_could_map(weights), "the refused send swapped the memory"
+    assert torch.equal(weights, expected), "the refused send changed bytes"
     saver.pause("weights")
     saver.resume("weights")
-    assert not nccl_could_map(weights), "memory mapped at the resume can be exported"
+    assert nccl_could_map(weights), "memory refused once is not exportable from its next map"
     assert torch.equal(weights, expected), "bytes lost across the pause"
-    print("exportable only while sent")
+    ForkingPickler.dumps(weights)
+    assert nccl_could_map(kv), "a shareable tag's memory cannot be exported"
+    ForkingPickler.dumps(kv)
+    saver.pause("kv")
+    saver.resume("kv")
+    assert nccl_could_map(kv), "a shareable tag's memory mapped at the resume cannot be exported"
+    print("exportable only where asked")
 """
 
 
@@ -277,11 +291,12 @@ def test_a_region_tensor_goes_to_another_process_and_pauses_only_once_it_is_drop
 
 
 @pytest.mark.parametrize("hook_mode", ["torch", "preload"])
-def test_region_memory_is_exportable_from_its_send_to_its_next_pause_only(tmp_path, hook_mode):
+def test_region_memory_is_exportable_only_where_asked_and_never_swapped(tmp_path, hook_mode):
     # NCCL maps a peer's buffer (user-buffer and graph registration) when its memory can be
     # exported; a pause gives that memory back and a resume maps new memory, so a mapping NCCL
-    # kept would read and write the old memory: collectives after a resume gave wrong results.
-    run(tmp_path, hook_mode, "region", EXPORTABLE, "exportable only while sent")
+    # kept would read and write the old memory: collectives after a resume gave wrong results. And
+    # a swap to exportable memory at the send lost the context under another thread's kernel.
+    run(tmp_path, hook_mode, "region", EXPORTABLE, "exportable only where asked")
 
 
 def test_a_releasable_pool_tensor_goes_to_another_process(tmp_path):

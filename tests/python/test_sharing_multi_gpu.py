@@ -64,6 +64,7 @@ if __name__ == "__main__":
     import uvm
     from uvm.memory_saver import torch_memory_saver as saver
     assert saver.hook_mode == sys.argv[1], (saver.hook_mode, sys.argv[1])
+    saver.shareable_tags = {"weights"}  # sent to the receiver (uvm.sharing)
     with saver.region("weights", enable_cpu_backup=True):
         weights = pattern(32 * MiB + 4096, 3)
     expected = weights.clone()

@@ -9,8 +9,10 @@ import sys
 CATCH_ALL_PASSED = re.compile(r"All tests passed \(\d+ assertions? in (\d+) test cases?\)")
 CATCH_TOTALS = re.compile(r"^test cases:\s*(\d+)(.*)$", re.MULTILINE)
 MODEL_SEQUENCES = re.compile(r"^model: (\d+) sequences", re.MULTILINE)
-PYTEST_TOTALS = re.compile(r"^=*\s*((?:\d+ (?:passed|failed|skipped|errors?|xfailed|xpassed|deselected)"
-                           r"(?:, )?)+) in [\d.]+s", re.MULTILINE)
+# Every word pytest's closing line may hold ("250 passed, 12 skipped, 3 warnings in 100.20s"): a
+# word left out made the line unread, and the whole suite one case with its skips lost.
+PYTEST_TOTALS = re.compile(r"^=*\s*((?:\d+ (?:passed|failed|skipped|errors?|xfailed|xpassed|deselected|warnings?|"
+                           r"rerun)(?:, )?)+) in [\d.]+s", re.MULTILINE)
 
 
 def counts(stdout):

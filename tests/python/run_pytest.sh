@@ -5,10 +5,15 @@
 # python_shim/). $UVM_PYTHON (scripts/test.sh sets it to uvm's own virtualenv; default python3)
 # builds; where it has torch, the virtualenv sees that torch too. UVM_TEST_FROM_TREE=1 tests the
 # source tree with $UVM_PYTHON instead (faster, for development). Skips (77) with the reason if
-# pytest is missing; pytest's "no tests ran" (exit 5) counts as a failure.
+# pytest is missing, except in CI (CI set), where a missing tool is a failure: the whole Python suite
+# could otherwise skip with CI green. pytest's "no tests ran" (exit 5) counts as a failure.
 cd "$1" || exit 1
 python=${UVM_PYTHON:-python3}
-if ! "$python" -m pytest --version >/dev/null 2>&1; then echo "SKIP: pytest is not installed for $python"; exit 77; fi
+if ! "$python" -m pytest --version >/dev/null 2>&1; then
+  if [ -n "${CI:-}" ]; then echo "FAIL: pytest is not installed for $python, and CI runs every suite"; exit 1; fi
+  echo "SKIP: pytest is not installed for $python"
+  exit 77
+fi
 if [ "${UVM_TEST_FROM_TREE:-0}" = 1 ]; then
   echo "testing the source tree (UVM_TEST_FROM_TREE=1)"
   runner=$python

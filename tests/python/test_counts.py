@@ -1,0 +1,55 @@
+"""The counts CI reads, without a GPU: scripts/summarize_tests.py reads every pytest closing line
+(warnings too), tests/python/run_pytest.sh fails in CI where pytest is missing, and
+tests/peers/compare_runs.py fails a comparison that compared nothing."""
+import os
+import subprocess
+import sys
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tests" / "peers"))
+
+
+def test_every_pytest_closing_line_is_read_warnings_included():
+    from summarize_tests import counts
+    assert counts("250 passed, 12 skipped, 3 warnings in 100.20s") == (250, 0, 12)
+    assert counts("=== 1 failed, 5 passed, 1 warning in 2.00s ===") == (5, 1, 0)
+    assert counts("2 passed, 1 error, 4 deselected in 0.10s") == (2, 1, 0)
+    assert counts("test cases: 3 | 2 passed | 1 failed") == (2, 1, 0)
+    assert counts("nothing that counts") is None
+
+
+def test_a_missing_pytest_skips_outside_ci_and_fails_in_it(tmp_path):
+    no_pytest = tmp_path / "python"
+    no_pytest.write_text("#!/bin/sh\nexit 1\n")  # every `python -m pytest --version` fails
+    no_pytest.chmod(0o755)
+    env = {key: value for key, value in os.environ.items() if key != "CI"}
+    env["UVM_PYTHON"] = str(no_pytest)
+    script = str(ROOT / "tests" / "python" / "run_pytest.sh")
+    outside = subprocess.run(["bash", script, str(ROOT)], env=env, capture_output=True, text=True)
+    assert outside.returncode == 77 and "SKIP: pytest is not installed" in outside.stdout
+    inside = subprocess.run(["bash", script, str(ROOT)], env={**env, "CI": "true"}, capture_output=True, text=True)
+    assert inside.returncode == 1 and "FAIL: pytest is not installed" in inside.stdout
+
+
+def report(path, cases):
+    """A junit report of (name, outcome) cases."""
+    body = "".join(f'<testcase classname="test_x" name="{name}">'
+                   + {"passed": "", "failed": "<failure/>", "skipped": "<skipped/>", "error": "<error/>"}[outcome]
+                   + "</testcase>" for name, outcome in cases)
+    path.write_text(f"<testsuites><testsuite>{body}</testsuite></testsuites>")
+    return str(path)
+
+
+def test_a_comparison_that_compared_nothing_or_ran_on_a_failing_original_fails(tmp_path, capsys):
+    from compare_runs import main
+    a, b = tmp_path / "a.xml", tmp_path / "b.xml"
+    assert main(report(a, [("t1", "passed"), ("t2", "skipped")]), report(b, [("t1", "passed"), ("t2", "skipped")])) == 0
+    assert main(report(a, [("t1", "passed")]), report(b, [("t1", "failed")])) == 1  # worse on uvm
+    assert main(report(a, []), report(b, [])) == 1
+    assert "no test in either report" in capsys.readouterr().out
+    assert main(report(a, [("collect", "error")]), report(b, [("collect", "error")])) == 1
+    assert "errored (collection?) on the original and uvm" in capsys.readouterr().out
+    assert main(report(a, [("t1", "failed"), ("t2", "failed")]), report(b, [("t1", "failed"), ("t2", "failed")])) == 1
+    assert "the original passed no test" in capsys.readouterr().out

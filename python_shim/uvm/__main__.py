@@ -27,7 +27,7 @@ def doctor() -> int:
         runtime = _lib.runtime_used or _runtime.mapped()
         if runtime is not None:
             print(f"CUDA runtime: {runtime.path} (CUDA {runtime.major}, {runtime.found_by}; "
-                  f"cudaRuntimeGetVersion {_runtime.version(runtime.path)})")
+                  f"cudaRuntimeGetVersion {_dotted(_runtime.version(runtime.path))})")
     except _errors.UnifiedMemoryUnsupportedError as error:
         problems.append(str(error))
     if lib is not None:
@@ -79,7 +79,7 @@ def _print_installation(problems: list[str]) -> None:
     """Where the package, its shipped builds, a toolkit and a compiler are, and what is switched."""
     manifest = _build.shipped_manifest()
     if manifest is not None:
-        majors = ", ".join(f"CUDA {entry['cuda']}" for entry in manifest["libraries"].values()) or "none"
+        majors = ", ".join(f"CUDA {_dotted(entry['cuda'])}" for entry in manifest["libraries"].values()) or "none"
         hooks = ", ".join(manifest["torch_hooks"]) or "none"
         print(f"installed: {_build.SHIPPED.parent}; prebuilt libuvm.so for {majors}; block hooks for torch {hooks}")
     else:
@@ -87,7 +87,7 @@ def _print_installation(problems: list[str]) -> None:
     for label, find in (("CUDA toolkit", _build.cuda_home), ("compiler", _build.compiler)):
         try:
             found = find()
-            print(f"{label}: {found}" + (f" (CUDART_VERSION {_build.cuda_version(found)})" if label == "CUDA toolkit" else ""))
+            print(f"{label}: {found}" + (f" (CUDA {_dotted(_build.cuda_version(found))})" if label == "CUDA toolkit" else ""))
         except _build.BuildError as error:
             needed = manifest is None
             print(f"{label}: none ({'needed here: ' if needed else 'not needed: '}{error})")
@@ -99,19 +99,31 @@ def _print_installation(problems: list[str]) -> None:
     if len(owners) > 1:
         problems.append(f"several installed distributions provide the `uvm` import: {', '.join(owners)}; "
                         "uninstall all but uvm-cuda")
+    value = os.environ.get(_switch.ENV)
+    why_off = f"{_switch.ENV} unset" if value is None else f"{_switch.ENV}={value!r}"
     try:
         asked = _switch.switched()
     except ValueError as error:
         problems.append(str(error))
         asked = {}
+        why_off += ", not understood"
     active = _switch.active()
     if not asked:
-        print(f"switch: off ({_switch.ENV} unset): torch_memory_saver and Megatron's unified_memory import as installed")
+        print(f"switch: off ({why_off}): torch_memory_saver and Megatron's unified_memory import as installed")
     for module, name in asked.items():
         original = _switch.original_location(module)
         state = "on" if module in active else "asked for, but uvm_switch.pth did not run in this process"
         print(f"switch {name}: {state}: `import {module}` gives uvm's; the original is "
               f"{'at ' + original if original else 'not installed'}")
+
+
+def _dotted(version) -> str:
+    """CUDA's version number as people write it: 12010 -> "12.1", 13000 -> "13.0"; as given otherwise."""
+    try:
+        number = int(version)
+    except (TypeError, ValueError):
+        return str(version)
+    return f"{number // 1000}.{number % 1000 // 10}" if number >= 1000 else str(version)
 
 
 def _owners_of_uvm() -> list[str]:
@@ -217,6 +229,8 @@ def main(argv: list[str]) -> int:
     if argv[:1] in (["-h"], ["--help"], ["help"]):
         print(USAGE)
         return 0
+    if argv:
+        print(f"uvm: unknown command {argv[0]!r}", file=sys.stderr)
     print(USAGE, file=sys.stderr)
     return 2
 

@@ -9,7 +9,7 @@ import as before, where they are installed.
 
     UVM_SWITCH=1 (or "all")                 both
     UVM_SWITCH=torch_memory_saver,megatron  a comma-separated choice
-    UVM_SWITCH=0 or unset                   off
+    UVM_SWITCH=0 (off, false, no) or unset  off
 """
 from __future__ import annotations
 
@@ -24,20 +24,25 @@ TARGETS = {"torch_memory_saver": "torch_memory_saver", "megatron": "megatron.cor
 ENV = "UVM_SWITCH"
 
 
+OFF = ("", "0", "off", "false", "no")  # uvm_switch.pth reads the same (and imports nothing for them)
+ON = ("1", "all", "on", "true", "yes")
+_told: set = set()  # bad values said on stderr in this process (the .pth may run twice: once each)
+
+
 def switched() -> dict[str, str]:
     """{module name: switch name} of what UVM_SWITCH asks for. Raises ValueError naming an unknown
     name."""
     value = os.environ.get(ENV, "").strip()
-    if value in ("", "0"):
+    if value.lower() in OFF:
         return {}
-    if value in ("1", "all"):
+    if value.lower() in ON:
         names = list(TARGETS)
     else:
         names = [name.strip() for name in value.split(",") if name.strip()]
         unknown = [name for name in names if name not in TARGETS]
         if unknown:
-            raise ValueError(f"{ENV}={value!r} names {unknown}: use 1, all, or a comma-separated choice of "
-                             f"{', '.join(TARGETS)}")
+            raise ValueError(f"{ENV}={value!r} names {unknown}: use 1 (or all), 0 (or off), or a comma-separated "
+                             f"choice of {', '.join(TARGETS)}")
     return {TARGETS[name]: name for name in names}
 
 
@@ -98,7 +103,9 @@ def install() -> None:
     try:
         names = switched()
     except ValueError as error:
-        print(f"uvm: switch off: {error}", file=sys.stderr)
+        if str(error) not in _told:
+            _told.add(str(error))
+            print(f"uvm: switch off: {error}", file=sys.stderr)
         return
     if names:
         sys.meta_path.insert(0, _Finder(names))

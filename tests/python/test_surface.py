@@ -624,3 +624,16 @@ def test_a_torch_built_for_a_cuda_major_uvm_has_no_build_for_is_refused_first_sa
     assert "REFUSED this process uses CUDA 11" in result.stdout, result.stdout + result.stderr
     assert "install a torch built for CUDA 12 or 13" in result.stdout
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.so"))  # nothing compiled
+
+
+def test_an_unknown_command_is_named_before_the_usage():
+    from conftest import python
+    result = python("import sys, uvm.__main__ as cli\nsys.exit(cli.main(['bogus']))", check=False)
+    assert result.returncode == 2
+    assert result.stderr.startswith("uvm: unknown command 'bogus'\nusage: uvm doctor"), result.stderr
+
+
+def test_cuda_versions_are_printed_as_people_write_them():
+    from uvm.__main__ import _dotted
+    assert [_dotted(v) for v in (12010, "13000", 12080, 13020, "unknown", None)] == ["12.1", "13.0", "12.8", "13.2",
+                                                                                  "unknown", "None"]

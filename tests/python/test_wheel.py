@@ -219,11 +219,13 @@ def originals(tmp_path) -> Path:
 @pytest.mark.parametrize("value, saver, megatron", [
     ("1", "uvm.memory_saver", "uvm"), ("all", "uvm.memory_saver", "uvm"),
     ("torch_memory_saver", "uvm.memory_saver", "original"), ("megatron", "original", "uvm"),
-    ("0", "original", "original"), ("", "original", "original")])
+    ("0", "original", "original"), ("", "original", "original"), ("off", "original", "original"),
+    ("False", "original", "original"), ("no", "original", "original"), ("on", "uvm.memory_saver", "uvm")])
 def test_the_switch_reaches_every_process_and_off_gives_the_originals_back(venv, originals, value, saver, megatron):
     result = subprocess.run([str(venv), str(originals / "check.py")], capture_output=True, text=True, timeout=300,
                             env=bare_env(venv, PYTHONPATH=str(originals), UVM_SWITCH=value), cwd=originals)
     assert result.returncode == 0, result.stderr
+    assert "uvm: switch off" not in result.stderr  # every spelling of off is understood, silently
     lines = result.stdout.splitlines()
     # Under the switch the original's submodules are uvm's too (uvm.tms_layout): none of its code runs.
     helper = "torch_memory_saver.testing_utils from tms_layout/testing_utils.py" if saver != "original" else "original"
@@ -236,6 +238,11 @@ def test_a_bad_switch_value_switches_nothing_and_says_so(venv, originals):
                             env=bare_env(venv, PYTHONPATH=str(originals), UVM_SWITCH="sglang"), cwd=originals)
     assert result.returncode == 0 and result.stdout.splitlines()[0] == "parent original original"
     assert "uvm: switch off: UVM_SWITCH='sglang' names ['sglang']" in result.stderr
+    one = run(venv, "pass", bare_env(venv, UVM_SWITCH="sglang"))  # one process says it once, .pth run twice or not
+    assert one.stderr.count("uvm: switch off") == 1, one.stderr
+    doctor = subprocess.run([str(venv.parent / "uvm"), "doctor"], capture_output=True, text=True, timeout=300,
+                            env=bare_env(venv, UVM_SWITCH="sglang"))
+    assert "switch: off (UVM_SWITCH='sglang', not understood)" in doctor.stdout, doctor.stdout
 
 
 def test_the_switch_without_the_original_installed_still_gives_uvms(venv):
@@ -254,7 +261,7 @@ def test_the_uvm_command_gives_its_version_and_the_doctor_says_what_is_installed
                             env=bare_env(venv, PYTHONPATH=str(originals), UVM_SWITCH="torch_memory_saver"))
     out = doctor.stdout
     assert f"uvm {RELEASE} (distribution uvm-cuda)" in out
-    assert "prebuilt libuvm.so for CUDA 12010, CUDA 13000; block hooks for torch 2.6, 2.7" in out
+    assert "prebuilt libuvm.so for CUDA 12.1, CUDA 13.0; block hooks for torch 2.6, 2.7" in out
     assert "compiler: none (not needed:" in out
     assert (f"switch torch_memory_saver: on: `import torch_memory_saver` gives uvm's; the original is at "
             f"{originals / 'torch_memory_saver' / '__init__.py'}") in out

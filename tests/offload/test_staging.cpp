@@ -19,9 +19,11 @@ const uvm::Call kCall = uvm::Call::of("test");
 uvm::Span span_at(uintptr_t begin, size_t size) { return uvm::Span{begin, begin + size}; }
 
 // Runs `body` on another thread and says whether it finished within `seconds`; waits for it
-// either way, after `unblock` (which lets a held call go on).
+// either way, after `unblock` (which lets a held call go on). A call that waits for the held one
+// never finishes before `unblock`, so any bound tells the two apart: a generous one, so that a
+// loaded machine (TSan builds, CI) cannot fail a call that does not wait.
 template <typename Body, typename Unblock>
-bool finishes_in_time(Body body, Unblock unblock, int seconds = 2) {
+bool finishes_in_time(Body body, Unblock unblock, int seconds = 30) {
   auto done = std::async(std::launch::async, body);
   const bool in_time = done.wait_for(std::chrono::seconds(seconds)) == std::future_status::ready;
   unblock();

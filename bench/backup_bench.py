@@ -1,4 +1,4 @@
-"""Pause and resume with each kind of backup, side by side in one run (issue 26): uvm.memory_saver's
+"""Pause and resume with each kind of backup, side by side in one run: uvm.memory_saver's
 pinned, mmap and disk backups against torch_memory_saver's (its wheel, hook_mode "torch"), the disk's
 own sequential bandwidth (dd with direct I/O, same directory) and the pinned cudaMemcpy of the same
 bytes. Each backend runs in a child process of its own (each library keeps process-wide state).

@@ -1,4 +1,4 @@
-"""What each way of learning that a PyTorch block died costs, on a model of 4,096 tensors (issue 24):
+"""What each way of learning that a PyTorch block died costs, on a model of 4,096 tensors:
 
 - hook:      the caching allocator's trace hook (_torch_blocks.cpp, what uvm's pools use): every
              block handed out or taken back is reported to uvm_block_allocated / uvm_block_freed.

@@ -1,4 +1,4 @@
-"""Offload/onload benchmark: how fast a model leaves the GPU and comes back (issue 4).
+"""Offload/onload benchmark: how fast a model leaves the GPU and comes back.
 
 A transformer-like model (64 layers of attention and MLP weights, biases and norms: 1,000+
 parameters of mixed sizes, bf16) is allocated in a uvm pool. One cycle: offload, a plain allocation

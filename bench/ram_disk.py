@@ -1,4 +1,4 @@
-"""A disk faster than the device machine's virtual one, for the disk-backup benchmarks (issue 26).
+"""A disk faster than the device machine's virtual one, for the disk-backup benchmarks.
 
 The device machine has one virtual disk (about 1.3 GB/s) and no NVMe drive, so both libraries' disk
 backups run into it alike. `ram_disk(gib)` loop-mounts an ext4 image kept in /dev/shm, which reads

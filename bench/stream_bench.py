@@ -1,4 +1,4 @@
-"""Streaming benchmark (issue 28): a decoder whose weights are several times a GPU budget, run
+"""Streaming benchmark: a decoder whose weights are several times a GPU budget, run
 forward with uvm.stream, beside what bounds it, in one process:
 
   resident        the model on the GPU: the compute floor

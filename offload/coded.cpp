@@ -3,8 +3,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <mutex>
 #include <set>
 #include <string>
 
@@ -237,23 +235,12 @@ uvm_status code_in(const Call& call, int device, cudaStream_t stream, const std:
   return UVM_OK;
 }
 
-namespace {
-
-// Says `what` on stderr the first time `device` meets it (`told`: the devices already told).
-void say_once(std::set<int>* told, int device, const std::string& what) {
-  static auto* mutex = new std::mutex();  // never destroyed: no code runs from static destructors
-  std::lock_guard<std::mutex> lock(*mutex);
-  if (told->insert(device).second) std::fprintf(stderr, "%s\n", what.c_str());
-}
-
-}  // namespace
-
 bool coder_usable(int device) {
   std::string why;
   if (coder_loads(device, &why)) return true;
-  static auto* told = new std::set<int>();
-  say_once(told, device, "uvm: compressed backups are off on device " + std::to_string(device) + " (" + why +
-                             "); uvm_pause keeps plain copies there");
+  static auto* told = new std::set<int>();  // never destroyed: no code runs from static destructors
+  say_once_per_device(told, device, "uvm: compressed backups are off on device " + std::to_string(device) + " (" +
+                                        why + "); uvm_pause keeps plain copies there");
   return false;
 }
 
@@ -265,9 +252,9 @@ bool coder_scratch_ready(const Call& call, int device, cudaStream_t stream, cons
   uvm_status s = scratch.prepare(call, device, 0, stream);
   if (s == UVM_OK) s = scratch.prepare_choosing(call, device, chunks, true);
   if (s == UVM_OK) return true;
-  static auto* told = new std::set<int>();
-  say_once(told, device, "uvm: a compressed pause on device " + std::to_string(device) +
-                             " keeps plain copies: no room for the coder's scratch (" + uvm_last_error() + ")");
+  static auto* told = new std::set<int>();  // never destroyed: no code runs from static destructors
+  say_once_per_device(told, device, "uvm: a compressed pause on device " + std::to_string(device) +
+                                        " keeps plain copies: no room for the coder's scratch (" + uvm_last_error() + ")");
   uvm_clear_last_error();
   return false;
 }

@@ -241,16 +241,18 @@ uvm_status decode_on_host(const Call& call, int device, const std::vector<Decode
 
 // Whether the CPU decodes a resume's chunks on `device`: the first time, said on stderr.
 void say_decoding_on_host(int device, const std::string& why) {
-  static auto* mutex = new std::mutex();  // never destroyed: no code runs from static destructors
-  static auto* told = new std::set<int>();
-  std::lock_guard<std::mutex> lock(*mutex);
-  if (told->insert(device).second) {
-    std::fprintf(stderr, "uvm: compressed copies on device %d are decoded on the CPU: no room for the coder's "
-                 "scratch (%s)\n", device, why.c_str());
-  }
+  static auto* told = new std::set<int>();  // never destroyed: no code runs from static destructors
+  say_once_per_device(told, device, "uvm: compressed copies on device " + std::to_string(device) +
+                                        " are decoded on the CPU: no room for the coder's scratch (" + why + ")");
 }
 
 }  // namespace
+
+void say_once_per_device(std::set<int>* told, int device, const std::string& what) {
+  static auto* mutex = new std::mutex();  // never destroyed: no code runs from static destructors
+  std::lock_guard<std::mutex> lock(*mutex);
+  if (told->insert(device).second) std::fprintf(stderr, "%s\n", what.c_str());
+}
 
 CodecScratch::~CodecScratch() {
   if (stream_ != nullptr) clear_cuda_error(cudaStreamSynchronize(stream_));

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,10 @@ class CodecScratch {
 // Every device pointer the coder's kernels read or write (a job's `src`, a decode's `dst` and each
 // whole chunk after them) must be 16-byte aligned: they access 16 bytes a thread, and a misaligned
 // access loses the context. One that is not fails UVM_ERROR_INTERNAL, with nothing launched.
+
+// Says `what` on stderr the first time `device` meets it (`told`: the devices already told, one set
+// per message): the coder's fallbacks are said once per device, not once per move.
+void say_once_per_device(std::set<int>* told, int device, const std::string& what);
 
 // Whether the coder's kernels load on `device` (current): where they cannot (a driver too old for
 // their PTX), `why` names the call that failed and its error, and no CUDA error is left pending.

@@ -79,13 +79,8 @@ def tag(name: str | None):
     """
     if name is not None and not isinstance(name, str):
         raise TypeError(f"a tag is a str (or None for untagged), not {type(name).__name__}")
-    lib = library()
-    previous = lib.uvm_get_thread_tag()
-    _lib.check(lib.uvm_set_thread_tag(None if name is None else name.encode()))
-    try:
+    with _lib.thread_setting("tag", None if name is None else name.encode()):
         yield
-    finally:
-        lib.uvm_set_thread_tag(previous)
 
 
 def tags() -> list[str]:

@@ -3,6 +3,7 @@ becomes uvm's int, and the one place a status becomes a Python exception."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import os
 import threading
@@ -350,6 +351,20 @@ def synchronize(device: int) -> None:
     exit Python ends a daemon thread that waits here cleanly, where one waiting inside
     torch.cuda.synchronize aborts the process (terminate called without an active exception)."""
     check(library().uvm_device_synchronize(device))
+
+
+@contextlib.contextmanager
+def thread_setting(name: str, value):
+    """Inside, this thread's uvm_set_thread_<name>(value) holds (tag, backup, compression, exportable:
+    what uvm_malloc records with each allocation); the setting before comes back after."""
+    lib = library()
+    previous = getattr(lib, f"uvm_get_thread_{name}")()
+    setter = getattr(lib, f"uvm_set_thread_{name}")
+    check(setter(value))
+    try:
+        yield
+    finally:
+        setter(previous)
 
 
 def check(status: int, about: str = "") -> None:

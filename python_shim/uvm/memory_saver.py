@@ -47,25 +47,15 @@ CPU_BACKUP_BACKENDS = ("pinned", "mmap")
 def _backup(kind: str):
     """Allocations this thread makes inside carry the backup uvm_pause keeps: "none", "host"
     (pinned), "mmap" or "disk" (_lib.BACKUPS)."""
-    lib = _lib.library()
-    previous = lib.uvm_get_thread_backup()
-    _lib.check(lib.uvm_set_thread_backup(_lib.BACKUPS[kind]))
-    try:
+    with _lib.thread_setting("backup", _lib.BACKUPS[kind]):
         yield
-    finally:
-        lib.uvm_set_thread_backup(previous)
 
 
 @contextlib.contextmanager
 def _compression(on: bool):
     """Allocations this thread makes inside are paused into compressed backups (on) or plain ones."""
-    lib = _lib.library()
-    previous = lib.uvm_get_thread_compression()
-    _lib.check(lib.uvm_set_thread_compression(1 if on else 0))
-    try:
+    with _lib.thread_setting("compression", 1 if on else 0):
         yield
-    finally:
-        lib.uvm_set_thread_compression(previous)
 
 
 def _shareable_from_env(text: str):

@@ -57,13 +57,8 @@ def exportable(on: bool = True):
     otherwise is refused when sent (naming this), and exportable from its next resume or onload on:
     uvm never swaps memory under work other threads may launch (uvm_set_thread_exportable in uvm.h).
     NCCL can map exportable memory into its peers: lift that before a pause (uvm.nccl)."""
-    lib = _lib.library()
-    previous = lib.uvm_get_thread_exportable()
-    _lib.check(lib.uvm_set_thread_exportable(1 if on else 0))
-    try:
+    with _lib.thread_setting("exportable", 1 if on else 0):
         yield
-    finally:
-        lib.uvm_set_thread_exportable(previous)
 
 
 def _uvm_storage(tensor):

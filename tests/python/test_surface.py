@@ -637,3 +637,27 @@ def test_cuda_versions_are_printed_as_people_write_them():
     from uvm.__main__ import _dotted
     assert [_dotted(v) for v in (12010, "13000", 12080, 13020, "unknown", None)] == ["12.1", "13.0", "12.8", "13.2",
                                                                                   "unknown", "None"]
+
+
+def test_thread_settings_hold_inside_and_come_back_after_even_on_a_raise():
+    """uvm.tag, and the backup, compression and exportable settings regions and pools use, through one
+    helper (_lib.thread_setting): the library's thread setting inside, the one before after."""
+    from conftest import python
+    code = """
+import uvm
+from uvm import _lib
+from uvm.sharing import exportable
+lib = uvm.library()
+with uvm.tag("outer"):
+    with uvm.tag("inner"), exportable(), _lib.thread_setting("compression", 1):
+        print(lib.uvm_get_thread_tag(), lib.uvm_get_thread_exportable(), lib.uvm_get_thread_compression())
+    print(lib.uvm_get_thread_tag(), lib.uvm_get_thread_exportable(), lib.uvm_get_thread_compression())
+try:
+    with exportable(), _lib.thread_setting("compression", 2):
+        pass
+except ValueError as error:
+    print("refused:", "compress is 2" in str(error), lib.uvm_get_thread_exportable())
+print(lib.uvm_get_thread_tag())
+"""
+    lines = python(code).stdout.splitlines()
+    assert lines == ["b'inner' 1 1", "b'outer' 0 0", "refused: True 0", "b''"], lines

@@ -288,11 +288,14 @@ uvm_status start_server(const Call& call, Exports& state) {
 // export, says so.
 uvm_status refuse_unexportable(const Call& call, const AllocationView& found, Mapping* mapping) {
   const void* at = reinterpret_cast<const void*>(found.base);
-  if (mapping->shared) {  // asked, and mapped since: the device's memory cannot be exported
-    return fail(call, UVM_ERROR_UNSUPPORTED,
-                "device %d's driver cannot export VMM memory to another process (no "
-                "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR support); the allocation at %p stays this process's",
-                found.device, at);
+  if (mapping->shared) {  // asked, and mapped since: the export itself says why it cannot be
+    ContextScope scope;
+    int fd = -1;
+    uvm_status s = scope.enter(call, found.device, ContextScope::When::always);
+    if (s == UVM_OK) s = vmm_export(call, found.base, *mapping, &fd);
+    if (fd >= 0) close(fd);
+    return s != UVM_OK ? s : fail(call, UVM_ERROR_INTERNAL, "the allocation at %p asked for exportable memory and "
+                                                            "was mapped without it", at);
   }
   mapping->shared = true;
   registry().set_mapping(found.base, *mapping);

@@ -249,12 +249,13 @@ CUresult fake_device_get(CUdevice* device, int ordinal) {
   *device = ordinal;
   return CUDA_SUCCESS;
 }
-// Device 0 can register VMM memory with a NIC (GPUDirect RDMA); the others cannot.
+// Device 0 can register VMM memory with a NIC (GPUDirect RDMA); the others cannot. Every device
+// can export VMM memory as a POSIX file descriptor, except in the scenario no_export.
 CUresult fake_device_get_attribute(int* value, CUdevice_attribute attribute, CUdevice device) {
   if (CUresult r; injected_driver_now("cuDeviceGetAttribute", &r)) return r;
   if (device < 0 || device >= kDeviceCount) return CUDA_ERROR_INVALID_DEVICE;
   if (attribute == CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED) {
-    *value = 1;
+    *value = scenario() == "no_export" ? 0 : 1;
     return CUDA_SUCCESS;
   }
   if (attribute != CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED) return CUDA_ERROR_INVALID_VALUE;

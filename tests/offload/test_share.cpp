@@ -567,6 +567,31 @@ TEST_CASE("an exporter that does not answer fails the import after UVM_SHARE_TIM
   close(listening);
 }
 
+TEST_CASE("on a device that cannot export, memory asked to be exportable is refused naming the driver, at every map",
+          "[scenario][no_export]") {
+  FakeMachine machine;
+  void* mine = exportable_releasable(kSize);
+  void* plain = uvm_malloc_releasable(kSize, 0, nullptr);
+  REQUIRE(mine != nullptr);
+  REQUIRE(plain != nullptr);
+  CHECK_FALSE(fake::exportable_at(mine));
+  uvm_share_handle handle{};
+  CHECK(uvm_share_export(mine, &handle) == UVM_ERROR_UNSUPPORTED);
+  CHECK(mentions(uvm_last_error(), "cannot export VMM memory to another process"));
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  // Memory not asked for is refused for that first; marked, its next map is refused as the other.
+  CHECK(uvm_share_export(plain, &handle) == UVM_ERROR_UNSUPPORTED);
+  CHECK(mentions(uvm_last_error(), "was not made exportable"));
+  const uvm_range whole{plain, kSize};
+  REQUIRE(uvm_offload_ranges(&whole, 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
+  REQUIRE(uvm_onload_ranges(&whole, 1, nullptr) == UVM_OK);
+  CHECK(uvm_share_export(plain, &handle) == UVM_ERROR_UNSUPPORTED);
+  CHECK(mentions(uvm_last_error(), "cannot export VMM memory to another process"));
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+  uvm_free(mine, kSize, 0, nullptr);
+  uvm_free(plain, kSize, 0, nullptr);
+}
+
 TEST_CASE("an importer that crashes, or exits without closing, counts no longer", "[share]") {
   for (const bool crash : {true, false}) {
     CAPTURE(crash);

@@ -136,6 +136,18 @@ void Registry::set_paused(const std::vector<uintptr_t>& bases, bool paused) {
   }
 }
 
+size_t Registry::set_backup(const Selection& selection, uvm_backup backup, bool compressed) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t changed = 0;
+  for (auto& [base, allocation] : allocations_) {
+    if (!selection.includes(allocation)) continue;
+    allocation.backup = backup;
+    allocation.compressed = compressed;
+    ++changed;
+  }
+  return changed;
+}
+
 bool Registry::block_state(uintptr_t begin, uintptr_t end, BlockState* out, BlockChange change) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = allocations_.upper_bound(begin);

@@ -174,6 +174,8 @@ class Registry {
 
   // Marks the allocations at `bases` paused or not (those freed meanwhile are skipped).
   void set_paused(const std::vector<uintptr_t>& bases, bool paused);
+  // Sets the backup and compression of the selected allocations (uvm_set_backup); how many it set.
+  size_t set_backup(const Selection& selection, uvm_backup backup, bool compressed);
 
   // Whether the allocation at `base` is releasable memory given back to the driver.
   bool released(uintptr_t base) const;

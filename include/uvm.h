@@ -681,6 +681,29 @@ UVM_API int uvm_get_retain_backups(void);
 /* How many live allocations of the selection are paused. */
 UVM_API uvm_status uvm_paused_count(int device, const char* tag, size_t* count);
 
+/* Sets what the next uvm_pause keeps of the live allocations of the selection (device and tag as for
+ * uvm_pause) that are not paused: `backup`, compressed when `compress` is 1 (0 or 1; ignored for
+ * UVM_BACKUP_NONE). For runtimes that choose at the pause, not at the allocation, what each tag
+ * keeps (vLLM's sleep(offload_tags)). A paused allocation keeps what it was paused with. Takes turns
+ * with pause and resume. `*changed` (may be NULL) is how many allocations it set. */
+UVM_API uvm_status uvm_set_backup(int device, const char* tag, uvm_backup backup, int compress, size_t* changed);
+
+/* One live allocation as pause and resume see it (uvm_get_allocation_state). */
+typedef struct uvm_allocation_state {
+  const void* base;  /* the allocation holding the pointer asked about */
+  size_t size;
+  int device;
+  int paused;        /* 1: paused by uvm_pause and not resumed since */
+  int released;      /* 1: releasable memory whose physical memory is given back (paused, or every byte
+                        moved off the device) */
+  uvm_backup backup; /* what uvm_pause keeps (or kept) of it */
+  int compressed;    /* 1: uvm_pause compresses what it keeps */
+} uvm_allocation_state;
+
+/* The state of the live allocation holding `ptr`. UVM_ERROR_NOT_MANAGED if no uvm allocation holds
+ * it; UVM_ERROR_INVALID_ARGUMENT if `state` is NULL. */
+UVM_API uvm_status uvm_get_allocation_state(const void* ptr, uvm_allocation_state* state);
+
 /* Pins, ahead of need, the staging memory the next pause of the selection (device and tag as for
  * uvm_pause) will copy into: for its allocations kept in pinned host memory (UVM_BACKUP_HOST) that
  * are on their device and hold no copy (their bytes the pause will copy: free space left out, a

@@ -157,4 +157,41 @@ uvm_status uvm_paused_count(int device, const char* tag, size_t* count) {
   });
 }
 
+uvm_status uvm_set_backup(int device, const char* tag, uvm_backup backup, int compress, size_t* changed) {
+  const uvm::Call call = uvm::Call::of("uvm_set_backup").with_selection(device).with_tag(tag);
+  return uvm::guarded(call, [&] {
+    if (backup < UVM_BACKUP_NONE || backup > UVM_BACKUP_DISK) {
+      return uvm::fail(call, UVM_ERROR_INVALID_ARGUMENT, "backup is %d, not a uvm_backup", static_cast<int>(backup));
+    }
+    if (compress != 0 && compress != 1) return uvm::fail(call, UVM_ERROR_INVALID_ARGUMENT, "compress is %d, not 0 or 1", compress);
+    std::lock_guard<std::mutex> turn(uvm::pause_turns());  // a pause under way moves each allocation as it found it
+    uvm::Selection unpaused;
+    if (uvm_status s = uvm::select_arguments(call, device, tag, &unpaused)) return s;
+    unpaused.paused = false;
+    const size_t set = uvm::registry().set_backup(unpaused, backup, compress == 1 && backup != UVM_BACKUP_NONE);
+    if (changed) *changed = set;
+    return UVM_OK;
+  });
+}
+
+uvm_status uvm_get_allocation_state(const void* ptr, uvm_allocation_state* state) {
+  const uvm::Call call = uvm::Call::of("uvm_get_allocation_state").with_ptr(ptr);
+  return uvm::guarded(call, [&] {
+    if (state == nullptr) return uvm::fail(call, UVM_ERROR_INVALID_ARGUMENT, "state is NULL");
+    uvm::AllocationView found;
+    if (ptr == nullptr || !uvm::registry().find(ptr, &found)) {
+      return uvm::fail(call, UVM_ERROR_NOT_MANAGED, "no live uvm allocation contains this pointer");
+    }
+    *state = uvm_allocation_state{};
+    state->base = reinterpret_cast<const void*>(found.base);
+    state->size = found.size;
+    state->device = found.device;
+    state->paused = found.paused ? 1 : 0;
+    state->released = uvm::registry().released(found.base) ? 1 : 0;
+    state->backup = found.backup;
+    state->compressed = found.compressed ? 1 : 0;
+    return UVM_OK;
+  });
+}
+
 }  // extern "C"

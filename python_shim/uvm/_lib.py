@@ -35,6 +35,12 @@ class Allocation(ctypes.Structure):
                 ("releasable", ctypes.c_int)]
 
 
+class AllocationState(ctypes.Structure):  # uvm_allocation_state
+    _fields_ = [("base", ctypes.c_void_p), ("size", ctypes.c_size_t), ("device", ctypes.c_int),
+                ("paused", ctypes.c_int), ("released", ctypes.c_int), ("backup", ctypes.c_int),
+                ("compressed", ctypes.c_int)]
+
+
 class Stats(ctypes.Structure):
     _fields_ = [("live_bytes", ctypes.c_size_t), ("peak_bytes", ctypes.c_size_t),
                 ("live_allocations", ctypes.c_size_t), ("total_allocations", ctypes.c_uint64),
@@ -163,6 +169,8 @@ SIGNATURES = {
     "uvm_pause": (_int, [_int, ctypes.c_char_p]),
     "uvm_resume": (_int, [_int, ctypes.c_char_p]),
     "uvm_paused_count": (_int, [_int, ctypes.c_char_p, ctypes.POINTER(_size)]),
+    "uvm_set_backup": (_int, [_int, ctypes.c_char_p, _int, _int, ctypes.POINTER(_size)]),
+    "uvm_get_allocation_state": (_int, [_ptr, ctypes.POINTER(AllocationState)]),
     "uvm_set_retain_backups": (_int, [_int]),
     "uvm_get_retain_backups": (_int, []),
     "uvm_get_residency": (_int, [_int, ctypes.c_char_p, ctypes.POINTER(Residency)]),

@@ -385,3 +385,57 @@ TEST_CASE("a pause never drops an allocation made, while it waits, at the addres
   uvm_free(kept, kSlot, 0, nullptr);
   uvm_free(neighbour, kSlot, 0, nullptr);
 }
+
+TEST_CASE("uvm_set_backup chooses at the pause what each tag keeps; a paused allocation keeps its own",
+          "[pause][set_backup][cuda13]") {
+  FakeMachine machine;
+  auto weights = releasable_under("weights", UVM_BACKUP_NONE, 1);  // made to be dropped, kept after all
+  auto kv = releasable_under("kv", UVM_BACKUP_HOST, 2);            // made to be kept, dropped after all
+  size_t changed = 7;
+  REQUIRE(uvm_set_backup(UVM_ANY_DEVICE, "weights", UVM_BACKUP_HOST, 0, &changed) == UVM_OK);
+  CHECK(changed == 1);
+  REQUIRE(uvm_set_backup(0, "kv", UVM_BACKUP_NONE, 1, nullptr) == UVM_OK);  // compress: nothing to compress
+  uvm_allocation_state state{};
+  REQUIRE(uvm_get_allocation_state(kv->ptr + 100, &state) == UVM_OK);  // any byte of it
+  CHECK(state.base == kv->ptr);
+  CHECK(state.size == kMiB);
+  CHECK(state.backup == UVM_BACKUP_NONE);
+  CHECK(state.compressed == 0);
+  CHECK(state.paused == 0);
+  CHECK(state.released == 0);
+
+  REQUIRE(uvm_pause(UVM_ANY_DEVICE, nullptr) == UVM_OK);
+  CHECK(residency(0, "weights").staged_bytes == kMiB);
+  CHECK(residency(0, "kv").staged_bytes == 0);
+  REQUIRE(uvm_get_allocation_state(kv->ptr, &state) == UVM_OK);
+  CHECK(state.paused == 1);
+  CHECK(state.released == 1);
+  // Paused: what it was paused with stays, so that resume brings back what was kept.
+  REQUIRE(uvm_set_backup(UVM_ANY_DEVICE, nullptr, UVM_BACKUP_HOST, 1, &changed) == UVM_OK);
+  CHECK(changed == 0);
+  REQUIRE(uvm_get_allocation_state(weights->ptr, &state) == UVM_OK);
+  CHECK(state.backup == UVM_BACKUP_HOST);
+  CHECK(state.compressed == 0);
+  REQUIRE(uvm_resume(UVM_ANY_DEVICE, nullptr) == UVM_OK);
+  CHECK(weights->intact());
+  REQUIRE(uvm_get_allocation_state(weights->ptr, &state) == UVM_OK);
+  CHECK(state.paused == 0);
+  CHECK(state.released == 0);
+}
+
+TEST_CASE("uvm_set_backup and uvm_get_allocation_state refuse bad arguments by name", "[pause][set_backup]") {
+  FakeMachine machine;
+  auto weights = releasable_under("weights", UVM_BACKUP_NONE, 1);
+  CHECK(uvm_set_backup(0, "weights", static_cast<uvm_backup>(4), 0, nullptr) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Has("uvm_set_backup(device=0, tag=\"weights\")"));
+  CHECK_THAT(last_error(), Has("backup is 4"));
+  CHECK(uvm_set_backup(0, "weights", UVM_BACKUP_HOST, 2, nullptr) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Has("compress is 2"));
+  CHECK(uvm_set_backup(7, "weights", UVM_BACKUP_HOST, 0, nullptr) == UVM_ERROR_INVALID_ARGUMENT);
+  uvm_allocation_state state{};
+  int stack = 0;
+  CHECK(uvm_get_allocation_state(&stack, &state) == UVM_ERROR_NOT_MANAGED);
+  CHECK_THAT(last_error(), Has("uvm_get_allocation_state"));
+  CHECK(uvm_get_allocation_state(weights->ptr, nullptr) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+}

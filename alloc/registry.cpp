@@ -136,6 +136,12 @@ void Registry::set_paused(const std::vector<uintptr_t>& bases, bool paused) {
   }
 }
 
+void Registry::set_tag(uintptr_t base, TagId tag) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = allocations_.find(base);
+  if (it != allocations_.end()) it->second.tag = tag;
+}
+
 size_t Registry::set_backup(const Selection& selection, uvm_backup backup, bool compressed) {
   std::lock_guard<std::mutex> lock(mutex_);
   size_t changed = 0;

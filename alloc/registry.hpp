@@ -174,6 +174,8 @@ class Registry {
 
   // Marks the allocations at `bases` paused or not (those freed meanwhile are skipped).
   void set_paused(const std::vector<uintptr_t>& bases, bool paused);
+  // Gives the allocation at `base` the tag `tag` (uvm_set_allocation_tag).
+  void set_tag(uintptr_t base, TagId tag);
   // Sets the backup and compression of the selected allocations (uvm_set_backup); how many it set.
   size_t set_backup(const Selection& selection, uvm_backup backup, bool compressed);
 

@@ -688,6 +688,13 @@ UVM_API uvm_status uvm_paused_count(int device, const char* tag, size_t* count);
  * with pause and resume. `*changed` (may be NULL) is how many allocations it set. */
 UVM_API uvm_status uvm_set_backup(int device, const char* tag, uvm_backup backup, int compress, size_t* changed);
 
+/* Gives the live allocation holding `ptr` the tag `tag` (NULL or "": untagged), so that selections
+ * by tag (pause, resume, the selection moves, residency) find it under its new tag from now on. For
+ * a runtime that sets memory aside where its tag's pauses must not reach it (vLLM's trimmed pool
+ * segments). UVM_ERROR_INVALID_ARGUMENT for a paused allocation (resume it first) or a bad tag;
+ * UVM_ERROR_NOT_MANAGED if no uvm allocation holds `ptr`. Takes turns with pause and resume. */
+UVM_API uvm_status uvm_set_allocation_tag(const void* ptr, const char* tag);
+
 /* One live allocation as pause and resume see it (uvm_get_allocation_state). */
 typedef struct uvm_allocation_state {
   const void* base;  /* the allocation holding the pointer asked about */

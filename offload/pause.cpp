@@ -160,9 +160,8 @@ uvm_status uvm_paused_count(int device, const char* tag, size_t* count) {
 uvm_status uvm_set_backup(int device, const char* tag, uvm_backup backup, int compress, size_t* changed) {
   const uvm::Call call = uvm::Call::of("uvm_set_backup").with_selection(device).with_tag(tag);
   return uvm::guarded(call, [&] {
-    if (backup < UVM_BACKUP_NONE || backup > UVM_BACKUP_DISK) {
-      return uvm::fail(call, UVM_ERROR_INVALID_ARGUMENT, "backup is %d, not a uvm_backup", static_cast<int>(backup));
-    }
+    const int raw = uvm::raw_enum(backup);
+    if (raw < UVM_BACKUP_NONE || raw > UVM_BACKUP_DISK) return uvm::fail(call, UVM_ERROR_INVALID_ARGUMENT, "backup is %d, not a uvm_backup", raw);
     if (compress != 0 && compress != 1) return uvm::fail(call, UVM_ERROR_INVALID_ARGUMENT, "compress is %d, not 0 or 1", compress);
     std::lock_guard<std::mutex> turn(uvm::pause_turns());  // a pause under way moves each allocation as it found it
     uvm::Selection unpaused;
@@ -170,6 +169,25 @@ uvm_status uvm_set_backup(int device, const char* tag, uvm_backup backup, int co
     unpaused.paused = false;
     const size_t set = uvm::registry().set_backup(unpaused, backup, compress == 1 && backup != UVM_BACKUP_NONE);
     if (changed) *changed = set;
+    return UVM_OK;
+  });
+}
+
+uvm_status uvm_set_allocation_tag(const void* ptr, const char* tag) {
+  const uvm::Call call = uvm::Call::of("uvm_set_allocation_tag").with_ptr(ptr).with_tag(tag);
+  return uvm::guarded(call, [&] {
+    uvm::TagId id = uvm::kUntagged;
+    if (uvm_status s = uvm::intern_tag(call, tag, &id)) return s;
+    std::lock_guard<std::mutex> turn(uvm::pause_turns());  // never half-way through a pause of either tag
+    uvm::AllocationView found;
+    if (ptr == nullptr || !uvm::registry().find(ptr, &found)) {
+      return uvm::fail(call, UVM_ERROR_NOT_MANAGED, "no live uvm allocation contains this pointer");
+    }
+    if (found.paused) {
+      return uvm::fail(call, UVM_ERROR_INVALID_ARGUMENT, "the allocation at %p is paused: resume it first (its tag's resume brings it back)",
+                       reinterpret_cast<const void*>(found.base));
+    }
+    uvm::registry().set_tag(found.base, id);
     return UVM_OK;
   });
 }

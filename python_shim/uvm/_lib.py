@@ -171,6 +171,7 @@ SIGNATURES = {
     "uvm_paused_count": (_int, [_int, ctypes.c_char_p, ctypes.POINTER(_size)]),
     "uvm_set_backup": (_int, [_int, ctypes.c_char_p, _int, _int, ctypes.POINTER(_size)]),
     "uvm_get_allocation_state": (_int, [_ptr, ctypes.POINTER(AllocationState)]),
+    "uvm_set_allocation_tag": (_int, [_ptr, ctypes.c_char_p]),
     "uvm_set_retain_backups": (_int, [_int]),
     "uvm_get_retain_backups": (_int, []),
     "uvm_get_residency": (_int, [_int, ctypes.c_char_p, ctypes.POINTER(Residency)]),

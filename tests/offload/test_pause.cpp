@@ -439,3 +439,25 @@ TEST_CASE("uvm_set_backup and uvm_get_allocation_state refuse bad arguments by n
   CHECK(uvm_get_allocation_state(weights->ptr, nullptr) == UVM_ERROR_INVALID_ARGUMENT);
   CHECK(cudaPeekAtLastError() == cudaSuccess);
 }
+
+TEST_CASE("uvm_set_allocation_tag moves one allocation out of its tag's pauses; a paused one is refused",
+          "[pause][set_backup][cuda13]") {
+  FakeMachine machine;
+  auto live = releasable_under("pool", UVM_BACKUP_HOST, 1);
+  auto aside = releasable_under("pool", UVM_BACKUP_HOST, 2);
+  REQUIRE(uvm_set_allocation_tag(aside->ptr + 5, "pool-aside") == UVM_OK);
+  REQUIRE(uvm_pause(UVM_ANY_DEVICE, "pool") == UVM_OK);
+  CHECK(paused(UVM_ANY_DEVICE, "pool") == 1);
+  CHECK(paused(UVM_ANY_DEVICE, "pool-aside") == 0);
+  CHECK(aside->intact());  // not moved: still on the device
+  CHECK(uvm_set_allocation_tag(live->ptr, "elsewhere") == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK_THAT(last_error(), Has("paused"));
+  REQUIRE(uvm_resume(UVM_ANY_DEVICE, "pool") == UVM_OK);
+  CHECK(live->intact());
+  REQUIRE(uvm_set_allocation_tag(live->ptr, nullptr) == UVM_OK);  // untagged
+  CHECK(residency(0, "").device_bytes == kMiB);
+  int stack = 0;
+  CHECK(uvm_set_allocation_tag(&stack, "x") == UVM_ERROR_NOT_MANAGED);
+  CHECK(uvm_set_allocation_tag(live->ptr, std::string(64, 'x').c_str()) == UVM_ERROR_INVALID_ARGUMENT);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+}

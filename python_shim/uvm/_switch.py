@@ -1,14 +1,15 @@
 """The switch that moves a stack onto uvm without editing it: with UVM_SWITCH set, `import
-torch_memory_saver` gives uvm.memory_saver's API and `megatron.core.inference.unified_memory` gives
-uvm, in this process and in every process it starts (they inherit the environment).
+torch_memory_saver` gives uvm.memory_saver's API, `megatron.core.inference.unified_memory` gives
+uvm, and vLLM's cumem module gets uvm's sleep-mode allocator as its CuMemAllocator (uvm.vllm), in
+this process and in every process it starts (they inherit the environment).
 
 The wheel installs uvm_switch.pth beside the package; Python runs it at every start, and it imports
 this module only when UVM_SWITCH is set (otherwise it costs one environment lookup). install() puts
 a finder first on sys.meta_path for the switched names. Unset, nothing is switched and the originals
 import as before, where they are installed.
 
-    UVM_SWITCH=1 (or "all")                 both
-    UVM_SWITCH=torch_memory_saver,megatron  a comma-separated choice
+    UVM_SWITCH=1 (or "all")                 all three
+    UVM_SWITCH=torch_memory_saver,vllm      a comma-separated choice (torch_memory_saver, megatron, vllm)
     UVM_SWITCH=0 (off, false, no) or unset  off
 """
 from __future__ import annotations
@@ -20,7 +21,8 @@ import os
 import sys
 
 # What each switch name stands in for: {switch name: module name}.
-TARGETS = {"torch_memory_saver": "torch_memory_saver", "megatron": "megatron.core.inference.unified_memory"}
+TARGETS = {"torch_memory_saver": "torch_memory_saver", "megatron": "megatron.core.inference.unified_memory",
+           "vllm": "vllm.device_allocator.cumem"}
 ENV = "UVM_SWITCH"
 
 
@@ -83,6 +85,22 @@ class _Alias(importlib.abc.Loader):
         module.__path__ = list(layout.__path__)
 
 
+class _Patched(importlib.abc.Loader):
+    """Loads vLLM's own cumem module, then puts uvm's allocator in it (uvm.vllm.patch): vLLM's module
+    stays, with its helpers, so that its tests and callers find what they import."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        from . import vllm
+        vllm.patch(module)
+
+
 class _Finder(importlib.abc.MetaPathFinder):
     def __init__(self, names: dict[str, str]):
         self.names = names
@@ -91,6 +109,11 @@ class _Finder(importlib.abc.MetaPathFinder):
         switch = self.names.get(fullname)
         if switch is None:
             return None
+        if switch == "vllm":
+            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _Patched(spec.loader)
+            return spec
         return importlib.machinery.ModuleSpec(fullname, _Alias(switch), is_package=switch == "torch_memory_saver")
 
 

@@ -397,3 +397,18 @@ def test_a_library_that_brings_a_second_cuda_runtime_is_refused_naming_both(venv
     said = shown.stdout.strip()
     assert said.startswith("refused:") and "brought a second CUDA runtime" in said, said
     assert "CUDA 12:" in said and "CUDA 13:" in said
+
+
+def test_vllm_finds_uvms_plugin_and_the_switch_gives_it_uvms_allocator(venv, tmp_path):
+    """The installed wheel: its vllm.general_plugins entry point is what vLLM's plugin loader finds, and
+    its .pth puts uvm's allocator in a stand-in vLLM of the real one's shape (tests/python/test_vllm.py)."""
+    from test_vllm import stand_in
+    folder = stand_in(tmp_path)
+    code = ("from importlib.metadata import entry_points; print([e.value for e in entry_points(group='vllm.general_plugins')]); "
+            "import vllm.plugins; vllm.plugins.load_general_plugins(); "
+            "from vllm.device_allocator import get_mem_allocator_instance as g; print(type(g()).__module__)")
+    on = run(venv, code, bare_env(venv, PYTHONPATH=str(folder), UVM_SWITCH="vllm"))
+    assert on.returncode == 0, on.stderr
+    assert on.stdout.splitlines() == ["['uvm.vllm:register']", "uvm.vllm"]
+    off = run(venv, code, bare_env(venv, PYTHONPATH=str(folder)))
+    assert off.stdout.splitlines() == ["['uvm.vllm:register']", "vllm.device_allocator.cumem"], off.stderr

@@ -1,0 +1,168 @@
+"""uvm.vllm without a GPU: the plugin and the switch put uvm's allocator in vLLM's place only where
+asked and only for a vLLM it knows; vLLM's sleep policy (level x tag, backup or drop, selective
+wake); and what the allocator refuses. A stand-in vLLM of the real one's shape (its cumem module,
+get_mem_allocator_instance importing the class at each call, and its installed version) stands in
+for vLLM, which needs torch 2.14. The GPU half: tests/peers/run_vllm_tests.sh runs vLLM's own
+allocator tests on uvm."""
+import textwrap
+
+import pytest
+from conftest import UVM_PATH, python
+
+STAND_IN = {
+    "vllm/__init__.py": "",
+    "vllm/device_allocator/__init__.py": """
+        DEFERRABLE_TAGS = ("weights", "kv_cache")
+        def get_mem_allocator_instance():
+            from vllm.device_allocator.cumem import CuMemAllocator
+            return CuMemAllocator.get_instance()
+    """,
+    "vllm/device_allocator/cumem.py": """
+        def create_and_map(handle):
+            pass
+        class CuMemAllocator:
+            instance = None
+            ORIGINAL = True
+            @staticmethod
+            def get_instance():
+                if CuMemAllocator.instance is None:
+                    CuMemAllocator.instance = CuMemAllocator()
+                return CuMemAllocator.instance
+    """,
+    # vLLM's loader of general plugins (vllm/plugins/__init__.py): every entry point of the group,
+    # or those VLLM_PLUGINS names.
+    "vllm/plugins.py": """
+        import os
+        from importlib.metadata import entry_points
+        def load_general_plugins():
+            allowed = os.environ.get("VLLM_PLUGINS")
+            allowed = None if allowed is None else allowed.split(",")
+            for plugin in entry_points(group="vllm.general_plugins"):
+                if allowed is None or plugin.name in allowed:
+                    plugin.load()()
+    """,
+}
+
+
+def stand_in(folder, version: str = "0.33.0"):
+    for name, text in STAND_IN.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    info = folder / f"vllm-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
+    return folder
+
+
+WHICH = """
+import sys, uvm._switch
+uvm._switch.install()  # what uvm_switch.pth does at start-up when UVM_SWITCH is set
+from vllm.device_allocator import get_mem_allocator_instance
+allocator = get_mem_allocator_instance()
+print(type(allocator).__module__, "torch" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("value, module", [("vllm", "uvm.vllm"), ("1", "uvm.vllm"), ("all", "uvm.vllm"),
+                                           ("torch_memory_saver,vllm", "uvm.vllm"), ("megatron", "vllm.device_allocator.cumem"),
+                                           ("0", "vllm.device_allocator.cumem"), ("", "vllm.device_allocator.cumem")])
+def test_the_switch_gives_vllm_uvms_allocator_only_where_asked_and_imports_no_torch(tmp_path, value, module):
+    folder = stand_in(tmp_path)
+    shown = python(WHICH, {"PYTHONPATH": f"{folder}:{UVM_PATH}", "UVM_SWITCH": value})
+    # The class only: nothing of CUDA or torch is touched until vLLM allocates (vLLM forks workers).
+    assert shown.stdout.split() == [module, "False"], shown.stdout + shown.stderr
+    assert "uvm:" not in shown.stderr
+
+
+def test_a_vllm_version_it_does_not_know_keeps_vllms_allocator_and_is_told_once(tmp_path):
+    folder = stand_in(tmp_path, "0.34.0")
+    code = WHICH + """
+import vllm.device_allocator.cumem as cumem, uvm.vllm
+uvm.vllm.register(); uvm.vllm.register(); uvm.vllm.patch(cumem)  # said once, however often asked
+print(cumem.CuMemAllocator.ORIGINAL)
+"""
+    shown = python(code, {"PYTHONPATH": f"{folder}:{UVM_PATH}", "UVM_SWITCH": "vllm"})
+    assert shown.stdout.split() == ["vllm.device_allocator.cumem", "False", "True"], shown.stdout
+    assert shown.stderr.count("uvm: vLLM 0.34.0 is not a version uvm's sleep-mode allocator knows (it knows 0.33); "
+                              "vLLM keeps its own CuMemAllocator") == 1, shown.stderr
+
+
+def test_the_plugin_puts_it_in_place_where_no_pth_ran_and_refuses_after_vllms_own_was_made(tmp_path):
+    folder = stand_in(tmp_path)
+    code = """
+import sys
+import vllm.device_allocator.cumem as cumem  # imported before the plugin ran: no import hook saw it
+import uvm.vllm
+uvm.vllm.register(); uvm.vllm.register()  # vLLM may run a plugin more than once
+from vllm.device_allocator import get_mem_allocator_instance
+print(type(get_mem_allocator_instance()).__module__, cumem.vllm_CuMemAllocator.ORIGINAL, "torch" in sys.modules)
+"""
+    env = {"PYTHONPATH": f"{folder}:{UVM_PATH}", "UVM_SWITCH": "vllm"}
+    assert python(code, env).stdout.split() == ["uvm.vllm", "True", "False"]
+    # vLLM's own allocator made first: two allocators would split the memory; it stays, and says why.
+    made_first = """
+import vllm.device_allocator.cumem as cumem, uvm.vllm
+cumem.CuMemAllocator.get_instance()
+uvm.vllm.register()
+print(cumem.CuMemAllocator.ORIGINAL)
+"""
+    shown = python(made_first, env)
+    assert shown.stdout.strip() == "True"
+    assert "vLLM made its own CuMemAllocator before uvm's plugin ran" in shown.stderr
+    off = python(code.replace("vllm_CuMemAllocator", "CuMemAllocator"), {**env, "UVM_SWITCH": "megatron"})
+    assert off.stdout.split() == ["vllm.device_allocator.cumem", "True", "False"]
+
+
+@pytest.mark.parametrize("level, weights, runtime, graphs, kv, workspace, default", [
+    (1, True, True, True, False, False, False),   # level 1: weights, runtime state and graphs kept
+    (2, False, True, True, False, False, False),  # level 2: weights dropped too
+])
+def test_the_sleep_policy_of_each_level_keeps_what_vllms_keeps(level, weights, runtime, graphs, kv, workspace, default):
+    from uvm.vllm import sleep_backups
+    # vLLM's CuMemBackend.suspend(level): ("weights",)? + ("runtime", "cudagraph")
+    offload = (("weights",) if level == 1 else ()) + ("runtime", "cudagraph")
+    tags = ["weights", "runtime", "cudagraph", "kv_cache", "workspace", "default"]
+    assert sleep_backups(tags, offload) == {"weights": weights, "runtime": runtime, "cudagraph": graphs,
+                                            "kv_cache": kv, "workspace": workspace, "default": default}
+
+
+def test_sleep_without_tags_keeps_the_default_tag_and_a_str_is_one_tag():
+    from uvm.vllm import sleep_backups
+    assert sleep_backups(["default", "weights"], None) == {"default": True, "weights": False}
+    assert sleep_backups(["weights", "weights_extra"], "weights") == {"weights": True, "weights_extra": False}
+    assert sleep_backups(["weights"], ()) == {"weights": False}
+
+
+@pytest.mark.parametrize("tags, woken", [
+    (None, ["weights", "kv_cache", "runtime", "workspace", "cudagraph"]),
+    (["weights"], ["weights", "runtime", "workspace", "cudagraph"]),  # kv_cache deferred, the rest always
+    (["kv_cache"], ["kv_cache", "runtime", "workspace", "cudagraph"]),
+    ([], ["runtime", "workspace", "cudagraph"]),
+])
+def test_a_selective_wake_defers_only_weights_and_kv_cache(tags, woken):
+    from uvm.vllm import wake_tags
+    assert wake_tags(["weights", "kv_cache", "runtime", "workspace", "cudagraph"], tags) == woken
+
+
+def test_a_backup_kind_it_does_not_have_is_refused_by_name(monkeypatch):
+    from uvm.vllm import CuMemAllocator
+    monkeypatch.setenv("UVM_VLLM_BACKUP", "nvme")
+    with pytest.raises(ValueError, match=r"UVM_VLLM_BACKUP='nvme': use one of pinned, mmap, disk"):
+        CuMemAllocator()
+    monkeypatch.setenv("UVM_VLLM_BACKUP", "mmap")
+    monkeypatch.setenv("UVM_VLLM_RETAIN_BACKUPS", "0")
+    monkeypatch.setenv("UVM_COMPRESS_BACKUPS", "1")
+    made = CuMemAllocator()
+    assert (made.backup, made.retain_backups, made.compress_backups) == ("mmap", False, True)
+    monkeypatch.delenv("UVM_VLLM_RETAIN_BACKUPS")
+    assert CuMemAllocator().retain_backups is True  # kept by default: the host memory vLLM holds anyway
+
+
+def test_a_failure_reaches_vllm_as_runtime_error_naming_the_call_and_tag():
+    from uvm import _lib
+    from uvm.vllm import _checked
+    lib = _lib.library()
+    status = lib.uvm_pause(99, b"vllm.weights")  # a device that does not exist: uvm's ValueError
+    with pytest.raises(RuntimeError, match=r"uvm's vLLM allocator: sleep of tag 'weights' failed: .*uvm_pause\(device=99"):
+        _checked(status, "sleep", "weights")

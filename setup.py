@@ -32,7 +32,7 @@ from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ("offload_bench.py", "rl_bench.py", "bench_all.py", "stream_bench.py")
+BENCHMARKS = ("offload_bench.py", "rl_bench.py", "bench_all.py", "stream_bench.py", "vllm_bench.py")
 TIMEOUT_S = 1800
 
 

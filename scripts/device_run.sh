@@ -67,6 +67,9 @@
 #                                across pause and resume, uvm beside torch_memory_saver (.deps/tmsonly: carry it)
 #   WEIGHT_SYNC=1                runs tests/peers/run_weight_sync.sh: a trainer's weights sent to an engine
 #                                (SGLang's adapter, both hook modes) through CUDA IPC, tokens against a reference
+#   VLLM=1                       runs tests/peers/run_vllm_tests.sh: vLLM's own allocator tests on vLLM's allocator
+#                                and on uvm's, test by test (.deps/vllm: scripts/fetch_vllm.sh; .deps/dist: the
+#                                wheel); with VLLM_BENCH=1 also `uvm bench vllm` there (VLLM_BENCH_ARGS)
 #   PYTEST="files"               runs those pytest files (e.g. the Python GPU tests one change needs)
 #   BEFORE=DIR                   also benchmarks the uvm tree in DIR (an older commit's files,
 #                                e.g. from `git archive`), alternating before/after runs of
@@ -191,6 +194,12 @@ fi
 if [ "${WEIGHT_SYNC:-0}" = 1 ]; then
   echo "== trainer→engine weight update through CUDA IPC, SGLang's adapter in both hook modes"
   bash tests/peers/run_weight_sync.sh 2>&1 | tee "$OUT/weight_sync.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if [ "${VLLM:-0}" = 1 ]; then
+  echo "== vLLM's allocator tests, on vLLM's allocator and on uvm's"
+  bash tests/peers/run_vllm_tests.sh 2>&1 | tee "$OUT/vllm_tests.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 

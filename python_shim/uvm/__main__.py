@@ -4,7 +4,8 @@ uvm --version — the release.
 python -m uvm bench [args] — the offload/onload benchmark (bench/offload_bench.py; --help).
 python -m uvm bench rl [args] — the sleep/wake cycle benchmark (bench/rl_bench.py; --help).
 python -m uvm bench all [--quick] [--out DIR] — both, one after the other (bench/bench_all.py).
-python -m uvm bench stream [args] — a model larger than its GPU budget, streamed (bench/stream_bench.py)."""
+python -m uvm bench stream [args] — a model larger than its GPU budget, streamed (bench/stream_bench.py).
+python -m uvm bench vllm [args] — vLLM's sleep mode on vLLM's allocator and on uvm's (bench/vllm_bench.py)."""
 from __future__ import annotations
 
 import ctypes
@@ -181,7 +182,8 @@ USAGE = """usage: uvm doctor                    what uvm sees here; exit 0 if a 
        python -m uvm bench [--help]    the offload/onload benchmark (needs torch and a GPU)
        python -m uvm bench rl [--help] the RL sleep/wake cycle benchmark, uvm against its peers
        python -m uvm bench all [--quick] [--out DIR]  both: every row of the two tables in one run
-       python -m uvm bench stream [--help]  streaming a model larger than its GPU budget"""
+       python -m uvm bench stream [--help]  streaming a model larger than its GPU budget
+       python -m uvm bench vllm [--help]    vLLM's sleep mode, vLLM's allocator beside uvm's"""
 
 
 def bench(argv: list[str]) -> int:
@@ -191,7 +193,7 @@ def bench(argv: list[str]) -> int:
     import ast
     import runpy
     name = "offload_bench.py"
-    runners = {"rl": "rl_bench.py", "all": "bench_all.py", "stream": "stream_bench.py"}
+    runners = {"rl": "rl_bench.py", "all": "bench_all.py", "stream": "stream_bench.py", "vllm": "vllm_bench.py"}
     if argv[:1] and argv[0] in runners:
         name, argv = runners[argv[0]], argv[1:]
     here = pathlib.Path(__file__).resolve().parent

@@ -100,6 +100,9 @@ class _Patched(importlib.abc.Loader):
         from . import vllm
         vllm.patch(module)
 
+    def __getattr__(self, name):  # get_source, get_filename...: tracebacks and inspect read vLLM's file
+        return getattr(self.loader, name)
+
 
 class _Finder(importlib.abc.MetaPathFinder):
     def __init__(self, names: dict[str, str]):

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -53,3 +55,18 @@ def test_a_comparison_that_compared_nothing_or_ran_on_a_failing_original_fails(t
     assert "errored (collection?) on the original and uvm" in capsys.readouterr().out
     assert main(report(a, [("t1", "failed"), ("t2", "failed")]), report(b, [("t1", "failed"), ("t2", "failed")])) == 1
     assert "the original passed no test" in capsys.readouterr().out
+
+
+def test_an_excused_test_may_fail_on_uvm_with_its_reason_and_an_excuse_not_needed_fails(tmp_path, capsys):
+    from compare_runs import _excuses, main
+    a, b = tmp_path / "a.xml", tmp_path / "b.xml"
+    original = report(a, [("t1", "passed"), ("t2", "passed")])
+    assert main(original, report(b, [("t1", "passed"), ("t2", "failed")]), {"test_x.py::t2": "patches internals"}) == 0
+    assert "test_x.py::t2: original passed, uvm failed  (excused: patches internals)" in capsys.readouterr().out
+    assert main(original, report(b, [("t1", "passed"), ("t2", "failed")]), {"test_x.py::t1": "why"}) == 1  # t2 not excused
+    assert main(original, report(b, [("t1", "passed"), ("t2", "passed")]), {"test_x.py::t2": "why"}) == 1
+    assert "the excuse for test_x.py::t2 is not needed (uvm: passed)" in capsys.readouterr().out
+    assert main(original, report(b, [("t1", "passed"), ("t2", "passed")]), {"test_x.py::gone": "why"}) == 1
+    assert _excuses(["--excused", "f.py::t=a = b"]) == {"f.py::t": "a = b"}
+    with pytest.raises(SystemExit, match="expected --excused"):
+        _excuses(["--excuse", "f.py::t=why"])

@@ -6,8 +6,11 @@
 # the GPU machine"), so this carries that and nothing else, all from PyPI, pinned:
 #   vllm-site.tar.xz  the 0.33.0 wheel's Python files, vllm/cumem_allocator.abi3.so (the allocator's C
 #                     extension: the CUDA driver and CPython only) and its dist-info (vLLM's platform
-#                     detection reads the installed version); vllm/_C_stable_libtorch, built for torch
-#                     2.14, is an empty module here: the allocator uses none of its ops
+#                     detection reads the installed version); two compiled extensions built for torch
+#                     2.14 are stand-ins here, for imports only (the allocator uses none of their ops):
+#                     vllm/_C_stable_libtorch answers the two capability queries vLLM's quantization
+#                     modules ask at import time ("not supported"), and vllm/vllm_flash_attn/_vllm_fa2_C
+#                     is empty (vllm_flash_attn refuses to import without one)
 #   tests/            from the 0.33.0 sdist (the tests are not in the wheel): test_cumem.py,
 #                     test_sleep_mode_backend.py, tests/utils.py and the __init__.py files on the way,
 #                     unmodified; not tests/conftest.py (it imports the engine and its model fixtures,
@@ -37,7 +40,16 @@ with zipfile.ZipFile(wheel) as archive:
         if name.endswith(".py") or name == "vllm/cumem_allocator.abi3.so" or name.startswith(f"vllm-{version}.dist-info/"):
             archive.extract(entry, site)
 EOF
-: >"$site/vllm/_C_stable_libtorch.py"
+: >"$site/vllm/vllm_flash_attn/_vllm_fa2_C.py"
+cat >"$site/vllm/_C_stable_libtorch.py" <<'STANDIN'
+# uvm's stand-in for vLLM's compiled ops (built for torch 2.14; scripts/fetch_vllm.sh): only the
+# capability queries vLLM's modules ask when they are imported, answered "not supported".
+import torch
+_library = torch.library.Library("_C", "DEF")
+for _name in ("cutlass_scaled_mm_supports_block_fp8", "cutlass_group_gemm_supported"):
+    _library.define(f"{_name}(int cuda_device_capability) -> bool")
+    _library.impl(_name, lambda capability: False, "CompositeExplicitAutograd")
+STANDIN
 tar -cJf "$out/vllm-site.tar.xz" -C "$site" .
 
 # The sdist's setup.py imports torch, so pip stops at its metadata; --no-clean keeps what it unpacked.

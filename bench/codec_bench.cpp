@@ -2,11 +2,14 @@
 // backup of bf16 weights leaves the device and comes back (GB/s of the weights' bytes, so a smaller
 // stored size counts as speed) and how much host memory it takes.
 //
-//   codec_bench [--gib 4] [--reps 3] [--out results.json]
+//   codec_bench [--gib 4] [--reps 3] [--data bf16] [--out results.json]
 //
-// Each GPU holds --gib GiB of bf16 weights in plain device memory (cudaMalloc: no managed memory),
-// tensors of a Llama-style model's scales (projections 0.02, norms and embeddings 1, a head 0.002),
-// drawn once on the host (64 MiB) and laid out over and over. Per GPU, one thread: pinned host
+// Each GPU holds --gib GiB of weights in plain device memory (cudaMalloc: no managed memory), drawn
+// once on the host (64 MiB) and laid out over and over. --data says which: bf16 (the default) and
+// fp16, tensors of a Llama-style model's scales (projections 0.02, norms and embeddings 1, a head
+// 0.002); and data the coder cannot shrink, where what it costs shows: fp32 (normal, std 0.02), int8
+// (normal values quantized at 32 steps per standard deviation), fp8 (e4m3, normal, std 1) and random
+// bytes. Per GPU, one thread: pinned host
 // memory for a plain backup and for a compressed one; at every step all threads start together
 // (a barrier) and the step's time is the slowest thread's. Steps: plain copy out
 // (cudaMemcpyAsync), plain copy in, compress_to_host, decompress_from_host, and the coder alone
@@ -16,10 +19,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,6 +36,68 @@
 namespace {
 
 namespace codec = uvm::codec;
+
+// IEEE half of a float, rounded to nearest even (normal range; smaller values flush to zero).
+uint16_t half_of(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, 4);
+  const uint32_t sign = (bits >> 16) & 0x8000u;
+  const int exponent = static_cast<int>((bits >> 23) & 0xFF) - 127 + 15;
+  if (exponent <= 0) return static_cast<uint16_t>(sign);
+  if (exponent >= 31) return static_cast<uint16_t>(sign | 0x7C00u);
+  uint32_t mantissa = bits & 0x7FFFFFu;
+  uint32_t half = sign | (static_cast<uint32_t>(exponent) << 10) | (mantissa >> 13);
+  const uint32_t rest = mantissa & 0x1FFFu;
+  if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) ++half;
+  return static_cast<uint16_t>(half);
+}
+
+// fp8 e4m3 of a float (bias 7, no infinities, saturating at 448), rounded to nearest.
+uint8_t e4m3_of(float value) {
+  const uint8_t sign = value < 0 ? 0x80 : 0;
+  float magnitude = std::min(std::fabs(value), 448.0f);
+  if (magnitude < 1.0f / 512) return sign;
+  int exponent = 0;
+  const float fraction = std::frexp(magnitude, &exponent);  // magnitude = fraction * 2^exponent, fraction in [0.5, 1)
+  int biased = exponent - 1 + 7;
+  if (biased < 1) return static_cast<uint8_t>(sign | std::lround(magnitude * 512));  // subnormal: steps of 2^-9
+  int mantissa = static_cast<int>(std::lround((fraction * 2 - 1) * 8));
+  if (mantissa == 8) mantissa = 0, ++biased;
+  if (biased > 15 || (biased == 15 && mantissa > 6)) biased = 15, mantissa = 6;
+  return static_cast<uint8_t>(sign | (biased << 3) | mantissa);
+}
+
+// 64 MiB of --data's kind (see the top of this file); empty for an unknown kind.
+codec_data::Bytes pattern_of(const std::string& kind) {
+  const size_t bytes = size_t{64} << 20;
+  codec_data::Bytes pattern(bytes);
+  const float scales[] = {0.02f, 0.02f, 0.02f, 1.0f, 0.02f, 0.05f, 0.002f, 0.02f};
+  std::mt19937 rng(7);
+  if (kind == "bf16") {
+    for (size_t i = 0; i < 8; ++i) {  // 8 tensors of 8 MiB at a Llama-style model's scales
+      const codec_data::Bytes part = codec_data::gaussian_bf16(bytes / 8, static_cast<unsigned>(i + 1), scales[i]);
+      std::copy(part.begin(), part.end(), pattern.begin() + i * (bytes / 8));
+    }
+  } else if (kind == "fp16") {
+    for (size_t i = 0; i < bytes / 2; ++i) {
+      std::normal_distribution<float> normal(0.0f, scales[i / (bytes / 16)]);
+      codec_data::put_word(pattern, i, half_of(normal(rng)));
+    }
+  } else if (kind == "fp32") {
+    pattern = codec_data::gaussian_fp32(bytes, 7);
+  } else if (kind == "int8") {
+    std::normal_distribution<float> normal(0.0f, 32.0f);
+    for (auto& b : pattern) b = static_cast<uint8_t>(static_cast<int8_t>(std::clamp(std::lround(normal(rng)), -127L, 127L)));
+  } else if (kind == "fp8") {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (auto& b : pattern) b = e4m3_of(normal(rng));
+  } else if (kind == "random") {
+    pattern = codec_data::random_bytes(bytes, 7);
+  } else {
+    pattern.clear();
+  }
+  return pattern;
+}
 
 class Barrier {
  public:
@@ -139,11 +206,13 @@ int main(int argc, char** argv) {
   double gib = 4;
   int reps = 3;
   std::string out_path = "codec_bench.json";
+  std::string data = "bf16";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--gib") gib = std::stod(argv[i + 1]);
     else if (flag == "--reps") reps = std::stoi(argv[i + 1]);
     else if (flag == "--out") out_path = argv[i + 1];
+    else if (flag == "--data") data = argv[i + 1];
     else return std::fprintf(stderr, "unknown argument %s\n", argv[i]), 2;
   }
   int devices = 0;
@@ -152,13 +221,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   const size_t bytes = static_cast<size_t>(gib * (1 << 30)) / codec::kChunkBytes * codec::kChunkBytes;
-  // 64 MiB of weights: 8 tensors of 8 MiB at a Llama-style model's scales.
-  codec_data::Bytes pattern(size_t{64} << 20);
-  const float scales[] = {0.02f, 0.02f, 0.02f, 1.0f, 0.02f, 0.05f, 0.002f, 0.02f};
-  for (size_t i = 0; i < 8; ++i) {
-    const codec_data::Bytes part = codec_data::gaussian_bf16(size_t{8} << 20, static_cast<unsigned>(i + 1), scales[i]);
-    std::copy(part.begin(), part.end(), pattern.begin() + i * (size_t{8} << 20));
-  }
+  const codec_data::Bytes pattern = pattern_of(data);
+  if (pattern.empty()) return std::fprintf(stderr, "--data %s: use bf16, fp16, fp32, int8, fp8 or random\n", data.c_str()), 2;
   cudaDeviceProp properties{};
   cudaGetDeviceProperties(&properties, 0);
   int driver = 0, runtime = 0;
@@ -166,8 +230,8 @@ int main(int argc, char** argv) {
   cudaRuntimeGetVersion(&runtime);
   FILE* json = std::fopen(out_path.c_str(), "w");
   if (json == nullptr) return std::fprintf(stderr, "cannot write %s\n", out_path.c_str()), 1;
-  std::fprintf(json, "{\"device\": \"%s\", \"devices\": %d, \"driver\": %d, \"runtime\": %d, \"gib_per_gpu\": %g, "
-               "\"reps\": %d, \"runs\": [", properties.name, devices, driver, runtime, gib, reps);
+  std::fprintf(json, "{\"data\": \"%s\", \"device\": \"%s\", \"devices\": %d, \"driver\": %d, \"runtime\": %d, \"gib_per_gpu\": %g, "
+               "\"reps\": %d, \"runs\": [", data.c_str(), properties.name, devices, driver, runtime, gib, reps);
   bool all_ok = true;
   std::vector<int> counts = {devices};
   if (devices > 1) counts.push_back(1);
@@ -186,7 +250,7 @@ int main(int argc, char** argv) {
     std::fprintf(json, "%s{\"gpus\": %d, \"ok\": %s, \"identical\": %s, \"stored_ratio\": %.6f",
                  r ? ", " : "", count, ok ? "true" : "false", identical ? "true" : "false",
                  static_cast<double>(ranks[0].stored) / bytes);
-    std::printf("%d GPUs (%g GiB each): stored %.4f of the bytes, identical %s\n", count, gib,
+    std::printf("%s, %d GPUs (%g GiB each): stored %.4f of the bytes, identical %s\n", data.c_str(), count, gib,
                 static_cast<double>(ranks[0].stored) / bytes, identical ? "yes" : "NO");
     for (int step = 0; step < kStepCount; ++step) {
       std::vector<double> node;  // per rep: the slowest thread

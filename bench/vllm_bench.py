@@ -83,6 +83,10 @@ def child(row: str, cycles: int, layers: int, kv_gib: float) -> dict:
     sums = [w.float().sum().item() for w in weights[:8]]
     torch.cuda.synchronize()
     made = rss_bytes()
+    import gc
+    start = time.perf_counter()
+    gc.collect()  # what a full collection costs in this process (vLLM's sleep and wake each make one)
+    full_gc = time.perf_counter() - start
     sleeps, wakes, held, correct = [], [], [], True
     for _ in range(cycles):
         torch.cuda.synchronize()
@@ -99,7 +103,7 @@ def child(row: str, cycles: int, layers: int, kv_gib: float) -> dict:
             correct &= [w.float().sum().item() for w in weights[:8]] == sums
     return {"row": row, "level": level, "allocator": type(allocator).__module__, "sleeps": sleeps, "wakes": wakes,
             "weights_bytes": sum(w.numel() * 2 for w in weights), "kv_bytes": sum(k.numel() * 2 for k in kv),
-            "tensors": len(weights), "rss_after_model": made - before, "rss_after_wake": held, "correct": correct}
+            "tensors": len(weights), "rss_after_model": made - before, "rss_after_wake": held, "correct": correct, "full_gc_s": full_gc}
 
 
 def pinned_memcpy(layers: int, cycles: int) -> dict:
@@ -165,6 +169,8 @@ def table(results: dict, info: dict) -> list[str]:
     if pinned:
         lines.append(f"pinned memcpy of the weights: {pinned['to_host']:.3f} s to the host, {pinned['to_device']:.3f} s back "
                      f"({pinned['bytes'] / pinned['to_host'] / 1e9:.1f} / {pinned['bytes'] / pinned['to_device'] / 1e9:.1f} GB/s)")
+    if first and "full_gc_s" in first:
+        lines.append(f"one full gc.collect() in such a process: {first['full_gc_s']:.3f} s (vLLM's sleep and wake each make one)")
     lines += ["", "| allocator | level | first sleep | steady sleep | first wake | steady wake | host RAM held after a wake | weights intact |",
               "|---|---|---|---|---|---|---|---|"]
     for row, result in results.items():

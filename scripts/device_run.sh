@@ -31,7 +31,9 @@
 #                                all there are, then 1, 3 cycles, uvm.memory_saver plain and compressed)
 #                                and prints each pause and resume phase by phase (bench/probes/pause_phases.py)
 #   CODEC_BENCH=1                runs bench/codec_bench.cpp (built with the tests): compressed backups against
-#                                plain copies, every GPU at once and GPU 0 alone (CODEC_GIB per GPU, default 4)
+#                                plain copies, every GPU at once and GPU 0 alone (CODEC_GIB per GPU, default 4),
+#                                once for each kind of data CODEC_DATA names (default "bf16"; also fp16 fp32
+#                                int8 fp8 random), each into codec/results-KIND.json
 #   SLABS_BENCH=1                the offload bench's small-tensor model (2 GiB of 512 KiB tensors),
 #                                staged and as a pool, with UVM_SLABS=0 and 1, alternating, two rounds
 #   PEERS=1                      runs torch_memory_saver's examples on uvm.memory_saver
@@ -296,7 +298,9 @@ if [ "${CODEC_BENCH:-0}" = 1 ]; then
   echo "== codec bench (bench/codec_bench.cpp, ${CODEC_GIB:-4} GiB per GPU)"
   mkdir -p "$OUT/codec"
   versions >"$OUT/codec/versions.txt"
-  "$build/bench/codec_bench" --gib "${CODEC_GIB:-4}" --out "$OUT/codec/results.json" || status=1
+  for data in ${CODEC_DATA:-bf16}; do
+    "$build/bench/codec_bench" --gib "${CODEC_GIB:-4}" --data "$data" --out "$OUT/codec/results-$data.json" || status=1
+  done
 fi
 
 if [ "${SLABS_BENCH:-0}" = 1 ]; then

@@ -17,6 +17,10 @@ What uvm does differently, behind the same methods and views:
 - The backups are kept from one sleep to the next by default (retain_backups): the host memory vLLM's
   allocator keeps too (torch's pinned cache), written again in place by the next sleep. With
   retain_backups False a wake gives them back, off its critical path (uvm_release_staging_async).
+- A sleep and a wake collect only the young generations of Python's garbage (gc.collect(1)), where
+  vLLM's collect all of it: in a process that imported vLLM a full collection takes about as long as
+  copying 15 GiB over the link, and the memory a sleep frees is uvm's own, released whatever Python
+  still refers to. UVM_VLLM_FULL_GC=1 collects everything, as vLLM's.
 - A wake that cannot map the memory raises RuntimeError and leaves it asleep with its backups: a
   retry after memory is freed works.
 """
@@ -111,7 +115,8 @@ class CuMemAllocator:
     tag; sleep(offload_tags) keeps the tags named and drops the rest, discard(tags) drops tags now,
     wake_up(tags) maps them back at the same addresses (captured CUDA graphs replay). Settings, each
     read when a sleep or wake uses it: backup ("pinned", "mmap" or "disk"; env UVM_VLLM_BACKUP),
-    compress_backups (env UVM_COMPRESS_BACKUPS), retain_backups (env UVM_VLLM_RETAIN_BACKUPS, on)."""
+    compress_backups (env UVM_COMPRESS_BACKUPS), retain_backups (env UVM_VLLM_RETAIN_BACKUPS, on),
+    full_gc (env UVM_VLLM_FULL_GC, off)."""
 
     instance: CuMemAllocator | None = None
     default_tag: str = "default"
@@ -142,6 +147,7 @@ class CuMemAllocator:
             raise ValueError(f"UVM_VLLM_BACKUP={self.backup!r}: use one of {', '.join(BACKUP_KINDS)}")
         self.compress_backups = _env_flag("UVM_COMPRESS_BACKUPS", False)
         self.retain_backups = _env_flag("UVM_VLLM_RETAIN_BACKUPS", True)
+        self.full_gc = _env_flag("UVM_VLLM_FULL_GC", False)
         self._lock = threading.RLock()
 
     # -- what vLLM's tests and callers read --
@@ -242,7 +248,7 @@ class CuMemAllocator:
         says so, as vLLM's)."""
         import torch
         self._put_to_sleep(sleep_backups(list(self.allocator_and_pools), offload_tags), "sleep")
-        gc.collect()
+        self._collect()
         torch.accelerator.empty_cache()
 
     def discard(self, tags: tuple[str, ...] | str) -> None:
@@ -276,7 +282,7 @@ class CuMemAllocator:
         RuntimeError when the GPU has no memory for it; what could not be mapped stays asleep with its
         backups, and a later wake brings it back."""
         import torch
-        gc.collect()
+        self._collect()
         torch.accelerator.empty_cache()
         lib = _lib.library()
         with self._lock:
@@ -291,6 +297,11 @@ class CuMemAllocator:
                 lib.uvm_set_retain_backups(before)
             if not retain:
                 _checked(lib.uvm_release_staging_async(), "wake_up", None)  # the pinned memory goes after the wake
+
+    def _collect(self) -> None:
+        """Python's garbage before torch's cache is emptied: the young generations (cheap), or all of
+        it with full_gc (what vLLM's allocator does)."""
+        gc.collect() if self.full_gc else gc.collect(1)
 
     def release_pools(self) -> None:
         """Drops the allocator's pools (their memory goes back once no tensor uses it); safe to call

@@ -235,8 +235,8 @@ UVM_API uvm_backup uvm_get_thread_backup(void);
 /* With `compress` 1, uvm_pause compresses the backups (host, mmap or disk) of the allocations this
  * thread makes from now on; 0 (the default) keeps them as they are. Recorded with each allocation, as
  * the backup is. uvm's own kernels code each 64 KiB chunk on the GPU before its copy out and decode it
- * after its copy in: bf16 and fp16 weights take about 0.72 of their bytes on the link and in host
- * memory, and a chunk that does not compress (fp32, int8, random bytes) is kept as it is. Lossless
+ * after its copy in: bf16 weights take about 0.72 of their bytes on the link and in host memory,
+ * and a chunk that does not compress (fp16, fp32, int8, fp8, random bytes) is kept as it is. Lossless
  * for every bit pattern. Where the kernels cannot load, the pause keeps plain copies and says why once
  * on stderr. A compressed copy is not readable in place (uvm_get_staged_copy gives NULL).
  * UVM_ERROR_INVALID_ARGUMENT unless 0 or 1. */

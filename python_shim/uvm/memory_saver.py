@@ -496,7 +496,7 @@ class TorchMemorySaver:
     @property
     def compress_backups(self) -> bool:
         """Whether pause keeps the backups of the regions made from now on compressed (default False,
-        or env UVM_COMPRESS_BACKUPS=1): bf16 and fp16 weights then take about 0.72 of their bytes on
+        or env UVM_COMPRESS_BACKUPS=1): bf16 weights then take about 0.72 of their bytes on
         the link and in host memory or on disk, coded and decoded on the GPU; bytes that do not
         compress are kept as they are; every bit comes back (uvm_set_thread_compression in uvm.h).
         Set before the first region, as backing."""

@@ -164,10 +164,10 @@ uvm_status uvm_set_backup(int device, const char* tag, uvm_backup backup, int co
     if (raw < UVM_BACKUP_NONE || raw > UVM_BACKUP_DISK) return uvm::fail(call, UVM_ERROR_INVALID_ARGUMENT, "backup is %d, not a uvm_backup", raw);
     if (compress != 0 && compress != 1) return uvm::fail(call, UVM_ERROR_INVALID_ARGUMENT, "compress is %d, not 0 or 1", compress);
     std::lock_guard<std::mutex> turn(uvm::pause_turns());  // a pause under way moves each allocation as it found it
-    uvm::Selection unpaused;
-    if (uvm_status s = uvm::select_arguments(call, device, tag, &unpaused)) return s;
-    unpaused.paused = false;
-    const size_t set = uvm::registry().set_backup(unpaused, backup, compress == 1 && backup != UVM_BACKUP_NONE);
+    uvm::Selection awake;  // a paused allocation keeps what it was paused with: its resume brings that back
+    if (uvm_status s = uvm::select_arguments(call, device, tag, &awake)) return s;
+    awake.paused = false;
+    const size_t set = uvm::registry().set_backup(awake, backup, compress == 1 && backup != UVM_BACKUP_NONE);
     if (changed) *changed = set;
     return UVM_OK;
   });

@@ -179,6 +179,7 @@ MUTANTS = [
  # Pause (offload/pause.cpp): the backup no longer decides what is kept; what is paused is moved again.
  ("offload/pause.cpp", "    group.backup = UVM_BACKUP_NONE;\n", "", "offload_tests", "[pause]"),
  ("offload/pause.cpp", "  unpaused.paused = false;\n", "", "offload_tests", "[pause]"),
+ ("offload/pause.cpp", "    awake.paused = false;\n", "", "offload_tests", "[set_backup]"),
  # Groups of moves (offload/group.cpp): each offload of a group frees the staging the next one was
  # about to fill; a later call of a group on a device is published as a move of its own.
  ("offload/group.cpp", "  if (in_group()) {\n    open_group.staging_free_owed = true;\n    return;\n  }\n", "",

@@ -8,17 +8,21 @@ The tensors: an 8B model's weights in bf16 as vLLM lays them out (32 layers of f
 gate_up, down and two norms; embedding, final norm and LM head: 195 tensors, 14.96 GiB with the
 defaults), filled like trained weights (normal, std 0.02), and a 4 GiB KV cache in 32 per-layer
 tensors under "kv_cache". All of it is device memory (no managed memory). A cycle: sleep, wake, the
-weights checked against their checksums.
+weights checked against their checksums, --awake seconds awake (the engine serving; what a wake
+leaves to the background runs then).
 
 Rows (each with --cycles cycles; the first sleep apart, the others' median):
   vLLM CuMemAllocator            vLLM's allocator: level 1, and level 2
   uvm (default)                  uvm's: backups kept from one sleep to the next (the host memory
                                  vLLM's keeps too), level 1 and level 2
-  uvm, backups given back        UVM_VLLM_RETAIN_BACKUPS=0: a wake gives the pinned memory back
+  uvm, backups given back        UVM_VLLM_RETAIN_BACKUPS=0: after a wake the pinned memory is given back
+                                 and the next sleep's pinned again ahead, in the background
+  uvm, given back, no pin ahead  the same with UVM_PREPARE_PAUSE=0: every sleep pins afresh
   uvm, compressed                UVM_COMPRESS_BACKUPS=1, backups kept
   pinned memcpy                  the same tensors copied to pinned host memory and back, one copy each
                                  (the link's limit; it frees nothing)
-Also: the host memory each holds after a wake (RSS over the process's before the model was made).
+Also: the host memory each holds while awake (RSS over the process's before the model was made, read
+at the end of the awake time).
 
     python -m uvm bench vllm [--cycles 4] [--layers 32] [--kv-gib 4] [--rows ...] [--out DIR]
 
@@ -42,10 +46,12 @@ ROWS = {  # name: (environment, level)
     "uvm-1": ({"UVM_SWITCH": "vllm"}, 1),
     "uvm-2": ({"UVM_SWITCH": "vllm"}, 2),
     "uvm-given-back-1": ({"UVM_SWITCH": "vllm", "UVM_VLLM_RETAIN_BACKUPS": "0"}, 1),
+    "uvm-no-pin-ahead-1": ({"UVM_SWITCH": "vllm", "UVM_VLLM_RETAIN_BACKUPS": "0", "UVM_PREPARE_PAUSE": "0"}, 1),
     "uvm-compressed-1": ({"UVM_SWITCH": "vllm", "UVM_COMPRESS_BACKUPS": "1"}, 1),
 }
 LABELS = {"vllm": "vLLM CuMemAllocator", "uvm": "uvm (default: backups kept)",
-          "uvm-given-back": "uvm, backups given back", "uvm-compressed": "uvm, compressed (kept)"}
+          "uvm-given-back": "uvm, backups given back",
+          "uvm-no-pin-ahead": "uvm, given back, no pin ahead", "uvm-compressed": "uvm, compressed (kept)"}
 HIDDEN, INTERMEDIATE, VOCAB, KV_HEADS_DIM = 4096, 14336, 128256, 1024
 
 
@@ -64,7 +70,7 @@ def rss_bytes() -> int:
     return 0
 
 
-def child(row: str, cycles: int, layers: int, kv_gib: float) -> dict:
+def child(row: str, cycles: int, layers: int, kv_gib: float, awake: float) -> dict:
     """One allocator in this process: the model made under vLLM's tags, then `cycles` sleeps and wakes."""
     import torch
     from vllm.device_allocator import get_mem_allocator_instance
@@ -98,6 +104,7 @@ def child(row: str, cycles: int, layers: int, kv_gib: float) -> dict:
         allocator.wake_up(None)
         torch.cuda.synchronize()
         wakes.append(time.perf_counter() - start)
+        time.sleep(awake)  # the engine serves between a wake and the next sleep
         held.append(rss_bytes() - before)
         if level == 1:
             correct &= [w.float().sum().item() for w in weights[:8]] == sums
@@ -146,7 +153,7 @@ def versions() -> dict:
 def run_child(row: str, args) -> dict:
     env = {**os.environ, **ROWS[row][0]}
     command = [sys.executable, os.path.abspath(__file__), "--child", row, "--cycles", str(args.cycles),
-               "--layers", str(args.layers), "--kv-gib", str(args.kv_gib)]
+               "--layers", str(args.layers), "--kv-gib", str(args.kv_gib), "--awake", str(args.awake)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
@@ -171,7 +178,7 @@ def table(results: dict, info: dict) -> list[str]:
                      f"({pinned['bytes'] / pinned['to_host'] / 1e9:.1f} / {pinned['bytes'] / pinned['to_device'] / 1e9:.1f} GB/s)")
     if first and "full_gc_s" in first:
         lines.append(f"one full gc.collect() in such a process: {first['full_gc_s']:.3f} s (vLLM's sleep and wake each make one)")
-    lines += ["", "| allocator | level | first sleep | steady sleep | first wake | steady wake | host RAM held after a wake | weights intact |",
+    lines += ["", "| allocator | level | first sleep | steady sleep | first wake | steady wake | host RAM held while awake | weights intact |",
               "|---|---|---|---|---|---|---|---|"]
     for row, result in results.items():
         if row == "pinned":
@@ -211,12 +218,13 @@ def main() -> int:
     parser.add_argument("--cycles", type=int, default=4)
     parser.add_argument("--layers", type=int, default=32, help="decoder layers (32: an 8B model)")
     parser.add_argument("--kv-gib", type=float, default=4.0)
+    parser.add_argument("--awake", type=float, default=1.0, help="seconds awake between a wake and the next sleep")
     parser.add_argument("--rows", default=",".join(ROWS), help=f"a comma-separated choice of {', '.join(ROWS)}")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-out") + "/vllm")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.cycles, args.layers, args.kv_gib)))
+        print(json.dumps(child(args.child, args.cycles, args.layers, args.kv_gib, args.awake)))
         return 0
     rows = [row.strip() for row in args.rows.split(",") if row.strip()]
     unknown = [row for row in rows if row not in ROWS]

@@ -6,7 +6,7 @@ CuMemAllocator in every process started with it: vLLM's `get_mem_allocator_insta
 name when it is called, so the API server, the engine core and each worker allocate their sleep-mode
 memory through uvm, no vLLM source changed. Two hooks put it there: the switch's import hook
 (uvm._switch, run by uvm_switch.pth at every start) replaces the name as vLLM's module is imported,
-and vLLM's own plugin entry point (`vllm.general_plugins: uvm` -> register()) does the same where .pth
+and vLLM's own plugin entry point (`vllm.general_plugins: uvm` -> uvm.vllm_plugin) does the same where .pth
 files do not run (a uvm found through PYTHONPATH). Neither touches CUDA: vLLM forks its workers.
 A vLLM whose version this module does not know keeps its own allocator, and uvm says so once.
 
@@ -16,7 +16,10 @@ What uvm does differently, behind the same methods and views:
   where backup is "mmap" or "disk".
 - The backups are kept from one sleep to the next by default (retain_backups): the host memory vLLM's
   allocator keeps too (torch's pinned cache), written again in place by the next sleep. With
-  retain_backups False a wake gives them back, off its critical path (uvm_release_staging_async).
+  retain_backups False a wake gives them back on a thread of uvm's, after it returns, and that thread
+  then pins the next sleep's memory ahead within the node's bound (uvm._prepare: half of the host's
+  available memory, shared by the node's processes; UVM_PREPARE_PAUSE=0: not at all, and the next
+  sleep pins for itself).
 - A sleep and a wake collect only the young generations of Python's garbage (gc.collect(1)), where
   vLLM's collect all of it: in a process that imported vLLM a full collection takes about as long as
   copying 15 GiB over the link, and the memory a sleep frees is uvm's own, released whatever Python
@@ -44,7 +47,7 @@ DEFERRABLE_TAGS = ("weights", "kv_cache")  # vllm.device_allocator.DEFERRABLE_TA
 BACKUP_KINDS = {"pinned": "host", "mmap": "mmap", "disk": "disk"}  # this class's backup -> uvm's (_lib.BACKUPS)
 _PREFIX = "vllm."        # uvm's tag of vLLM's tag t is "vllm.t": other users of uvm in the process keep theirs
 _ASIDE = "vllm~trimmed"  # segments of pools never allocated from again, given back and out of every sleep
-_told: set[str] = set()  # what register() and patch() said on stderr, once each per process
+_told: set[str] = set()  # what patch() said on stderr, once each per process
 
 
 def _say_once(message: str) -> None:
@@ -149,6 +152,8 @@ class CuMemAllocator:
         self.retain_backups = _env_flag("UVM_VLLM_RETAIN_BACKUPS", True)
         self.full_gc = _env_flag("UVM_VLLM_FULL_GC", False)
         self._lock = threading.RLock()
+        self._kept_pinned: list[str] = []  # the tags the last sleep kept in pinned memory
+        self._giving_back: threading.Thread | None = None
 
     # -- what vLLM's tests and callers read --
 
@@ -269,6 +274,10 @@ class CuMemAllocator:
                     if state is not None and state.paused and (state.backup != none) != kept:
                         conflict = True
                 backup = _lib.BACKUPS[BACKUP_KINDS[self.backup]] if kept else none
+                if kept and self.backup == "pinned" and tag not in self._kept_pinned:
+                    self._kept_pinned.append(tag)
+                elif not (kept and self.backup == "pinned") and tag in self._kept_pinned and call == "sleep":
+                    self._kept_pinned.remove(tag)
                 compress = 1 if kept and self.compress_backups else 0
                 _checked(lib.uvm_set_backup(_lib.UVM_ANY_DEVICE, name.encode(), backup, compress, None), call, tag)
                 _checked(lib.uvm_pause(_lib.UVM_ANY_DEVICE, name.encode()), call, tag)
@@ -296,7 +305,22 @@ class CuMemAllocator:
             finally:
                 lib.uvm_set_retain_backups(before)
             if not retain:
-                _checked(lib.uvm_release_staging_async(), "wake_up", None)  # the pinned memory goes after the wake
+                self._give_back_after_wake(list(self._kept_pinned))
+
+    def _give_back_after_wake(self, tags: list[str]) -> None:
+        """Gives the pinned memory back, then pins the next sleep's ahead (uvm._prepare's preparer, within
+        the node's bound), on a thread of its own: neither is on the wake's path, and the pin never
+        races the release (uvm_release_staging stops a preparation under way)."""
+        def give_back_then_prepare():
+            from . import _prepare
+            lib = _lib.library()
+            if lib.uvm_release_staging() != _lib.UVM_OK:
+                lib.uvm_clear_last_error()  # a block that could not go stays; the next release tries again
+            if _prepare.enabled():
+                for tag in tags:
+                    _prepare.preparer.ask(_PREFIX + tag)
+        self._giving_back = threading.Thread(target=give_back_then_prepare, name="uvm-vllm-give-back", daemon=True)
+        self._giving_back.start()
 
     def _collect(self) -> None:
         """Python's garbage before torch's cache is emptied: the young generations (cheap), or all of
@@ -391,16 +415,3 @@ def patch(module) -> bool:
     module.CuMemAllocator = CuMemAllocator
     module.__uvm_switch__ = True
     return True
-
-
-def register() -> None:
-    """vLLM's general plugin (entry point `vllm.general_plugins: uvm`), run in each vLLM process:
-    with UVM_SWITCH naming vllm, puts uvm's allocator in place (now if vLLM's cumem module is loaded,
-    else as it is imported); otherwise does nothing. Idempotent; never touches CUDA."""
-    from . import _switch
-    _switch.install()
-    if CUMEM_MODULE not in _switch.active():
-        return
-    module = sys.modules.get(CUMEM_MODULE)
-    if module is not None:
-        patch(module)

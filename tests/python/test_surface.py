@@ -445,7 +445,8 @@ def _ctype(c_type: str, pointer_level: int = 0):
                "uvm_device_caps": _lib.DeviceCaps, "uvm_residency": _lib.Residency,
                "uvm_staging_info": _lib.StagingInfo, "uvm_move_phase": _lib.MovePhase,
                "uvm_move_report": _lib.MoveReport, "uvm_option_info": _lib.OptionInfo,
-               "uvm_kept_copies": _lib.KeptCopies, "uvm_share_handle": _lib.ShareHandle}
+               "uvm_kept_copies": _lib.KeptCopies, "uvm_share_handle": _lib.ShareHandle,
+               "uvm_allocation_state": _lib.AllocationState}
     scalars = {"size_t": ctypes.c_size_t, "int": ctypes.c_int, "int64_t": ctypes.c_int64,
                "uint64_t": ctypes.c_uint64, "uint32_t": ctypes.c_uint32, "double": ctypes.c_double,
                "unsigned char": ctypes.c_ubyte,

@@ -78,8 +78,8 @@ def test_the_switch_gives_vllm_uvms_allocator_only_where_asked_and_imports_no_to
 def test_a_vllm_version_it_does_not_know_keeps_vllms_allocator_and_is_told_once(tmp_path):
     folder = stand_in(tmp_path, "0.34.0")
     code = WHICH + """
-import vllm.device_allocator.cumem as cumem, uvm.vllm
-uvm.vllm.register(); uvm.vllm.register(); uvm.vllm.patch(cumem)  # said once, however often asked
+import vllm.device_allocator.cumem as cumem, uvm.vllm, uvm.vllm_plugin
+uvm.vllm_plugin.register(); uvm.vllm_plugin.register(); uvm.vllm.patch(cumem)  # said once, however often asked
 print(cumem.CuMemAllocator.ORIGINAL)
 """
     shown = python(code, {"PYTHONPATH": f"{folder}:{UVM_PATH}", "UVM_SWITCH": "vllm"})
@@ -93,8 +93,8 @@ def test_the_plugin_puts_it_in_place_where_no_pth_ran_and_refuses_after_vllms_ow
     code = """
 import sys
 import vllm.device_allocator.cumem as cumem  # imported before the plugin ran: no import hook saw it
-import uvm.vllm
-uvm.vllm.register(); uvm.vllm.register()  # vLLM may run a plugin more than once
+import uvm.vllm_plugin
+uvm.vllm_plugin.register(); uvm.vllm_plugin.register()  # vLLM may run a plugin more than once
 from vllm.device_allocator import get_mem_allocator_instance
 print(type(get_mem_allocator_instance()).__module__, cumem.vllm_CuMemAllocator.ORIGINAL, "torch" in sys.modules)
 """
@@ -102,12 +102,14 @@ print(type(get_mem_allocator_instance()).__module__, cumem.vllm_CuMemAllocator.O
     assert python(code, env).stdout.split() == ["uvm.vllm", "True", "False"]
     # vLLM's own allocator made first: two allocators would split the memory; it stays, and says why.
     made_first = """
-import vllm.device_allocator.cumem as cumem, uvm.vllm
+import os
+import vllm.device_allocator.cumem as cumem, uvm.vllm_plugin
 cumem.CuMemAllocator.get_instance()
-uvm.vllm.register()
+os.environ["UVM_SWITCH"] = "vllm"  # switched only now: the process started unswitched
+uvm.vllm_plugin.register()
 print(cumem.CuMemAllocator.ORIGINAL)
 """
-    shown = python(made_first, env)
+    shown = python(made_first, {**env, "UVM_SWITCH": ""})
     assert shown.stdout.strip() == "True"
     assert "vLLM made its own CuMemAllocator before uvm's plugin ran" in shown.stderr
     off = python(code.replace("vllm_CuMemAllocator", "CuMemAllocator"), {**env, "UVM_SWITCH": "megatron"})
@@ -166,3 +168,45 @@ def test_a_failure_reaches_vllm_as_runtime_error_naming_the_call_and_tag():
     status = lib.uvm_pause(99, b"vllm.weights")  # a device that does not exist: uvm's ValueError
     with pytest.raises(RuntimeError, match=r"uvm's vLLM allocator: sleep of tag 'weights' failed: .*uvm_pause\(device=99"):
         _checked(status, "sleep", "weights")
+
+
+class FakeLib:
+    """Records what uvm's vLLM allocator asks of libuvm (no GPU): every call succeeds."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        def call(*args):
+            self.calls.append((name, args[1].decode() if name in ("uvm_set_backup", "uvm_pause") else None))
+            return 0
+        return call
+
+
+def test_a_sleep_remembers_the_tags_it_kept_pinned_and_after_a_wake_gives_back_then_pins_ahead(monkeypatch):
+    """With backups given back, the release and the next sleep's pinning run on a thread of their own,
+    in that order (a release stops a preparation under way), for the tags the last sleep kept pinned."""
+    import uvm.vllm as vllm
+    from uvm import _lib, _prepare
+    fake = FakeLib()
+    monkeypatch.setattr(_lib, "library", lambda: fake)
+    monkeypatch.setattr(vllm, "_allocations", lambda lib, tag: [])
+    asked = []
+    monkeypatch.setattr(_prepare.preparer, "ask", lambda tag: asked.append((tag, len(fake.calls))))
+    monkeypatch.setenv("UVM_VLLM_RETAIN_BACKUPS", "0")
+    allocator = vllm.CuMemAllocator()
+    allocator._put_to_sleep({"weights": True, "kv_cache": False, "runtime": True}, "sleep")
+    assert allocator._kept_pinned == ["weights", "runtime"]
+    assert ("uvm_pause", "vllm.kv_cache") in fake.calls and ("uvm_set_backup", "vllm.kv_cache") in fake.calls
+    allocator._put_to_sleep({"weights": False, "runtime": True}, "sleep")  # level 2 next: weights dropped
+    assert allocator._kept_pinned == ["runtime"]
+    fake.calls.clear()
+    allocator._give_back_after_wake(list(allocator._kept_pinned))
+    allocator._giving_back.join(10)
+    assert [name for name, _ in fake.calls] == ["uvm_release_staging"]
+    assert asked == [("vllm.runtime", 1)]  # after the release
+    monkeypatch.setenv("UVM_PREPARE_PAUSE", "0")
+    asked.clear()
+    allocator._give_back_after_wake(["runtime"])
+    allocator._giving_back.join(10)
+    assert asked == []  # released, nothing pinned ahead: the next sleep pins for itself

@@ -409,6 +409,6 @@ def test_vllm_finds_uvms_plugin_and_the_switch_gives_it_uvms_allocator(venv, tmp
             "from vllm.device_allocator import get_mem_allocator_instance as g; print(type(g()).__module__)")
     on = run(venv, code, bare_env(venv, PYTHONPATH=str(folder), UVM_SWITCH="vllm"))
     assert on.returncode == 0, on.stderr
-    assert on.stdout.splitlines() == ["['uvm.vllm:register']", "uvm.vllm"]
+    assert on.stdout.splitlines() == ["['uvm.vllm_plugin:register']", "uvm.vllm"]
     off = run(venv, code, bare_env(venv, PYTHONPATH=str(folder)))
-    assert off.stdout.splitlines() == ["['uvm.vllm:register']", "vllm.device_allocator.cumem"], off.stderr
+    assert off.stdout.splitlines() == ["['uvm.vllm_plugin:register']", "vllm.device_allocator.cumem"], off.stderr

@@ -395,6 +395,21 @@ MUTANTS = [
   "pytest", "tests/python/test_pools.py"),
  ("python_shim/uvm/_pools.py", "    global _busy\n    with _lock:\n        _busy += 1", "    global _busy\n    if True:\n        _busy += 1",
   "pytest", "tests/python/test_pools.py"),
+ # uvm.vllm (vLLM's sleep mode): a selective wake that leaves the other tags asleep; a vLLM it does not
+ # know, or whose own allocator came first, switched anyway; a sleep that forgets a tag it no longer
+ # keeps pinned (the give-back thread would pin for it); a failure reaching vLLM as another kind than
+ # RuntimeError.
+ ("python_shim/uvm/vllm.py", " or tag not in DEFERRABLE_TAGS]", "]", "pytest",
+  "tests/python/test_vllm.py::test_a_selective_wake_defers_only_weights_and_kv_cache"),
+ ("python_shim/uvm/vllm.py", "    if not supported(version):", "    if False:", "pytest",
+  "tests/python/test_vllm.py::test_a_vllm_version_it_does_not_know_keeps_vllms_allocator_and_is_told_once"),
+ ("python_shim/uvm/vllm.py", '    if getattr(original, "instance", None) is not None:', "    if False:", "pytest",
+  "tests/python/test_vllm.py::test_the_plugin_puts_it_in_place_where_no_pth_ran_and_refuses_after_vllms_own_was_made"),
+ ("python_shim/uvm/vllm.py", "                    self._kept_pinned.remove(tag)\n", "", "pytest",
+  "tests/python/test_vllm.py::test_a_sleep_remembers_the_tags_it_kept_pinned_and_after_a_wake_gives_back_then_pins_ahead"),
+ ("python_shim/uvm/vllm.py", "        raise RuntimeError(f\"uvm's vLLM allocator: {call}{where} failed: {error}\") from error",
+  "        raise error", "pytest",
+  "tests/python/test_vllm.py::test_a_failure_reaches_vllm_as_runtime_error_naming_the_call_and_tag"),
  # uvm.sharing: installed once, in front of the earlier reducer; a pool's NCCL registration lifted
  # before a pause.
  ("python_shim/uvm/sharing.py", "            ForkingPickler.register(cls, reduce_tensor)\n        _installed = True",

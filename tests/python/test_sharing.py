@@ -130,8 +130,10 @@ class Refusing(Tensor):
 
     def __init__(self, layout):
         self.layout = layout
+        self.asked = False
 
     def untyped_storage(self):
+        self.asked = True
         raise RuntimeError("this tensor has no storage")
 
 
@@ -139,9 +141,12 @@ def test_a_tensor_that_is_not_dense_or_has_no_storage_goes_to_the_earlier_reduce
                                                                                                      monkeypatch):
     lib = FakeLib(monkeypatch, sharing)
     sharing.install()
-    for tensor in (Refusing("sparse_coo"), Refusing("strided")):
+    sparse, storageless = Refusing("sparse_coo"), Refusing("strided")
+    for tensor in (sparse, storageless):
         assert sharing.reduce_tensor(tensor) == ("earlier", tensor)
     assert lib.calls == []
+    # A sparse tensor is not asked for a storage at all: asking spoils torch's own reduction of it.
+    assert not sparse.asked and storageless.asked
 
 
 class Dense(Tensor):

@@ -24,6 +24,8 @@ What uvm does differently, behind the same methods and views:
   vLLM's collect all of it: in a process that imported vLLM a full collection takes about as long as
   copying 15 GiB over the link, and the memory a sleep frees is uvm's own, released whatever Python
   still refers to. UVM_VLLM_FULL_GC=1 collects everything, as vLLM's.
+- A sleep whose backups cannot fit in host memory is refused before anything sleeps (pinning past
+  it would bring the kernel's OOM killer).
 - A wake that cannot map the memory raises RuntimeError and leaves it asleep with its backups: a
   retry after memory is freed works.
 """
@@ -264,15 +266,19 @@ class CuMemAllocator:
 
     def _put_to_sleep(self, keep: dict[str, bool], call: str) -> None:
         lib = _lib.library()
+        none = _lib.BACKUPS["none"]
         with self._lock:
-            conflict = False
+            conflict, to_copy = False, 0
             for tag, kept in keep.items():
-                name = _PREFIX + tag
-                none = _lib.BACKUPS["none"]
-                for found in _allocations(lib, name):
+                for found in _allocations(lib, _PREFIX + tag):
                     state = _state_of(lib, found.ptr)
                     if state is not None and state.paused and (state.backup != none) != kept:
                         conflict = True
+                    elif state is not None and not state.paused and kept:
+                        to_copy += found.size
+            self._check_host_memory(lib, to_copy, call)
+            for tag, kept in keep.items():
+                name = _PREFIX + tag
                 backup = _lib.BACKUPS[BACKUP_KINDS[self.backup]] if kept else none
                 if kept and self.backup == "pinned" and tag not in self._kept_pinned:
                     self._kept_pinned.append(tag)
@@ -284,6 +290,28 @@ class CuMemAllocator:
         if conflict:
             warnings.warn(f"uvm's vLLM allocator: {call} cannot change the policy of allocations already asleep; "
                           "they keep the one they were put to sleep with", stacklevel=3)
+
+    def _check_host_memory(self, lib, to_copy: int, call: str) -> None:
+        """Refuses, before anything is released, a sleep whose backups in host memory cannot fit: the
+        bytes to keep (whole allocations, as vLLM's allocator copies them; compressed ones may take
+        less, and are not checked) against the host's available memory and the pinned memory uvm holds
+        already (retained copies are written again in place). Pinning past the host's memory would
+        bring the kernel's OOM killer, not an error."""
+        if not to_copy or self.backup == "disk" or self.compress_backups:
+            return
+        from . import _prepare
+        available = _prepare._available()
+        if available is None:
+            return
+        held = ctypes.c_size_t()
+        if lib.uvm_get_staging(ctypes.byref(held), None) != _lib.UVM_OK:
+            lib.uvm_clear_last_error()
+            held.value = 0
+        if to_copy > available + held.value:
+            raise RuntimeError(f"uvm's vLLM allocator: {call} would keep {to_copy} bytes in host memory, but the host "
+                               f"has {available} bytes available and uvm holds {held.value} pinned; nothing was put "
+                               "to sleep. Keep them on disk (UVM_VLLM_BACKUP=disk), compressed (UVM_COMPRESS_BACKUPS=1, "
+                               "bf16 weights), or sleep at level 2")
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Maps asleep memory back at its addresses and copies its backups in: every tag for None,

@@ -210,3 +210,30 @@ def test_a_sleep_remembers_the_tags_it_kept_pinned_and_after_a_wake_gives_back_t
     allocator._give_back_after_wake(["runtime"])
     allocator._giving_back.join(10)
     assert asked == []  # released, nothing pinned ahead: the next sleep pins for itself
+
+
+def test_a_sleep_whose_host_backups_cannot_fit_is_refused_before_anything_sleeps(monkeypatch):
+    """Pinning past the host's memory would bring the OOM killer: refused by name, nothing paused;
+    disk backups and what uvm already holds pinned count as room."""
+    import types
+    import uvm.vllm as vllm
+    from uvm import _lib, _prepare
+    fake = FakeLib()
+    monkeypatch.setattr(_lib, "library", lambda: fake)
+    weights = types.SimpleNamespace(ptr=0x1000, size=8 << 30, device=0)
+    monkeypatch.setattr(vllm, "_allocations", lambda lib, tag: [weights] if tag == "vllm.weights" else [])
+    monkeypatch.setattr(vllm, "_state_of", lambda lib, address: types.SimpleNamespace(paused=0, backup=0))
+    monkeypatch.setattr(_prepare, "_available", lambda: 4 << 30)
+    allocator = vllm.CuMemAllocator()
+    with pytest.raises(RuntimeError, match=r"sleep would keep 8589934592 bytes in host memory, but the host has "
+                                           r"4294967296 bytes available .*UVM_VLLM_BACKUP=disk"):
+        allocator._put_to_sleep({"weights": True, "kv_cache": False}, "sleep")
+    assert [name for name, _ in fake.calls] == ["uvm_get_staging"]  # asked what it holds; nothing set, nothing paused
+    allocator._put_to_sleep({"weights": False, "kv_cache": False}, "sleep")  # level 2: nothing to keep
+    assert ("uvm_pause", "vllm.weights") in fake.calls
+    allocator.backup = "disk"
+    allocator._put_to_sleep({"weights": True}, "sleep")
+    monkeypatch.setattr(_prepare, "_available", lambda: 7 << 30)
+    allocator.backup = "pinned"
+    with pytest.raises(RuntimeError):
+        allocator._put_to_sleep({"weights": True}, "sleep")

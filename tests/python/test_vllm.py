@@ -237,3 +237,16 @@ def test_a_sleep_whose_host_backups_cannot_fit_is_refused_before_anything_sleeps
     allocator.backup = "pinned"
     with pytest.raises(RuntimeError):
         allocator._put_to_sleep({"weights": True}, "sleep")
+
+
+def test_the_model_runner_skips_where_vllm_cannot_be_imported(tmp_path):
+    """tests/peers/vllm_model.py, for a machine with vLLM and a model: here it says why it cannot run."""
+    import subprocess
+    import sys
+    from conftest import ROOT
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("raise ImportError('its compiled ops need another torch')\n")
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "peers" / "vllm_model.py"), "--model", "/nowhere"],
+                          capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(tmp_path), "PATH": ""})
+    assert done.returncode == 77, done.stdout + done.stderr
+    assert "SKIP: vLLM cannot be imported here (ImportError: its compiled ops need another torch)" in done.stdout

@@ -2,8 +2,10 @@
 to catch; the tests named with it must fail when it is applied. One at a time it changes the source,
 rebuilds what the tests need in BUILD (default build), runs them, and puts the source back. A mutant
 whose text no longer matches its source exactly once is STALE: the check fails, naming it, before
-anything is mutated. Prints KILLED or SURVIVED per mutant and the kill rate per room; exits 1 if any
-survived or is stale.
+anything is mutated. A mutant whose pytest selection fails with no mutant applied is BROKEN (its kill
+would mean nothing): its tests are run as the source is, once per selection, before it. Prints
+KILLED, SURVIVED or BROKEN per mutant and the kill rate per room; exits 1 if any survived, is stale
+or is broken.
 
     python3 scripts/mutants.py [--build DIR] [--shard K/N | --shard today/N] [--only I,J,...] [--list]
                                [--result FILE]
@@ -556,11 +558,22 @@ def main() -> int:
         print(f"STALE: mutant {i}: {path} no longer holds {first.strip()[:70]!r} exactly once: update the mutant")
     env = {**os.environ, "UVM_LIMIT_BYTES": "", "UVM_LIMIT_FRACTION": "", "UVM_DEFAULT_ADVICE": "", "UVM_PINNED": "hostalloc"}
     rooms: dict[str, list[int]] = {}
-    survivors = []
+    survivors, broken = [], []
+    unmutated: dict[tuple[str, str], bool] = {}  # (runner, selection): whether its tests fail with no mutant
     for i in chosen:
         if i in stale:
             continue
         path, old, new, runner, selection = MUTANTS[i]
+        # A pytest selection is first run as the source is: tests that fail anyway (an import that
+        # cannot work, a test renamed) would count every mutant they select as killed. (A Catch2
+        # selection runs unmutated in the suite itself, and a build that fails stops the check.)
+        if runner == "pytest":
+            if (runner, selection) not in unmutated:
+                unmutated[(runner, selection)] = run_mutant(args.build, runner, selection, env)
+            if unmutated[(runner, selection)]:
+                print(f"BROKEN: mutant {i}: its tests ({selection}) fail without it: fix them first", flush=True)
+                broken.append(i)
+                continue
         source = open(path).read()
         mutated = mutated_text(path, old, new)
         try:
@@ -583,15 +596,15 @@ def main() -> int:
         print(f"room {room}: {killed} of {ran} killed")
     total_killed = sum(k for k, _ in rooms.values())
     total = sum(n for _, n in rooms.values())
-    summary = f"mutants: {total_killed} of {total} killed, {len(stale)} stale{shard}"
+    summary = f"mutants: {total_killed} of {total} killed, {len(stale)} stale, {len(broken)} broken{shard}"
     print(summary)
     if args.result:
         with open(args.result, "w") as out:
             json.dump({"name": "mutants" + (f" {shard.strip()}" if shard else ""), "passed": total_killed,
-                       "failed": len(survivors) + len(stale), "summary": summary,
-                       "survivors": survivors, "stale": stale}, out)
+                       "failed": len(survivors) + len(stale) + len(broken), "summary": summary,
+                       "survivors": survivors, "stale": stale, "broken": broken}, out)
             out.write("\n")
-    return 1 if survivors or stale else 0
+    return 1 if survivors or stale or broken else 0
 
 
 if __name__ == "__main__":

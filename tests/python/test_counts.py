@@ -70,3 +70,29 @@ def test_an_excused_test_may_fail_on_uvm_with_its_reason_and_an_excuse_not_neede
     assert _excuses(["--excused", "f.py::t=a = b"]) == {"f.py::t": "a = b"}
     with pytest.raises(SystemExit, match="expected --excused"):
         _excuses(["--excuse", "f.py::t=why"])
+
+
+def test_a_mutant_whose_tests_fail_without_it_is_broken_not_killed(tmp_path, monkeypatch, capsys):
+    """A pytest selection that fails as the source is (an import that cannot work, a renamed test) would
+    count every mutant it selects as killed: it is run unmutated first, and its mutants are BROKEN."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import mutants
+    target = tmp_path / "module.py"
+    target.write_text("answer = 1\n")
+    monkeypatch.setattr(mutants, "MUTANTS", [(str(target), "answer = 1", "answer = 2", "pytest", "t.py::a"),
+                                             (str(target), "answer = 1", "answer = 3", "pytest", "t.py::a")])
+    runs = []
+    monkeypatch.setattr(mutants, "run_mutant_tests", lambda *args: runs.append(target.read_text()) or True)
+    monkeypatch.setattr(mutants.subprocess, "run", lambda *args, **kwargs: None)  # the closing rebuild
+    monkeypatch.setattr(sys, "argv", ["mutants.py", "--build", str(tmp_path)])
+    assert mutants.main() == 1
+    out = capsys.readouterr().out
+    assert out.count("BROKEN: mutant") == 2 and "KILLED" not in out
+    assert runs == ["answer = 1\n"]  # once per selection, unmutated; no mutant applied
+    assert "0 of 0 killed, 0 stale, 2 broken" in out
+    runs.clear()
+    monkeypatch.setattr(mutants, "run_mutant_tests", lambda *args: runs.append(target.read_text()) or "2" in runs[-1])
+    assert mutants.main() == 1  # the second mutant survives
+    out = capsys.readouterr().out
+    assert "KILLED: mutant 0" in out and "SURVIVED: mutant 1" in out
+    assert runs == ["answer = 1\n", "answer = 2\n", "answer = 3\n"] and target.read_text() == "answer = 1\n"

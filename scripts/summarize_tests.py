@@ -52,8 +52,8 @@ def main(path, extra=()):
             f = 1  # a crash or timeout after its cases passed still fails the program
         passed, failed, skipped = passed + p, failed + f, skipped + s
         sequences = sum(int(n) for n in MODEL_SEQUENCES.findall(stdout))
-        extra = f", {sequences} random sequences of the stateful model" if sequences else ""
-        print(f"{name}: {status} ({p} passed, {f} failed{extra})")
+        model_note = f", {sequences} random sequences of the stateful model" if sequences else ""
+        print(f"{name}: {status} ({p} passed, {f} failed{model_note})")
         model_sequences += sequences
         if status != "OK":
             print("  " + "\n  ".join(stdout.strip().splitlines()[-40:]))

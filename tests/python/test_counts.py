@@ -96,3 +96,23 @@ def test_a_mutant_whose_tests_fail_without_it_is_broken_not_killed(tmp_path, mon
     out = capsys.readouterr().out
     assert "KILLED: mutant 0" in out and "SURVIVED: mutant 1" in out
     assert runs == ["answer = 1\n", "answer = 2\n", "answer = 3\n"] and target.read_text() == "answer = 1\n"
+
+
+@pytest.mark.parametrize("last_stdout", ["All tests passed (3 assertions in 1 test case)",
+                                         "model: 12 sequences\ntest cases: 1 | 1 passed"])
+def test_the_mutation_checks_counts_join_the_total_whatever_the_suite_printed_last(tmp_path, capsys, last_stdout):
+    """A survivor must make the closing line red: the mutation check's result file joins the total,
+    whatever the last program of the suite printed (its random sequences once shadowed the list of
+    result files, and a survivor left CI green)."""
+    import json
+    from summarize_tests import main
+    log = tmp_path / "testlog.json"
+    log.write_text(json.dumps({"name": "uvm:cpu / alloc", "result": "OK", "stdout": "test cases: 2 | 2 passed"}) + "\n"
+                   + json.dumps({"name": "uvm:cpu / model", "result": "OK", "stdout": last_stdout}) + "\n")
+    mutants = tmp_path / "mutants.json"
+    mutants.write_text(json.dumps({"name": "mutants", "passed": 41, "failed": 1,
+                                   "summary": "mutants: 41 of 42 killed, 0 stale"}) + "\n")
+    assert main(str(log), [str(mutants)]) == 1
+    out = capsys.readouterr().out
+    assert "mutants: mutants: 41 of 42 killed, 0 stale" in out
+    assert out.strip().splitlines()[-1] == "44 passed, 1 failed, 0 skipped"

@@ -790,3 +790,31 @@ TEST_CASE("what cannot be shared fails naming why, in the exporter or the import
     uvm_free(mine, kSize, 0, nullptr);
   }
 }
+
+TEST_CASE("exportable memory is never kept as spare memory: an importer may still map it, and a spare goes to any "
+          "allocation",
+          "[share]") {
+  FakeMachine machine;
+  REQUIRE(uvm_set_spare_limit(0, 4 * kSize) == UVM_OK);  // room to keep both
+  auto* exported = static_cast<unsigned char*>(exportable_releasable(kSize));
+  auto* plain = static_cast<unsigned char*>(uvm_malloc_releasable(kSize, 0, nullptr));
+  REQUIRE((exported != nullptr && plain != nullptr));
+  std::memset(exported, 0x5a, kSize);
+  const uvm_range ranges[] = {{exported, kSize}, {plain, kSize}};
+  fake::reset_ops();
+  REQUIRE(uvm_offload_ranges(&ranges[0], 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);
+  CHECK(FakeMachine::ops_named(fake::OpKind::vmm_release).size() == 1);  // given back to the driver
+  uvm_stats stats{};
+  REQUIRE(uvm_get_stats(0, &stats) == UVM_OK);
+  CHECK(stats.spare_bytes == 0);
+  REQUIRE(uvm_offload_ranges(&ranges[1], 1, UVM_STRATEGY_STAGED, nullptr) == UVM_OK);  // memory of its own: kept
+  REQUIRE(uvm_get_stats(0, &stats) == UVM_OK);
+  CHECK(stats.spare_bytes >= kSize);
+  REQUIRE(uvm_onload_ranges(ranges, 2, nullptr) == UVM_OK);
+  CHECK(all_bytes(exported, kSize, 0x5a));
+  CHECK(fake::exportable_at(exported));
+  uvm_free(exported, kSize, 0, nullptr);
+  uvm_free(plain, kSize, 0, nullptr);
+  REQUIRE(uvm_set_spare_limit(0, 0) == UVM_OK);
+  CHECK(cudaPeekAtLastError() == cudaSuccess);
+}

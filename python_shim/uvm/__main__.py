@@ -110,12 +110,14 @@ def _print_installation(problems: list[str]) -> None:
         why_off += ", not understood"
     active = _switch.active()
     if not asked:
-        print(f"switch: off ({why_off}): torch_memory_saver and Megatron's unified_memory import as installed")
+        print(f"switch: off ({why_off}): torch_memory_saver, Megatron's unified_memory and vLLM's allocator are "
+              "as installed")
     for module, name in asked.items():
         original = _switch.original_location(module)
         state = "on" if module in active else "asked for, but uvm_switch.pth did not run in this process"
-        print(f"switch {name}: {state}: `import {module}` gives uvm's; the original is "
-              f"{'at ' + original if original else 'not installed'}")
+        gives = (f"`{module}.CuMemAllocator` is uvm's (uvm.vllm), the module vLLM's" if name == "vllm"
+                 else f"`import {module}` gives uvm's")
+        print(f"switch {name}: {state}: {gives}; the original is {'at ' + original if original else 'not installed'}")
 
 
 def _dotted(version) -> str:

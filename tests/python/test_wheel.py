@@ -412,3 +412,7 @@ def test_vllm_finds_uvms_plugin_and_the_switch_gives_it_uvms_allocator(venv, tmp
     assert on.stdout.splitlines() == ["['uvm.vllm_plugin:register']", "uvm.vllm"]
     off = run(venv, code, bare_env(venv, PYTHONPATH=str(folder)))
     assert off.stdout.splitlines() == ["['uvm.vllm_plugin:register']", "vllm.device_allocator.cumem"], off.stderr
+    doctor = subprocess.run([str(venv.parent / "uvm"), "doctor"], capture_output=True, text=True, timeout=300,
+                            env=bare_env(venv, PYTHONPATH=str(folder), UVM_SWITCH="vllm"))
+    assert ("switch vllm: on: `vllm.device_allocator.cumem.CuMemAllocator` is uvm's (uvm.vllm), the module vLLM's; "
+            f"the original is at {folder / 'vllm' / 'device_allocator' / 'cumem.py'}") in doctor.stdout, doctor.stdout

@@ -376,6 +376,13 @@ def thread_setting(name: str, value):
         setter(previous)
 
 
+def paused_count(tag: str) -> int:
+    """How many live allocations of `tag`, on any device, uvm_pause has paused."""
+    count = ctypes.c_size_t()
+    check(library().uvm_paused_count(UVM_ANY_DEVICE, tag.encode(), ctypes.byref(count)))
+    return count.value
+
+
 def check(status: int, about: str = "") -> None:
     """Raises the exception that fits `status`, with uvm's own message (after `about`, if given);
     does nothing for UVM_OK."""

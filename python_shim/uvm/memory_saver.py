@@ -186,12 +186,6 @@ def _default_cpu_backup_backend() -> str:
     return backend
 
 
-def _paused_count(lib, name: str) -> int:
-    count = ctypes.c_size_t()
-    _lib.check(lib.uvm_paused_count(_lib.UVM_ANY_DEVICE, name.encode(), ctypes.byref(count)))
-    return count.value
-
-
 class _State:
     """What every TorchMemorySaver of the process shares (pause acts on all regions, as the
     original's does): the pools and the tags they serve. What is paused, and what each allocation
@@ -376,7 +370,7 @@ class TorchMemorySaver:
         memory_margin_bytes free."""
         lib = _state.library()
         with _state.lock:
-            names = [name for name in _state.selected(tag) if _paused_count(lib, name)]
+            names = [name for name in _state.selected(tag) if _lib.paused_count(name)]
             if not names:
                 return
             for device in _state.devices():

@@ -323,7 +323,7 @@ class CuMemAllocator:
         torch.accelerator.empty_cache()
         lib = _lib.library()
         with self._lock:
-            asleep = [tag for tag in self.allocator_and_pools if _paused(lib, _PREFIX + tag)]
+            asleep = [tag for tag in self.allocator_and_pools if _lib.paused_count(_PREFIX + tag)]
             retain = 1 if self.retain_backups else 0
             before = lib.uvm_get_retain_backups()
             _checked(lib.uvm_set_retain_backups(retain), "wake_up", None)
@@ -386,12 +386,6 @@ def _state_of(lib, address: int):
         lib.uvm_clear_last_error()
         return None
     return state
-
-
-def _paused(lib, tag: str) -> int:
-    count = ctypes.c_size_t()
-    _lib.check(lib.uvm_paused_count(_lib.UVM_ANY_DEVICE, tag.encode(), ctypes.byref(count)))
-    return count.value
 
 
 def _checked(status: int, call: str, tag: str | None) -> None:

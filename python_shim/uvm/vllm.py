@@ -274,8 +274,9 @@ class CuMemAllocator:
                     state = _state_of(lib, found.ptr)
                     if state is not None and state.paused and (state.backup != none) != kept:
                         conflict = True
-                    elif state is not None and not state.paused and kept:
-                        to_copy += found.size
+                    elif state is not None and not state.paused:
+                        _refuse_if_mapped_elsewhere(lib, found, call, tag)
+                        to_copy += found.size if kept else 0
             self._check_host_memory(lib, to_copy, call)
             for tag, kept in keep.items():
                 name = _PREFIX + tag
@@ -386,6 +387,21 @@ def _state_of(lib, address: int):
         lib.uvm_clear_last_error()
         return None
     return state
+
+
+def _refuse_if_mapped_elsewhere(lib, found, call: str, tag: str) -> None:
+    """A tensor sent through torch.multiprocessing is mapped by its receiver until it drops it: uvm_pause
+    refuses that allocation's tag, but only after the tags before it slept. Refused here, before any."""
+    count = ctypes.c_size_t()
+    pids = (ctypes.c_int * 4)()
+    if lib.uvm_share_importers(found.ptr, pids, len(pids), ctypes.byref(count)) != _lib.UVM_OK:
+        lib.uvm_clear_last_error()
+        return  # uvm_pause checks again, and names what went wrong
+    if count.value:
+        more = f" and {count.value - 1} more" if count.value > 1 else ""
+        raise RuntimeError(f"uvm's vLLM allocator: {call} of tag {tag!r} refused: the allocation at {found.ptr:#x} "
+                           f"({found.size} bytes) is mapped by process {pids[0]}{more} (a tensor sent through "
+                           "torch.multiprocessing); nothing was put to sleep. The receiver drops the tensor first")
 
 
 def _checked(status: int, call: str, tag: str | None) -> None:

@@ -228,7 +228,8 @@ def test_a_sleep_whose_host_backups_cannot_fit_is_refused_before_anything_sleeps
     with pytest.raises(RuntimeError, match=r"sleep would keep 8589934592 bytes in host memory, but the host has "
                                            r"4294967296 bytes available .*UVM_VLLM_BACKUP=disk"):
         allocator._put_to_sleep({"weights": True, "kv_cache": False}, "sleep")
-    assert [name for name, _ in fake.calls] == ["uvm_get_staging"]  # asked what it holds; nothing set, nothing paused
+    asked = [name for name, _ in fake.calls if name != "uvm_share_importers"]
+    assert asked == ["uvm_get_staging"]  # asked what it holds; nothing set, nothing paused
     allocator._put_to_sleep({"weights": False, "kv_cache": False}, "sleep")  # level 2: nothing to keep
     assert ("uvm_pause", "vllm.weights") in fake.calls
     allocator.backup = "disk"
@@ -250,3 +251,43 @@ def test_the_model_runner_skips_where_vllm_cannot_be_imported(tmp_path):
                           capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(tmp_path), "PATH": ""})
     assert done.returncode == 77, done.stdout + done.stderr
     assert "SKIP: vLLM cannot be imported here (ImportError: its compiled ops need another torch)" in done.stdout
+
+
+class SharedFakeLib(FakeLib):
+    """A FakeLib where the allocation at `shared` is mapped by process 4242 (uvm_share_importers)."""
+
+    def __init__(self, shared: int):
+        super().__init__()
+        self.shared = shared
+
+    def uvm_share_importers(self, ptr, pids, capacity, count):
+        mapped = [4242] if ptr == self.shared else []
+        count._obj.value = len(mapped)
+        for index, pid in enumerate(mapped[:capacity]):
+            pids[index] = pid
+        return 0
+
+
+@pytest.mark.parametrize("call", ["sleep", "discard"])
+def test_a_sleep_of_memory_another_process_maps_is_refused_naming_it_before_anything_sleeps(monkeypatch, call):
+    """A tensor sent through torch.multiprocessing is mapped by its receiver: a sleep would take the
+    memory from under it. Refused by tag, address and process, before any tag is paused (uvm_pause
+    would refuse that one tag only, after the tags before it slept)."""
+    import types
+    import uvm.vllm as vllm
+    from uvm import _lib
+    fake = SharedFakeLib(shared=0x2000)
+    monkeypatch.setattr(_lib, "library", lambda: fake)
+    found = {"vllm.weights": [types.SimpleNamespace(ptr=0x1000, size=1 << 20, device=0)],
+             "vllm.kv_cache": [types.SimpleNamespace(ptr=0x2000, size=2 << 20, device=0)]}
+    monkeypatch.setattr(vllm, "_allocations", lambda lib, tag: found.get(tag, []))
+    monkeypatch.setattr(vllm, "_state_of", lambda lib, address: types.SimpleNamespace(paused=0, backup=0))
+    allocator = vllm.CuMemAllocator()
+    keep = {"weights": False, "kv_cache": False}
+    with pytest.raises(RuntimeError, match=rf"uvm's vLLM allocator: {call} of tag 'kv_cache' refused: the allocation "
+                                           r"at 0x2000 \(2097152 bytes\) is mapped by process 4242.*nothing was put to sleep"):
+        allocator._put_to_sleep(keep, call)
+    assert [name for name, _ in fake.calls if name in ("uvm_pause", "uvm_set_backup")] == []
+    fake.shared = None  # the receiver dropped its tensor
+    allocator._put_to_sleep(keep, call)
+    assert ("uvm_pause", "vllm.weights") in fake.calls and ("uvm_pause", "vllm.kv_cache") in fake.calls

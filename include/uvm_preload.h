@@ -13,9 +13,14 @@
  * reach the runtime or the driver directly, so memory from them is never pausable
  * (uvm.memory_saver refuses those torch settings in preload mode).
  *
- * At load the library opens libuvm: $UVM_PRELOAD_LIBUVM, else the libuvm.so beside it, after the CUDA
- * runtime named by $UVM_PRELOAD_CUDART if set (the file the parent process used, so that torch finds
- * the same one). When either cannot be opened it records why (uvm_preload_load_error) and the
+ * Where $UVM_PRELOAD_LIBUVM or $UVM_PRELOAD_CUDART is set, the library opens libuvm at load:
+ * $UVM_PRELOAD_LIBUVM, else the libuvm.so beside it, after the CUDA runtime named by
+ * $UVM_PRELOAD_CUDART if set (the file the parent process used, so that torch finds the same one).
+ * Where neither is set (a process started with LD_PRELOAD and TMS_INIT_* alone, as slime starts its
+ * train actors), it opens libuvm at first need, once the process has loaded a CUDA runtime: the
+ * libuvm.so beside it, else the one in its cuda<major>/ folder for that runtime's major (the
+ * wheel's layout); libuvm's libcudart.so.<major> is then the file the process loaded. When
+ * libuvm cannot be opened it records why (uvm_preload_load_error) and the
  * process runs on: calls outside a region reach the runtime as before (the interposer reaches every
  * descendant of a configured process: shells, compilers), and a cudaMalloc inside a region fails
  * with cudaErrorInitializationError, printing the reason. The runtime's functions are looked up
@@ -38,10 +43,11 @@ extern "C" {
 /* 1 when this library is the process's cudaMalloc (it was preloaded), 0 when it was only opened. */
 UVM_API int uvm_preload_active(void);
 
-/* Why libuvm could not be opened at load, or NULL when it was. */
+/* Why libuvm could not be opened, or NULL when it was (where it opens at first need, this asks for it). */
 UVM_API const char* uvm_preload_load_error(void);
 
-/* The path of the libuvm it opened: the library a Python shim in this process must load too. */
+/* The path of the libuvm it opened (or tried last): the library a Python shim in this process must
+ * load too. Where it opens at first need, this asks for it. */
 UVM_API const char* uvm_preload_libuvm_path(void);
 
 /* Puts this thread's later cudaMalloc calls inside (1) or outside (0) a region. */

@@ -1,11 +1,16 @@
 // libuvm_preload.so: cudaMalloc and cudaFree for a process that preloads it (include/uvm_preload.h
 // says what each does). It links neither libuvm nor the CUDA runtime: the runtime's own functions
-// are the next definitions after this library's (dlsym RTLD_NEXT), and libuvm is opened at load.
+// are the next definitions after this library's (dlsym RTLD_NEXT). libuvm is opened at load where
+// UVM_PRELOAD_LIBUVM or UVM_PRELOAD_CUDART name what to open; else at first need, once the process has
+// loaded a CUDA runtime: beside this library, or in its cuda<major>/ folder for that runtime's major
+// (the wheel's layout), so that libuvm's libcudart.so.<major> is the file the process loaded.
 #include "interposer.hpp"
 
 #include <dlfcn.h>
 #include <link.h>
 #include <unistd.h>
+
+#include <cstdlib>
 
 #include <atomic>
 #include <cstdio>
@@ -32,10 +37,14 @@ struct Handed {
 // Everything this library keeps, made on first use: the constructor below runs before or after
 // this file's static initializers (the order of the two is not fixed), so none is a global.
 struct State {
-  std::string load_error;  // why libuvm could not be opened; empty when it was
+  // Why libuvm could not be opened, the last one current; kept, since uvm_preload_load_error hands out
+  // their c_str() while a later try may add one.
+  std::deque<std::string> load_errors;
   std::string libuvm_path;
   Libuvm entries;
-  bool opened = false;
+  std::atomic<bool> opened{false};
+  bool at_first_need = false;  // nothing named what to open at load: libuvm opens beside the runtime loaded
+  std::mutex opening;          // one thread opens libuvm at first need; the others wait for it
   // The allocations this library handed out, and the tags they were made under. A cudaFree of
   // any other pointer goes to the runtime untouched; a deque keeps each tag's c_str() valid. The
   // lock is never held across a call into libuvm or the runtime, and is taken across fork (a child
@@ -59,28 +68,75 @@ std::string folder_of_this_library() {
   return slash == std::string::npos ? "." : path.substr(0, slash);
 }
 
+void note_load_error(std::string why) { state().load_errors.push_back(std::move(why)); }
+
+const char* load_error() { return state().load_errors.empty() ? "" : state().load_errors.back().c_str(); }
+
+const char* set_in(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? value : nullptr;
+}
+
 template <typename Function>
 bool look_up(void* handle, const char* name, Function* into) {
   *into = reinterpret_cast<Function>(dlsym(handle, name));
-  if (*into == nullptr) state().load_error = state().libuvm_path + " has no " + name + ": it is older than this interposer";
+  if (*into == nullptr) note_load_error(state().libuvm_path + " has no " + name + ": it is older than this interposer");
   return *into != nullptr;
 }
 
+bool open_libuvm_at(const std::string& path);
+
+// At load, where the environment names what to open (uvm.memory_saver.configure_subprocess sets both).
 bool open_libuvm() {
-  std::string& load_error = state().load_error;
-  std::string& libuvm_path = state().libuvm_path;
-  if (const char* cudart = std::getenv("UVM_PRELOAD_CUDART"); cudart != nullptr && *cudart != '\0') {
+  if (const char* cudart = set_in("UVM_PRELOAD_CUDART")) {
     // First, so that libuvm's libcudart.so.N is this file, the one torch loads by path later.
     if (dlopen(cudart, RTLD_NOW | RTLD_GLOBAL) == nullptr) {
-      load_error = std::string("cannot open the CUDA runtime UVM_PRELOAD_CUDART=") + cudart + ": " + dlerror();
+      note_load_error(std::string("cannot open the CUDA runtime UVM_PRELOAD_CUDART=") + cudart + ": " + dlerror());
       return false;
     }
   }
-  const char* chosen = std::getenv("UVM_PRELOAD_LIBUVM");
-  libuvm_path = chosen != nullptr && *chosen != '\0' ? chosen : folder_of_this_library() + "/libuvm.so";
+  const char* chosen = set_in("UVM_PRELOAD_LIBUVM");
+  return open_libuvm_at(chosen != nullptr ? chosen : folder_of_this_library() + "/libuvm.so");
+}
+
+// The major of the CUDA runtime this process has loaded (libcudart.so.<major>[...]), 0 for none.
+int loaded_runtime_major() {
+  int major = 0;
+  dl_iterate_phdr(
+      [](dl_phdr_info* object, size_t, void* data) {
+        const char* path = object->dlpi_name;
+        const char* base = path != nullptr ? std::strrchr(path, '/') : nullptr;
+        base = base != nullptr ? base + 1 : path;
+        if (base == nullptr || std::strncmp(base, "libcudart.so.", 13) != 0) return 0;
+        *static_cast<int*>(data) = std::atoi(base + 13);
+        return *static_cast<int*>(data) > 0 ? 1 : 0;
+      },
+      &major);
+  return major;
+}
+
+// At first need, where nothing was named at load (a process started as slime starts its train actors:
+// LD_PRELOAD and TMS_INIT_* only): once the process has a CUDA runtime, the libuvm beside this library,
+// else the one in its cuda<major>/ folder. Its libcudart.so.<major> then resolves to the loaded file.
+bool open_beside_runtime() {
+  const int major = loaded_runtime_major();
+  if (major == 0) {
+    note_load_error("no CUDA runtime is loaded in this process yet (libuvm opens beside the one the process loads; "
+                    "or set UVM_PRELOAD_LIBUVM)");
+    return false;
+  }
+  const std::string folder = folder_of_this_library();
+  const std::string beside = folder + "/libuvm.so";
+  return open_libuvm_at(access(beside.c_str(), F_OK) == 0 ? beside
+                                                          : folder + "/cuda" + std::to_string(major) + "/libuvm.so");
+}
+
+bool open_libuvm_at(const std::string& path) {
+  std::string& libuvm_path = state().libuvm_path;
+  libuvm_path = path;
   void* handle = dlopen(libuvm_path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
-    load_error = "cannot open libuvm at " + libuvm_path + ": " + dlerror();
+    note_load_error("cannot open libuvm at " + libuvm_path + ": " + dlerror());
     return false;
   }
   Libuvm& e = state().entries;
@@ -105,7 +161,11 @@ bool open_libuvm() {
 // inside a region needs libuvm; that one fails, naming the reason (allocate_in_region), and
 // uvm.memory_saver refuses preload mode with it.
 __attribute__((constructor)) void open_libuvm_at_load() {
-  state().opened = open_libuvm();
+  if (set_in("UVM_PRELOAD_LIBUVM") != nullptr || set_in("UVM_PRELOAD_CUDART") != nullptr) {
+    state().opened.store(open_libuvm(), std::memory_order_release);
+  } else {
+    state().at_first_need = true;
+  }
   pthread_atfork([] { state().lock.lock(); }, [] { state().lock.unlock(); }, [] { state().lock.unlock(); });
 }
 
@@ -217,7 +277,7 @@ cudaError_t allocate_in_region(void** ptr, size_t size) {
                  "uvm preload (pid %d): cudaMalloc(%zu bytes) in a region: %s. Start the process inside "
                  "uvm.memory_saver.configure_subprocess(), or set UVM_PRELOAD_LIBUVM to the libuvm.so uvm built (and "
                  "UVM_PRELOAD_CUDART to the CUDA runtime it should use)\n",
-                 static_cast<int>(getpid()), size, state().load_error.c_str());
+                 static_cast<int>(getpid()), size, load_error());
     return cudaErrorInitializationError;
   }
   const GetDevice get_device = runtime_get_device.get();
@@ -313,7 +373,16 @@ uvm_status for_tags(const char* tag, uvm_status (*move)(int, const char*)) {
 
 }  // namespace
 
-const Libuvm* libuvm() { return state().opened ? &state().entries : nullptr; }
+const Libuvm* libuvm() {
+  State& kept = state();
+  if (kept.opened.load(std::memory_order_acquire)) return &kept.entries;
+  if (!kept.at_first_need) return nullptr;
+  std::lock_guard<std::mutex> one_opener(kept.opening);
+  if (!kept.opened.load(std::memory_order_relaxed) && open_beside_runtime()) {
+    kept.opened.store(true, std::memory_order_release);
+  }
+  return kept.opened.load(std::memory_order_relaxed) ? &kept.entries : nullptr;
+}
 
 uvm_backup cpu_backup_of(CpuBackend backend) { return backend == CpuBackend::mmap ? UVM_BACKUP_MMAP : UVM_BACKUP_HOST; }
 
@@ -325,10 +394,15 @@ ThreadState& thread_state() {
     const char* backend = std::getenv("TMS_INIT_CPU_BACKUP_BACKEND");
     thread.cpu_backup_backend = backend != nullptr && !std::strcmp(backend, "mmap") ? CpuBackend::mmap : CpuBackend::pinned;
     thread.inside_region = env_flag("TMS_INIT_ENABLE");
-    if (thread.inside_region && libuvm() != nullptr) {
-      libuvm()->set_thread_tag("default");
-      libuvm()->set_thread_backup(env_flag("TMS_INIT_ENABLE_CPU_BACKUP") ? cpu_backup_of(thread.cpu_backup_backend)
-                                                                       : UVM_BACKUP_NONE);
+    thread.initial_settings_pending = thread.inside_region;
+  }
+  if (thread.initial_settings_pending) {
+    // Applied once libuvm is open: opened at first need, it may not be at the thread's first call.
+    if (const Libuvm* lib = libuvm()) {
+      thread.initial_settings_pending = false;
+      lib->set_thread_tag("default");
+      lib->set_thread_backup(env_flag("TMS_INIT_ENABLE_CPU_BACKUP") ? cpu_backup_of(thread.cpu_backup_backend)
+                                                                   : UVM_BACKUP_NONE);
     }
   }
   return thread;
@@ -385,9 +459,12 @@ UVM_API int uvm_preload_active(void) {
   return ours ? 1 : 0;
 }
 
-UVM_API const char* uvm_preload_load_error(void) { return state().opened ? nullptr : state().load_error.c_str(); }
+UVM_API const char* uvm_preload_load_error(void) { return libuvm() != nullptr ? nullptr : load_error(); }
 
-UVM_API const char* uvm_preload_libuvm_path(void) { return state().libuvm_path.c_str(); }
+UVM_API const char* uvm_preload_libuvm_path(void) {
+  libuvm();  // opened at first need: this asks for it
+  return state().libuvm_path.c_str();
+}
 
 UVM_API uvm_status uvm_preload_set_region(int inside) {
   thread_state().inside_region = inside != 0;

@@ -1,4 +1,4 @@
-// What the two halves of libuvm_preload.so share: the libuvm it opened at load, and each thread's
+// What the two halves of libuvm_preload.so share: the libuvm it opened, and each thread's
 // region state. interposer.cpp owns both; tms_names.cpp puts torch_memory_saver's C names on them.
 #pragma once
 
@@ -8,7 +8,7 @@
 
 namespace uvm_preload {
 
-// libuvm's entries this library calls, looked up once at load (no link-time dependency: the
+// libuvm's entries this library calls, looked up once when it opens (no link-time dependency: the
 // interposer must load before the CUDA runtime the process will use is known).
 struct Libuvm {
   void* (*malloc_releasable)(size_t, int, cudaStream_t) = nullptr;
@@ -31,7 +31,8 @@ struct Libuvm {
   uvm_status (*allocation_info)(const void*, void**, size_t*, int*) = nullptr;
 };
 
-// The entries, or nullptr when libuvm could not be opened (uvm_preload_load_error says why).
+// The entries, or nullptr when libuvm could not be opened (uvm_preload_load_error says why). Opened
+// here at first need where nothing named it at load; tried again at each call until it opens.
 const Libuvm* libuvm();
 
 // Where a CPU backup is kept: pinned (uvm's staging memory) or mmap'ed pageable memory.
@@ -44,6 +45,7 @@ struct ThreadState {
   bool inside_region = false;
   int region_device = UVM_ANY_DEVICE;  // the one device a region's cudaMalloc may allocate on
   CpuBackend cpu_backup_backend = CpuBackend::pinned;  // kept while the backup is off, as the original's
+  bool initial_settings_pending = false;  // TMS_INIT_ENABLE's tag and backup, not yet given to libuvm
 };
 ThreadState& thread_state();
 

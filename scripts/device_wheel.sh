@@ -6,7 +6,8 @@
 # the doctor, the wheel's own GPU tests (hook, runtime, CUDA 12 and 13 builds, no-hook fallback) and
 # the GPU suites of managed and releasable pools, memory_saver in both hook modes, uvm.stream and
 # block lifetimes, against the installed package; with SWITCHED=1 the peers through the switch too
-# (tests/peers/run_switched.sh). WHEEL_PYTEST names other test files, or none. Logs under $1 (default $OUT).
+# (tests/peers/run_switched.sh); with SLIME=1 slime's train actor started as slime starts it
+# (tests/peers/run_slime_actor.sh). WHEEL_PYTEST names other test files, or none. Logs under $1 (default $OUT).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-device-out}}
@@ -48,6 +49,12 @@ if [ "${SWITCHED:-0}" = 1 ]; then
   # (UVM_CXX), and the empty cache below shows it built nothing.
   env -u CUDA_HOME -u CUDA_PATH "UVM_CXX=/nonexistent/c++" "UVM_CACHE_DIR=$cache/uvm" "OUT=$out" \
     bash tests/peers/run_switched.sh "$python" 2>&1 | tee "$out/switched_peers.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if [ "${SLIME:-0}" = 1 ]; then
+  echo "== slime's train actor, started as slime starts it (tests/peers/run_slime_actor.sh)"
+  env -u CUDA_HOME -u CUDA_PATH "UVM_CXX=/nonexistent/c++" "UVM_CACHE_DIR=$cache/uvm" "OUT=$out" \
+    bash tests/peers/run_slime_actor.sh "$python" 2>&1 | tee "$out/slime_actor.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if [ -f "$cache/uvm/builds.log" ]; then

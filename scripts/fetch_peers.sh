@@ -10,12 +10,15 @@
 #   Megatron-LM          github.com/NVIDIA/Megatron-LM at f8837c04ef (head of core_r0.19.0, whose
 #                        megatron/core/inference is byte-identical to the 0.19.2 wheel's): the engine
 #                        tests and their helpers -> .deps/megatron-lm; megatron-core 0.19.2 wheel (cp312)
+#   slime                github.com/THUDM/slime at 624b824a89: slime/ray/actor_group.py -> .deps/slime (its train
+#                        actors' lookup of the library to preload: tests/peers/slime_actor.py runs it)
 #   Catch2               Debian's catch2 .deb (.deps), hypothesis and einops wheels (.whl)
-# The repositories come from local git mirrors (TMS_REPO, MEGATRON_REPO: any clone that has the pinned
+# The repositories come from local git mirrors (TMS_REPO, MEGATRON_REPO, SLIME_REPO: any clone that has the pinned
 # commits; defaults are where the tool library's `fetch` puts them). Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tms_repo=${TMS_REPO:-/work/.mirror/fzyzcjy+torch_memory_saver/repo}
+slime_repo=${SLIME_REPO:-/work/.mirror/THUDM+slime/repo}
 megatron_repo=${MEGATRON_REPO:-/work/.mirror/NVIDIA+Megatron-LM/repo}
 tms_commit=4a43c97
 megatron_commit=f8837c04ef
@@ -39,6 +42,16 @@ if [ -f .deps/sglang/torch_memory_saver_adapter.py ]; then
   echo "SGLang's adapter at $sglang_commit: $(sha256sum .deps/sglang/torch_memory_saver_adapter.py | cut -c1-16)"
 else
   echo "SGLang's adapter is not here: set SGLANG_REPO to a clone with $sglang_commit"
+fi
+
+slime_commit=624b824a898ab0ec1fcb4d373004c7f3852bf515
+if [ -d "$slime_repo" ]; then
+  rm -rf .deps/slime && mkdir -p .deps/slime
+  git -C "$slime_repo" archive "$slime_commit" slime/ray/actor_group.py | tar -x -C .deps/slime
+  echo "$slime_commit" >.deps/slime/COMMIT
+  echo "slime's actor_group.py at $slime_commit"
+else
+  echo "slime mirror $slime_repo is not here: its actor code is not refreshed (SLIME_REPO: a clone with $slime_commit)"
 fi
 
 if [ ! -d "$megatron_repo" ]; then

@@ -361,6 +361,15 @@ def compile_library(root: Path, cxx: str, home: Path, out_dir: Path, timeout: fl
 
 
 PRELOAD_NAME = "libuvm_preload.so"
+# torch_memory_saver's file names for its interposer, where slime (and the stacks copying its train actors'
+# code) look for it: two folders above torch_memory_saver.__file__. The wheel ships uvm's interposer under
+# both in _prebuilt/, and the switched module's __file__ is _prebuilt/torch_memory_saver/__init__.py.
+TMS_PRELOAD_NAMES = tuple(f"torch_memory_saver_hook_mode_preload{suffix}.abi3.so" for suffix in ("", "_cu12", "_cu13"))
+TMS_PACKAGE_FILE = "torch_memory_saver/__init__.py"
+TMS_PACKAGE_TEXT = ('"""What the switched torch_memory_saver (UVM_SWITCH) gives as its __file__: two folders up lies uvm\'s\n'
+                    'cudaMalloc interposer under torch_memory_saver\'s file names, where slime\'s train actors look for\n'
+                    'the library to preload. It opens the libuvm.so of cuda<major>/ for the CUDA runtime the process\n'
+                    'loads. The package itself is uvm.memory_saver (uvm/_switch.py)."""\n')
 
 
 def compile_preload(root: Path, cxx: str, home: Path, out_dir: Path, timeout: float,
@@ -477,7 +486,20 @@ def ship_libraries(root: Path, out_dir: Path, toolkits: dict, timeout: float) ->
             shutil.copy2(built, target / "libuvm.so")
             shutil.copy2(interposer, target / PRELOAD_NAME)
         shipped[str(major)] = {"cuda": cuda_version(Path(home)), "sha256": _checksum(target / "libuvm.so")}
+    if toolkits:
+        write_tms_layout(out_dir, out_dir / f"cuda{max(toolkits)}" / PRELOAD_NAME)
     return shipped
+
+
+def write_tms_layout(folder: Path, interposer: Path) -> None:
+    """`folder` as slime's lookup expects torch_memory_saver's install: the interposer under the
+    original's file names (copies: a wheel holds no links), and torch_memory_saver/__init__.py.
+    The interposer reads no CUDA header value that differs between majors, so one serves both."""
+    for name in TMS_PRELOAD_NAMES:
+        if (folder / name).resolve() != interposer.resolve():
+            shutil.copy2(interposer, folder / name)
+    (folder / TMS_PACKAGE_FILE).parent.mkdir(parents=True, exist_ok=True)
+    (folder / TMS_PACKAGE_FILE).write_text(TMS_PACKAGE_TEXT)
 
 
 def torch_hook_standard(minor: str) -> str:

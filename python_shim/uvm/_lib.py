@@ -270,7 +270,15 @@ def _preloaded_libuvm() -> str | None:
         return None
     process.uvm_preload_libuvm_path.restype = ctypes.c_char_p
     process.uvm_preload_load_error.restype = ctypes.c_char_p
-    if (reason := process.uvm_preload_load_error()) is not None:
+    reason = process.uvm_preload_load_error()
+    if reason is not None and _runtime.mapped() is None:
+        # Preloaded with nothing named (slime's train actors): libuvm opens beside the CUDA runtime the
+        # process loads, and none is loaded yet. The one torch will load, as library() chooses it.
+        runtime = _runtime.choose(set(_runtime.MAJORS))
+        if runtime is not None:
+            _runtime.load(runtime)
+            reason = process.uvm_preload_load_error()
+    if reason is not None:
         raise UnifiedMemoryUnsupportedError(f"uvm's cudaMalloc interposer is preloaded but {reason.decode()}: start the "
                                             "process inside uvm.memory_saver.configure_subprocess(), or set "
                                             "UVM_PRELOAD_LIBUVM to the libuvm.so uvm uses")

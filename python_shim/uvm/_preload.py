@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import hashlib
 import os
 from pathlib import Path
 
@@ -26,6 +27,42 @@ def library_path() -> Path:
         return _build.preload_library(Path(_lib._so_path))
     except _build.BuildError as error:
         raise _lib.UnifiedMemoryUnsupportedError(f"building {_build.PRELOAD_NAME} failed: {error}") from None
+
+
+def tms_package_file() -> str:
+    """The switched torch_memory_saver's __file__: two folders below a folder holding uvm's interposer
+    under torch_memory_saver's file names (_build.TMS_PRELOAD_NAMES), where slime's train actors look
+    for the library to preload. The wheel's _prebuilt/ (the same path on every node of a cluster
+    installed alike); else the folder of the interposer beside this process's libuvm.so (built if
+    needed), given those names as links there, or in a folder of uvm's cache where that one is not
+    writable."""
+    shipped = _build.SHIPPED
+    if all((shipped / name).is_file() for name in _build.TMS_PRELOAD_NAMES) and _build.shipped_manifest():
+        return str(shipped / _build.TMS_PACKAGE_FILE)
+    interposer = library_path()
+    folder = interposer.parent
+    try:
+        _link_tms_names(folder, interposer)
+    except OSError:
+        digest = hashlib.sha256(str(interposer).encode()).hexdigest()[:16]
+        folder = _build.configured_cache_dir() / "tms-preload" / digest
+        folder.mkdir(parents=True, exist_ok=True)
+        _link_tms_names(folder, interposer)
+        libuvm = folder / "libuvm.so"  # the interposer opens the libuvm beside the name it was preloaded by
+        if not libuvm.exists():
+            libuvm.symlink_to(interposer.with_name("libuvm.so"))
+    return str(folder / _build.TMS_PACKAGE_FILE)
+
+
+def _link_tms_names(folder: Path, interposer: Path) -> None:
+    for name in _build.TMS_PRELOAD_NAMES:
+        link = folder / name
+        if not link.exists():
+            link.symlink_to(interposer if interposer.parent != folder else interposer.name)
+    package = folder / _build.TMS_PACKAGE_FILE
+    if not package.exists():
+        package.parent.mkdir(exist_ok=True)
+        package.write_text(_build.TMS_PACKAGE_TEXT)
 
 
 @functools.lru_cache(maxsize=None)

@@ -83,6 +83,17 @@ class _Alias(importlib.abc.Loader):
         module.__all__ = list(saver.__all__)
         module.__uvm_switch__ = True
         module.__path__ = list(layout.__path__)
+        module.__getattr__ = _file_on_demand
+
+
+def _file_on_demand(name: str):
+    """The switched torch_memory_saver's __file__, found when asked (uvm._preload.tms_package_file):
+    slime's train actors preload the library two folders above it, so there lies uvm's interposer
+    under the original's file names."""
+    if name == "__file__":
+        from . import _preload
+        return _preload.tms_package_file()
+    raise AttributeError(f"module 'torch_memory_saver' has no attribute {name!r}")
 
 
 class _Patched(importlib.abc.Loader):

@@ -4,6 +4,7 @@ torch_memory_saver's C names and thread state; configure_subprocess() gives a ch
 (With a GPU and torch: test_preload_gpu.py, and the peer's own tests in tests/peers/.)"""
 import json
 import os
+import shutil
 
 import pytest
 from conftest import python
@@ -261,3 +262,44 @@ def test_the_interposer_exports_only_its_own_names(interposer):
     reference = open(os.path.join(root, "docs", "c-api.md")).read()
     own = [name for name in names if name.startswith("uvm_preload_")]
     assert len(own) >= 9 and all(f"{name}(" in header and f"`{name}(" in reference for name in own)
+
+
+# A process preloading the interposer with nothing of uvm's named (LD_PRELOAD and TMS_INIT_* only, as
+# slime starts its train actors): what it says before and after the program loads a CUDA runtime.
+NOTHING_NAMED = r"""
+import ctypes, json, sys
+process = ctypes.CDLL(None)
+process.uvm_preload_load_error.restype = ctypes.c_char_p
+process.uvm_preload_libuvm_path.restype = ctypes.c_char_p
+answers = {"active": process.uvm_preload_active(), "before": (process.uvm_preload_load_error() or b"").decode()}
+pointer = ctypes.c_void_p()
+ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL)  # the runtime, loaded by path as torch loads it
+answers["after"] = process.uvm_preload_load_error()
+answers["libuvm"] = process.uvm_preload_libuvm_path().decode()
+print(json.dumps(answers))
+"""
+
+
+def test_an_interposer_preloaded_with_nothing_named_opens_the_libuvm_of_the_runtime_the_process_loads(interposer, tmp_path):
+    """Issue 75: slime's train actors preload the library found two folders above
+    torch_memory_saver.__file__, with no UVM_PRELOAD_LIBUVM or UVM_PRELOAD_CUDART. The wheel's layout
+    holds the interposer above one folder per CUDA major; it opened a libuvm.so beside itself at load
+    (none there) and every region allocation failed. It opens, once the process has a runtime, the
+    libuvm of that runtime's major, which then uses that runtime."""
+    found = python("from uvm import _lib, _runtime; _lib.library(); r = _runtime.mapped(); print(r.path, r.major)")
+    runtime, major = found.stdout.split()
+    shutil.copy2(interposer["LD_PRELOAD"], tmp_path / "torch_memory_saver_hook_mode_preload.abi3.so")
+    for each in (12, 13):
+        (tmp_path / f"cuda{each}").mkdir()
+        (tmp_path / f"cuda{each}" / "libuvm.so").symlink_to(interposer["UVM_PRELOAD_LIBUVM"])
+    env = {"LD_PRELOAD": str(tmp_path / "torch_memory_saver_hook_mode_preload.abi3.so"), "UVM_PRELOAD_LIBUVM": "",
+           "UVM_PRELOAD_CUDART": "", "TMS_INIT_ENABLE": "1", "TMS_INIT_ENABLE_CPU_BACKUP": "1"}
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", NOTHING_NAMED, runtime], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **env}, check=True)
+    answers = json.loads(done.stdout)
+    assert answers["active"] == 1
+    assert "no CUDA runtime is loaded in this process yet" in answers["before"], answers
+    assert answers["after"] is None, answers
+    assert answers["libuvm"] == str(tmp_path / f"cuda{major}" / "libuvm.so"), answers

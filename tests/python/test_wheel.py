@@ -258,6 +258,40 @@ def test_the_switch_without_the_original_installed_still_gives_uvms(venv):
     assert shown.stdout.strip() == "uvm.memory_saver True torch_memory_saver.hooks.mode_preload"
 
 
+TMS_NAMES = [f"torch_memory_saver_hook_mode_preload{suffix}.abi3.so" for suffix in ("_cu13", "_cu12", "")]
+SLIME_STYLE = """
+import ctypes, os, sys
+process = ctypes.CDLL(None)
+process.uvm_preload_libuvm_path.restype = ctypes.c_char_p
+import uvm
+uvm.library()  # the libuvm the preloaded interposer opened, beside the runtime the process loads
+print(process.uvm_preload_active(), process.uvm_preload_libuvm_path().decode(), uvm._so_path)
+"""
+
+
+def test_two_folders_above_the_switched_module_lies_uvms_interposer_under_the_originals_names(venv):
+    """Issue 75: slime starts its train actors preloading the library it finds two folders above
+    torch_memory_saver.__file__ (under the name ending _cu13, _cu12 or neither), with TMS_INIT_* and
+    nothing of uvm's. Under the switch the module had no __file__: slime's driver stopped with
+    AttributeError. The wheel ships uvm's interposer there, and preloaded with only that, it opens
+    the libuvm of the runtime the process loads."""
+    shown = run(venv, "import os, torch_memory_saver as t; print(t.__file__); print(os.path.dirname(os.path.dirname(t.__file__)))",
+                bare_env(venv, UVM_SWITCH="1"))
+    assert shown.returncode == 0, shown.stderr
+    package_file, folder = shown.stdout.splitlines()
+    assert folder.endswith("/uvm/_prebuilt") and str(venv.parents[1]) in folder, folder
+    assert Path(package_file).is_file() and "uvm.memory_saver" in Path(package_file).read_text()
+    for name in TMS_NAMES:
+        assert b"uvm_preload_active" in (Path(folder) / name).read_bytes(), f"{name} is not uvm's interposer"
+    preloaded = run(venv, SLIME_STYLE, bare_env(venv, UVM_SWITCH="1", LD_PRELOAD=str(Path(folder) / TMS_NAMES[0]),
+                                                TMS_INIT_ENABLE="1", TMS_INIT_ENABLE_CPU_BACKUP="1"))
+    assert preloaded.returncode == 0, preloaded.stderr
+    active, opened, loaded = preloaded.stdout.split()
+    assert active == "1" and opened == loaded and re.search(r"/uvm/_prebuilt/cuda1[23]/libuvm\.so$", opened), preloaded.stdout
+    unswitched = run(venv, "import torch_memory_saver", bare_env(venv))
+    assert unswitched.returncode != 0 and "No module named 'torch_memory_saver'" in unswitched.stderr
+
+
 def test_the_uvm_command_gives_its_version_and_the_doctor_says_what_is_installed_and_switched(venv, originals):
     command = venv.parent / "uvm"
     version = subprocess.run([str(command), "--version"], capture_output=True, text=True, env=bare_env(venv), timeout=60)

@@ -9,7 +9,7 @@ Into uvm/ go:
 - _prebuilt/torch-<minor>/: the PyTorch block hook, once per supported torch release, against that
   release's c10 headers and libraries (scripts/torch_headers.py fetches them: 3 MB of each wheel);
 - _prebuilt/manifest.json: what was built from which sources.
-And uvm_switch.pth, beside the package: the switch that moves stacks onto uvm (uvm/_switch.py).
+And uvm_switch.pth and uvm_switch.py, beside the package: the switch that moves stacks onto uvm.
 
 A build that cannot make all of that fails and says what is missing. The toolkits: the one here
 ($CUDA_HOME, $CUDA_PATH, /usr/local/cuda) for its major, UVM_WHEEL_CUDA12 / UVM_WHEEL_CUDA13 (a

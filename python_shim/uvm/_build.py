@@ -369,7 +369,7 @@ TMS_PACKAGE_FILE = "torch_memory_saver/__init__.py"
 TMS_PACKAGE_TEXT = ('"""What the switched torch_memory_saver (UVM_SWITCH) gives as its __file__: two folders up lies uvm\'s\n'
                     'cudaMalloc interposer under torch_memory_saver\'s file names, where slime\'s train actors look for\n'
                     'the library to preload. It opens the libuvm.so of cuda<major>/ for the CUDA runtime the process\n'
-                    'loads. The package itself is uvm.memory_saver (uvm/_switch.py)."""\n')
+                    'loads. The package itself is uvm.memory_saver (uvm_switch.py)."""\n')
 
 
 def compile_preload(root: Path, cxx: str, home: Path, out_dir: Path, timeout: float,

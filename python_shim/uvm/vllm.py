@@ -5,7 +5,7 @@ With UVM_SWITCH naming vllm (or 1/all), `vllm.device_allocator.cumem.CuMemAlloca
 CuMemAllocator in every process started with it: vLLM's `get_mem_allocator_instance()` imports that
 name when it is called, so the API server, the engine core and each worker allocate their sleep-mode
 memory through uvm, no vLLM source changed. Two hooks put it there: the switch's import hook
-(uvm._switch, run by uvm_switch.pth at every start) replaces the name as vLLM's module is imported,
+(uvm_switch, run by uvm_switch.pth at every start) replaces the name as vLLM's module is imported,
 and vLLM's own plugin entry point (`vllm.general_plugins: uvm` -> uvm.vllm_plugin) does the same where .pth
 files do not run (a uvm found through PYTHONPATH). Neither touches CUDA: vLLM forks its workers.
 A vLLM whose version this module does not know keeps its own allocator, and uvm says so once.

@@ -258,6 +258,21 @@ def test_the_switch_without_the_original_installed_still_gives_uvms(venv):
     assert shown.stdout.strip() == "uvm.memory_saver True torch_memory_saver.hooks.mode_preload"
 
 
+def test_a_switched_start_loads_only_the_switch_until_a_switched_name_is_imported(venv):
+    """Issue 75: every Python start with UVM_SWITCH set imported the whole uvm package (51 modules:
+    the library's bindings, subprocess, concurrent.futures, logging...), 50 ms against 8 ms unset, in
+    every worker, Ray actor and pip call. A switched start loads uvm_switch and nothing else of its
+    own; uvm comes with the first switched import."""
+    code = "import sys; print(' '.join(sorted(sys.modules)))"
+    plain = run(venv, code, bare_env(venv))
+    switched = run(venv, code, bare_env(venv, UVM_SWITCH="1"))
+    assert plain.returncode == 0 and switched.returncode == 0, plain.stderr + switched.stderr
+    assert set(switched.stdout.split()) - set(plain.stdout.split()) == {"uvm_switch"}, switched.stdout
+    imported = run(venv, "import torch_memory_saver, sys; print('uvm.memory_saver' in sys.modules)",
+                   bare_env(venv, UVM_SWITCH="1"))
+    assert imported.stdout.strip() == "True", imported.stderr
+
+
 TMS_NAMES = [f"torch_memory_saver_hook_mode_preload{suffix}.abi3.so" for suffix in ("_cu13", "_cu12", "")]
 SLIME_STYLE = """
 import ctypes, os, sys

@@ -16,7 +16,8 @@ A build that cannot make all of that fails and says what is missing. The toolkit
 toolkit layout with include/ and lib64/libcudart.so) for either, else .deps/cuda-12.1 beside the
 sources (scripts/fetch_cuda12.sh). The torch headers: UVM_TORCH_HEADERS_DIR, else .deps/torch beside
 the sources, else ~/.cache/uvm/torch-headers, fetched there when missing.
-UVM_WHEEL_PARTIAL=1 builds what can be built and prints plainly what it left out.
+UVM_WHEEL_PARTIAL=1 builds what can be built, prints plainly what it left out, and labels the version
++partial (uvm_cuda-X.Y.Z+partial-...whl).
 """
 import json
 import os
@@ -37,12 +38,15 @@ TIMEOUT_S = 1800
 
 
 def version() -> str:
-    """The release, from include/uvm.h's UVM_VERSION_MAJOR/MINOR/PATCH: the one place it is written."""
+    """The release, from include/uvm.h's UVM_VERSION_MAJOR/MINOR/PATCH: the one place it is written.
+    UVM_WHEEL_PARTIAL=1 adds the local label +partial: a wheel that may lack its libraries is never
+    mistaken for the release (and the package index refuses local labels)."""
     header = (HERE / "include" / "uvm.h").read_text()
     parts = [re.search(rf"#define UVM_VERSION_{part} (\d+)", header) for part in ("MAJOR", "MINOR", "PATCH")]
     if not all(parts):
         raise SystemExit(f"uvm: {HERE / 'include' / 'uvm.h'} lacks a UVM_VERSION_* number")
-    return ".".join(part.group(1) for part in parts)
+    release = ".".join(part.group(1) for part in parts)
+    return release + "+partial" if os.environ.get("UVM_WHEEL_PARTIAL") == "1" else release
 
 
 class BuildWithLibraries(build_py):
@@ -88,11 +92,14 @@ def _build_everything(package: Path) -> None:
             _fail_or_note(partial, left_out, f"no C++ compiler: {error}")
             cxx = None
         toolkits = _toolkits(_build, _errors, left_out, partial) if cxx else {}
+        # The torch headers first: a build with no network says so before it compiles for a minute.
+        headers = _torch_headers(left_out, partial) if toolkits else {}
         out = package / "_prebuilt"
         out.mkdir(parents=True, exist_ok=True)
         try:
             libraries = _build.ship_libraries(package / "_csrc", out, toolkits, TIMEOUT_S) if toolkits else {}
-            hooks = _torch_hooks(_build, _errors, out, toolkits, left_out, partial)
+            hooks = _build.ship_torch_hooks(headers, out, Path(toolkits[max(toolkits)]) / "include",
+                                            TIMEOUT_S) if headers else {}
         except _errors.BuildError as error:  # a real failure: never ship a package that would hide it
             raise SystemExit(f"uvm: building the wheel's libraries failed: {error}") from None
         if not libraries:
@@ -133,18 +140,18 @@ def _toolkits(_build, _errors, left_out: list, partial: bool) -> dict:
     for major in (12, 13):
         home = found.get(major)
         if home is None or not (Path(home) / "include" / "cuda_runtime_api.h").is_file():
-            _fail_or_note(partial, left_out, f"no CUDA {major} toolkit ({home or 'none found'}; set UVM_WHEEL_CUDA{major}, "
-                          "or run scripts/fetch_cuda12.sh for CUDA 12's headers)")
+            _fail_or_note(partial, left_out, f"no CUDA {major} toolkit ({home or 'none found'}; set UVM_WHEEL_CUDA{major} "
+                          "to one (a folder with include/ and lib64/libcudart.so), or for CUDA 12's headers run "
+                          "`bash scripts/fetch_cuda12.sh` (in the checkout and the sdist; it needs the package index)")
             found.pop(major, None)
         elif str(_build.cuda_version(Path(home)))[:2] != str(major):
             raise SystemExit(f"uvm: the toolkit for CUDA {major} at {home} is CUDA {_build.cuda_version(Path(home))}")
     return found
 
 
-def _torch_hooks(_build, _errors, out: Path, toolkits: dict, left_out: list, partial: bool) -> dict:
-    """The block hook for every supported torch release, its headers fetched where missing."""
-    if not toolkits:
-        return {}
+def _torch_headers(left_out: list, partial: bool) -> dict:
+    """{torch minor: folder of its c10 headers and libraries} for every supported release, fetched
+    where missing (scripts/torch_headers.py)."""
     sys.path.insert(0, str(HERE / "scripts"))
     try:
         import torch_headers
@@ -158,8 +165,7 @@ def _torch_hooks(_build, _errors, out: Path, toolkits: dict, left_out: list, par
                 _fail_or_note(partial, left_out, f"the block hook for torch {minor} ({error})")
     finally:
         sys.path.remove(str(HERE / "scripts"))
-    cuda_include = Path(toolkits[max(toolkits)]) / "include"
-    return _build.ship_torch_hooks(releases, out, cuda_include, TIMEOUT_S)
+    return releases
 
 
 class NativeDistribution(Distribution):

@@ -35,7 +35,13 @@ TIMEOUT_S = 60
 
 
 class FetchError(RuntimeError):
-    """A release's files could not be fetched; the message names the release, the URL and why."""
+    """A release's files could not be fetched; the message names the release, the URL, why, and the
+    way out."""
+
+
+# Where a build with no access to the package index gets the headers instead.
+WAY_OUT = ("fetch them where the package index can be reached: `python scripts/torch_headers.py DIR` (in the "
+           "checkout and the sdist), then build with UVM_TORCH_HEADERS_DIR=DIR")
 
 
 class RangeReader(io.RawIOBase):
@@ -105,7 +111,11 @@ def fetch(minor: str, dest: Path) -> Path:
     folder = dest / minor
     if (folder / "release.json").is_file() and json.loads((folder / "release.json").read_text())["release"] == release:
         return folder
-    url = wheel_url(release)
+    try:
+        url = wheel_url(release)
+    except (OSError, KeyError, ValueError) as error:  # no network, an index that answers otherwise
+        raise FetchError(f"torch {release}: its headers are not in {dest}, and asking {INDEX}/pypi/torch/json for its "
+                         f"wheel failed ({error}); {WAY_OUT}") from None
     dest.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{minor}-", dir=dest))
     try:
@@ -129,7 +139,7 @@ def fetch(minor: str, dest: Path) -> Path:
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(scratch, folder)
     except (OSError, zipfile.BadZipFile, KeyError, ValueError) as error:
-        raise FetchError(f"torch {release}: fetching its headers from {url} failed: {error}") from None
+        raise FetchError(f"torch {release}: fetching its headers from {url} failed: {error}; {WAY_OUT}") from None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return folder

@@ -360,8 +360,30 @@ def test_a_build_without_a_compiler_fails_saying_what_is_missing_or_says_what_it
     assert partial.returncode == 0, partial.stderr[-2000:]
     assert "uvm: WARNING: left out of this wheel: no C++ compiler" in partial.stdout + partial.stderr
     [built] = (tmp_path / "partial").glob("*.whl")
+    assert built.name.startswith(f"uvm_cuda-{RELEASE}+partial-"), built.name  # never taken for the release
     with zipfile.ZipFile(built) as archive:
         assert not [name for name in archive.namelist() if name.startswith("uvm/_prebuilt/")]
+
+
+def test_a_build_that_cannot_reach_the_package_index_says_so_before_compiling_and_names_the_way_out(tmp_path):
+    """Issue 75: with no network the build compiled for 48 s, then died with `<urlopen error ...>`
+    naming no release, URL or way out. An index that cannot be reached (UVM_PYPI_URL) and no torch
+    headers at hand: the build stops before compiling, naming the release, the URL and what to do."""
+    import shutil
+    empty = tmp_path / "headers"
+    empty.mkdir()
+    compiled = tmp_path / "compiled.log"
+    wrapper = tmp_path / "c++"  # the compiler, recording each compile (not its version queries)
+    wrapper.write_text(f'#!/bin/sh\ncase "$*" in *-shared*) echo "$*" >> {compiled};; esac\n'
+                       f'exec {shutil.which("c++") or shutil.which("g++")} "$@"\n')
+    wrapper.chmod(0o755)
+    failed = build_wheel(tmp_path / "out", {"UVM_PYPI_URL": "http://127.0.0.1:9", "UVM_TORCH_HEADERS_DIR": str(empty),
+                                            "UVM_CXX": str(wrapper)})
+    output = failed.stdout + failed.stderr
+    assert failed.returncode != 0 and not list((tmp_path / "out").glob("*.whl"))
+    assert "torch 2.6.0: its headers are not in" in output and "http://127.0.0.1:9/pypi/torch/json" in output, output[-3000:]
+    assert "python scripts/torch_headers.py DIR" in output and "UVM_TORCH_HEADERS_DIR=DIR" in output
+    assert not compiled.exists(), f"it compiled before failing: {compiled.read_text()[:500]}"
 
 
 LOAD_HOOK = """

@@ -717,13 +717,15 @@ UVM_API uvm_status uvm_get_allocation_state(const void* ptr, uvm_allocation_stat
  * compressed allocation at the size bf16 weights code to), so that a first pause runs as fast as
  * the later ones; and, where the selection has compressed allocations (any backup), loads the
  * coder's kernels first. Call
- * it from a thread of your own while the model loads: it pins in batches of about 256 MiB and holds no
- * lock a move needs (a pause meanwhile uses what is pinned and pins the rest itself). Prepares at
+ * it from a thread of your own while the model loads: it pins in batches of about 256 MiB (an
+ * allocation larger than that is one batch), each pinned in 256 MiB steps, and holds no lock a move
+ * needs (a pause meanwhile copies into the steps pinned so far and pins the rest itself). What it
+ * holds: the bytes the pause will copy, rounded up to a block of at least 256 MiB. Prepares at
  * most `max_bytes` beyond the room already held (0: no bound; a new block is at least 256 MiB, so it
  * may pin up to that), `*pinned` (may be NULL) says how much it added. A
- * uvm_release_staging (or its async form) stops it after its batch, and gives back what holds
- * nothing (the batch in flight too, before this returns). Without retained backups (uvm_set_retain_backups) each resume gives the staging back, so
- * only the first pause gains. */
+ * uvm_release_staging (or its async form) stops it after the 256 MiB step in flight, and gives back
+ * what holds nothing (the step in flight too, before this returns). Without retained backups
+ * (uvm_set_retain_backups) each resume gives the staging back, so only the first pause gains. */
 UVM_API uvm_status uvm_prepare_pause(int device, const char* tag, size_t max_bytes, size_t* pinned);
 
 /* ------------------------------------------------------------------------------------------------

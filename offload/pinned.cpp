@@ -163,6 +163,7 @@ void pin_steps(char* host, size_t bytes, int device, std::shared_ptr<StepPinning
     progress->pinned = at + step_size(at);
     progress->changed.notify_all();
     if (next < bytes) wait_for_copies_issued(*progress, lock);
+    if (progress->stop) break;
   }
   std::lock_guard<std::mutex> lock(progress->mutex);
   progress->failure = failure;
@@ -253,8 +254,20 @@ bool pinning_failed(const PinnedMemory& memory) {
   return memory.steps->done && !memory.steps->failure.empty();
 }
 
+void stop_pinning(StepPinning& pinning) {
+  std::lock_guard<std::mutex> lock(pinning.mutex);
+  pinning.stop = true;
+  pinning.changed.notify_all();
+}
+
+bool pinning_stopped(const PinnedMemory& memory) {
+  if (!memory.steps) return false;
+  std::lock_guard<std::mutex> lock(memory.steps->mutex);
+  return memory.steps->stop;
+}
+
 size_t pinned_bytes_eventually(const PinnedMemory& memory) {
-  return pinning_failed(memory) ? pinned_bytes_now(memory) : memory.bytes;
+  return pinning_failed(memory) || pinning_stopped(memory) ? pinned_bytes_now(memory) : memory.bytes;
 }
 
 uvm_status unpin_steps(const Call& call, char* host, size_t bytes, size_t* given_back) {
@@ -295,7 +308,7 @@ uvm_status unpin_host_memory(const Call& call, PinnedMemory* memory) {
       steps.pinned = pinned - given_back;
       return status;
     }
-    if (memory->bytes > pinned) munmap(memory->host + pinned, memory->bytes - pinned);  // a step failed
+    if (memory->bytes > pinned) munmap(memory->host + pinned, memory->bytes - pinned);  // a step failed, or it stopped
     return UVM_OK;
   }
   if (cudaError_t e = cudaHostUnregister(memory->host)) return fail_cuda(call, e, "cudaHostUnregister(%p)", memory->host);

@@ -41,7 +41,11 @@ struct StepPinning {
   int pacers = 0;        // offloads taking the steps (begin_pacing, end_pacing): paced while any is
   size_t reserved = 0;   // the bytes from the start that offloads have reserved
   size_t issued = 0;     // the bytes from the start whose copies are issued
+  // Asked to stop (stop_pinning: uvm_release_staging found the block unused): the step being registered
+  // ends, no further one starts, and `done` comes with `pinned` short of the block's size.
+  bool stop = false;
 };
+
 
 // How many times a pinning thread has parked waiting for the copies into its steps to be issued
 // (each time, it registers nothing more until an offload notes copies issued or ends its pacing):
@@ -95,11 +99,16 @@ void end_pacing(StepPinning& pinning);
 // The bytes of `memory` usable now: all of it, or for memory pinned in steps the steps registered.
 size_t pinned_bytes_now(const PinnedMemory& memory);
 
-// The bytes of `memory` usable once its pinning ends: all of it, unless a step failed.
+// The bytes of `memory` usable once its pinning ends: all of it, unless a step failed or it was stopped.
 size_t pinned_bytes_eventually(const PinnedMemory& memory);
 
 // Whether pinning `memory` in steps stopped at a step that could not be registered.
 bool pinning_failed(const PinnedMemory& memory);
+// Asks a pinning in steps to stop after the step in flight (returns at once).
+void stop_pinning(StepPinning& pinning);
+// Whether a pinning in steps was stopped before all of it was pinned (then its block holds `pinned`
+// bytes and is given back whole, never cut).
+bool pinning_stopped(const PinnedMemory& memory);
 
 // Gives back `bytes` (a multiple of kPinStepBytes, or up to the end of the memory) of memory pinned
 // in steps from `host`, where a step starts: each step is unregistered, then all of it unmapped.

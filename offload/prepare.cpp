@@ -19,9 +19,10 @@
 namespace uvm {
 namespace {
 
-// Pinned in batches of about this much (a staging block's least size), so that uvm_release_staging
-// stops a preparation soon and a pause that comes meanwhile waits for one batch at most before it
-// pins the rest itself.
+// Pinned in batches of about this much (a staging block's least size), each block in steps of
+// kPinStepBytes on a thread of its own (an allocation larger than a batch, a 40 GiB pool segment, is
+// one block): uvm_release_staging stops a preparation after the step in flight, and a pause that
+// comes meanwhile copies into the steps pinned so far while the rest is pinned.
 constexpr size_t kBatchBytes = size_t{256} << 20;
 
 // uvm_release_staging's count: a preparation that sees it change stops after its batch.
@@ -72,6 +73,15 @@ uvm_status load_coder_ahead(const Call& call, const Selection& selection) {
   return UVM_OK;
 }
 
+// Takes none of the steps of the block it made (its pacing ends: nothing copies into them here), and
+// waits until every step is pinned or uvm_release_staging stopped the pinning. A pause that reserves
+// steps meanwhile paces it with its copies.
+void wait_until_pinned(StepPinning& steps) {
+  end_pacing(steps);
+  std::unique_lock<std::mutex> lock(steps.mutex);
+  steps.changed.wait(lock, [&] { return steps.done; });
+}
+
 uvm_status prepare_pause(const Call& call, int device, const char* tag, size_t max_bytes, size_t* pinned) {
   if (pinned != nullptr) *pinned = 0;
   if (uvm_status s = check_options(call)) return s;
@@ -105,10 +115,12 @@ uvm_status prepare_pause(const Call& call, int device, const char* tag, size_t m
       ContextScope scope;  // pinned for every device, from the context of the allocations' device
       if (uvm_status s = scope.enter(call, on, ContextScope::When::always)) return s;
       size_t block = 0;
-      const uvm_status s = staging().ensure_capacity(call, spans, false, 0, nullptr, &block);
+      std::shared_ptr<StepPinning> steps;
+      const uvm_status s = staging().ensure_capacity(call, spans, true, 0, &steps, &block);
       added += block;
       if (pinned != nullptr) *pinned = added;
       if (s != UVM_OK) return s;
+      if (steps) wait_until_pinned(*steps);
     }
     if (bounded || count == all) break;
   }

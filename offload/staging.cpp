@@ -198,6 +198,12 @@ std::shared_ptr<Staging::Block> Staging::block_holding(const char* host) const {
   return nullptr;
 }
 
+bool Staging::still_pinning(const Block& block) {
+  if (!block.memory.steps) return false;
+  std::lock_guard<std::mutex> progress(block.memory.steps->mutex);
+  return !block.memory.steps->done;
+}
+
 uvm_status Staging::free_block(const Call& call, Block& block) {
   ContextScope scope;
   if (uvm_status s = scope.enter(call, block.device, ContextScope::When::only_if_none_current)) return s;
@@ -227,7 +233,7 @@ size_t Staging::unused_step_bytes(const Block& block) {
   if (!memory.steps || block.live == 0) return 0;  // a block holding nothing is freed whole
   {
     std::lock_guard<std::mutex> progress(memory.steps->mutex);
-    if (!memory.steps->done || !memory.steps->failure.empty()) return 0;
+    if (!memory.steps->done || !memory.steps->failure.empty() || memory.steps->stop) return 0;
   }
   const size_t kept = (block.used + kPinStepBytes - 1) / kPinStepBytes * kPinStepBytes;
   return memory.bytes > kept ? memory.bytes - kept : 0;
@@ -286,13 +292,24 @@ void Staging::keep_as_block(char* host, size_t bytes, int device, std::vector<Ev
   blocks_.push_back(std::move(block));
 }
 
+void Staging::stop_unused_pinnings() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (room_claims_ > 0) return;  // an offload is about to take the room
+  for (const auto& block : blocks_) {
+    if (block->live == 0 && still_pinning(*block)) stop_pinning(*block->memory.steps);
+  }
+}
+
 uvm_status Staging::free_unused_now(const Call& call) {
   const uvm_status trimmed = trim_steps(call);
   std::vector<std::shared_ptr<Block>> unused;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (room_claims_ > 0) return trimmed;  // an offload is about to fill the empty blocks
-    auto holding = std::stable_partition(blocks_.begin(), blocks_.end(), [](const auto& b) { return b->live != 0; });
+    // An unused block still being pinned in steps (uvm_prepare_pause's) stays until its pinning has
+    // ended: freeing it would wait for it (stop_unused_pinnings ends it soon).
+    auto holding = std::stable_partition(blocks_.begin(), blocks_.end(),
+                                         [](const auto& b) { return b->live != 0 || still_pinning(*b); });
     unused.assign(holding, blocks_.end());
     blocks_.erase(holding, blocks_.end());
   }
@@ -427,6 +444,7 @@ uvm_status uvm_reserve_staging(size_t bytes) {
 uvm_status uvm_release_staging(void) {
   const uvm::Call call = uvm::Call::of("uvm_release_staging");
   uvm::note_staging_released();
+  uvm::staging().stop_unused_pinnings();
   // Takes no moves lock: the blocks it frees hold nothing staged, so no onload reads them, and
   // they leave the store before any offload could reserve them again.
   return uvm::guarded(call, [&] {
@@ -439,6 +457,7 @@ uvm_status uvm_release_staging(void) {
 uvm_status uvm_release_staging_async(void) {
   const uvm::Call call = uvm::Call::of("uvm_release_staging_async");
   uvm::note_staging_released();
+  uvm::staging().stop_unused_pinnings();
   return uvm::guarded(call, [&] {
     uvm::staging().free_unused_in_background();
     return uvm::free_bounce_buffers(call);

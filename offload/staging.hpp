@@ -75,7 +75,8 @@ class Staging {
   // if none is being pinned.
   bool wait_for_pinning();
   // Frees the blocks that hold nothing, after the copies reading them finished, and the steps of a
-  // block pinned in steps past the last one its bump pointer reaches (trim_steps). The blocks leave
+  // block pinned in steps past the last one its bump pointer reaches (trim_steps). A block that holds
+  // nothing and is still being pinned in steps stays (freeing it would wait for its pinning). The blocks leave
   // the store first, so no lock is held while it waits and frees (unpinning GiBs takes
   // hundreds of ms); a block whose wait fails goes back, and the next call tries again. Frees
   // nothing while an offload holds a RoomClaim. Returns once a free in the background has ended too.
@@ -86,6 +87,10 @@ class Staging {
   // Starts nothing when there is nothing to free; while a thread runs, it frees once more.
   // uvm_release_staging_async is this.
   void free_unused_in_background();
+  // uvm_release_staging: the blocks that hold nothing and are still being pinned in steps (a
+  // uvm_prepare_pause's) stop after the step in flight; the preparation frees them once stopped.
+  // Returns at once.
+  void stop_unused_pinnings();
   // How many times free_unused_in_background found something to free (started a thread, or asked
   // the running one to free again): tests check that a call asked for none, without waiting to see.
   uint64_t background_frees_asked() const;
@@ -130,6 +135,8 @@ class Staging {
   // A lease on [host, host + bytes) of `block`: the bytes count as lent until it is dropped.
   std::shared_ptr<char> lend(const std::shared_ptr<Block>& block, char* host, size_t bytes);
   uvm_status free_unused_now(const Call& call);
+  // Whether `block` is being pinned in steps still. Under mutex_ or not: it reads the pinning's own state.
+  static bool still_pinning(const Block& block);
   // Where a block pinned in steps could be cut: its bytes past the step that holds its bump
   // pointer, 0 for none (still pinning, a step failed, or nothing to cut). Under mutex_.
   static size_t unused_step_bytes(const Block& block);

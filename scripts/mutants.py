@@ -459,6 +459,12 @@ MUTANTS = [
   "meson:offload-share-timeout", ""),
  # prepare_pause pinning free space, and keeping the batch in flight after a release.
  ("offload/prepare.cpp", "registry().free_space(found.base, found.base, end)", "std::vector<Span>{}", "offload_tests", "[prepare]"),
+ # A preparation pins in steps (one registration per 256 MiB step), and uvm_release_staging stops it.
+ ("offload/prepare.cpp", "staging().ensure_capacity(call, spans, true, 0, &steps, &block)",
+  "staging().ensure_capacity(call, spans, false, 0, &steps, &block)", "offload_tests", "[prepare]"),
+ ("offload/pinned.cpp", "    if (progress->stop) break;\n", "", "offload_tests", "[prepare]"),
+ ("offload/staging.cpp", "    if (block->live == 0 && still_pinning(*block)) stop_pinning(*block->memory.steps);",
+  "    (void)block;", "offload_tests", "[prepare]"),
  ("offload/prepare.cpp", "    if (uvm_status s = staging().free_unused(call)) return s;\n", "", "offload_tests", "[prepare]"),
  # The shim: anything uvm did not allocate asked of uvm; a close during a capture made at once; a
  # failed offload leaving the tags it moved off the GPU; the preparer's thread stuck after a raise.

@@ -30,8 +30,11 @@ TEST_CASE("a prepared pause pins nothing: the memory its kept allocations need w
   REQUIRE(uvm_prepare_pause(UVM_ANY_DEVICE, "weights", 0, &pinned) == UVM_OK);
   CHECK(pinned >= 320 * kMiB);
   CHECK(pinned < 320 * kMiB + 64 * kMiB);  // not the other tag's bytes too
-  const size_t blocks = fake::pinned_blocks();
-  CHECK(blocks == 1);
+  const size_t blocks = fake::pinned_blocks();  // registrations: a block pinned in steps has one per step
+  uvm_staging_info info{};
+  REQUIRE(uvm_get_staging_info(&info) == UVM_OK);
+  CHECK(info.blocks == 1);
+  CHECK(info.pinning_bytes == 0);  // pinned when the call returns
   // Asked again: the room is there, nothing more is pinned.
   REQUIRE(uvm_prepare_pause(UVM_ANY_DEVICE, "weights", 0, &pinned) == UVM_OK);
   CHECK(pinned == 0);
@@ -123,5 +126,55 @@ TEST_CASE("a preparation pins what the pause will copy: no free space, compresse
     REQUIRE(uvm_prepare_pause(UVM_ANY_DEVICE, "weights", 0, &pinned) == UVM_OK);
     CHECK(pinned >= 512 * kMiB / 100 * 71);
     CHECK(pinned <= 512 * kMiB / 100 * 73);
+  }
+}
+
+// Issue 73, item 9: a batch was capped by whole allocations, so one larger than a batch (a 40 GiB
+// pool segment) was pinned by one registration of all of it: uninterruptible, and a pause that came
+// meanwhile waited behind it for seconds. It is pinned in steps now, and a release stops it after the
+// step in flight.
+TEST_CASE("an allocation larger than a batch is pinned in steps that uvm_release_staging stops", "[prepare][threads]") {
+  FakeMachine machine;
+  REQUIRE(uvm_release_staging() == UVM_OK);
+  uvm_staging_info info{};
+  REQUIRE(uvm_get_staging_info(&info) == UVM_OK);
+  if (info.configured_kind != UVM_PINNED_REGISTERED) return;  // cudaHostAlloc has no steps: one call pins it
+  auto segment = releasable_under("weights", UVM_BACKUP_HOST, 1, 768 * kMiB);
+  SECTION("no registration is larger than a batch") {
+    fake::reset_ops();
+    size_t pinned = 0;
+    REQUIRE(uvm_prepare_pause(UVM_ANY_DEVICE, "weights", 0, &pinned) == UVM_OK);
+    CHECK(pinned >= 768 * kMiB);
+    size_t registrations = 0;
+    for (const fake::Op& op : fake::ops()) {
+      if (op.call != fake::OpKind::host_register) continue;
+      ++registrations;
+      CHECK(op.size <= 256 * kMiB);
+    }
+    CHECK(registrations >= 3);
+    const size_t blocks = fake::pinned_blocks();
+    REQUIRE(uvm_pause(UVM_ANY_DEVICE, "weights") == UVM_OK);
+    CHECK(fake::pinned_blocks() == blocks);  // the pause copied into the prepared steps
+    REQUIRE(uvm_resume(UVM_ANY_DEVICE, "weights") == UVM_OK);
+    CHECK(segment->intact());
+  }
+  SECTION("a release while a step is being pinned stops the rest") {
+    fake::reset_ops();
+    fake::hold_next("cudaHostRegister");
+    std::atomic<int> status{-1};
+    std::thread preparing([&] { status = uvm_prepare_pause(UVM_ANY_DEVICE, "weights", 0, nullptr); });
+    REQUIRE(fake::wait_until_held());
+    REQUIRE(uvm_release_staging() == UVM_OK);  // returns with the step still being registered
+    fake::release_held();
+    preparing.join();
+    CHECK(status == UVM_OK);
+    size_t registrations = 0;
+    for (const fake::Op& op : fake::ops()) registrations += op.call == fake::OpKind::host_register;
+    CHECK(registrations == 1);  // the step in flight, no more
+    CHECK(staging_capacity() == 0);
+    CHECK(fake::pinned_blocks() == 0);
+    REQUIRE(uvm_pause(UVM_ANY_DEVICE, "weights") == UVM_OK);  // pins for itself, as unprepared
+    REQUIRE(uvm_resume(UVM_ANY_DEVICE, "weights") == UVM_OK);
+    CHECK(segment->intact());
   }
 }

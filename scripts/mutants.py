@@ -421,7 +421,7 @@ MUTANTS = [
  ("python_shim/uvm/memory_saver.py", "                nccl.before_pause(name)  # NCCL's registrations of its pools go first (uvm.nccl)",
   "                pass", "pytest", "tests/python/test_nccl.py"),
  # The switch's torch_memory_saver falling through to the original's submodules (issue 58 item 7).
- ("python_shim/uvm/_switch.py", "        module.__path__ = list(layout.__path__)",
+ ("python_shim/uvm_switch.py", "        module.__path__ = list(layout.__path__)",
   "        original = importlib.machinery.PathFinder.find_spec(name)\n        module.__path__ = list(original.submodule_search_locations or []) if original else []",
   "pytest", "tests/python/test_wheel.py"),
  ("tests/peers/tms_alias/torch_memory_saver/__init__.py", "__path__ = list(_layout.__path__)",
@@ -461,10 +461,10 @@ MUTANTS = [
  ("offload/prepare.cpp", "registry().free_space(found.base, found.base, end)", "std::vector<Span>{}", "offload_tests", "[prepare]"),
  # A preparation pins in steps (one registration per 256 MiB step), and uvm_release_staging stops it.
  ("offload/prepare.cpp", "staging().ensure_capacity(call, spans, true, 0, &steps, &block)",
-  "staging().ensure_capacity(call, spans, false, 0, &steps, &block)", "offload_tests", "[prepare]"),
- ("offload/pinned.cpp", "    if (progress->stop) break;\n", "", "offload_tests", "[prepare]"),
+  "staging().ensure_capacity(call, spans, false, 0, &steps, &block)", "offload_tests", "[steps]"),
+ ("offload/pinned.cpp", "    if (progress->stop) break;\n", "", "offload_tests", "[steps]"),
  ("offload/staging.cpp", "    if (block->live == 0 && still_pinning(*block)) stop_pinning(*block->memory.steps);",
-  "    (void)block;", "offload_tests", "[prepare]"),
+  "    (void)block;", "offload_tests", "[steps]"),
  ("offload/prepare.cpp", "    if (uvm_status s = staging().free_unused(call)) return s;\n", "", "offload_tests", "[prepare]"),
  # The shim: anything uvm did not allocate asked of uvm; a close during a capture made at once; a
  # failed offload leaving the tags it moved off the GPU; the preparer's thread stuck after a raise.

@@ -133,12 +133,14 @@ TEST_CASE("a preparation pins what the pause will copy: no free space, compresse
 // pool segment) was pinned by one registration of all of it: uninterruptible, and a pause that came
 // meanwhile waited behind it for seconds. It is pinned in steps now, and a release stops it after the
 // step in flight.
-TEST_CASE("an allocation larger than a batch is pinned in steps that uvm_release_staging stops", "[prepare][threads]") {
+// The registered way only (UVM_PINNED unset, meson's offload-pinned-in-steps): cudaHostAlloc has no steps.
+TEST_CASE("an allocation larger than a batch is pinned in steps that uvm_release_staging stops",
+          "[prepare][scenario][steps][cuda13]") {
   FakeMachine machine;
   REQUIRE(uvm_release_staging() == UVM_OK);
   uvm_staging_info info{};
   REQUIRE(uvm_get_staging_info(&info) == UVM_OK);
-  if (info.configured_kind != UVM_PINNED_REGISTERED) return;  // cudaHostAlloc has no steps: one call pins it
+  REQUIRE(info.configured_kind == UVM_PINNED_REGISTERED);
   auto segment = releasable_under("weights", UVM_BACKUP_HOST, 1, 768 * kMiB);
   SECTION("no registration is larger than a batch") {
     fake::reset_ops();

@@ -98,8 +98,15 @@ def _print_installation(problems: list[str]) -> None:
           f"timeout {os.environ.get('UVM_COMPILE_TIMEOUT_S') or _build.DEFAULT_TIMEOUT_S} s")
     owners = _owners_of_uvm()
     if len(owners) > 1:
-        problems.append(f"several installed distributions provide the `uvm` import: {', '.join(owners)}; "
-                        "uninstall all but uvm-cuda")
+        others = [owner for owner in owners if owner.lower().replace("_", "-") != "uvm-cuda"]
+        overwritten = _overwritten_files()
+        problems.append(
+            f"several installed distributions provide the `uvm` import: {', '.join(owners)}"
+            + (f"; files of uvm-cuda were overwritten since it was installed: {', '.join(overwritten[:5])}"
+               if overwritten else "")
+            + f". Uninstalling {' and '.join(others)} alone would delete files they share with uvm-cuda: run "
+            f"`pip uninstall -y {' '.join(others)} uvm-cuda && pip install uvm-cuda` (and keep "
+            f"{' and '.join(others)} out of this environment)")
     value = os.environ.get(_switch.ENV)
     why_off = f"{_switch.ENV} unset" if value is None else f"{_switch.ENV}={value!r}"
     try:
@@ -127,6 +134,30 @@ def _dotted(version) -> str:
     except (TypeError, ValueError):
         return str(version)
     return f"{number // 1000}.{number % 1000 // 10}" if number >= 1000 else str(version)
+
+
+def _overwritten_files() -> list[str]:
+    """uvm-cuda's installed files whose contents no longer match its RECORD (another distribution
+    wrote them since)."""
+    import base64
+    import hashlib
+    import importlib.metadata
+    try:
+        files = importlib.metadata.distribution("uvm-cuda").files or []
+    except Exception:  # noqa: BLE001 - not installed from a wheel, or broken metadata
+        return []
+    changed = []
+    for file in files:
+        if file.hash is None or file.hash.mode != "sha256":
+            continue
+        try:
+            digest = hashlib.sha256(file.locate().read_bytes()).digest()
+        except OSError:
+            changed.append(str(file))
+            continue
+        if base64.urlsafe_b64encode(digest).rstrip(b"=").decode() != file.hash.value:
+            changed.append(str(file))
+    return changed
 
 
 def _owners_of_uvm() -> list[str]:

@@ -307,6 +307,31 @@ def test_two_folders_above_the_switched_module_lies_uvms_interposer_under_the_or
     assert unswitched.returncode != 0 and "No module named 'torch_memory_saver'" in unswitched.stderr
 
 
+def test_another_distribution_of_the_uvm_import_is_named_with_the_one_safe_way_out(wheel, tmp_path):
+    """Issue 75: the package index's `uvm` (another project) installs uvm/__init__.py, uvm/__main__.py
+    and bin/uvm too. The doctor said "uninstall all but uvm-cuda", which deletes the files the two
+    share. It names what was overwritten (against uvm-cuda's RECORD) and the one safe way out."""
+    folder = tmp_path / "venv"
+    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(folder)], check=True, timeout=300)
+    python = folder / "bin" / "python"
+    done = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    [site] = (folder / "lib").glob("python3*/site-packages")
+    other = site / "uvm-2.0.dist-info"  # the other project, installed after uvm-cuda: it wrote a shared file
+    other.mkdir()
+    (other / "METADATA").write_text("Metadata-Version: 2.1\nName: uvm\nVersion: 2.0\n")
+    (other / "RECORD").write_text("uvm/__init__.py,,\nuvm/py.typed,,\nuvm-2.0.dist-info/METADATA,,\n"
+                                  "uvm-2.0.dist-info/RECORD,,\n")
+    (site / "uvm" / "py.typed").write_text("the other project's\n")  # (its __init__.py would stop the doctor)
+    doctor = subprocess.run([str(folder / "bin" / "uvm"), "doctor"], capture_output=True, text=True, timeout=300,
+                            env=bare_env(python))
+    out = doctor.stdout + doctor.stderr
+    assert "several installed distributions provide the `uvm` import: uvm, uvm-cuda" in out, out
+    assert "files of uvm-cuda were overwritten since it was installed: uvm/py.typed" in out, out
+    assert "pip uninstall -y uvm uvm-cuda && pip install uvm-cuda" in out, out
+
+
 def test_the_uvm_command_gives_its_version_and_the_doctor_says_what_is_installed_and_switched(venv, originals):
     command = venv.parent / "uvm"
     version = subprocess.run([str(command), "--version"], capture_output=True, text=True, env=bare_env(venv), timeout=60)

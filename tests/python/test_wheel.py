@@ -303,6 +303,16 @@ def test_two_folders_above_the_switched_module_lies_uvms_interposer_under_the_or
     assert preloaded.returncode == 0, preloaded.stderr
     active, opened, loaded = preloaded.stdout.split()
     assert active == "1" and opened == loaded and re.search(r"/uvm/_prebuilt/cuda1[23]/libuvm\.so$", opened), preloaded.stdout
+    # Miles (a fork of slime) asks torch_memory_saver.utils.get_binary_path_from_package instead: uvm's
+    # interposer beside its libuvm.so, preloaded the same way with nothing else named.
+    found = run(venv, "from torch_memory_saver.utils import get_binary_path_from_package as g; "
+                "print(g('torch_memory_saver_hook_mode_preload'))", bare_env(venv, UVM_SWITCH="1"))
+    assert found.returncode == 0, found.stderr
+    miles = run(venv, SLIME_STYLE, bare_env(venv, UVM_SWITCH="1", LD_PRELOAD=found.stdout.strip(), TMS_INIT_ENABLE="1",
+                                            TMS_INIT_ENABLE_CPU_BACKUP="1"))
+    assert miles.returncode == 0, miles.stderr
+    active, opened, loaded = miles.stdout.split()
+    assert active == "1" and opened == loaded and opened == str(Path(found.stdout.strip()).with_name("libuvm.so"))
     unswitched = run(venv, "import torch_memory_saver", bare_env(venv))
     assert unswitched.returncode != 0 and "No module named 'torch_memory_saver'" in unswitched.stderr
 

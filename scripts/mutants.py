@@ -459,6 +459,27 @@ MUTANTS = [
   "meson:offload-share-timeout", ""),
  # prepare_pause pinning free space, and keeping the batch in flight after a release.
  ("offload/prepare.cpp", "registry().free_space(found.base, found.base, end)", "std::vector<Span>{}", "offload_tests", "[prepare]"),
+ # Files that had none (issue 76, item 7).
+ ("python_shim/uvm/vllm.py", "                        _refuse_if_mapped_elsewhere(lib, found, call, tag)\n", "", "pytest",
+  "tests/python/test_vllm.py::test_a_sleep_of_memory_another_process_maps_is_refused_naming_it_before_anything_sleeps"),
+ ("preload/interposer.cpp", ": folder + \"/cuda\" + std::to_string(major) + \"/libuvm.so\");", ": beside);", "pytest",
+  "tests/python/test_preload.py::test_an_interposer_preloaded_with_nothing_named_opens_the_libuvm_of_the_runtime_the_process_loads"),
+ ("alloc/limits.cpp", "  if (explicit_limit != kUseDefault) {", "  if (false) {", "alloc_tests", "[limits]"),
+ ("alloc/span_set.cpp", "    if (span.second > end) kept.emplace_back(end, span.second);\n", "", "alloc_tests", "[spans]"),
+ ("offload/selection.cpp", "      if (bytes != nullptr) *bytes += moved;\n", "", "offload_tests", "[selection]"),
+ ("offload/residency.cpp", "  if (pieces.empty()) pieces = retained_copies(range.begin, range.end);\n", "", "offload_tests",
+  "[retain]"),
+ ("hints/moves/accounting.cpp", "  count_move(range.owner_device, range.end - range.begin, move != Move::to_device, host_delta, prefetch_calls);\n",
+  "", "hints_tests", "[prefetch]"),
+ ("python_shim/uvm/tms_layout/utils.py", "            os.environ.pop(name, None)", "            pass", "pytest",
+  "tests/python/test_tms_layout.py::test_change_env_and_the_platform_helpers"),
+ ("python_shim/uvm/tms_layout/hooks/mode_preload.py", '    path = globals()["get_binary_path_from_package"](utils.PRELOAD_STEM)',
+  "    path = utils.get_binary_path_from_package(utils.PRELOAD_STEM)", "pytest",
+  "tests/python/test_tms_layout.py::test_configure_subprocess_prepends_the_interposer_keeps_the_rest_and_puts_it_back"),
+ ("python_shim/uvm/_lib.py", "    if isinstance(device, bool):", "    if False:", "pytest",
+  "tests/python/test_surface.py::test_last_move_is_empty_before_any_move_and_flush_is_harmless"),
+ ("python_shim/uvm/vllm_plugin.py", "        vllm.patch(module)", "        pass", "pytest",
+  "tests/python/test_vllm.py::test_the_plugin_puts_it_in_place_where_no_pth_ran_and_refuses_after_vllms_own_was_made"),
  # A preparation pins in steps (one registration per 256 MiB step), and uvm_release_staging stops it.
  ("offload/prepare.cpp", "staging().ensure_capacity(call, spans, true, 0, &steps, &block)",
   "staging().ensure_capacity(call, spans, false, 0, &steps, &block)", "offload_tests", "[steps]"),
@@ -482,6 +503,41 @@ MUTANTS = [
  ("python_shim/uvm/_runtime.py", "    if major is None or major in MAJORS:\n        return", "    return", "pytest",
   "tests/python/test_surface.py::test_a_torch_built_for_a_cuda_major_uvm_has_no_build_for_is_refused_first_saying_what_to_install"),
 ]
+
+# The source files with no mutant, and why (tests/python/test_counts.py: every other file of alloc/,
+# hints/, offload/, preload/ and python_shim/ has one).
+NO_MUTANT = {
+    "alloc/blocks.cpp": "a flag (uvm_report_blocks) set and read; what it changes is mutated where it is read "
+                        "(the registry's free space, prepare.cpp's mutant)",
+    "alloc/default_advice.cpp": "not yet: UVM_DEFAULT_ADVICE's parsing and its getter",
+    "alloc/driver_api.cpp": "the driver's entry points, looked up once: a mutant fails every test at load, which "
+                            "says nothing about a test",
+    "alloc/moves.cpp": "one process-wide mutex: taking it away is a race the TSan builds find, not an assertion",
+    "hints/location.cpp": "not yet: uvm_query_location passes the driver's attributes through",
+    "hints/moves/hint_range.cpp": "not yet: resolve_range's checks ([ranges] tests them)",
+    "offload/codec_kernels.cu": "GPU code: the CPU double runs the coder's C++ reference (codec.cpp, mutated) and the GPU "
+                                "suite compares the kernels with it byte for byte; mutants run on the CPU machine only",
+    "offload/kernels.cpp": "loads the kernels' PTX through the driver: only a GPU runs them",
+    "offload/stream.cpp": "not yet: uvm_fetch_ranges and uvm_drop_ranges",
+    "python_shim/uvm/__init__.py": "not yet: the public names, each a call into _lib.py or torch.py (mutated)",
+    "python_shim/uvm/__main__.py": "the doctor: its tests run against the installed wheel (test_wheel.py), which a "
+                                   "mutant of the tree does not reach without a wheel build per mutant",
+    "python_shim/uvm/_build.py": "the JIT and wheel builds: their tests build for minutes (test_build.py, test_wheel.py)",
+    "python_shim/uvm/_errors.py": "exception classes only",
+    "python_shim/uvm/_preload.py": "not yet: finding the interposer and a child's environment",
+    "python_shim/uvm/_state.py": "not yet: the block hook's states need torch's allocator",
+    "python_shim/uvm/_switch.py": "uvm_switch.py by its name in the package (uvm_switch.py is mutated)",
+    "python_shim/uvm/_tms_internals.py": "torch_memory_saver's private names for its examples: run by its examples on the "
+                                         "GPU (tests/peers/run_tms_examples.sh)",
+    "python_shim/uvm/_torch_blocks.cpp": "the block hook, compiled against a torch release: tested with a real torch "
+                                         "(test_torch_blocks_build.py) and on the GPU",
+    "python_shim/uvm/streaming.py": "its tests need a GPU (test_stream_gpu.py)",
+    "python_shim/uvm/tms_layout/__init__.py": "a docstring and imports",
+    "python_shim/uvm/tms_layout/entrypoint.py": "imports only",
+    "python_shim/uvm/tms_layout/hooks/__init__.py": "a docstring only",
+    "python_shim/uvm/tms_layout/testing_utils.py": "helpers torch_memory_saver's own tests call: run by them on the GPU "
+                                                   "(tests/peers/run_tms_tests.sh)",
+}
 TAG_ENV = {"[steps]": {"UVM_PINNED": ""}, "[env_malformed]": {"UVM_PINNED": "pinned"}, "[model]": {"UVM_MODEL_SEQUENCES": "300", "UVM_MODEL_THREADED_SEQUENCES": "10"}, "[model]~[threads]": {"UVM_MODEL_SEQUENCES": "300", "UVM_MODEL_FILES_AT_ONCE": "1"}, "[sm_copy]": {"UVM_ONLOAD_COPY": "sm"},
            "[sm_copy_default]": {"UVM_ONLOAD_COPY": "", "FAKE_CUDA_SCENARIO": "pre_volta"},
            "[sm_copy_auto]": {"UVM_ONLOAD_COPY": ""}}

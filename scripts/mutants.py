@@ -556,37 +556,53 @@ def mutated_text(path: str, old, new):
     return text
 
 
-def run_mutant(build: str, runner: str, selection: str, env: dict) -> bool:
-    """Rebuilds and runs the mutant's tests; True when they failed (the mutant is killed). Tests
-    that hang under the mutant (past their timeout) failed too: a suite that never ends is red."""
+def run_mutant(build: str, runner: str, selection: str, env: dict) -> str:
+    """Rebuilds and runs the mutant's tests: "failed" when a test failed (a failed assertion, a
+    Catch2 failure, pytest's exit 1), "passed", "timeout" when they did not end within their bound
+    (a suite that never ends is red: reported apart), or "error: ..." when the run failed without a
+    test failing (a collection error, no test selected, a crash): that is no kill."""
     try:
         return run_mutant_tests(build, runner, selection, env)
-    except subprocess.TimeoutExpired as hung:
-        print(f"  (its tests did not end within {hung.timeout:.0f} s: killed)")
-        return True
+    except subprocess.TimeoutExpired:
+        return "timeout"
 
 
-def run_mutant_tests(build: str, runner: str, selection: str, env: dict) -> bool:
+def run_mutant_tests(build: str, runner: str, selection: str, env: dict) -> str:
     if runner == "pytest":
         python = os.environ.get("UVM_PYTHON") or sys.executable
         r = subprocess.run([python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *selection.split()],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600,
                            env={**env, "UVM_TEST_FROM_TREE": "1"})
-        return r.returncode != 0
+        # pytest's exit codes: 1 tests failed; 2 interrupted or a collection error, 3 internal, 4 usage,
+        # 5 no test collected (a renamed node id).
+        return {0: "passed", 1: "failed"}.get(r.returncode, f"error: pytest exit {r.returncode}")
     if runner.startswith("meson:"):
         b = subprocess.run(["ninja", "-C", build], capture_output=True, text=True)
         assert b.returncode == 0, b.stdout[-2000:]
         # A log of its own: the suite's testlog.json, which scripts/test.sh summarizes, stays as it was.
         r = subprocess.run(["meson", "test", "-C", build, "--no-rebuild", "--logbase", "mutant", runner[len("meson:"):]],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
-        return r.returncode != 0
+        return "passed" if r.returncode == 0 else "failed"
     b = subprocess.run(["ninja", "-C", build, f"tests/{runner}"], capture_output=True, text=True)
     assert b.returncode == 0, b.stdout[-2000:]
     # Only whether it failed counts: its output is not kept, so that a test that prints without end
     # (Catch2 wrapping a failed section's long name) cannot fill the memory or the disk.
     r = subprocess.run([f"{build}/tests/{runner}", selection], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        env={**env, **TAG_ENV.get(selection, {})}, timeout=300)
-    return r.returncode != 0
+    # Catch2 returns the number of failed assertions (a signal it catches is one); killed by a signal
+    # it did not catch, the run says nothing about a test.
+    if r.returncode < 0:
+        return f"error: {runner} ended by signal {-r.returncode}"
+    return "passed" if r.returncode == 0 else "failed"
+
+
+def catch2_selects_nothing(build: str, runner: str, selection: str) -> bool:
+    """Whether a Catch2 selection names no test (Catch2 then runs none and passes: a renamed tag)."""
+    b = subprocess.run(["ninja", "-C", build, f"tests/{runner}"], capture_output=True, text=True)
+    assert b.returncode == 0, b.stdout[-2000:]
+    listed = subprocess.run([f"{build}/tests/{runner}", "--list-test-names-only", selection], capture_output=True,
+                            text=True, timeout=120)
+    return not listed.stdout.strip()
 
 
 def main() -> int:
@@ -620,34 +636,45 @@ def main() -> int:
         print(f"STALE: mutant {i}: {path} no longer holds {first.strip()[:70]!r} exactly once: update the mutant")
     env = {**os.environ, "UVM_LIMIT_BYTES": "", "UVM_LIMIT_FRACTION": "", "UVM_DEFAULT_ADVICE": "", "UVM_PINNED": "hostalloc"}
     rooms: dict[str, list[int]] = {}
-    survivors, broken = [], []
-    unmutated: dict[tuple[str, str], bool] = {}  # (runner, selection): whether its tests fail with no mutant
+    survivors, broken, errors = [], [], []
+    timeouts = 0
+    unmutated: dict[tuple[str, str], str] = {}  # (runner, selection): how its tests end with no mutant
     for i in chosen:
         if i in stale:
             continue
         path, old, new, runner, selection = MUTANTS[i]
-        # A pytest selection is first run as the source is: tests that fail anyway (an import that
-        # cannot work, a test renamed) would count every mutant they select as killed. (A Catch2
-        # selection runs unmutated in the suite itself, and a build that fails stops the check.)
-        if runner == "pytest":
-            if (runner, selection) not in unmutated:
+        # Each selection is first run as the source is: tests that fail anyway (an import that cannot
+        # work, a test renamed) would count every mutant they select as killed, and a Catch2 tag that
+        # names no test passes under every mutant.
+        if (runner, selection) not in unmutated:
+            if runner not in ("pytest",) and not runner.startswith("meson:") and catch2_selects_nothing(args.build, runner, selection):
+                unmutated[(runner, selection)] = "selects no test"
+            else:
                 unmutated[(runner, selection)] = run_mutant(args.build, runner, selection, env)
-            if unmutated[(runner, selection)]:
-                print(f"BROKEN: mutant {i}: its tests ({selection}) fail without it: fix them first", flush=True)
-                broken.append(i)
-                continue
+        if unmutated[(runner, selection)] != "passed":
+            print(f"BROKEN: mutant {i}: its tests ({runner} {selection}) without it: {unmutated[(runner, selection)]}: "
+                  "fix them first", flush=True)
+            broken.append(i)
+            continue
         source = open(path).read()
         mutated = mutated_text(path, old, new)
         try:
             with open(path, "w") as out:
                 out.write(mutated)
-            killed = run_mutant(args.build, runner, selection, env)
+            outcome = run_mutant(args.build, runner, selection, env)
         finally:
             with open(path, "w") as out:
                 out.write(source)
         first_old, first_new = (old[-1], new[-1]) if isinstance(old, tuple) else (old, new)
-        print(f"{'KILLED' if killed else 'SURVIVED'}: mutant {i}: {path}: {first_old.strip()[:60]!r} -> "
-              f"{first_new.strip()[:60]!r}", flush=True)
+        what = f"mutant {i}: {path}: {first_old.strip()[:60]!r} -> {first_new.strip()[:60]!r}"
+        if outcome.startswith("error"):  # the run failed, but no test did: no kill, and the check fails
+            print(f"NOT A KILL: {what}: {outcome}", flush=True)
+            errors.append(i)
+            continue
+        killed = outcome in ("failed", "timeout")
+        print(f"{'KILLED' if killed else 'SURVIVED'}: {what}" + (" (by a timeout)" if outcome == "timeout" else ""),
+              flush=True)
+        timeouts += outcome == "timeout"
         counts = rooms.setdefault(room_of(path), [0, 0])
         counts[0] += killed
         counts[1] += 1
@@ -658,15 +685,17 @@ def main() -> int:
         print(f"room {room}: {killed} of {ran} killed")
     total_killed = sum(k for k, _ in rooms.values())
     total = sum(n for _, n in rooms.values())
-    summary = f"mutants: {total_killed} of {total} killed, {len(stale)} stale, {len(broken)} broken{shard}"
+    summary = (f"mutants: {total_killed} of {total} killed ({timeouts} by a timeout), {len(stale)} stale, "
+               f"{len(broken)} broken, {len(errors)} not a kill{shard}")
     print(summary)
     if args.result:
         with open(args.result, "w") as out:
             json.dump({"name": "mutants" + (f" {shard.strip()}" if shard else ""), "passed": total_killed,
-                       "failed": len(survivors) + len(stale) + len(broken), "summary": summary,
-                       "survivors": survivors, "stale": stale, "broken": broken}, out)
+                       "failed": len(survivors) + len(stale) + len(broken) + len(errors), "summary": summary,
+                       "survivors": survivors, "stale": stale, "broken": broken, "errors": errors,
+                       "timeouts": timeouts}, out)
             out.write("\n")
-    return 1 if survivors or stale or broken else 0
+    return 1 if survivors or stale or broken or errors else 0
 
 
 if __name__ == "__main__":

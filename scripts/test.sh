@@ -13,7 +13,8 @@ grep -E '^ *[0-9]+/[0-9]+ ' "$build/meson-test.out" || cat "$build/meson-test.ou
 cp "$build/meson-logs/testlog.json" "$build/suite-testlog.json"  # what is summarized, whatever runs next
 # The mutation check, after the tests (it changes sources and rebuilds): a quarter of the mutants
 # each day, so that four days run them all; every mutant is checked to still apply on every run.
-# Each killed mutant counts as a passed case, a survivor, stale or broken one as a failed one.
+# Each killed mutant counts as a passed case; a survivor, a stale or broken one, and one whose run failed
+# without a test failing (not a kill) as a failed one.
 # UVM_MUTANTS=0 leaves it out; UVM_MUTANTS=all runs every mutant.
 extra=()
 if [ "${UVM_MUTANTS:-today}" != 0 ] && [ $# -eq 0 ]; then
@@ -21,7 +22,7 @@ if [ "${UVM_MUTANTS:-today}" != 0 ] && [ $# -eq 0 ]; then
   [ "${UVM_MUTANTS:-}" = all ] && shard=()
   echo "== mutation check (scripts/mutants.py ${shard[*]})"
   python3 scripts/mutants.py --build "$build" "${shard[@]}" --result "$build/mutants.json" | tee "$build/mutants.out" |
-    grep -E "^(SURVIVED|STALE|BROKEN|room|mutants)" || true
+    grep -E "^(SURVIVED|STALE|BROKEN|NOT A KILL|room|mutants)" || true
   extra=("$build/mutants.json")
 fi
 # The total counts each run: a Catch2 case that several builds (plain, ASan, TSan, CUDA 12 headers)

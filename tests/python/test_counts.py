@@ -82,16 +82,17 @@ def test_a_mutant_whose_tests_fail_without_it_is_broken_not_killed(tmp_path, mon
     monkeypatch.setattr(mutants, "MUTANTS", [(str(target), "answer = 1", "answer = 2", "pytest", "t.py::a"),
                                              (str(target), "answer = 1", "answer = 3", "pytest", "t.py::a")])
     runs = []
-    monkeypatch.setattr(mutants, "run_mutant_tests", lambda *args: runs.append(target.read_text()) or True)
+    monkeypatch.setattr(mutants, "run_mutant_tests", lambda *args: runs.append(target.read_text()) or "failed")
     monkeypatch.setattr(mutants.subprocess, "run", lambda *args, **kwargs: None)  # the closing rebuild
     monkeypatch.setattr(sys, "argv", ["mutants.py", "--build", str(tmp_path)])
     assert mutants.main() == 1
     out = capsys.readouterr().out
     assert out.count("BROKEN: mutant") == 2 and "KILLED" not in out
     assert runs == ["answer = 1\n"]  # once per selection, unmutated; no mutant applied
-    assert "0 of 0 killed, 0 stale, 2 broken" in out
+    assert "0 of 0 killed (0 by a timeout), 0 stale, 2 broken, 0 not a kill" in out
     runs.clear()
-    monkeypatch.setattr(mutants, "run_mutant_tests", lambda *args: runs.append(target.read_text()) or "2" in runs[-1])
+    monkeypatch.setattr(mutants, "run_mutant_tests",
+                        lambda *args: runs.append(target.read_text()) or ("failed" if "2" in runs[-1] else "passed"))
     assert mutants.main() == 1  # the second mutant survives
     out = capsys.readouterr().out
     assert "KILLED: mutant 0" in out and "SURVIVED: mutant 1" in out
@@ -132,3 +133,48 @@ def test_every_source_file_has_a_mutant_or_says_why_not():
     assert not set(mutants.NO_MUTANT) & mutated, "has mutants, yet NO_MUTANT says why not"
     assert set(mutants.NO_MUTANT) <= sources, "NO_MUTANT names files that are not there"
     assert all(len(reason) > 10 for reason in mutants.NO_MUTANT.values())
+
+
+def test_a_mutant_counts_as_killed_only_when_a_test_failed(tmp_path, monkeypatch, capsys):
+    """Issue 76, item 1: any non-zero exit counted as a kill: a renamed node id (pytest's exit 5), a
+    collection error (2), a missing pytest, a crash. Only a test's failure kills; a timeout kills and is
+    said apart; the rest is "not a kill" and fails the check."""
+    import mutants
+    target = tmp_path / "module.py"
+    target.write_text("answer = 1\n")
+    monkeypatch.setattr(mutants, "MUTANTS", [(str(target), "answer = 1", f"answer = {n}", "pytest", f"t.py::{n}")
+                                             for n in (2, 3, 4)])
+    outcomes = {"answer = 2\n": "failed", "answer = 3\n": "timeout", "answer = 4\n": "error: pytest exit 5"}
+    monkeypatch.setattr(mutants, "run_mutant_tests", lambda *args: outcomes.get(target.read_text(), "passed"))
+    monkeypatch.setattr(mutants.subprocess, "run", lambda *args, **kwargs: None)
+    monkeypatch.setattr(sys, "argv", ["mutants.py", "--build", str(tmp_path)])
+    assert mutants.main() == 1
+    out = capsys.readouterr().out
+    assert "KILLED: mutant 0" in out and "KILLED: mutant 1" in out and "(by a timeout)" in out
+    assert "NOT A KILL: mutant 2" in out and "pytest exit 5" in out
+    assert "mutants: 2 of 2 killed (1 by a timeout), 0 stale, 0 broken, 1 not a kill" in out
+
+
+def test_pytest_exit_codes_other_than_a_failed_test_are_not_kills(tmp_path, monkeypatch):
+    import mutants
+    answers = iter([0, 1, 2, 5])
+    monkeypatch.setattr(mutants.subprocess, "run",
+                        lambda *args, **kwargs: subprocess.CompletedProcess(args, next(answers)))
+    assert [mutants.run_mutant_tests(str(tmp_path), "pytest", "t.py::a", {}) for _ in range(4)] == [
+        "passed", "failed", "error: pytest exit 2", "error: pytest exit 5"]
+
+
+def test_a_catch2_tag_that_names_no_test_is_broken_not_survived(tmp_path, monkeypatch, capsys):
+    """Catch2 runs no test and passes for a tag that names none (renamed): every mutant it selected
+    survived for nothing, or with a failing build step was killed for nothing."""
+    import mutants
+    target = tmp_path / "source.cpp"
+    target.write_text("int answer = 1;\n")
+    monkeypatch.setattr(mutants, "MUTANTS", [(str(target), "answer = 1", "answer = 2", "offload_tests", "[renamed]")])
+    monkeypatch.setattr(mutants, "catch2_selects_nothing", lambda *args: True)
+    monkeypatch.setattr(mutants, "run_mutant_tests", lambda *args: "passed")
+    monkeypatch.setattr(mutants.subprocess, "run", lambda *args, **kwargs: None)
+    monkeypatch.setattr(sys, "argv", ["mutants.py", "--build", str(tmp_path)])
+    assert mutants.main() == 1
+    out = capsys.readouterr().out
+    assert "BROKEN: mutant 0: its tests (offload_tests [renamed]) without it: selects no test" in out

@@ -208,7 +208,8 @@ fi
 
 if [ -n "${PYTEST:-}" ]; then
   echo "== pytest $PYTEST"
-  PYTHONPATH=$PWD/python_shim${PYTHONPATH:+:$PYTHONPATH} python3 -m pytest $PYTEST -q -rs -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed"
+  PYTHONPATH=$PWD/python_shim${PYTHONPATH:+:$PYTHONPATH} python3 -m pytest $PYTEST -q -rs -p no:cacheprovider \
+    --junitxml "$OUT/pytest.xml" 2>&1 | tee "$OUT/pytest.log" | grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 

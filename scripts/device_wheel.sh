@@ -38,7 +38,8 @@ tests=${WHEEL_PYTEST:-tests/python/test_wheel_gpu.py tests/python/test_pools_gpu
 status=0
 if [ "$tests" != none ]; then
   echo "== the GPU tests against the installed wheel"
-  "${bare[@]}" "$python" -m pytest $tests -q -rs -p no:cacheprovider 2>&1 | tee "$out/wheel_pytest.log" |
+  "${bare[@]}" "$python" -m pytest $tests -q -rs -p no:cacheprovider --junitxml "$out/wheel_pytest.xml" 2>&1 |
+    tee "$out/wheel_pytest.log" |
     grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed"
   status=${PIPESTATUS[0]}
 fi

@@ -1,6 +1,6 @@
 // Blocks a runtime cuts out of uvm allocations (uvm.h, "Blocks"): what allocation needs to know.
 // What a block's lifetime does to the bytes' host copies (uvm_block_allocated, uvm_block_freed) is
-// offload's, in offload/free.cpp.
+// offload's, in offload/moves/free.cpp.
 #pragma once
 
 namespace uvm {

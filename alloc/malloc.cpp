@@ -1,6 +1,6 @@
 // uvm_malloc and uvm_malloc_releasable: managed or releasable allocation with limit, default advice
 // (managed only), registry and stats; and the device side of freeing, whose entry, uvm_free, is in
-// offload/free.cpp (it gives back the host copies of the bytes too).
+// offload/moves/free.cpp (it gives back the host copies of the bytes too).
 #include <cuda_runtime_api.h>
 
 #include <optional>

@@ -1,4 +1,4 @@
-// Freeing a uvm allocation: the device side of uvm_free (offload/free.cpp adds the host side).
+// Freeing a uvm allocation: the device side of uvm_free (offload/moves/free.cpp adds the host side).
 #pragma once
 
 #include <optional>

@@ -142,7 +142,7 @@ bool parse_trace(const char* text, Options* into) {
 }
 
 bool parse_disk_backup_dir(const char* text, Options* into) {
-  into->disk_backup_dir = text;  // checked where it is used (offload/disk.cpp), naming the reason
+  into->disk_backup_dir = text;  // checked where it is used (offload/media/disk.cpp), naming the reason
   return true;
 }
 

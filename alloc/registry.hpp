@@ -1,7 +1,7 @@
 // The registry: one record per live uvm allocation, holding what uvm knows about it — its size,
 // device, tag and backing, the slab it came from, the physical memory of a releasable one, where uvm
 // last moved each of its bytes, and the event its last move ends with — and the part of it a room
-// above alloc/ keeps there (offload/: the host copies of its bytes, offload/copies.hpp). Freeing an
+// above alloc/ keeps there (offload/: the host copies of its bytes, offload/media/copies.hpp). Freeing an
 // allocation erases its record, and with it all of that: a host copy or an ordering event never
 // outlives the memory it describes.
 #pragma once
@@ -32,7 +32,7 @@ enum class Backing : uint8_t { managed, releasable };
 enum class Move { to_device, to_host, staged, discarded };
 
 // The part of an allocation's record that a room above alloc/ keeps there (offload/: the host
-// copies of its bytes, offload/copies.hpp). The registry holds it under its lock and frees it with
+// copies of its bytes, offload/media/copies.hpp). The registry holds it under its lock and frees it with
 // the record; of what it holds, the registry asks only what every such part answers.
 struct RoomPart {
   virtual ~RoomPart() = default;
@@ -71,7 +71,7 @@ struct Allocation {
   bool blocks_reported = false;
   SpanSet blocks;
   EventRef last_move;       // where its last move ends on the GPU (null: nothing pending)
-  // offload/'s part: the host copies of its bytes (offload/copies.hpp), made by its first offload.
+  // offload/'s part: the host copies of its bytes (offload/media/copies.hpp), made by its first offload.
   std::unique_ptr<RoomPart> offload;
   bool released() const { return backing == Backing::releasable && !mapping.mapped; }
 };
@@ -114,13 +114,13 @@ uvm_status select_arguments(const Call& call, int device, const char* tag, Selec
 // none (tags NULL, count 0) means any tag.
 uvm_status select_arguments(const Call& call, int device, const char* const* tags, size_t count, Selection* out);
 
-// A block a runtime hands out or takes back (offload/free.cpp), as the registry records it.
+// A block a runtime hands out or takes back (offload/moves/free.cpp), as the registry records it.
 enum class BlockChange : uint8_t { none, allocated, freed };
 
-// What uvm keeps about the bytes of a block a runtime hands out or takes back (offload/free.cpp).
+// What uvm keeps about the bytes of a block a runtime hands out or takes back (offload/moves/free.cpp).
 struct BlockState {
   AllocationView allocation;  // the allocation holding the block
-  bool copied = false;        // some of its bytes have a host copy (offload/copies.hpp: staged or retained)
+  bool copied = false;        // some of its bytes have a host copy (offload/media/copies.hpp: staged or retained)
   bool moved = false;         // some of its bytes are off the device (to the host, staged or discarded)
   bool on_host = false;       // some of its bytes are on the host (offloaded or staged): the device's are stale
   bool released = false;      // the allocation's physical memory is given back
@@ -191,7 +191,7 @@ class Registry {
   size_t reclaimable_managed_bytes(int device) const;
 
   // The records themselves, for a room that keeps its part in them or totals what it keeps
-  // (offload/copies.cpp, offload/residency.cpp): with_records(use) calls use(Records&) under the
+  // (offload/media/copies.cpp, offload/moves/residency.cpp): with_records(use) calls use(Records&) under the
   // registry's lock. What `use` takes out of a record must be destroyed after it returns (see
   // RoomPart::forget), so it goes into something declared before the call.
   class Records {

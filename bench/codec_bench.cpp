@@ -29,8 +29,8 @@
 #include <thread>
 #include <vector>
 
-#include "../offload/codec.hpp"
-#include "../offload/compress.hpp"
+#include "../offload/coder/codec.hpp"
+#include "../offload/coder/compress.hpp"
 #include "codec_data.hpp"
 
 namespace {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Compiles the compressed-backup kernels (offload/codec_kernels.cu) to PTX and writes them into
-# offload/codec_ptx.inc, which libuvm.so loads through the driver: the library itself is built
+# Compiles the compressed-backup kernels (offload/coder/codec_kernels.cu) to PTX and writes them into
+# offload/coder/codec_ptx.inc, which libuvm.so loads through the driver: the library itself is built
 # without nvcc. Run it after every change to the kernels; tests/python/test_codec_ptx.py fails while
 # the .inc was made from other source bytes.
 #
@@ -9,8 +9,8 @@
 # result at that version before it is kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-src=offload/codec_kernels.cu
-out=offload/codec_ptx.inc
+src=offload/coder/codec_kernels.cu
+out=offload/coder/codec_ptx.inc
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 nvcc -ptx -arch=compute_75 -O3 "$src" -o "$tmp/codec.ptx"

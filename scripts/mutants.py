@@ -31,37 +31,37 @@ import time
 MUTANTS = [
  # Disk and mmap copies (issue 26): a read that ignores its alignment skew; a change while offloaded
  # not caught; the chunk's padding not widened for O_DIRECT; the copy kept after its bytes come back.
- ("offload/spill.cpp", "  return buffer + chunk.bounce + (chunk.offset - chunk.io_begin);", "  return buffer + chunk.bounce;",
+ ("offload/media/spill.cpp", "  return buffer + chunk.bounce + (chunk.offset - chunk.io_begin);", "  return buffer + chunk.bounce;",
   "offload_tests", "[spill]"),
- ("offload/disk.cpp", "  else if (change_ns(about) != changed_ns_) changed = \"was written or changed\";\n", "",
+ ("offload/media/disk.cpp", "  else if (change_ns(about) != changed_ns_) changed = \"was written or changed\";\n", "",
   "offload_tests", "[spill]"),
- ("offload/plan.cpp", "      chunk.io_begin = align_down(chunk.offset, align);", "      chunk.io_begin = chunk.offset;",
+ ("offload/media/plan.cpp", "      chunk.io_begin = align_down(chunk.offset, align);", "      chunk.io_begin = chunk.offset;",
   "offload_tests", "[plan]"),
- ("offload/onload.cpp", "    unstage_copies(w.piece.span.begin, w.piece.span.end, retain);\n", "",
+ ("offload/moves/onload.cpp", "    unstage_copies(w.piece.span.begin, w.piece.span.end, retain);\n", "",
   "offload_tests", "[spill]"),
  # Disk moves of more allocations than descriptors (every file open at once, writing or reading);
  # the closing thread's waiting descriptors left open in a fork's child.
- ("offload/spill.cpp", "  const size_t group = kept == Kept::disk ? files_at_once() : targets_count;",
+ ("offload/media/spill.cpp", "  const size_t group = kept == Kept::disk ? files_at_once() : targets_count;",
   "  const size_t group = targets_count;", "offload_tests", "[spill]"),
- ("offload/spill.cpp", "  const size_t group = files_at_once();\n  for (size_t first = 0; status",
+ ("offload/media/spill.cpp", "  const size_t group = files_at_once();\n  for (size_t first = 0; status",
   "  const size_t group = files.size() + 1;\n  for (size_t first = 0; status", "offload_tests", "[spill]"),
- ("offload/closer.cpp", "                     for (size_t i = 0; i < child.count; ++i) close(child.waiting[i]);\n", "",
+ ("offload/media/closer.cpp", "                     for (size_t i = 0; i < child.count; ++i) close(child.waiting[i]);\n", "",
   "offload_tests", "[spill]"),
  # A group of files after the first leaves its first file unsealed (its onload then fails): only
  # moves of more files than a group reach it, which the model makes one file at a time.
- ("offload/spill.cpp", "    for (size_t target = first; target < end && kept == Kept::disk; ++target) {",
+ ("offload/media/spill.cpp", "    for (size_t target = first; target < end && kept == Kept::disk; ++target) {",
   "    for (size_t target = first ? first + 1 : 0; target < end && kept == Kept::disk; ++target) {",
   "offload_tests", "[model]~[threads]"),
  # Retained copies (retain_cpu_backup): one that outlives the block it was of; a resume that keeps
  # nothing; a pause that writes elsewhere than the retained copy; a free that leaves the pinned
  # staging its copies held.
- ("offload/copies.cpp", "      cut_out(copies->retained, begin, end, &dropped);\n", "", "offload_tests", "[model]"),
- ("offload/copies.cpp", "  cut_out(copies.retained, begin, end, dropped);\n", "", "offload_tests", "[retain]"),
- ("offload/onload.cpp", "    unstage_copies(w.piece.span.begin, w.piece.span.end, retain);", "    unstage_copies(w.piece.span.begin, w.piece.span.end, false);",
+ ("offload/media/copies.cpp", "      cut_out(copies->retained, begin, end, &dropped);\n", "", "offload_tests", "[model]"),
+ ("offload/media/copies.cpp", "  cut_out(copies.retained, begin, end, dropped);\n", "", "offload_tests", "[retain]"),
+ ("offload/moves/onload.cpp", "    unstage_copies(w.piece.span.begin, w.piece.span.end, retain);", "    unstage_copies(w.piece.span.begin, w.piece.span.end, false);",
   "offload_tests", "[retain]"),
- ("offload/offload.cpp", "    if (!in_place.spans.empty()) {  // those first", "    if (false) {  // those first",
+ ("offload/moves/offload.cpp", "    if (!in_place.spans.empty()) {  // those first", "    if (false) {  // those first",
   "offload_tests", "[retain]"),
- ("offload/free.cpp", "  return staging().free_unused(call);", "  return UVM_OK;", "offload_tests", "[retain]"),
+ ("offload/moves/free.cpp", "  return staging().free_unused(call);", "  return UVM_OK;", "offload_tests", "[retain]"),
  ("alloc/options.cpp", "if (value > (std::numeric_limits<size_t>::max() >> shift)) return false;", "", "alloc_tests", "[options]"),
  # Options: allocation does not check them (an explicit limit and advice set, as a test's fixture
  # has them, hide the refusal from every other reader).
@@ -70,7 +70,7 @@ MUTANTS = [
  ("alloc/registry.cpp", "if (address - it->first >= it->second.size) return false;", "if (address - it->first > it->second.size) return false;", "alloc_tests", "[malloc]"),
  ("hints/moves/ranges.cpp", "same_allocation ? range.begin <= last.end :", "same_allocation ? range.begin <= last.end + 512 :", "offload_tests", "[safety]"),
  # A failed offload keeps the staging it reserved (its leases): nothing is left pinned for nothing.
- ("offload/offload.cpp", "    clear_cuda_error(cudaStreamSynchronize(stream));\n    return status;",
+ ("offload/moves/offload.cpp", "    clear_cuda_error(cudaStreamSynchronize(stream));\n    return status;",
   "    clear_cuda_error(cudaStreamSynchronize(stream));\n    static auto* kept = new std::vector<std::shared_ptr<char>>();\n"
   "    kept->insert(kept->end(), reserved.leases.begin(), reserved.leases.end());\n    return status;", "offload_tests", "[rollback]"),
  ("alloc/tags.cpp", "if (count > UVM_MAX_TAGS) {", "if (count > UVM_MAX_TAGS + 1) {", "alloc_tests", "[tag_limit]"),
@@ -79,128 +79,128 @@ MUTANTS = [
  # before its copies back; mapped all at once before them; released before its copies end.
  ("alloc/registry.cpp", "return allocation.host.total() + allocation.discarded.total() == allocation.size;",
   "return allocation.host.total() + allocation.discarded.total() > 0;", "hints_tests", "[release]"),
- ("offload/offload.cpp", "  return release_emptied(call, move.ranges, stream, *done);", "  return UVM_OK;", "hints_tests", "[release]"),
- ("offload/onload.cpp", "    if (!managed) {\n      if (uvm_status s = restore_one(call, allocation)) return s;\n    }\n", "", "hints_tests", "[release]"),
- ("offload/onload.cpp", "  if (move.ranges.empty()) return UVM_OK;\n  std::vector<StagedWork> all_staged, staged, kept, coded;",
+ ("offload/moves/offload.cpp", "  return release_emptied(call, move.ranges, stream, *done);", "  return UVM_OK;", "hints_tests", "[release]"),
+ ("offload/moves/onload.cpp", "    if (!managed) {\n      if (uvm_status s = restore_one(call, allocation)) return s;\n    }\n", "", "hints_tests", "[release]"),
+ ("offload/moves/onload.cpp", "  if (move.ranges.empty()) return UVM_OK;\n  std::vector<StagedWork> all_staged, staged, kept, coded;",
   "  if (move.ranges.empty()) return UVM_OK;\n  if (uvm_status s = restore_released(call, move.ranges)) return s;\n  std::vector<StagedWork> all_staged, staged, kept, coded;",
   "hints_tests", "[release]"),
  ("hints/moves/release.cpp", "    if (!own && !stream_done) {", "    if (false) {", "hints_tests", "[release]"),
- ("offload/staging.cpp", "  std::lock_guard<std::mutex> growing(growth_mutex_);\n", "", "offload_tests", "reservations at once*"),
+ ("offload/media/staging.cpp", "  std::lock_guard<std::mutex> growing(growth_mutex_);\n", "", "offload_tests", "reservations at once*"),
  # An offload pins staging memory holding the moves lock (uvm_free on another thread waits seconds);
  # release_staging frees pinned memory under the moves lock, which uvm_free needs. (An offload that
  # found its room taken and gave up survived once begin_move checked and reserved the room under one
  # lock: no other offload can take it in between any more.)
- ("offload/offload.cpp", "      move.unlock();\n      const size_t ahead", "      const size_t ahead",
+ ("offload/moves/offload.cpp", "      move.unlock();\n      const size_t ahead", "      const size_t ahead",
   "offload_tests", "offloads that need room*"),
- ("offload/staging.cpp", ("#include \"../alloc/registry.hpp\"\n", "    const uvm_status staging = uvm::staging().free_unused(call);"),
-  ("#include \"../alloc/moves.hpp\"\n#include \"../alloc/registry.hpp\"\n",
+ ("offload/media/staging.cpp", ("#include \"../../alloc/registry.hpp\"\n", "    const uvm_status staging = uvm::staging().free_unused(call);"),
+  ("#include \"../../alloc/moves.hpp\"\n#include \"../../alloc/registry.hpp\"\n",
    "    const auto moves = uvm::lock_moves();\n    const uvm_status staging = uvm::staging().free_unused(call);"),
   "offload_tests", "freeing pinned staging*"),
  # An offload lets release_staging take the room it made before it reserves it (a livelock on an H100).
- ("offload/offload.cpp", "  const Staging::RoomClaim claim(staging());\n", "",
+ ("offload/moves/offload.cpp", "  const Staging::RoomClaim claim(staging());\n", "",
   "offload_tests", "release_staging does not take*"),
  # A move no longer waits for the last move of its allocation on another stream.
  ("hints/moves/order.cpp", "  for (const EventRef& move : registry().last_move_events(allocations_of(ranges))) {", "  for (const EventRef& move : std::vector<EventRef>{}) {",
   "hints_tests", "[order]"),
  # A first offload pins all its staging memory before copying (UVM_PINNED unset: the registered
  # way); or copies across the end of a step (two registrations: cudaErrorInvalidValue on an H100).
- ("offload/offload.cpp", "staging().ensure_capacity(call, wanted, true, ahead, &pinning)", "staging().ensure_capacity(call, wanted, false, ahead, &pinning)",
+ ("offload/moves/offload.cpp", "staging().ensure_capacity(call, wanted, true, ahead, &pinning)", "staging().ensure_capacity(call, wanted, false, ahead, &pinning)",
   "offload_tests", "[steps]"),
- ("offload/staging.cpp", "std::min({static_cast<size_t>(span.end - at), to_step_end, room(b)})",
+ ("offload/media/staging.cpp", "std::min({static_cast<size_t>(span.end - at), to_step_end, room(b)})",
   "std::min(static_cast<size_t>(span.end - at), room(b))", "offload_tests", "[steps]"),
  # A round of an offload in steps stages a whole piece where staging placed only its first part.
- ("offload/offload.cpp", "    cut.push_back(clipped(pieces[p], span));", "    cut.push_back(pieces[p]);", "offload_tests", "[steps]"),
+ ("offload/moves/offload.cpp", "    cut.push_back(clipped(pieces[p], span));", "    cut.push_back(pieces[p]);", "offload_tests", "[steps]"),
  # Timing reads events in the global capture mode: a capture on another stream is invalidated.
  ("hints/moves/trace.cpp", "  const RelaxedCapture relaxed;\n  out->clear();", "  out->clear();", "hints_tests", "[trace_capture]"),
  ("hints/moves/trace.cpp", "  Epoch of(int device) {\n    const RelaxedCapture relaxed;", "  Epoch of(int device) {", "hints_tests", "[trace_capture]"),
  # A slot freed while staged is handed out again (a copy into its discarded pages could be lost later).
  ("alloc/slabs.cpp", "  if (!reusable) found.retired.set(index);\n", "", "offload_tests", "[slabs]"),
  # Onload populates slot by slot again: one prefetch range per segment of a slab.
- ("offload/plan.cpp", "before->memory == piece.memory && piece.memory != 0", "before->allocation == piece.allocation && piece.allocation != 0",
+ ("offload/media/plan.cpp", "before->memory == piece.memory && piece.memory != 0", "before->allocation == piece.allocation && piece.allocation != 0",
   "offload_tests", "[slabs]"),
  # Neighbouring pieces are copied as one even across two pinning steps (cudaErrorInvalidValue on an H100).
- ("offload/plan.cpp", "if (!follows || !one_registration(pieces[first].host, bytes + next.span.size())) break;",
+ ("offload/media/plan.cpp", "if (!follows || !one_registration(pieces[first].host, bytes + next.span.size())) break;",
   "if (!follows) break;", "offload_tests", "[steps]"),
  # Staging left empty by a smaller offload is kept for ever.
- ("offload/offload.cpp", "if (status == UVM_OK && staged) free_unused_staging_after_offload();", "", "offload_tests",
+ ("offload/moves/offload.cpp", "if (status == UVM_OK && staged) free_unused_staging_after_offload();", "", "offload_tests",
   "when the set offloaded shrinks*"),
  # A block pinned in steps keeps its unused steps; cuts them where no step starts; or frees them
  # and later unregisters them again with the block.
- ("offload/staging.cpp", "  if (!memory.steps || block.live == 0) return 0;", "  return 0;", "offload_tests", "[steps]"),
- ("offload/staging.cpp", "  const size_t kept = (block.used + kPinStepBytes - 1) / kPinStepBytes * kPinStepBytes;",
+ ("offload/media/staging.cpp", "  if (!memory.steps || block.live == 0) return 0;", "  return 0;", "offload_tests", "[steps]"),
+ ("offload/media/staging.cpp", "  const size_t kept = (block.used + kPinStepBytes - 1) / kPinStepBytes * kPinStepBytes;",
   "  const size_t kept = block.used;", "offload_tests", "[steps]"),
- ("offload/staging.cpp", "        memory.steps->pinned = memory.bytes;\n", "", "offload_tests", "[steps]"),
+ ("offload/media/staging.cpp", "        memory.steps->pinned = memory.bytes;\n", "", "offload_tests", "[steps]"),
  # The SM kernel copies into managed memory too (measured with engine copies only), or takes a copy
  # that does not start on a 16-byte boundary.
- ("offload/onload.cpp", "if (!managed && how == OnloadCopy::sm && sm_copyable(", "if (how == OnloadCopy::sm && sm_copyable(",
+ ("offload/moves/onload.cpp", "if (!managed && how == OnloadCopy::sm && sm_copyable(", "if (how == OnloadCopy::sm && sm_copyable(",
   "offload_tests", "[sm_copy]"),
- ("offload/sm_copy.cpp", "bytes % kWordBytes == 0 &&\n         aligned(dst) && aligned(host)", "bytes % kWordBytes == 0",
+ ("offload/moves/sm_copy.cpp", "bytes % kWordBytes == 0 &&\n         aligned(dst) && aligned(host)", "bytes % kWordBytes == 0",
   "offload_tests", "[sm_copy]"),
  # With UVM_ONLOAD_COPY unset, a device too old for the kernel gets it anyway (the onload fails).
- ("offload/sm_copy.cpp", "  if (staged_bytes == 0 || kernel_refusal(device) != nullptr) {", "  if (staged_bytes == 0) {",
+ ("offload/moves/sm_copy.cpp", "  if (staged_bytes == 0 || kernel_refusal(device) != nullptr) {", "  if (staged_bytes == 0) {",
   "offload_tests", "[sm_copy_default]"),
  # auto takes the kernel whatever the device has free (the kernel idles through the driver's stall
  # on a full GPU), or the engine whatever (half speed after a bulk free).
- ("offload/sm_copy.cpp", "  return free_bytes / kAutoKernelFreeFactor > staged_bytes ? OnloadCopy::sm : OnloadCopy::engine;",
+ ("offload/moves/sm_copy.cpp", "  return free_bytes / kAutoKernelFreeFactor > staged_bytes ? OnloadCopy::sm : OnloadCopy::engine;",
   "  return OnloadCopy::sm;", "offload_tests", "[sm_copy_auto]"),
- ("offload/sm_copy.cpp", "  return free_bytes / kAutoKernelFreeFactor > staged_bytes ? OnloadCopy::sm : OnloadCopy::engine;",
+ ("offload/moves/sm_copy.cpp", "  return free_bytes / kAutoKernelFreeFactor > staged_bytes ? OnloadCopy::sm : OnloadCopy::engine;",
   "  return OnloadCopy::engine;", "offload_tests", "[sm_copy_auto]"),
  # auto queries the device on every onload, managed memory alone included.
- ("offload/sm_copy.cpp", "  if (staged_bytes == 0 || kernel_refusal(device) != nullptr) {",
+ ("offload/moves/sm_copy.cpp", "  if (staged_bytes == 0 || kernel_refusal(device) != nullptr) {",
   "  if (kernel_refusal(device) != nullptr) {", "offload_tests", "[sm_copy_auto]"),
  # Events are queried or destroyed with no context current: the runtime makes device 0's.
  ("hints/moves/trace.cpp", "  if (log.device >= 0) (void)scope.enter(Call::of(\"uvm_last_move\"), log.device, ContextScope::When::only_if_none_current);\n",
   "", "offload_tests", "[context]"),
  ("alloc/events.cpp", "  if (device >= 0) (void)scope.enter(Call::of(\"cudaEventDestroy\"), device, ContextScope::When::only_if_none_current);\n",
   "", "offload_tests", "[context]"),
- # Blocks (offload/free.cpp): a new block keeps the staged bytes of the one before; a freed block's
+ # Blocks (offload/moves/free.cpp): a new block keeps the staged bytes of the one before; a freed block's
  # staged copy stays; a block in a released allocation is not mapped; a move still running over the
  # allocation is not waited for.
- ("offload/free.cpp", "  unstage_copies(begin, end, false, dropped_pinned);\n  const long long host_delta = registry().record_placement(allocation.base, begin, end, Move::to_device);",
+ ("offload/moves/free.cpp", "  unstage_copies(begin, end, false, dropped_pinned);\n  const long long host_delta = registry().record_placement(allocation.base, begin, end, Move::to_device);",
   "  const long long host_delta = registry().record_placement(allocation.base, begin, end, Move::to_device);", "alloc_tests", "[blocks]"),
- ("offload/free.cpp", "  if (!block.ours || !block.state.copied) return UVM_OK;",
+ ("offload/moves/free.cpp", "  if (!block.ours || !block.state.copied) return UVM_OK;",
   "  return UVM_OK;", "alloc_tests", "[blocks]"),
  # Free space: copied like data; or counted where the runtime never said it reports every block.
- ("offload/offload.cpp", "      free = registry().free_space(range.allocation, range.begin, range.end);\n", "",
+ ("offload/moves/offload.cpp", "      free = registry().free_space(range.allocation, range.begin, range.end);\n", "",
   "alloc_tests", "[blocks]"),
  ("alloc/registry.cpp", "  if (change != BlockChange::none && allocation.reported_runtime) {", "  if (change != BlockChange::none) {",
   "alloc_tests", "[blocks]"),
- ("offload/free.cpp", "  return state.released ? map_released(call, allocation) : UVM_OK;", "  return UVM_OK;", "alloc_tests", "[blocks]"),
- ("offload/free.cpp", "  if (uvm_status s = wait_for_last_move(call, state)) return s;\n", "", "alloc_tests", "[blocks]"),
+ ("offload/moves/free.cpp", "  return state.released ? map_released(call, allocation) : UVM_OK;", "  return UVM_OK;", "alloc_tests", "[blocks]"),
+ ("offload/moves/free.cpp", "  if (uvm_status s = wait_for_last_move(call, state)) return s;\n", "", "alloc_tests", "[blocks]"),
  # The stateful model catches them too (a block reusing staged bytes; a freed one's copy kept).
- ("offload/free.cpp", "  unstage_copies(begin, end, false, dropped_pinned);\n  const long long host_delta = registry().record_placement(allocation.base, begin, end, Move::to_device);",
+ ("offload/moves/free.cpp", "  unstage_copies(begin, end, false, dropped_pinned);\n  const long long host_delta = registry().record_placement(allocation.base, begin, end, Move::to_device);",
   "  const long long host_delta = registry().record_placement(allocation.base, begin, end, Move::to_device);", "offload_tests", "[model]"),
  # An offload of a released allocation copies from its unmapped addresses (found by the model).
- ("offload/offload.cpp", "    if (range.releasable && registry().released(range.allocation)) continue;\n", "", "hints_tests", "[release]"),
+ ("offload/moves/offload.cpp", "    if (range.releasable && registry().released(range.allocation)) continue;\n", "", "hints_tests", "[release]"),
  # A prefetch to the CPU drops bytes written after a discard (found by the model).
  ("hints/prefetch.cpp", "      if (uvm_status s = undo_discard_marks(call, range, stream)) return s;\n", "", "offload_tests", "[safety]"),
  # Onload no longer takes its turn with the other moves: two threads map and release under each other.
  ("hints/moves/begin.cpp", "  move->lock_ = lock_moves();\n", "", "hints_tests", "threads offloading*"),
  # A move no longer waits for the last move of its bytes (begin_move, hints/moves/begin.cpp).
  ("hints/moves/begin.cpp", "  return wait_for_last_moves(call, move->ranges, stream);", "  return UVM_OK;", "hints_tests", "[order]"),
- # Pause (offload/pause.cpp): the backup no longer decides what is kept; what is paused is moved again.
- ("offload/pause.cpp", "    group.backup = UVM_BACKUP_NONE;\n", "", "offload_tests", "[pause]"),
- ("offload/pause.cpp", "  unpaused.paused = false;\n", "", "offload_tests", "[pause]"),
- ("offload/pause.cpp", "    awake.paused = false;\n", "", "offload_tests", "[set_backup]"),
- # Groups of moves (offload/group.cpp): each offload of a group frees the staging the next one was
+ # Pause (offload/moves/pause.cpp): the backup no longer decides what is kept; what is paused is moved again.
+ ("offload/moves/pause.cpp", "    group.backup = UVM_BACKUP_NONE;\n", "", "offload_tests", "[pause]"),
+ ("offload/moves/pause.cpp", "  unpaused.paused = false;\n", "", "offload_tests", "[pause]"),
+ ("offload/moves/pause.cpp", "    awake.paused = false;\n", "", "offload_tests", "[set_backup]"),
+ # Groups of moves (offload/moves/group.cpp): each offload of a group frees the staging the next one was
  # about to fill; a later call of a group on a device is published as a move of its own.
- ("offload/group.cpp", "  if (in_group()) {\n    open_group.staging_free_owed = true;\n    return;\n  }\n", "",
+ ("offload/moves/group.cpp", "  if (in_group()) {\n    open_group.staging_free_owed = true;\n    return;\n  }\n", "",
   "offload_tests", "[group]"),
  ("hints/moves/trace.cpp", "    if (MoveLog* const joined = group_log(device)) {", "    if (MoveLog* const joined = nullptr) {",
   "hints_tests", "[group]"),
  # A group that says what it will stage still pins a block per slice that runs out of room.
- ("offload/staging.cpp", "new_block(call, missing + ahead, in_steps, &block)", "new_block(call, missing, in_steps, &block)",
+ ("offload/media/staging.cpp", "new_block(call, missing + ahead, in_steps, &block)", "new_block(call, missing, in_steps, &block)",
   "offload_tests", "[group]"),
  # offload's part of a record (offload/copies.*): a discard leaves the bytes' host copies (an onload
  # would bring back what was discarded); a block's copies go unseen, so a new block keeps them.
  ("alloc/registry.cpp", "    if (std::unique_ptr<RoomPart> gone = allocation.offload->forget(begin, end)) forgotten.push_back(std::move(gone));\n", "",
   "offload_tests", "discard and free drop staged copies"),
- ("offload/copies.cpp", "    if (it != pieces->end() && it->first < end) return true;\n", "", "alloc_tests", "[blocks]"),
+ ("offload/media/copies.cpp", "    if (it != pieces->end() && it->first < end) return true;\n", "", "alloc_tests", "[blocks]"),
  # ...or what a part let go is destroyed under the registry's lock.
  ("alloc/registry.cpp", "  std::vector<std::unique_ptr<RoomPart>> forgotten;  // destroyed after the lock (RoomPart::forget)\n  std::lock_guard<std::mutex> lock(mutex_);\n",
   "  std::lock_guard<std::mutex> lock(mutex_);\n  std::vector<std::unique_ptr<RoomPart>> forgotten;\n", "alloc_tests", "[registry]"),
  # The soak: the closing thread forgets one descriptor in ten (nothing else notices a slow leak).
- ("offload/closer.cpp", "    for (size_t i = 0; i < taken; ++i) close(now[i]);",
+ ("offload/media/closer.cpp", "    for (size_t i = 0; i < taken; ++i) close(now[i]);",
   "    static int leak = 0;\n    for (size_t i = 0; i < taken; ++i) if (++leak % 10) close(now[i]);",
   "offload_tests", "[soak]"),
  # Preload (issue 57), on the CUDA double (tests/preload): an untagged region allocation made untagged
@@ -243,7 +243,7 @@ MUTANTS = [
  ("alloc/malloc.cpp", "    if (backing == Backing::releasable) (void)vmm_free(call, reinterpret_cast<uintptr_t>(ptr), &undo);\n    else if",
   "    if (false) {}\n    else if", "meson:preload", ""),
  # Paced pinning registers the next step without waiting for the copies into the steps before it.
- ("offload/pinned.cpp", "    return issued;\n  });", "    return true;\n  });", "offload_tests", "[pinned]"),
+ ("offload/media/pinned.cpp", "    return issued;\n  });", "    return true;\n  });", "offload_tests", "[pinned]"),
  # Sharing with another process: memory made without the exportable handle type; a move of memory
  # another process maps not refused; an importer not counted; a freed allocation's export kept (a
  # new allocation at its address would be handed out under the old handle).
@@ -262,50 +262,50 @@ MUTANTS = [
   "  if (may_keep) return release_or_keep(call, base, m);", "offload_tests", "[share]"),
  # A prepared pause: the retained copies' room prepared again; uvm_release_staging not stopping
  # it; its bound not kept.
- ("offload/prepare.cpp", "!staged_copies(found.base, end).empty() || !retained_copies(found.base, end).empty()",
+ ("offload/moves/prepare.cpp", "!staged_copies(found.base, end).empty() || !retained_copies(found.base, end).empty()",
   "!staged_copies(found.base, end).empty()", "offload_tests", "[prepare]"),
- ("offload/prepare.cpp", "    if (releases.load() != asked_at) break;", "", "offload_tests", "[prepare]"),
- ("offload/prepare.cpp", "  const size_t limit = max_bytes == 0 ? SIZE_MAX : room_now + max_bytes;",
+ ("offload/moves/prepare.cpp", "    if (releases.load() != asked_at) break;", "", "offload_tests", "[prepare]"),
+ ("offload/moves/prepare.cpp", "  const size_t limit = max_bytes == 0 ? SIZE_MAX : room_now + max_bytes;",
   "  const size_t limit = SIZE_MAX;", "offload_tests", "[prepare]"),
  # Compressed backups: the coder's choices and the layout of what it stores.
- ("offload/codec.cpp", "    if (held > best) best = held, best_base = base;",
+ ("offload/coder/codec.cpp", "    if (held > best) best = held, best_base = base;",
   "    if (held >= best) best = held, best_base = base;", "offload_tests", "[codec]"),
- ("offload/codec.cpp", "  return kChunkWords - best > kEscapeCapacity ? kRaw",
+ ("offload/coder/codec.cpp", "  return kChunkWords - best > kEscapeCapacity ? kRaw",
   "  return kChunkWords - best >= kEscapeCapacity ? kRaw", "offload_tests", "[codec]"),
- ("offload/codec.cpp", "    if (code >= kWindow) {", "    if (code > kWindow) {", "offload_tests", "[codec]"),
- ("offload/compress.cpp", "    at[batch.job] += batch_bytes;\n    return batch.end", "    return batch.end",
+ ("offload/coder/codec.cpp", "    if (code >= kWindow) {", "    if (code > kWindow) {", "offload_tests", "[codec]"),
+ ("offload/coder/compress.cpp", "    at[batch.job] += batch_bytes;\n    return batch.end", "    return batch.end",
   "offload_tests", "[codec]"),
- ("offload/compress.cpp", "  for (size_t c = first; c < end; ++c) total += codec::stored_bytes(flags[c]);",
+ ("offload/coder/compress.cpp", "  for (size_t c = first; c < end; ++c) total += codec::stored_bytes(flags[c]);",
   "  for (size_t c = first; c < end; ++c) total += codec::kCodedBytes;", "offload_tests", "[codec]"),
  # Compressed backups in the pause and resume: a partial decode that writes a whole edge chunk, or
  # starts at the chunk before its first byte; no fallback where the coder cannot load; managed bytes
  # decoded and not prefetched after (a later move to the CPU drops them).
- ("offload/compress.cpp", "      const size_t begin = std::max(job.from, chunk_begin), end = std::min(job.to, chunk_begin + kChunk);",
+ ("offload/coder/compress.cpp", "      const size_t begin = std::max(job.from, chunk_begin), end = std::min(job.to, chunk_begin + kChunk);",
   "      const size_t begin = chunk_begin, end = std::min(job.to, chunk_begin + kChunk);", "offload_tests", "[codec]"),
- ("offload/compress.cpp", "    const size_t first = std::min((job.from + kChunk - 1) / kChunk, chunks);",
+ ("offload/coder/compress.cpp", "    const size_t first = std::min((job.from + kChunk - 1) / kChunk, chunks);",
   "    const size_t first = std::min(job.from / kChunk, chunks);", "offload_tests", "[codec]"),
- ("offload/offload.cpp", "  if (coded && (!move.caps.discard_supported || !coder_usable(move.device))) {",
+ ("offload/moves/offload.cpp", "  if (coded && (!move.caps.discard_supported || !coder_usable(move.device))) {",
   "  if (coded && !move.caps.discard_supported) {", "offload_tests", "[codec]"),
- ("offload/coded.cpp", "  if (uvm_status s = prefetch_managed(\"undoing the discard after the decode\")) return s;\n", "",
+ ("offload/media/coded.cpp", "  if (uvm_status s = prefetch_managed(\"undoing the discard after the decode\")) return s;\n", "",
   "offload_tests", "[codec]"),
  # A compressed pause that gives memory back only once every copy has ended (the stream, not the
  # allocation's own copy); a preparation that leaves the coder to the first pause to load.
- ("offload/offload.cpp", "      if (coded) done = copies_done(pieces.staged, copied);\n", "", "offload_tests", "[codec]"),
- ("offload/prepare.cpp", "  if (uvm_status s = load_coder_ahead(call, selection)) return s;\n", "", "offload_tests", "[codec]"),
+ ("offload/moves/offload.cpp", "      if (coded) done = copies_done(pieces.staged, copied);\n", "", "offload_tests", "[codec]"),
+ ("offload/moves/prepare.cpp", "  if (uvm_status s = load_coder_ahead(call, selection)) return s;\n", "", "offload_tests", "[codec]"),
  # The chosen flags left out of the mapped host memory the host reads them from; a compressed resume
  # that maps every allocation before its first decode.
- ("offload/compress.cpp", "      uint8_t* batch_on_host = scratch.chosen_on_host() + first_of_job + first;",
+ ("offload/coder/compress.cpp", "      uint8_t* batch_on_host = scratch.chosen_on_host() + first_of_job + first;",
   "      uint8_t* batch_on_host = nullptr;", "offload_tests", "[codec]"),
- ("offload/onload.cpp", "    if (!coded) {\n      if (uvm_status s = map_piece(i)) return s;\n    }",
+ ("offload/moves/onload.cpp", "    if (!coded) {\n      if (uvm_status s = map_piece(i)) return s;\n    }",
   "    if (uvm_status s = map_piece(i)) return s;", "offload_tests", "[codec]"),
  # Staging memory near its GPU: the runtime's eight-digit PCI domain not cut to sysfs's four; a
  # node chosen on a host with one node.
- ("offload/numa.cpp", "  while (colon != std::string::npos && colon > 4 && id[0] == '0') {", "  while (false) {", "offload_tests",
+ ("offload/media/numa.cpp", "  while (colon != std::string::npos && colon > 4 && id[0] == '0') {", "  while (false) {", "offload_tests",
   "[numa]"),
  # ... and a VMD domain (10000) cut to four digits (issue 73, item 10).
- ("offload/numa.cpp", "  while (colon != std::string::npos && colon > 4 && id[0] == '0') {",
+ ("offload/media/numa.cpp", "  while (colon != std::string::npos && colon > 4 && id[0] == '0') {",
   "  while (colon != std::string::npos && colon > 4) {", "offload_tests", "[numa]"),
- ("offload/numa.cpp", "  if (node_count(sysfs) <= 1) return -1;", "  if (node_count(sysfs) < 1) return -1;", "offload_tests",
+ ("offload/media/numa.cpp", "  if (node_count(sysfs) <= 1) return -1;", "  if (node_count(sysfs) < 1) return -1;", "offload_tests",
   "[numa]"),
  # uvm.nccl on one node: registered anyway (NCCL keeps memory a pause must give back).
  ("python_shim/uvm/nccl.py", "    if _one_node():\n", "    if False:\n",
@@ -354,9 +354,9 @@ MUTANTS = [
   "alloc_tests", "[errors]"),
  # Pinned memory that could not be unpinned: a second try starting at the first step again; steps
  # cut off a block and then lost.
- ("offload/pinned.cpp", "      memory->host += given_back;\n      memory->bytes -= given_back;\n", "",
+ ("offload/media/pinned.cpp", "      memory->host += given_back;\n      memory->bytes -= given_back;\n", "",
   "offload_tests", "[pinned]"),
- ("offload/staging.cpp", "    if (s != UVM_OK) keep_as_block(tail.host + given_back, tail.bytes - given_back, tail.device, tail.reads);\n", "",
+ ("offload/media/staging.cpp", "    if (s != UVM_OK) keep_as_block(tail.host + given_back, tail.bytes - given_back, tail.device, tail.reads);\n", "",
   "offload_tests", "[steps]"),
  # Settling (alloc/settle.cpp): a wake while the driver held a poll, forgotten (the next poll comes
  # a delay after the held one); a release that leaves the device's polls running; the window never
@@ -369,7 +369,7 @@ MUTANTS = [
   "alloc_tests", "[settle]"),
  # A group of moves whose offloads each ask for a free in the background (issue 58 item 4: seen by a
  # counter, not after a sleep).
- ("offload/group.cpp", "void free_unused_staging_after_offload() {\n  if (in_group()) {",
+ ("offload/moves/group.cpp", "void free_unused_staging_after_offload() {\n  if (in_group()) {",
   "void free_unused_staging_after_offload() {\n  if (false) {", "offload_tests", "[group]"),
  # Rooms that had none (issue 58 item 1). Discard: releasable memory handed to the driver's discard;
  # discarded bytes not recorded as such.
@@ -432,12 +432,12 @@ MUTANTS = [
  # Issue 73, hardening what was built last. A compressed piece's unaligned head coded with the rest
  # (a misaligned kernel access); the coder's last guard gone; no plain copies where the scratch cannot
  # be had; no CPU decode where the resume has no room for it.
- ("offload/coded.cpp", "    const uintptr_t aligned = std::min(round_up(pieces[i].begin, kCoderAlignment), pieces[i].end);",
+ ("offload/media/coded.cpp", "    const uintptr_t aligned = std::min(round_up(pieces[i].begin, kCoderAlignment), pieces[i].end);",
   "    const uintptr_t aligned = pieces[i].begin;", "offload_tests", "[codec]"),
- ("offload/compress.cpp", "    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) {", "    if (false) {", "offload_tests", "[codec]"),
- ("offload/offload.cpp", "  if (coded && !coder_scratch_ready(call, move.device, move.stream, pieces.staged, scratch)) {",
+ ("offload/coder/compress.cpp", "    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) {", "    if (false) {", "offload_tests", "[codec]"),
+ ("offload/moves/offload.cpp", "  if (coded && !coder_scratch_ready(call, move.device, move.stream, pieces.staged, scratch)) {",
   "  if (false) {", "offload_tests", "[codec]"),
- ("offload/compress.cpp", "      return decode_on_host(call, device, jobs, stream, before_writing);",
+ ("offload/coder/compress.cpp", "      return decode_on_host(call, device, jobs, stream, before_writing);",
   "      return UVM_ERROR_CUDA;", "offload_tests", "[codec]"),
  # Sharing: the token not checked; the importer not checking who answers; a descriptor beside a
  # refusal kept; a forked child keeping the importer's connection; a failed free forgetting the
@@ -458,7 +458,7 @@ MUTANTS = [
  ("alloc/share_import.cpp", "  setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof(wait));\n", "  (void)wait;\n",
   "meson:offload-share-timeout", ""),
  # prepare_pause pinning free space, and keeping the batch in flight after a release.
- ("offload/prepare.cpp", "registry().free_space(found.base, found.base, end)", "std::vector<Span>{}", "offload_tests", "[prepare]"),
+ ("offload/moves/prepare.cpp", "registry().free_space(found.base, found.base, end)", "std::vector<Span>{}", "offload_tests", "[prepare]"),
  # Files that had none (issue 76, item 7).
  ("python_shim/uvm/vllm.py", "                        _refuse_if_mapped_elsewhere(lib, found, call, tag)\n", "", "pytest",
   "tests/python/test_vllm.py::test_a_sleep_of_memory_another_process_maps_is_refused_naming_it_before_anything_sleeps"),
@@ -466,8 +466,8 @@ MUTANTS = [
   "tests/python/test_preload.py::test_an_interposer_preloaded_with_nothing_named_opens_the_libuvm_of_the_runtime_the_process_loads"),
  ("alloc/limits.cpp", "  if (explicit_limit != kUseDefault) {", "  if (false) {", "alloc_tests", "[limits]"),
  ("alloc/span_set.cpp", "    if (span.second > end) kept.emplace_back(end, span.second);\n", "", "alloc_tests", "[spans]"),
- ("offload/selection.cpp", "      if (bytes != nullptr) *bytes += moved;\n", "", "offload_tests", "[selection]"),
- ("offload/residency.cpp", "  if (pieces.empty()) pieces = retained_copies(range.begin, range.end);\n", "", "offload_tests",
+ ("offload/moves/selection.cpp", "      if (bytes != nullptr) *bytes += moved;\n", "", "offload_tests", "[selection]"),
+ ("offload/moves/residency.cpp", "  if (pieces.empty()) pieces = retained_copies(range.begin, range.end);\n", "", "offload_tests",
   "[retain]"),
  ("hints/moves/accounting.cpp", "  count_move(range.owner_device, range.end - range.begin, move != Move::to_device, host_delta, prefetch_calls);\n",
   "", "hints_tests", "[prefetch]"),
@@ -481,12 +481,12 @@ MUTANTS = [
  ("python_shim/uvm/vllm_plugin.py", "        vllm.patch(module)", "        pass", "pytest",
   "tests/python/test_vllm.py::test_the_plugin_puts_it_in_place_where_no_pth_ran_and_refuses_after_vllms_own_was_made"),
  # A preparation pins in steps (one registration per 256 MiB step), and uvm_release_staging stops it.
- ("offload/prepare.cpp", "staging().ensure_capacity(call, spans, true, 0, &steps, &block)",
+ ("offload/moves/prepare.cpp", "staging().ensure_capacity(call, spans, true, 0, &steps, &block)",
   "staging().ensure_capacity(call, spans, false, 0, &steps, &block)", "offload_tests", "[steps]"),
- ("offload/pinned.cpp", "    if (progress->stop) break;\n", "", "offload_tests", "[steps]"),
- ("offload/staging.cpp", "    if (block->live == 0 && still_pinning(*block)) stop_pinning(*block->memory.steps);",
+ ("offload/media/pinned.cpp", "    if (progress->stop) break;\n", "", "offload_tests", "[steps]"),
+ ("offload/media/staging.cpp", "    if (block->live == 0 && still_pinning(*block)) stop_pinning(*block->memory.steps);",
   "    (void)block;", "offload_tests", "[steps]"),
- ("offload/prepare.cpp", "    if (uvm_status s = staging().free_unused(call)) return s;\n", "", "offload_tests", "[prepare]"),
+ ("offload/moves/prepare.cpp", "    if (uvm_status s = staging().free_unused(call)) return s;\n", "", "offload_tests", "[prepare]"),
  # The shim: anything uvm did not allocate asked of uvm; a close during a capture made at once; a
  # failed offload leaving the tags it moved off the GPU; the preparer's thread stuck after a raise.
  ("python_shim/uvm/sharing.py", "        if getattr(tensor, \"layout\", torch.strided) is not torch.strided or not tensor.is_cuda:",
@@ -515,10 +515,10 @@ NO_MUTANT = {
     "alloc/moves.cpp": "one process-wide mutex: taking it away is a race the TSan builds find, not an assertion",
     "hints/location.cpp": "not yet: uvm_query_location passes the driver's attributes through",
     "hints/moves/hint_range.cpp": "not yet: resolve_range's checks ([ranges] tests them)",
-    "offload/codec_kernels.cu": "GPU code: the CPU double runs the coder's C++ reference (codec.cpp, mutated) and the GPU "
+    "offload/coder/codec_kernels.cu": "GPU code: the CPU double runs the coder's C++ reference (codec.cpp, mutated) and the GPU "
                                 "suite compares the kernels with it byte for byte; mutants run on the CPU machine only",
-    "offload/kernels.cpp": "loads the kernels' PTX through the driver: only a GPU runs them",
-    "offload/stream.cpp": "not yet: uvm_fetch_ranges and uvm_drop_ranges",
+    "offload/coder/kernels.cpp": "loads the kernels' PTX through the driver: only a GPU runs them",
+    "offload/moves/stream.cpp": "not yet: uvm_fetch_ranges and uvm_drop_ranges",
     "python_shim/uvm/__init__.py": "not yet: the public names, each a call into _lib.py or torch.py (mutated)",
     "python_shim/uvm/__main__.py": "the doctor: its tests run against the installed wheel (test_wheel.py), which a "
                                    "mutant of the tree does not reach without a wheel build per mutant",

@@ -1,11 +1,11 @@
-// The reference coder of compressed backups (offload/codec.hpp) behind a C entry point, for
-// bench/checkpoint/stored.py, which compiles this file with offload/codec.cpp (no CUDA needed):
+// The reference coder of compressed backups (offload/coder/codec.hpp) behind a C entry point, for
+// bench/checkpoint/stored.py, which compiles this file with offload/coder/codec.cpp (no CUDA needed):
 // the GPU kernels write the same bytes (tests/gpu/test_codec_gpu.cpp holds them to it).
 #include <cstddef>
 #include <cstring>
 #include <vector>
 
-#include "../../offload/codec.hpp"
+#include "../../offload/coder/codec.hpp"
 
 // Compresses `bytes` at `src` as uvm_pause would a compressed allocation of that size; returns the
 // bytes stored, and in *identical whether decompressing gave every byte back.

@@ -2,7 +2,7 @@
 
 The node bench draws its weights at a Llama-style model's scales; this takes a trained checkpoint's
 instead. Each floating-point tensor is cast to bf16 (as a model served in bf16 holds it) and coded by
-uvm's reference coder (offload/codec.cpp, compiled here with bench/checkpoint/codec_shim.cpp; the GPU
+uvm's reference coder (offload/coder/codec.cpp, compiled here with bench/checkpoint/codec_shim.cpp; the GPU
 kernels write the same bytes), two ways: each tensor as an allocation of its own, and all of them
 packed one after the other, as PyTorch's caching allocator packs small tensors into its segments.
 Every tensor is decoded again and compared.
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def reference_coder(build_dir: Path) -> ctypes.CDLL:
     library = build_dir / "libuvm_codec_ref.so"
     subprocess.run(["g++", "-O2", "-std=c++17", "-shared", "-fPIC", "-o", str(library),
-                    str(ROOT / "offload/codec.cpp"), str(ROOT / "bench/checkpoint/codec_shim.cpp")], check=True)
+                    str(ROOT / "offload/coder/codec.cpp"), str(ROOT / "bench/checkpoint/codec_shim.cpp")], check=True)
     coder = ctypes.CDLL(str(library))
     coder.uvm_bench_stored_bytes.restype = ctypes.c_size_t
     coder.uvm_bench_stored_bytes.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int)]
@@ -91,7 +91,7 @@ def main() -> int:
         "bytes_identical": identical,
         "tensors_of_a_chunk_or_more_stored": whole_chunks,
         "torch": torch.__version__,
-        "about": "uvm's reference coder (offload/codec.cpp) on the checkpoint's floating-point tensors cast to "
+        "about": "uvm's reference coder (offload/coder/codec.cpp) on the checkpoint's floating-point tensors cast to "
                  "bf16: each tensor as an allocation of its own, and all packed one after the other; a tensor "
                  "or tail shorter than a 64 KiB chunk is kept raw.",
     }

@@ -39,7 +39,7 @@
 
 namespace {
 
-constexpr size_t kStepBytes = size_t{256} << 20;  // offload/pinned.hpp's kPinStepBytes
+constexpr size_t kStepBytes = size_t{256} << 20;  // offload/media/pinned.hpp's kPinStepBytes
 
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -372,7 +372,7 @@ void populate(char* p, size_t bytes, int threads) {
   for (auto& w : workers) w.join();
 }
 
-constexpr unsigned kUvmFlags = cudaHostRegisterPortable | cudaHostRegisterMapped;  // offload/pinned.cpp's
+constexpr unsigned kUvmFlags = cudaHostRegisterPortable | cudaHostRegisterMapped;  // offload/media/pinned.cpp's
 
 void register_chunks(char* p, size_t bytes, size_t chunk) {
   for (size_t at = 0; at < bytes; at += chunk) check(cudaHostRegister(p + at, std::min(chunk, bytes - at), kUvmFlags), "register");
@@ -435,7 +435,7 @@ class Pool {
 };
 
 // A whole pause of `bytes` from `device` into fresh memory, in `step` pieces, seconds until the last
-// copy ends. how: 0 uvm's steps (offload/pinned.cpp: a thread per step faults the next step in on
+// copy ends. how: 0 uvm's steps (offload/media/pinned.cpp: a thread per step faults the next step in on
 // new threads while this one registers), its copies issued on the registering thread, 1 the same
 // with a pool of fault-in threads that stays,
 // 2 the pool and a mapping of its own per step (PROT_NONE gaps keep the kernel from merging them),

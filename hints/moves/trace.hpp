@@ -88,7 +88,7 @@ class MoveRecord {
   std::unique_ptr<MoveLog> log_;
 };
 
-// The trace's side of a group of moves (offload/group.hpp owns the group itself: uvm_begin_moves):
+// The trace's side of a group of moves (offload/moves/group.hpp owns the group itself: uvm_begin_moves):
 // from join_move_records until publish_joined_records, each of the calling thread's move records
 // joins one record per device, so that uvm_last_move and UVM_TRACE show the group's calls on a
 // device as one move, named after the first, with the first failure's status. Called by the

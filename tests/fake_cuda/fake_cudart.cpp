@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "../../offload/coder/codec.hpp"
 #include "fake_cuda.hpp"
-#include "../../offload/codec.hpp"
 
 namespace {
 
@@ -569,7 +569,7 @@ CUresult fake_mem_import(CUmemGenericAllocationHandle* handle, void* shareable, 
 // Modules and kernels: uvm's copy kernel and the compressed backups' coder are known. A launch of
 // the copy kernel copies as the GPU would, from pinned host memory (one block or registration) into
 // mapped device memory (releasable); a launch of the coder's kernels runs the reference coder
-// (offload/codec.hpp) on device memory, which is what the GPU kernels must match.
+// (offload/coder/codec.hpp) on device memory, which is what the GPU kernels must match.
 const CUmodule kCopyModule = reinterpret_cast<CUmodule>(0x5eed);
 const CUmodule kCodecModule = reinterpret_cast<CUmodule>(0xc0de);
 const CUfunction kCopyFunction = reinterpret_cast<CUfunction>(0xc0b1);

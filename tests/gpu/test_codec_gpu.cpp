@@ -1,5 +1,5 @@
-// The compressed backups' GPU kernels (offload/codec_kernels.cu, as PTX) against the reference coder
-// (offload/codec.hpp): the same flags and the same stored bytes, byte for byte, and every bit back
+// The compressed backups' GPU kernels (offload/coder/codec_kernels.cu, as PTX) against the reference coder
+// (offload/coder/codec.hpp): the same flags and the same stored bytes, byte for byte, and every bit back
 // after the round trip, on weights and on data that does not pay (kept raw chunk by chunk). Plain
 // device memory only (cudaMalloc): no managed memory.
 #include <cuda_runtime_api.h>
@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "../../offload/codec.hpp"
-#include "../../offload/compress.hpp"
+#include "../../offload/coder/codec.hpp"
+#include "../../offload/coder/compress.hpp"
 #include "codec_data.hpp"
 #include "gpu_support.hpp"
 

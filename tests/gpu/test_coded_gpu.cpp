@@ -21,7 +21,7 @@ using gpu::MiB;
 namespace {
 
 using codec_data::Bytes;
-constexpr size_t kChunk = size_t{64} << 10;  // the coder's chunk (offload/codec.hpp)
+constexpr size_t kChunk = size_t{64} << 10;  // the coder's chunk (offload/coder/codec.hpp)
 
 // Tensors of 8 MiB at the scales of a Llama-style model's, a chunk of random bytes and one of
 // NaNs, infinities and denormals.

@@ -1,4 +1,4 @@
-// The compressed backups' format (offload/codec.hpp) and its device path (offload/compress.hpp),
+// The compressed backups' format (offload/coder/codec.hpp) and its device path (offload/coder/compress.hpp),
 // against the fake driver, whose coder kernels run the reference coder. Lossless on every kind of
 // data: whatever does not pay is kept raw, chunk by chunk. The GPU kernels are held to the same bytes
 // by tests/gpu/test_codec_gpu.cpp.
@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "../../offload/codec.hpp"
-#include "../../offload/compress.hpp"
+#include "../../offload/coder/codec.hpp"
+#include "../../offload/coder/compress.hpp"
 #include "codec_data.hpp"
 #include "fixture.hpp"
 

@@ -1,4 +1,4 @@
-// Compressed backups in uvm_pause and uvm_resume (offload/coded.cpp): bf16 weights kept in fewer
+// Compressed backups in uvm_pause and uvm_resume (offload/media/coded.cpp): bf16 weights kept in fewer
 // bytes, pinned, mapped or on disk, and brought back bit for bit, beside neighbours that must not
 // change; a failure at any step loses nothing; where the coder cannot load, plain copies.
 #include <algorithm>
@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "../../offload/codec.hpp"
-#include "../../offload/kernels.hpp"
+#include "../../offload/coder/codec.hpp"
+#include "../../offload/coder/kernels.hpp"
 #include "codec_data.hpp"
 #include "fixture.hpp"
 

@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "../../offload/spill.hpp"
+#include "../../offload/media/spill.hpp"
 #include "fixture.hpp"
 
 namespace {

@@ -1,4 +1,4 @@
-// Staging memory near its GPU (offload/numa.cpp): the node a PCI device hangs off, read from a
+// Staging memory near its GPU (offload/media/numa.cpp): the node a PCI device hangs off, read from a
 // sysfs tree made here, and the kernel's placement of mapped pages on a node.
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -10,7 +10,7 @@
 #include <fstream>
 #include <string>
 
-#include "../../offload/numa.hpp"
+#include "../../offload/media/numa.hpp"
 #include "fixture.hpp"
 
 namespace {

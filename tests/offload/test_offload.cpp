@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "../../offload/staging.hpp"
+#include "../../offload/media/staging.hpp"
 #include "fixture.hpp"
 #include "threads.hpp"
 

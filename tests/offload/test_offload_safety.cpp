@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "../../offload/pinned.hpp"
+#include "../../offload/media/pinned.hpp"
 #include "fixture.hpp"
 
 namespace {

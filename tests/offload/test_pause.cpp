@@ -1,4 +1,4 @@
-// uvm_pause and uvm_resume (offload/pause.cpp): whole tags off the GPU and back, each allocation
+// uvm_pause and uvm_resume (offload/moves/pause.cpp): whole tags off the GPU and back, each allocation
 // kept or dropped as the backup recorded with it says.
 #include <unistd.h>
 

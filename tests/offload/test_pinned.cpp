@@ -1,11 +1,11 @@
-// Pinned staging memory (offload/pinned.cpp): registered huge-page memory by default, cudaHostAlloc
+// Pinned staging memory (offload/media/pinned.cpp): registered huge-page memory by default, cudaHostAlloc
 // when registering fails or UVM_PINNED=hostalloc asks for it, one clear error when both fail. (The
 // other CPU tests run with UVM_PINNED=hostalloc: see tests/meson.build.)
 #include <chrono>
 #include <cstring>
 #include <thread>
 
-#include "../../offload/pinned.hpp"
+#include "../../offload/media/pinned.hpp"
 #include "fixture.hpp"
 
 namespace {

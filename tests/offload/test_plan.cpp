@@ -1,5 +1,5 @@
 // Offload/onload planning: strategy choice, what is left to move, how the pipeline cuts work.
-#include "../../offload/plan.hpp"
+#include "../../offload/media/plan.hpp"
 
 #include "uvm_test.hpp"
 

@@ -1,4 +1,4 @@
-// uvm_prepare_pause (offload/prepare.cpp): the pinned staging memory a first pause will copy into,
+// uvm_prepare_pause (offload/moves/prepare.cpp): the pinned staging memory a first pause will copy into,
 // pinned ahead of it, so that the pause pins nothing; bounded, and stopped by uvm_release_staging.
 #include <atomic>
 #include <thread>

@@ -1,4 +1,4 @@
-// Residency queries (offload/residency.cpp): what uvm moved where, by device and tag, with staged
+// Residency queries (offload/moves/residency.cpp): what uvm moved where, by device and tag, with staged
 // bytes read from the staging store; the free memory uvm knows is reclaimable; the staged copy.
 #include <cstring>
 #include <vector>

@@ -1,4 +1,4 @@
-// uvm_offload_selection, uvm_onload_selection and uvm_discard_selection (offload/selection.cpp):
+// uvm_offload_selection, uvm_onload_selection and uvm_discard_selection (offload/moves/selection.cpp):
 // whole allocations by device and tag, chosen where each device's move begins.
 #include <cstring>
 #include <memory>

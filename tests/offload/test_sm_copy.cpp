@@ -1,4 +1,4 @@
-// offload/sm_copy.cpp against the fake driver, whose copy kernel copies as the GPU would (from pinned
+// offload/moves/sm_copy.cpp against the fake driver, whose copy kernel copies as the GPU would (from pinned
 // host memory into mapped device memory) and is logged as an sm_copy op. The [sm_copy] cases run
 // with UVM_ONLOAD_COPY=sm (tests/meson.build: offload-sm-copy), [sm_copy_mixed] with mixed and 1 MiB
 // chunks, [sm_copy_env] with a misspelt value, [sm_copy_auto] unset (auto), [sm_copy_default] unset
@@ -6,7 +6,7 @@
 #include <string>
 #include <utility>
 
-#include "../../offload/sm_copy.hpp"
+#include "../../offload/moves/sm_copy.hpp"
 #include "fixture.hpp"
 
 namespace {

@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "../../offload/staging.hpp"
+#include "../../offload/media/staging.hpp"
 #include "fixture.hpp"
 
 namespace {

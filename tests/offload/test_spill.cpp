@@ -1,4 +1,4 @@
-// Offloads kept in mmap'ed memory or on disk (offload/spill.cpp, offload/disk.cpp): bytes back
+// Offloads kept in mmap'ed memory or on disk (offload/media/spill.cpp, offload/media/disk.cpp): bytes back
 // exactly, neighbours untouched, copies that die with what they belong to, and every fault —
 // a bad directory, a full disk, a file changed while offloaded, a dead process's files — failing
 // clearly with the device bytes kept.
@@ -22,8 +22,8 @@
 #include <fstream>
 #include <thread>
 
-#include "../../offload/closer.hpp"
-#include "../../offload/spill.hpp"
+#include "../../offload/media/closer.hpp"
+#include "../../offload/media/spill.hpp"
 #include "fixture.hpp"
 
 namespace {

@@ -1,4 +1,4 @@
-// The staging store (offload/staging.cpp): pinned memory lent by leases, allocated and freed with
+// The staging store (offload/media/staging.cpp): pinned memory lent by leases, allocated and freed with
 // no lock held that other calls need.
 #include <atomic>
 #include <chrono>
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "../../alloc/moves.hpp"
-#include "../../offload/staging.hpp"
+#include "../../offload/media/staging.hpp"
 #include "fixture.hpp"
 #include "threads.hpp"
 

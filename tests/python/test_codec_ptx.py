@@ -1,12 +1,12 @@
-"""The compressed backups' GPU coder is PTX generated from offload/codec_kernels.cu (libuvm.so is built
+"""The compressed backups' GPU coder is PTX generated from offload/coder/codec_kernels.cu (libuvm.so is built
 without nvcc): the generated file must come from the source as it is, at a PTX version every CUDA 12
-and 13 driver compiles, and the kernels must read the format as offload/codec.hpp writes it."""
+and 13 driver compiles, and the kernels must read the format as offload/coder/codec.hpp writes it."""
 import hashlib
 import re
 
 from conftest import ROOT
 
-OFFLOAD = ROOT / "offload"
+OFFLOAD = ROOT / "offload" / "coder"
 
 
 def constants(text: str) -> dict:
@@ -25,9 +25,9 @@ def test_the_ptx_was_generated_from_the_kernels_as_they_are():
     source = (OFFLOAD / "codec_kernels.cu").read_bytes()
     generated = (OFFLOAD / "codec_ptx.inc").read_text()
     recorded = re.search(r"^// source sha256: ([0-9a-f]{64})$", generated, re.M)
-    assert recorded, "offload/codec_ptx.inc names no source hash: run scripts/codec_ptx.sh"
+    assert recorded, "offload/coder/codec_ptx.inc names no source hash: run scripts/codec_ptx.sh"
     assert recorded.group(1) == hashlib.sha256(source).hexdigest(), (
-        "offload/codec_kernels.cu changed since offload/codec_ptx.inc was generated: run scripts/codec_ptx.sh")
+        "offload/coder/codec_kernels.cu changed since offload/coder/codec_ptx.inc was generated: run scripts/codec_ptx.sh")
     assert re.search(r"^\.version 7\.0$", generated, re.M), "the PTX must be version 7.0 (CUDA 11 and later drivers)"
     for kernel in ("uvm_codec_choose", "uvm_codec_encode", "uvm_codec_decode"):
         assert f".entry {kernel}(" in generated

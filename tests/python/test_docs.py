@@ -273,7 +273,7 @@ def test_a_table_cell_no_result_file_holds_is_caught(monkeypatch):
 
 
 def test_every_path_the_docs_name_is_there():
-    """A path of the tree a page names in backticks (`offload/pinned.cpp`, `bench/probes/`,
+    """A path of the tree a page names in backticks (`offload/media/pinned.cpp`, `bench/probes/`,
     `alloc/slabs.*`; result files by their path under bench/results) exists: no dead reference."""
     import fnmatch
     tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files"], capture_output=True, text=True, check=True).stdout.split()

@@ -3,6 +3,7 @@
 // offload/moves/free.cpp (it gives back the host copies of the bytes too).
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <optional>
 
 #include "blocks.hpp"
@@ -13,13 +14,24 @@
 #include "malloc.hpp"
 #include "moves.hpp"
 #include "registry.hpp"
-#include "share.hpp"
 #include "slabs.hpp"
 #include "stats.hpp"
 #include "vmm.hpp"
 
 namespace uvm {
 namespace {
+
+// The hooks of the part that keeps something per allocation (set_kept_by_a_part), set once and kept
+// for the process's life (never destroyed: a free may run in another library's destructor).
+std::atomic<const KeptByAPart*>& kept_by_a_part_hooks() {
+  static std::atomic<const KeptByAPart*> hooks{nullptr};
+  return hooks;
+}
+
+KeptByAPart kept_by_a_part() {
+  const KeptByAPart* hooks = kept_by_a_part_hooks().load(std::memory_order_acquire);
+  return hooks != nullptr ? *hooks : KeptByAPart{};
+}
 
 uvm_status apply_advice(const Call& call, void* ptr, size_t size, int device, uvm_advice_mode mode,
                         const DeviceCaps& caps) {
@@ -144,11 +156,12 @@ uvm_status free_slot(const Call& call, uintptr_t slab, void* ptr, bool reusable,
 // stage or map it after this; a move issued before is waited for by cudaFree (or the device
 // synchronization below), which waits for the work still running. Its staged copies go back to
 // staging with the record.
-// Its export goes with it, into `*exported`, to be put back if the free fails.
-std::optional<Allocation> forget_allocation(void* ptr, std::optional<Export>* exported) {
+// What a part keeps of it goes with it, into `*kept`, to be put back if the free fails.
+std::optional<Allocation> forget_allocation(void* ptr, std::shared_ptr<void>* kept) {
   const auto moves = lock_moves();
   std::optional<Allocation> found = registry().erase(reinterpret_cast<uintptr_t>(ptr));
-  if (found) *exported = forget_export(reinterpret_cast<uintptr_t>(ptr));
+  const KeptByAPart part = kept_by_a_part();
+  if (found && part.take != nullptr) *kept = part.take(reinterpret_cast<uintptr_t>(ptr));
   return found;
 }
 
@@ -163,6 +176,10 @@ uvm_status synchronize_before(const Call& call, const char* why, bool* exiting) 
 }
 
 }  // namespace
+
+void set_kept_by_a_part(KeptByAPart hooks) {
+  kept_by_a_part_hooks().store(new KeptByAPart(hooks), std::memory_order_release);  // once: kept for life
+}
 
 uvm_status free_allocation(const Call& call, void* ptr, size_t size, int device, std::optional<Allocation>* freed,
                            bool* exiting_out) {
@@ -181,8 +198,8 @@ uvm_status free_allocation(const Call& call, void* ptr, size_t size, int device,
     if (s != UVM_OK) return s;  // still allocated: nothing was forgotten
     waited = true;
   }
-  std::optional<Export> exported;
-  found = forget_allocation(ptr, &exported);
+  std::shared_ptr<void> kept;
+  found = forget_allocation(ptr, &kept);
   if (!found) {
     AllocationView inside;
     if (registry().find(ptr, &inside)) {
@@ -223,8 +240,10 @@ uvm_status free_allocation(const Call& call, void* ptr, size_t size, int device,
     // made meanwhile can have taken its address.
     registry().insert(reinterpret_cast<uintptr_t>(ptr), std::move(*found));
     found.reset();
-    // Its importers too: a pause must still be refused while another process maps the memory.
-    if (exported) restore_export(reinterpret_cast<uintptr_t>(ptr), std::move(*exported));
+    // What a part kept too (its importers: a pause must still be refused while another process maps
+    // the memory).
+    const KeptByAPart part = kept_by_a_part();
+    if (kept && part.put_back != nullptr) part.put_back(reinterpret_cast<uintptr_t>(ptr), std::move(kept));
     return status;
   }
   record_free(found->device, found->size, found->host.total());

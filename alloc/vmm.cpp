@@ -22,7 +22,7 @@ struct VmmApi {
   CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
   CUresult (*device_get)(CUdevice*, int) = nullptr;                             // optional: for
   CUresult (*device_attribute)(int*, CUdevice_attribute, CUdevice) = nullptr;  // memory_caps only
-  // Optional: sharing with other processes (alloc/share.hpp).
+  // Optional: sharing with other processes (share/export.hpp).
   CUresult (*export_handle)(void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long) = nullptr;
   CUresult (*import_handle)(CUmemGenericAllocationHandle*, void*, CUmemAllocationHandleType) = nullptr;
   bool available = false;

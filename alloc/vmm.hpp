@@ -54,7 +54,7 @@ uvm_status vmm_map(const Call& call, uintptr_t base, int device, Mapping* mappin
 // Releases everything of the allocation at `base`: physical memory and address range.
 uvm_status vmm_free(const Call& call, uintptr_t base, Mapping* mapping);
 
-// Sharing with other processes (alloc/share.hpp). vmm_export: a new POSIX file descriptor for the
+// Sharing with other processes (share/export.hpp). vmm_export: a new POSIX file descriptor for the
 // mapped physical memory of the allocation at `base`, for the caller to pass on and close; fails
 // with UVM_ERROR_UNSUPPORTED where the device's memory is not exportable. vmm_import: maps the
 // physical memory behind `fd` (`size` bytes, made by another process) at a new address, read-write

@@ -255,9 +255,9 @@ MUTANTS = [
  # of new memory, so its reset at the unmap needs no mutant: vmm.cpp, map_physical.)
  ("alloc/vmm.cpp", "  if (exportable && caps.exportable) prop->requestedHandleTypes", "  if (caps.exportable) prop->requestedHandleTypes",
   "offload_tests", "[share]"),
- ("alloc/share.cpp", "  if (status == UVM_OK && (!mapping.exportable || mapping.handle != exported_memory)) {",
+ ("share/export.cpp", "  if (status == UVM_OK && (!mapping.exportable || mapping.handle != exported_memory)) {",
   "  if (status == UVM_OK && !mapping.exportable) {", "offload_tests", "[share]"),
- ("alloc/share.cpp", "  mapping->shared = true;\n  registry().set_mapping(found.base, *mapping);\n", "", "offload_tests", "[share]"),
+ ("share/export.cpp", "  mapping->shared = true;\n  registry().set_mapping(found.base, *mapping);\n", "", "offload_tests", "[share]"),
  ("alloc/vmm.cpp", "  if (may_keep && !m->exportable) return release_or_keep(call, base, m);",
   "  if (may_keep) return release_or_keep(call, base, m);", "offload_tests", "[share]"),
  # A prepared pause: the retained copies' room prepared again; uvm_release_staging not stopping
@@ -312,15 +312,16 @@ MUTANTS = [
   "pytest", "tests/python/test_nccl.py::test_every_rank_on_this_node_registers_nothing_and_says_why"),
  ("hints/moves/begin.cpp", "  if (kind == MoveKind::offload || kind == MoveKind::discard) {  // another process may map them",
   "  if (false) {  // another process may map them", "offload_tests", "[share]"),
- ("alloc/share.cpp", "    state.by_base[base].importers.push_back(Importer{connection, peer.pid});\n", "",
+ ("share/export.cpp", "    state.by_base[base].importers.push_back(Importer{connection, peer.pid});\n", "",
   "offload_tests", "[share]"),
- ("alloc/malloc.cpp", "  if (found) *exported = forget_export(reinterpret_cast<uintptr_t>(ptr));\n", "", "offload_tests", "[share]"),
+ ("alloc/malloc.cpp", "  if (found && part.take != nullptr) *kept = part.take(reinterpret_cast<uintptr_t>(ptr));\n", "",
+  "offload_tests", "[share]"),
  # A region's free space, discarded at a pause, is no byte off the device; imports share a mapping.
- ("alloc/share.cpp", "!registry().block_state(found.base, found.base + found.size, &bytes) || bytes.on_host) {",
+ ("share/export.cpp", "!registry().block_state(found.base, found.base + found.size, &bytes) || bytes.on_host) {",
   "!registry().block_state(found.base, found.base + found.size, &bytes) || bytes.moved) {", "offload_tests", "[share]"),
- ("alloc/share_import.cpp", "    if (--it->second.imports > 0) return UVM_OK;  // other imports still use the mapping\n",
+ ("share/import.cpp", "    if (--it->second.imports > 0) return UVM_OK;  // other imports still use the mapping\n",
   "    --it->second.imports;\n", "offload_tests", "[share]"),
- ("alloc/share_import.cpp", "    if (known != state.base_of.end()) {  // mapped here already", "    if (false) {  // mapped here already",
+ ("share/import.cpp", "    if (known != state.base_of.end()) {  // mapped here already", "    if (false) {  // mapped here already",
   "offload_tests", "[share]"),
  # A releasable allocation whose access cannot be set keeps its physical memory; one whose mapping
  # cannot be made keeps its address range.
@@ -443,19 +444,19 @@ MUTANTS = [
  # refusal kept; a forked child keeping the importer's connection; a failed free forgetting the
  # importers; exportable memory not marked so at its map; a handle from before a pause kept valid;
  # no timeout.
- ("alloc/share.cpp", "      token_matches = same_token(state.by_base[base].token, token);", "      token_matches = true;",
+ ("share/export.cpp", "      token_matches = same_token(state.by_base[base].token, token);", "      token_matches = true;",
   "offload_tests", "[trust]"),
- ("alloc/share_import.cpp", "  if (uvm_status s = check_exporter(call, connection, handle)) {  // before the token is sent",
+ ("share/import.cpp", "  if (uvm_status s = check_exporter(call, connection, handle)) {  // before the token is sent",
   "  if (uvm_status s = UVM_OK) {  // before the token is sent", "offload_tests", "[trust]"),
- ("alloc/share_import.cpp", "      } else {\n        close(received_fd);\n      }", "      }", "offload_tests", "[trust]"),
- ("alloc/share_import.cpp", "                     for (const auto& [base, imported] : child.by_base) close(imported.connection);\n", "",
+ ("share/import.cpp", "      } else {\n        close(received_fd);\n      }", "      }", "offload_tests", "[trust]"),
+ ("share/import.cpp", "                     for (const auto& [base, imported] : child.by_base) close(imported.connection);\n", "",
   "offload_tests", "[share]"),
- ("alloc/malloc.cpp", "    if (exported) restore_export(reinterpret_cast<uintptr_t>(ptr), std::move(*exported));\n", "",
+ ("alloc/malloc.cpp", "    if (kept && part.put_back != nullptr) part.put_back(reinterpret_cast<uintptr_t>(ptr), std::move(kept));\n", "",
   "offload_tests", "[share]"),
  ("alloc/vmm.cpp", "  if (handle != m->handle) m->exportable = prop.requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE;  // new memory\n",
   "", "offload_tests", "[share]"),
- ("alloc/share.cpp", "  if (exported.id != 0 && exported.memory != mapping.handle) {", "  if (false) {", "offload_tests", "[share]"),
- ("alloc/share_import.cpp", "  setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof(wait));\n", "  (void)wait;\n",
+ ("share/export.cpp", "  if (exported.id != 0 && exported.memory != mapping.handle) {", "  if (false) {", "offload_tests", "[share]"),
+ ("share/import.cpp", "  setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof(wait));\n", "  (void)wait;\n",
   "meson:offload-share-timeout", ""),
  # prepare_pause pinning free space, and keeping the batch in flight after a release.
  ("offload/moves/prepare.cpp", "registry().free_space(found.base, found.base, end)", "std::vector<Span>{}", "offload_tests", "[prepare]"),
@@ -558,9 +559,10 @@ def mutated_text(path: str, old, new):
 
 def run_mutant(build: str, runner: str, selection: str, env: dict) -> str:
     """Rebuilds and runs the mutant's tests: "failed" when a test failed (a failed assertion, a
-    Catch2 failure, pytest's exit 1), "passed", "timeout" when they did not end within their bound
-    (a suite that never ends is red: reported apart), or "error: ..." when the run failed without a
-    test failing (a collection error, no test selected, a crash): that is no kill."""
+    Catch2 failure, pytest's exit 1), "crashed" when a Catch2 test died by a signal, "timeout" when
+    they did not end within their bound (a suite that never ends is red), both kills said apart;
+    "passed"; or "error: ..." when the run failed without a test failing (a collection error, pytest
+    finding no test): that is no kill."""
     try:
         return run_mutant_tests(build, runner, selection, env)
     except subprocess.TimeoutExpired:
@@ -589,10 +591,10 @@ def run_mutant_tests(build: str, runner: str, selection: str, env: dict) -> str:
     # (Catch2 wrapping a failed section's long name) cannot fill the memory or the disk.
     r = subprocess.run([f"{build}/tests/{runner}", selection], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        env={**env, **TAG_ENV.get(selection, {})}, timeout=300)
-    # Catch2 returns the number of failed assertions (a signal it catches is one); killed by a signal
-    # it did not catch, the run says nothing about a test.
+    # Catch2 returns the number of failed assertions; a test that crashes (Catch2 reports the signal,
+    # then the process dies by it) failed too, under the mutant, its selection having passed without it.
     if r.returncode < 0:
-        return f"error: {runner} ended by signal {-r.returncode}"
+        return "crashed"
     return "passed" if r.returncode == 0 else "failed"
 
 
@@ -637,7 +639,7 @@ def main() -> int:
     env = {**os.environ, "UVM_LIMIT_BYTES": "", "UVM_LIMIT_FRACTION": "", "UVM_DEFAULT_ADVICE": "", "UVM_PINNED": "hostalloc"}
     rooms: dict[str, list[int]] = {}
     survivors, broken, errors = [], [], []
-    timeouts = 0
+    timeouts = crashes = 0
     unmutated: dict[tuple[str, str], str] = {}  # (runner, selection): how its tests end with no mutant
     for i in chosen:
         if i in stale:
@@ -671,10 +673,11 @@ def main() -> int:
             print(f"NOT A KILL: {what}: {outcome}", flush=True)
             errors.append(i)
             continue
-        killed = outcome in ("failed", "timeout")
-        print(f"{'KILLED' if killed else 'SURVIVED'}: {what}" + (" (by a timeout)" if outcome == "timeout" else ""),
-              flush=True)
+        killed = outcome in ("failed", "timeout", "crashed")
+        print(f"{'KILLED' if killed else 'SURVIVED'}: {what}" + (f" (by a {outcome[:-2] if outcome == 'crashed' else outcome})"
+                                                                 if outcome in ("timeout", "crashed") else ""), flush=True)
         timeouts += outcome == "timeout"
+        crashes += outcome == "crashed"
         counts = rooms.setdefault(room_of(path), [0, 0])
         counts[0] += killed
         counts[1] += 1
@@ -685,7 +688,7 @@ def main() -> int:
         print(f"room {room}: {killed} of {ran} killed")
     total_killed = sum(k for k, _ in rooms.values())
     total = sum(n for _, n in rooms.values())
-    summary = (f"mutants: {total_killed} of {total} killed ({timeouts} by a timeout), {len(stale)} stale, "
+    summary = (f"mutants: {total_killed} of {total} killed ({timeouts} by a timeout, {crashes} by a crash), {len(stale)} stale, "
                f"{len(broken)} broken, {len(errors)} not a kill{shard}")
     print(summary)
     if args.result:
@@ -693,7 +696,7 @@ def main() -> int:
             json.dump({"name": "mutants" + (f" {shard.strip()}" if shard else ""), "passed": total_killed,
                        "failed": len(survivors) + len(stale) + len(broken) + len(errors), "summary": summary,
                        "survivors": survivors, "stale": stale, "broken": broken, "errors": errors,
-                       "timeouts": timeouts}, out)
+                       "timeouts": timeouts, "crashes": crashes}, out)
             out.write("\n")
     return 1 if survivors or stale or broken or errors else 0
 

@@ -1,7 +1,7 @@
 # A cache hit of the JIT build (uvm._build.build(), fresh processes, taking turns) of the shim in
 # .deps/jit_before (an older commit's python_shim and sources, from git archive) and of this tree.
 # Prints one line per run: the tree and seconds.
-#   git archive <commit> python_shim/uvm sources.txt alloc hints offload include | tar -x -C .deps/jit_before
+#   git archive <commit> python_shim/uvm sources.txt alloc share hints offload include | tar -x -C .deps/jit_before
 set -u
 code='import time, uvm._build as b
 t = time.perf_counter(); b.build(); print(time.perf_counter() - t)'

@@ -5,7 +5,7 @@
 
 #include "../../alloc/moves.hpp"
 #include "../../alloc/options.hpp"
-#include "../../alloc/share.hpp"
+#include "../../share/export.hpp"
 #include "order.hpp"
 #include "ranges.hpp"
 #include "streams.hpp"

@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "../../alloc/share_wire.hpp"
+#include "../../share/wire.hpp"
 #include "fixture.hpp"
 
 namespace {

@@ -290,9 +290,9 @@ def test_all_sources_build_as_one_unit_on_one_cpu(cache):
     assert builds(directory) == 1
 
 
-# The order of sources.txt: each part may use those before it (offload/ is three: the GPU coder, the
-# media where bytes wait, the moves).
-ROOMS = ("alloc", "hints", "offload/coder", "offload/media", "offload/moves")
+# The order of sources.txt: each part may use those before it (share/: sharing with other processes,
+# above alloc/; offload/ is three: the GPU coder, the media where bytes wait, the moves).
+ROOMS = ("alloc", "share", "hints", "offload/coder", "offload/media", "offload/moves")
 
 
 def test_rooms_depend_one_way():
@@ -330,7 +330,7 @@ def test_a_compile_error_names_the_file_it_is_in(tmp_path):
     from uvm import _build
     root = tmp_path / "tree"
     checkout = ROOT
-    for name in ("alloc", "hints", "offload", "preload", "include"):
+    for name in ("alloc", "share", "hints", "offload", "preload", "include"):
         shutil.copytree(checkout / name, root / name)
     shutil.copy(checkout / _build.SOURCE_LIST, root)
     broken = root / "offload" / "moves" / "residency.cpp"

@@ -90,7 +90,7 @@ def test_a_mutant_whose_tests_fail_without_it_is_broken_not_killed(tmp_path, mon
     out = capsys.readouterr().out
     assert out.count("BROKEN: mutant") == 2 and "KILLED" not in out
     assert runs == ["answer = 1\n"]  # once per selection, unmutated; no mutant applied
-    assert "0 of 0 killed (0 by a timeout), 0 stale, 2 broken, 0 not a kill" in out
+    assert "0 of 0 killed (0 by a timeout, 0 by a crash), 0 stale, 2 broken, 0 not a kill" in out
     runs.clear()
     monkeypatch.setattr(mutants, "run_mutant_tests",
                         lambda *args: runs.append(target.read_text()) or ("failed" if "2" in runs[-1] else "passed"))
@@ -125,7 +125,7 @@ def test_every_source_file_has_a_mutant_or_says_why_not():
     offload/, preload/ and python_shim/ has one, or scripts/mutants.py's NO_MUTANT says why not; an
     entry there names a file that exists and has none."""
     import mutants
-    sources = {str(path.relative_to(ROOT)) for folder in ("alloc", "hints", "offload", "preload", "python_shim")
+    sources = {str(path.relative_to(ROOT)) for folder in ("alloc", "share", "hints", "offload", "preload", "python_shim")
                for path in (ROOT / folder).rglob("*") if path.suffix in (".cpp", ".cu", ".py")
                and "__pycache__" not in path.parts and "egg-info" not in str(path)}
     mutated = {mutant[0] for mutant in mutants.MUTANTS}
@@ -153,7 +153,7 @@ def test_a_mutant_counts_as_killed_only_when_a_test_failed(tmp_path, monkeypatch
     out = capsys.readouterr().out
     assert "KILLED: mutant 0" in out and "KILLED: mutant 1" in out and "(by a timeout)" in out
     assert "NOT A KILL: mutant 2" in out and "pytest exit 5" in out
-    assert "mutants: 2 of 2 killed (1 by a timeout), 0 stale, 0 broken, 1 not a kill" in out
+    assert "mutants: 2 of 2 killed (1 by a timeout, 0 by a crash), 0 stale, 0 broken, 1 not a kill" in out
 
 
 def test_pytest_exit_codes_other_than_a_failed_test_are_not_kills(tmp_path, monkeypatch):

@@ -35,7 +35,7 @@ def test_the_code_says_why_and_leaves_the_figures_to_the_docs():
     docstring gives the reason and points there, so that a figure cannot drift in two places."""
     figure = re.compile(r"\d(?:\.\d+)? ?(?:GB/s|GiB/s|ms\b|µs)|\bH[12]00\b")
     found = []
-    for room in ("alloc", "hints", "offload", "preload", "include", "python_shim/uvm"):
+    for room in ("alloc", "share", "hints", "offload", "preload", "include", "python_shim/uvm"):
         for path in sorted((ROOT / room).rglob("*")):
             if path.suffix in (".cpp", ".hpp", ".h", ".py"):
                 found += [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
@@ -48,7 +48,7 @@ def test_the_readme_layout_names_every_file():
     (by its name, or by its stem as in `registry.*`), so that a newcomer finds each in one place."""
     text = (ROOT / "README.md").read_text()
     layout = text[text.index("| path | what |"):text.index("## Build options")]
-    tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files", "alloc", "hints", "offload", "preload", "include",
+    tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files", "alloc", "share", "hints", "offload", "preload", "include",
                               "python_shim/uvm", "bench", "scripts", "docs"],
                              capture_output=True, text=True, check=True).stdout.split()
     assert len(tracked) > 100, tracked
@@ -71,7 +71,7 @@ def test_every_result_file_is_named_where_it_is_used():
     results = ROOT / "bench" / "results"
     texts = [p.read_text() for p in [*(ROOT / "docs").glob("*.md"), ROOT / "README.md",
                                      results / "current.json", *(ROOT / "bench").glob("*.py"), *(ROOT / "bench").glob("*.sh")]]
-    for room in ("alloc", "hints", "offload"):
+    for room in ("alloc", "share", "hints", "offload"):
         texts += [p.read_text() for p in (ROOT / room).rglob("*.[ch]pp")]
     everything = "\n".join(texts)
     decisions = (ROOT / "docs" / "measurements.md").read_text()
@@ -93,7 +93,7 @@ def test_every_measurements_section_named_elsewhere_exists():
     headings = [line.lstrip("#").strip() for line in (ROOT / "docs" / "measurements.md").read_text().splitlines()
                 if line.startswith("#")]
     sources = [*(ROOT / "docs").glob("*.md"), ROOT / "README.md"]
-    for room in ("alloc", "hints", "offload", "preload", "include", "python_shim/uvm"):
+    for room in ("alloc", "share", "hints", "offload", "preload", "include", "python_shim/uvm"):
         sources += [p for p in (ROOT / room).rglob("*") if p.suffix in (".cpp", ".hpp", ".h", ".py")]
     reference = re.compile(r'measurements\.md`?,? *\(?"([^"]+)"')
     found, missing = 0, []

@@ -424,7 +424,7 @@ def test_every_source_is_listed_once_in_the_one_list_meson_and_the_jit_read():
     root = _build.source_root()
     listed = _build.SourceList(root)
     assert len(listed.sources) == len(set(listed.sources))
-    on_disk = {p for folder in ("alloc", "hints", "offload") for p in (root / folder).rglob("*.cpp")}
+    on_disk = {p for folder in ("alloc", "share", "hints", "offload") for p in (root / folder).rglob("*.cpp")}
     assert set(listed.sources) == on_disk
     assert set(listed.preload_sources) == set((root / "preload").rglob("*.cpp"))
     assert "-std=c++17" in listed.flags and "-fvisibility=hidden" in listed.flags

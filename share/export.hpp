@@ -10,7 +10,7 @@
 #include <optional>
 #include <vector>
 
-#include "errors.hpp"
+#include "../alloc/errors.hpp"
 
 namespace uvm {
 

@@ -1,4 +1,4 @@
-#include "share.hpp"
+#include "export.hpp"
 
 #include <poll.h>
 #include <pthread.h>
@@ -12,17 +12,19 @@
 #include <cstring>
 #include <chrono>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <system_error>
 #include <thread>
 #include <vector>
 
-#include "devices.hpp"
-#include "moves.hpp"
-#include "registry.hpp"
-#include "share_wire.hpp"
-#include "vmm.hpp"
+#include "../alloc/devices.hpp"
+#include "../alloc/malloc.hpp"
+#include "../alloc/moves.hpp"
+#include "../alloc/registry.hpp"
+#include "wire.hpp"
+#include "../alloc/vmm.hpp"
 
 namespace uvm {
 namespace {
@@ -56,6 +58,16 @@ struct Exports {
 Exports& exports() {
   static auto* made = [] {
     auto* state = new Exports();
+    // A free takes an allocation's export out with its record (its importers keep the memory they
+    // map), and puts it back should the free fail: alloc/ holds it without knowing what it is.
+    set_kept_by_a_part(KeptByAPart{
+        [](uintptr_t base) -> std::shared_ptr<void> {
+          std::optional<Export> taken = forget_export(base);
+          return taken ? std::make_shared<Export>(std::move(*taken)) : nullptr;
+        },
+        [](uintptr_t base, std::shared_ptr<void> kept) {
+          restore_export(base, std::move(*std::static_pointer_cast<Export>(kept)));
+        }});
     pthread_atfork([] { exports().mutex.lock(); }, [] { exports().mutex.unlock(); },
                    [] {
                      Exports& child = exports();

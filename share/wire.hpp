@@ -1,4 +1,4 @@
-// What passes between an exporting process and an importing one (alloc/share.hpp): the handle's
+// What passes between an exporting process and an importing one (share/export.hpp): the handle's
 // layout inside uvm_share_handle, the socket's name, and the messages on it. Both sides are the
 // same library, so the layout is checked only by a magic number and a version.
 #pragma once

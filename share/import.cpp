@@ -14,11 +14,11 @@
 #include <mutex>
 #include <tuple>
 
-#include "devices.hpp"
-#include "options.hpp"
-#include "registry.hpp"
-#include "share_wire.hpp"
-#include "vmm.hpp"
+#include "../alloc/devices.hpp"
+#include "../alloc/options.hpp"
+#include "../alloc/registry.hpp"
+#include "wire.hpp"
+#include "../alloc/vmm.hpp"
 
 namespace uvm {
 namespace {

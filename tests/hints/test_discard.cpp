@@ -108,3 +108,20 @@ TEST_CASE("with a CUDA 12 driver discard is cleanly unsupported", "[cuda12][scen
   CHECK(uvm_prefetch(ptr, kSize, UVM_LOCATION_CPU, nullptr) == UVM_OK);  // the rest still works
   uvm_free(ptr, kSize, 0, nullptr);
 }
+
+// The registry records managed bytes a discard dropped (mark_discarded), so that residency reports
+// them and a later move knows their pages hold nothing to copy.
+TEST_CASE("a discard of managed memory is recorded as discarded bytes, exactly those", "[discard][cuda13]") {
+  FakeMachine machine;
+  char* ptr = static_cast<char*>(uvm_malloc(kSize, 0, nullptr));
+  REQUIRE(ptr != nullptr);
+  REQUIRE(uvm_set_allocation_tag(ptr, "discard-count") == UVM_OK);
+  uvm_residency before{};
+  REQUIRE(uvm_get_residency(0, "discard-count", &before) == UVM_OK);
+  CHECK(before.discarded_bytes == 0);
+  REQUIRE(uvm_discard(ptr + kSize / 4, kSize / 2, fake::make_stream()) == UVM_OK);
+  uvm_residency after{};
+  REQUIRE(uvm_get_residency(0, "discard-count", &after) == UVM_OK);
+  CHECK(after.discarded_bytes == kSize / 2);
+  uvm_free(ptr, kSize, 0, nullptr);
+}

@@ -264,10 +264,10 @@ MUTANTS = [
  # A prepared pause: the retained copies' room prepared again; uvm_release_staging not stopping
  # it; its bound not kept.
  ("offload/moves/prepare.cpp", "!staged_copies(found.base, end).empty() || !retained_copies(found.base, end).empty()",
-  "!staged_copies(found.base, end).empty()", "offload_tests", "[prepare]"),
- ("offload/moves/prepare.cpp", "    if (releases.load() != asked_at) break;", "", "offload_tests", "[prepare]"),
+  "!staged_copies(found.base, end).empty()", "offload_tests", "[prepare]~[steps]"),
+ ("offload/moves/prepare.cpp", "    if (releases.load() != asked_at) break;", "", "offload_tests", "[prepare]~[steps]"),
  ("offload/moves/prepare.cpp", "  const size_t limit = max_bytes == 0 ? SIZE_MAX : room_now + max_bytes;",
-  "  const size_t limit = SIZE_MAX;", "offload_tests", "[prepare]"),
+  "  const size_t limit = SIZE_MAX;", "offload_tests", "[prepare]~[steps]"),
  # Compressed backups: the coder's choices and the layout of what it stores.
  ("offload/coder/codec.cpp", "    if (held > best) best = held, best_base = base;",
   "    if (held >= best) best = held, best_base = base;", "offload_tests", "[codec]"),
@@ -460,7 +460,7 @@ MUTANTS = [
  ("share/import.cpp", "  setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &wait, sizeof(wait));\n", "  (void)wait;\n",
   "meson:offload-share-timeout", ""),
  # prepare_pause pinning free space, and keeping the batch in flight after a release.
- ("offload/moves/prepare.cpp", "registry().free_space(found.base, found.base, end)", "std::vector<Span>{}", "offload_tests", "[prepare]"),
+ ("offload/moves/prepare.cpp", "registry().free_space(found.base, found.base, end)", "std::vector<Span>{}", "offload_tests", "[prepare]~[steps]"),
  # Files that had none (issue 76, item 7).
  ("python_shim/uvm/vllm.py", "                        _refuse_if_mapped_elsewhere(lib, found, call, tag)\n", "", "pytest",
   "tests/python/test_vllm.py::test_a_sleep_of_memory_another_process_maps_is_refused_naming_it_before_anything_sleeps"),
@@ -488,7 +488,7 @@ MUTANTS = [
  ("offload/media/pinned.cpp", "    if (progress->stop) break;\n", "", "offload_tests", "[steps]"),
  ("offload/media/staging.cpp", "    if (block->live == 0 && still_pinning(*block)) stop_pinning(*block->memory.steps);",
   "    (void)block;", "offload_tests", "[steps]"),
- ("offload/moves/prepare.cpp", "    if (uvm_status s = staging().free_unused(call)) return s;\n", "", "offload_tests", "[prepare]"),
+ ("offload/moves/prepare.cpp", "    if (uvm_status s = staging().free_unused(call)) return s;\n", "", "offload_tests", "[prepare]~[steps]"),
  # The shim: anything uvm did not allocate asked of uvm; a close during a capture made at once; a
  # failed offload leaving the tags it moved off the GPU; the preparer's thread stuck after a raise.
  ("python_shim/uvm/sharing.py", "        if getattr(tensor, \"layout\", torch.strided) is not torch.strided or not tensor.is_cuda:",

@@ -29,8 +29,10 @@ def library_path() -> Path:
         raise _lib.UnifiedMemoryUnsupportedError(f"building {_build.PRELOAD_NAME} failed: {error}") from None
 
 
+@functools.lru_cache(maxsize=None)
 def tms_package_file() -> str:
-    """The switched torch_memory_saver's __file__: two folders below a folder holding uvm's interposer
+    """The switched torch_memory_saver's __file__ (found once: inspect reads every module's __file__,
+    and the wheel's check hashes its sources): two folders below a folder holding uvm's interposer
     under torch_memory_saver's file names (_build.TMS_PRELOAD_NAMES), where slime's train actors look
     for the library to preload. The wheel's _prebuilt/ (the same path on every node of a cluster
     installed alike); else the folder of the interposer beside this process's libuvm.so (built if

@@ -67,6 +67,17 @@ def slime_lookup() -> dict:
     return scope["env_vars"]
 
 
+def finish(report: dict, problems: list, out: Path | None) -> int:
+    """Writes the report; 1 (after saying why) where something failed, else 0."""
+    report["problems"] = problems
+    if out:
+        out.write_text(json.dumps(report, indent=1))
+    if problems:
+        print("FAIL: " + "; ".join(problems))
+        return 1
+    return 0
+
+
 def main() -> int:
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else None
     if not ACTOR_GROUP.is_file():
@@ -92,11 +103,7 @@ def main() -> int:
         problems.append(f"slime preloads {preloaded}, {'not ' if switched else ''}uvm's interposer, with the switch "
                         f"{'on' if switched else 'off'}")
     if not gpu:
-        report["problems"] = problems
-        if out:
-            out.write_text(json.dumps(report, indent=1))
-        if problems:
-            print("FAIL: " + "; ".join(problems))
+        if finish(report, problems, out):
             return 1
         print("SKIP: the lookup found its library; the actor needs a GPU")
         return 77
@@ -116,11 +123,7 @@ def main() -> int:
         wanted = "uvm.memory_saver" if switched else "torch_memory_saver"
         if actor["module"] != wanted:
             problems.append(f"the actor's torch_memory_saver is {actor['module']}, not {wanted}")
-    report["problems"] = problems
-    if out:
-        out.write_text(json.dumps(report, indent=1))
-    if problems:
-        print("FAIL: " + "; ".join(problems))
+    if finish(report, problems, out):
         return 1
     print(f"PASS: {actor['module']} in an actor started as slime starts it: freed {actor['freed']} of {actor['size']} "
           "bytes while paused, the CPU backup read, every byte back at the same address")

@@ -724,7 +724,9 @@ UVM_API uvm_status uvm_get_allocation_state(const void* ptr, uvm_allocation_stat
  * most `max_bytes` beyond the room already held (0: no bound; a new block is at least 256 MiB, so it
  * may pin up to that), `*pinned` (may be NULL) says how much it added. A
  * uvm_release_staging (or its async form) stops it after the 256 MiB step in flight, and gives back
- * what holds nothing (the step in flight too, before this returns). Without retained backups
+ * what holds nothing (the step in flight too, before this returns). A pause of any of its
+ * allocations that begins meanwhile stops it after the batch in flight, and one under way when it is
+ * asked makes it pin nothing (the pause pins what it still needs). Without retained backups
  * (uvm_set_retain_backups) each resume gives the staging back, so only the first pause gains. */
 UVM_API uvm_status uvm_prepare_pause(int device, const char* tag, size_t max_bytes, size_t* pinned);
 

@@ -489,6 +489,14 @@ MUTANTS = [
  ("offload/media/staging.cpp", "    if (block->live == 0 && still_pinning(*block)) stop_pinning(*block->memory.steps);",
   "    (void)block;", "offload_tests", "[steps]"),
  ("offload/moves/prepare.cpp", "    if (uvm_status s = staging().free_unused(call)) return s;\n", "", "offload_tests", "[prepare]~[steps]"),
+# A preparation going on beside a pause of its allocations (pinning them a second time), or asked
+# while one is under way; a pause of another tag stopping it.
+("offload/moves/prepare.cpp", "    if (preparation.pause_came()) break;       // the pause pins what it still needs\n", "",
+ "offload_tests", "a preparation stops for a pause*"),
+("offload/moves/prepare.cpp", "      if (overlap(*pause, selection_)) paused_meanwhile_ = true;", "", "offload_tests",
+ "a preparation stops for a pause*"),
+("offload/moves/prepare.cpp", "  if (a.any_tag || b.any_tag) return true;\n  return std::any_of(", "  return true || std::any_of(",
+ "offload_tests", "a preparation stops for a pause*"),
  # The shim: anything uvm did not allocate asked of uvm; a close during a capture made at once; a
  # failed offload leaving the tags it moved off the GPU; the preparer's thread stuck after a raise.
  ("python_shim/uvm/sharing.py", "        if getattr(tensor, \"layout\", torch.strided) is not torch.strided or not tensor.is_cuda:",

@@ -2,8 +2,10 @@
 // backup (recorded when it was made) says. What is paused lives in each allocation's record, so a
 // runtime on top (uvm.memory_saver) keeps no state of its own, and a freed allocation takes its
 // mark with it.
+#include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -14,6 +16,7 @@
 #include "../../hints/moves/trace.hpp"
 #include "offload.hpp"
 #include "onload.hpp"
+#include "prepare.hpp"
 
 namespace uvm {
 namespace {
@@ -62,6 +65,10 @@ uvm_status pause_device(const Call& call, const Selection& of_device) {
   unpaused.paused = false;
   const std::set<std::pair<uvm_backup, bool>> backups = backups_of(unpaused);
   if (backups.empty()) return UVM_OK;
+  std::optional<PauseUnderway> staging_for;  // a preparation of these allocations would pin beside it
+  if (std::any_of(backups.begin(), backups.end(), [](const auto& b) { return b.first != UVM_BACKUP_NONE; })) {
+    staging_for.emplace(unpaused);
+  }
   ContextScope scope;  // the legacy stream below is this device's
   if (uvm_status s = scope.enter(call, of_device.device, ContextScope::When::always)) return s;
   if (uvm_status s = run(call, uvm_device_synchronize(of_device.device))) return s;  // kernels may still use them

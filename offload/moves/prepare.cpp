@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <set>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "../media/copies.hpp"
 #include "../media/plan.hpp"
 #include "../media/staging.hpp"
+#include "prepare.hpp"
 
 namespace uvm {
 namespace {
@@ -27,6 +29,56 @@ constexpr size_t kBatchBytes = size_t{256} << 20;
 
 // uvm_release_staging's count: a preparation that sees it change stops after its batch.
 std::atomic<uint64_t> releases{0};
+
+// Whether two selections can take the same allocation (the narrower fields of a pause's are left
+// out: a preparation stops for any pause of its tags and devices).
+bool overlap(const Selection& a, const Selection& b) {
+  if (a.device != UVM_ANY_DEVICE && b.device != UVM_ANY_DEVICE && a.device != b.device) return false;
+  if (a.any_tag || b.any_tag) return true;
+  return std::any_of(a.tags.begin(), a.tags.end(),
+                     [&](TagId tag) { return std::find(b.tags.begin(), b.tags.end(), tag) != b.tags.end(); });
+}
+
+// The pauses (PauseUnderway) and preparations under way, each with its selection.
+struct Underway {
+  std::mutex mutex;
+  std::vector<const Selection*> pauses;
+  struct Preparing {
+    const Selection* selection;
+    std::atomic<bool>* paused_meanwhile;
+  };
+  std::vector<Preparing> preparations;
+};
+Underway& underway() {
+  static auto* all = new Underway();  // never destroyed: no code runs from static destructors
+  return *all;
+}
+
+// One preparation, known to pauses for as long as it lives.
+class Preparation {
+ public:
+  explicit Preparation(const Selection& selection) : selection_(selection) {
+    std::lock_guard<std::mutex> lock(underway().mutex);
+    for (const Selection* pause : underway().pauses) {
+      if (overlap(*pause, selection_)) paused_meanwhile_ = true;
+    }
+    underway().preparations.push_back({&selection_, &paused_meanwhile_});
+  }
+  ~Preparation() {
+    std::lock_guard<std::mutex> lock(underway().mutex);
+    auto& all = underway().preparations;
+    all.erase(std::remove_if(all.begin(), all.end(), [&](const auto& p) { return p.selection == &selection_; }),
+              all.end());
+  }
+  Preparation(const Preparation&) = delete;
+  Preparation& operator=(const Preparation&) = delete;
+  // Whether a pause of its allocations is under way, or began since it did.
+  bool pause_came() const { return paused_meanwhile_.load(); }
+
+ private:
+  const Selection& selection_;
+  std::atomic<bool> paused_meanwhile_{false};
+};
 
 // The pinned bytes a compressed copy of `bytes` takes, as bf16 weights code (0.72 of them): whole
 // chunks coded, the tail kept raw. Data that codes worse makes its pause pin the rest itself.
@@ -88,6 +140,7 @@ uvm_status prepare_pause(const Call& call, int device, const char* tag, size_t m
   Selection selection;
   if (uvm_status s = select_arguments(call, device, tag, &selection)) return s;
   if (uvm_status s = load_coder_ahead(call, selection)) return s;
+  const Preparation preparation(selection);
   const uint64_t asked_at = releases.load();
   const size_t before = staging().capacity_bytes();
   size_t added = 0;  // by this call's own blocks (a free meanwhile changes the capacity too)
@@ -97,6 +150,7 @@ uvm_status prepare_pause(const Call& call, int device, const char* tag, size_t m
   const size_t limit = max_bytes == 0 ? SIZE_MAX : room_now + max_bytes;
   for (size_t reach = kBatchBytes;; reach += kBatchBytes) {
     if (releases.load() != asked_at) break;  // uvm_release_staging: stop here
+    if (preparation.pause_came()) break;       // the pause pins what it still needs
     int on = 0;
     // Asked again each batch: a pause meanwhile has staged its allocations (they hold copies now).
     std::vector<Span> spans = spans_to_stage(selection, &on);
@@ -136,6 +190,20 @@ uvm_status prepare_pause(const Call& call, int device, const char* tag, size_t m
 }  // namespace
 
 void note_staging_released() { releases.fetch_add(1); }
+
+PauseUnderway::PauseUnderway(const Selection& selection) : selection_(selection) {
+  std::lock_guard<std::mutex> lock(underway().mutex);
+  underway().pauses.push_back(&selection_);
+  for (const auto& preparing : underway().preparations) {
+    if (overlap(*preparing.selection, selection_)) *preparing.paused_meanwhile = true;
+  }
+}
+
+PauseUnderway::~PauseUnderway() {
+  std::lock_guard<std::mutex> lock(underway().mutex);
+  auto& pauses = underway().pauses;
+  pauses.erase(std::find(pauses.begin(), pauses.end(), &selection_));
+}
 
 }  // namespace uvm
 

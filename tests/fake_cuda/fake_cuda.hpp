@@ -101,6 +101,10 @@ void hold_next(const std::string& call_name, int skip = 0);
 constexpr int kHeldWithinMs = 300000;
 bool wait_until_held(int timeout_ms = kHeldWithinMs);
 void release_held();
+// Two calls held at once: hold_next the second once the first waits (hold_next arms one call at a
+// time); then wait for, and let go of, one by its name while the other stays held.
+bool wait_until_held(const std::string& call_name, int timeout_ms = kHeldWithinMs);
+void release_held(const std::string& call_name);
 
 // Forgets the op log only.
 void reset_ops();

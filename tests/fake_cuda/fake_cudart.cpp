@@ -132,6 +132,8 @@ struct Gate {
   int skip = 0;       // calls of it to let through first
   bool open = true;
   int waiting = 0;
+  std::multiset<std::string> held;       // the calls waiting, by name
+  std::set<std::string> let_through;     // release_held(call): those go on while the others wait
 };
 
 Gate& gate() {
@@ -149,9 +151,12 @@ void pass_gate(const char* call) {
   }
   g.armed.clear();
   ++g.waiting;
+  g.held.insert(call);
   g.changed.notify_all();
-  g.changed.wait(lock, [&] { return g.open; });
+  g.changed.wait(lock, [&] { return g.open || g.let_through.count(call) != 0; });
   --g.waiting;
+  g.held.erase(g.held.find(call));
+  if (g.held.count(call) == 0) g.let_through.erase(call);
 }
 
 // Whether the call named `call` fails now, with which error: an injection whose skipped calls have
@@ -834,11 +839,24 @@ bool wait_until_held(int timeout_ms) {
   return g.changed.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return g.waiting > 0; });
 }
 
+bool wait_until_held(const std::string& call_name, int timeout_ms) {
+  Gate& g = gate();
+  std::unique_lock<std::mutex> lock(g.mutex);
+  return g.changed.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] { return g.held.count(call_name) != 0; });
+}
+
 void release_held() {
   Gate& g = gate();
   std::lock_guard<std::mutex> lock(g.mutex);
   g.armed.clear();
   g.open = true;
+  g.changed.notify_all();
+}
+
+void release_held(const std::string& call_name) {
+  Gate& g = gate();
+  std::lock_guard<std::mutex> lock(g.mutex);
+  if (g.held.count(call_name) != 0) g.let_through.insert(call_name);
   g.changed.notify_all();
 }
 

@@ -97,6 +97,78 @@ TEST_CASE("uvm_release_staging stops a preparation after the batch it is pinning
   CHECK(staging_capacity() == 0);
 }
 
+// A preparation beside a pause of the same allocations pinned them twice: the pause pins what it has
+// no room for, and the preparation went on pinning every allocation the pause had not yet copied
+// (vLLM's sleep with backups given back, its preparation still pinning 1 s after a wake: steady
+// sleeps of 2.3-2.6 s where the others took 0.3-0.6, bench/results/vllm/h200-rerun.json).
+TEST_CASE("a preparation stops for a pause of its allocations: asked while one is under way it pins nothing, "
+          "and one that begins while it pins ends it after the batch in flight",
+          "[prepare][threads]") {
+  FakeMachine machine;
+  // A batch of 256 MiB takes the first two (272 MiB); the third is a second batch, its block at least
+  // a staging block's least size (256 MiB).
+  auto a = releasable_under("weights", UVM_BACKUP_HOST, 1, 136 * kMiB);
+  auto b = releasable_under("weights", UVM_BACKUP_HOST, 2, 136 * kMiB);
+  auto c = releasable_under("weights", UVM_BACKUP_HOST, 3, 8 * kMiB);
+  auto other = releasable_under("kv", UVM_BACKUP_HOST, 4, 8 * kMiB);  // another tag: its pause stops nothing
+  REQUIRE(uvm_release_staging() == UVM_OK);  // no staging left by an earlier test: the batches pin
+  std::atomic<int> paused{-1};
+  SECTION("asked while the pause is under way") {
+    fake::hold_next("cudaDeviceSynchronize");  // the pause's first call on the device
+    TestThread pausing([&] { paused = uvm_pause(UVM_ANY_DEVICE, "weights"); });
+    REQUIRE(fake::wait_until_held());
+    size_t pinned = 1;
+    REQUIRE(uvm_prepare_pause(UVM_ANY_DEVICE, "weights", 0, &pinned) == UVM_OK);
+    CHECK(pinned == 0);
+    CHECK(staging_capacity() == 0);
+    fake::release_held();
+    pausing.join();
+  }
+  SECTION("a pause that begins while it pins") {
+    uvm_staging_info info{};
+    REQUIRE(uvm_get_staging_info(&info) == UVM_OK);  // the call that pins, as UVM_PINNED says
+    const std::string pin = info.configured_kind == UVM_PINNED_HOST_ALLOC ? "cudaHostAlloc" : "cudaHostRegister";
+    fake::hold_next(pin);
+    std::atomic<size_t> pinned{0};
+    std::atomic<int> prepared{-1};
+    TestThread preparing([&] {
+      size_t got = 0;
+      prepared = uvm_prepare_pause(UVM_ANY_DEVICE, "weights", 0, &got);
+      pinned = got;
+    });
+    REQUIRE(fake::wait_until_held(pin));  // the first batch
+    fake::hold_next("cudaDeviceSynchronize");
+    TestThread pausing([&] { paused = uvm_pause(UVM_ANY_DEVICE, "weights"); });
+    REQUIRE(fake::wait_until_held("cudaDeviceSynchronize"));  // under way, nothing of it copied yet
+    fake::release_held(pin);
+    preparing.join();
+    CHECK(prepared == UVM_OK);
+    CHECK(pinned >= 272 * kMiB);  // the batch in flight: the first two allocations
+    CHECK(pinned < 512 * kMiB);   // not the third's block, which the pause pins for itself
+    fake::release_held();
+    pausing.join();
+  }
+  SECTION("a pause of another tag stops nothing") {
+    fake::hold_next("cudaDeviceSynchronize");
+    TestThread pausing([&] { paused = uvm_pause(UVM_ANY_DEVICE, "kv"); });
+    REQUIRE(fake::wait_until_held());
+    size_t pinned = 0;
+    REQUIRE(uvm_prepare_pause(UVM_ANY_DEVICE, "weights", 0, &pinned) == UVM_OK);
+    CHECK(pinned >= 280 * kMiB);
+    fake::release_held();
+    pausing.join();
+    CHECK(paused == UVM_OK);
+    REQUIRE(uvm_resume(UVM_ANY_DEVICE, "kv") == UVM_OK);
+    CHECK(other->intact());
+    REQUIRE(uvm_pause(UVM_ANY_DEVICE, "weights") == UVM_OK);
+  }
+  CHECK(paused == UVM_OK);
+  REQUIRE(uvm_resume(UVM_ANY_DEVICE, "weights") == UVM_OK);
+  CHECK(a->intact());
+  CHECK(b->intact());
+  CHECK(c->intact());
+}
+
 // Issue 73, item 9: the preparation pinned whole allocations (1 GiB for 16 MiB live, in a CPU repro),
 // where the pause copies only what its runtime holds, and compressed allocations at their raw size.
 TEST_CASE("a preparation pins what the pause will copy: no free space, compressed bytes at their coded size",

@@ -14,7 +14,15 @@ does around it, and why:
     it has already decided that TE is absent), then a stand-in for that one function, answering
     "no FP8 support", is visible only while pytest imports the test module, and is removed after.
 
-Usage: megatron_tests.py MEGATRON_CHECKOUT [pytest arguments]. Prints pytest's summary line.
+  * Megatron's suspend/resume tests pass without touching the saver where the KV cache stays (persist)
+    or its pointers are not static, and return early, passing, when their module found no
+    torch_memory_saver (HAVE_TORCH_MEMORY_SAVER). A passed test counts for uvm only when, during it, a
+    pause through uvm's saver left uvm's library holding memory paused and a resume followed
+    (SaverUse); the last line says how many did, and the driver fails when none did or the module
+    found no saver.
+
+Usage: megatron_tests.py MEGATRON_CHECKOUT [pytest arguments]. Prints pytest's summary line, then
+"on uvm: K of N passed tests paused and resumed memory through uvm's saver".
 """
 from __future__ import annotations
 
@@ -24,6 +32,8 @@ import os
 import sys
 import types
 from pathlib import Path
+
+import pytest
 
 HERE = Path(__file__).resolve().parent
 
@@ -73,15 +83,74 @@ class TransformerEngineStandIn:
             sys.modules.pop(name, None)
 
 
+class SaverUse:
+    """pytest plugin: which passed tests paused and resumed memory through uvm's saver."""
+
+    def __init__(self):
+        self.current: str | None = None
+        self.paused: set[str] = set()
+        self.resumed: set[str] = set()
+        self.passed: list[str] = []
+        self.problems: list[str] = []
+
+    def pytest_collection_finish(self, session):
+        for module in {item.module for item in session.items}:
+            if getattr(module, "HAVE_TORCH_MEMORY_SAVER", True) is not True:
+                self.problems.append(f"{module.__name__} found no torch_memory_saver: its tests pass without one")
+        import torch_memory_saver
+        saver = torch_memory_saver.torch_memory_saver
+        owner = sys.modules[type(saver).__module__]
+        if not owner.__name__.startswith("uvm."):
+            self.problems.append(f"torch_memory_saver.torch_memory_saver is a {owner.__name__} object, not uvm's")
+            return
+        from uvm import _lib
+        pause, resume = saver.pause, saver.resume
+
+        def counted_pause(tag=None):
+            pause(tag)
+            if self.current and any(_lib.paused_count(name) for name in owner._state.selected(tag)):
+                self.paused.add(self.current)
+
+        def counted_resume(tag=None):
+            resume(tag)
+            if self.current in self.paused:
+                self.resumed.add(self.current)
+
+        saver.pause, saver.resume = counted_pause, counted_resume  # on the object Megatron imported
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_call(self, item):
+        self.current = item.nodeid
+        yield
+        self.current = None
+
+    def pytest_runtest_logreport(self, report):
+        if report.when == "call" and report.passed:
+            self.passed.append(report.nodeid)
+
+    def report(self) -> bool:
+        on_uvm = [test for test in self.passed if test in self.resumed]
+        others = [test for test in self.passed if test not in self.resumed]
+        for problem in self.problems:
+            print(f"FAIL: {problem}")
+        if others:
+            print("passed without pausing memory through uvm (not counted): "
+                  + ", ".join(test.split("::")[-1] for test in others))
+        print(f"on uvm: {len(on_uvm)} of {len(self.passed)} passed tests paused and resumed memory through uvm's saver")
+        return not self.problems and bool(on_uvm)
+
+
 def main(argv: list[str]) -> int:
     checkout = Path(argv[0]).resolve()
     sys.path.insert(0, str(checkout))
     alias_uvm()
     report_what_answers()
-    import pytest
     test_file = checkout / "tests/unit_tests/inference/engines/test_dynamic_engine.py"
-    return pytest.main([str(test_file), "-p", "no:cacheprovider", "-q", "-rA", "--rootdir", str(checkout),
-                        *argv[1:]], plugins=[TransformerEngineStandIn(test_file)])
+    use = SaverUse()
+    status = pytest.main([str(test_file), "-p", "no:cacheprovider", "-q", "-rA", "--rootdir", str(checkout),
+                          *argv[1:]], plugins=[TransformerEngineStandIn(test_file), use])
+    counted = use.report()
+    return status or (0 if counted else 1)
 
 
 if __name__ == "__main__":

@@ -86,8 +86,10 @@ else
   grep -E "^megatron.core.inference.unified_memory is" "$out/switched_megatron_lm.log"
   line=$(grep -E '^=* ?[0-9]+ (passed|failed)' "$out/switched_megatron_lm.log" | tail -n 1)
   echo "  $line"
-  count=0
-  [[ "$line" =~ ([0-9]+)\ passed ]] && count=${BASH_REMATCH[1]}  # read before another =~ replaces it
+  grep -E "^(on uvm|passed without|FAIL)" "$out/switched_megatron_lm.log"
+  # Only the tests that paused and resumed memory through uvm count (megatron_tests.py's last line).
+  count=$(sed -nE 's/^on uvm: ([0-9]+) of [0-9]+ passed tests.*/\1/p' "$out/switched_megatron_lm.log" | tail -n 1)
+  count=${count:-0}
   if grep -q "unified_memory is uvm " "$out/switched_megatron_lm.log" &&
      grep -q "is a uvm.memory_saver object" "$out/switched_megatron_lm.log" &&
      [ "$count" -gt 0 ] && ! [[ "$line" =~ failed|error ]]; then

@@ -206,3 +206,75 @@ def test_what_ci_never_runs_is_named_with_where_it_runs_and_the_table_is_current
                    '<testcase classname="tests.python.test_pools_gpu" name="c"/></testsuite></testsuites>')
     assert gpu_only.passes_in("tests/python/test_vllm_gpu.py", xml) is None
     assert gpu_only.passes_in("tests/python/test_pools_gpu.py", xml) == "1 passed, 0 failed"
+
+
+SAVER_USE = r'''
+import sys, types
+sys.path.insert(0, sys.argv[1])
+import megatron_tests
+from uvm import _lib
+
+paused = set()  # what "uvm's library" holds paused, by tag
+_lib.paused_count = lambda name: int(name in paused)
+
+owner = types.ModuleType("uvm.stand_in_saver")
+class Saver:
+    def pause(self, tag=None):
+        paused.add(tag)
+    def resume(self, tag=None):
+        paused.discard(tag)
+owner.Saver = Saver
+Saver.__module__ = owner.__name__
+owner._state = types.SimpleNamespace(selected=lambda tag: [tag])
+sys.modules[owner.__name__] = owner
+sys.modules["torch_memory_saver"] = types.SimpleNamespace(torch_memory_saver=Saver())
+
+use = megatron_tests.SaverUse()
+status = megatron_tests.pytest.main([sys.argv[2], "-q", "-p", "no:cacheprovider"], plugins=[use])
+print("counted" if use.report() else "not counted", status)
+'''
+
+TESTS = {
+    "touches": '''
+HAVE_TORCH_MEMORY_SAVER = True
+from torch_memory_saver import torch_memory_saver as saver
+def test_pauses_and_resumes():
+    saver.pause("kv"); saver.resume("kv")
+def test_keeps_its_memory():
+    pass
+def test_pauses_nothing_uvm_holds():
+    saver.resume("never paused")
+''',
+    "touches none": '''
+HAVE_TORCH_MEMORY_SAVER = True
+def test_keeps_its_memory():
+    pass
+''',
+    "found no saver": '''
+HAVE_TORCH_MEMORY_SAVER = False
+from torch_memory_saver import torch_memory_saver as saver
+def test_returns_early():
+    saver.pause("kv"); saver.resume("kv")
+''',
+}
+
+
+@pytest.mark.parametrize("case", TESTS)
+def test_megatrons_tests_count_on_uvm_only_what_paused_memory_through_uvm(tmp_path, case):
+    """Megatron's suspend/resume tests pass without the saver in 4 of 6 cases, and pass returning early
+    when their module found none: only a test that paused and resumed memory through uvm counts."""
+    test_file = tmp_path / "test_megatron_like.py"
+    test_file.write_text(TESTS[case])
+    done = subprocess.run([sys.executable, "-c", SAVER_USE, str(ROOT / "tests" / "peers"), str(test_file)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "python_shim")})
+    out = done.stdout
+    assert done.returncode == 0, done.stderr
+    if case == "touches":
+        assert "on uvm: 1 of 3 passed tests" in out
+        assert "not counted): test_keeps_its_memory, test_pauses_nothing_uvm_holds" in out
+        assert "counted 0" in out
+    elif case == "touches none":
+        assert "on uvm: 0 of 1 passed tests" in out and "not counted 0" in out
+    else:
+        assert "FAIL: test_megatron_like found no torch_memory_saver" in out and "not counted 0" in out

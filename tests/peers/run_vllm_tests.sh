@@ -16,7 +16,8 @@
 # whole engine stack, whose compiled ops need torch 2.14). Needs a GPU. Logs and reports in $OUT/vllm.
 # VLLM_TESTS=0 leaves the tests out; VLLM_TESTS=uvm runs uvm's side alone; VLLM_TESTS_K="expr" runs
 # the tests pytest's -k selects. VLLM_BENCH=1 then runs `uvm bench vllm` (bench/vllm_bench.py) in the same virtualenv, with
-# VLLM_BENCH_ARGS; its results go to $OUT/vllm/bench.
+# VLLM_BENCH_ARGS; its results go to $OUT/vllm/bench. VLLM_BENCH_BEFORE=DIR (a folder with an older
+# uvm wheel) then runs VLLM_AB_ROWS on it and on this one, alternating (results in $OUT/vllm/ab).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 deps=.deps/vllm
@@ -72,5 +73,26 @@ if [ "${VLLM_BENCH:-0}" = 1 ]; then
   echo "== uvm bench vllm ${VLLM_BENCH_ARGS:-}"
   # shellcheck disable=SC2086
   (cd "$work" && "$venv/bin/python" -m uvm bench vllm ${VLLM_BENCH_ARGS:-} --out "$out/bench") || status=1
+fi
+if [ -n "${VLLM_BENCH_BEFORE:-}" ]; then
+  # An older wheel (a folder holding it) beside this one: VLLM_AB_ROWS (default: backups given back, and
+  # given back with no pin ahead) in each, alternating, VLLM_AB_ROUNDS rounds (default 2).
+  before_wheel=$(ls "$VLLM_BENCH_BEFORE"/uvm_cuda-*.whl | head -n 1)
+  echo "== uvm bench vllm, before ($before_wheel) and after ($wheel), alternating"
+  before=$work/venv-before
+  python3 -m venv "$before"
+  before_site=$("$before/bin/python" -c 'import site; print(site.getsitepackages()[0])')
+  cp "$site/machine-site.pth" "$site/vllm-site.pth" "$before_site/"
+  "$before/bin/python" -m pip install -q --no-index --no-deps --disable-pip-version-check "$deps"/wheels/*.whl "$before_wheel" ||
+    { echo "FAIL: installing the older wheel"; exit 1; }
+  for round in $(seq 1 "${VLLM_AB_ROUNDS:-2}"); do
+    for side in before after; do
+      python=$venv/bin/python
+      [ "$side" = before ] && python=$before/bin/python
+      (cd "$work" && "$python" -m uvm bench vllm --rows "${VLLM_AB_ROWS:-uvm-given-back-1,uvm-no-pin-ahead-1}" \
+        ${VLLM_AB_ARGS:-} --out "$out/ab/$side-$round" >"$out/ab-$side-$round.log" 2>&1) || status=1
+      grep -E "^\| uvm" "$out/ab/$side-$round/results.md" | sed "s/^/$side, round $round: /"
+    done
+  done
 fi
 exit $status

@@ -11,14 +11,17 @@
 #                        megatron/core/inference is byte-identical to the 0.19.2 wheel's): the engine
 #                        tests and their helpers -> .deps/megatron-lm; megatron-core 0.19.2 wheel (cp312)
 #   slime                github.com/THUDM/slime at 624b824a89: slime/ray/actor_group.py -> .deps/slime (its train
-#                        actors' lookup of the library to preload: tests/peers/slime_actor.py runs it)
+#                        actors' lookup of the library to preload: tests/peers/train_actors.py runs it)
+#   AReaL                github.com/inclusionAI/AReaL at 4aef98d8d8: areal/utils/offload.py -> .deps/areal (its
+#                        training workers' lookup, and the saver it pauses: tests/peers/train_actors.py)
 #   Catch2               Debian's catch2 .deb (.deps), hypothesis and einops wheels (.whl)
-# The repositories come from local git mirrors (TMS_REPO, MEGATRON_REPO, SLIME_REPO: any clone that has the pinned
+# The repositories come from local git mirrors (TMS_REPO, MEGATRON_REPO, SLIME_REPO, AREAL_REPO: any clone that has the pinned
 # commits; defaults are where the tool library's `fetch` puts them). Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tms_repo=${TMS_REPO:-/work/.mirror/fzyzcjy+torch_memory_saver/repo}
 slime_repo=${SLIME_REPO:-/work/.mirror/THUDM+slime/repo}
+areal_repo=${AREAL_REPO:-/work/.mirror/inclusionAI+AReaL/repo}
 megatron_repo=${MEGATRON_REPO:-/work/.mirror/NVIDIA+Megatron-LM/repo}
 tms_commit=4a43c97
 megatron_commit=f8837c04ef
@@ -52,6 +55,16 @@ if [ -d "$slime_repo" ]; then
   echo "slime's actor_group.py at $slime_commit"
 else
   echo "slime mirror $slime_repo is not here: its actor code is not refreshed (SLIME_REPO: a clone with $slime_commit)"
+fi
+
+areal_commit=4aef98d8d818af55b43621aaadba047ae10f4e77
+if [ -d "$areal_repo" ]; then
+  rm -rf .deps/areal && mkdir -p .deps/areal
+  git -C "$areal_repo" archive "$areal_commit" areal/utils/offload.py | tar -x -C .deps/areal
+  echo "$areal_commit" >.deps/areal/COMMIT
+  echo "AReaL's offload.py at $areal_commit"
+else
+  echo "AReaL mirror $areal_repo is not here: its offload module is not refreshed (AREAL_REPO: a clone with $areal_commit)"
 fi
 
 if [ ! -d "$megatron_repo" ]; then

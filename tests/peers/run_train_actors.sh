@@ -28,7 +28,7 @@ for stack in slime areal; do
     env -u UVM_PRELOAD_LIBUVM -u UVM_PRELOAD_CUDART PYTHONPATH="$work/real" UVM_SWITCH="$switch" PYTHONUNBUFFERED=1 \
       "$python" tests/peers/train_actors.py "$stack" "$out/${stack}_$name.json" >"$out/${stack}_$name.log" 2>&1
     status=$?
-    echo "  $name (UVM_SWITCH=$switch): exit $status: $(tail -n 1 "$out/${stack}_$name.log" | cut -c1-300)"
+    echo "  $name (UVM_SWITCH=$switch): exit $status: $(grep -v "^$" "$out/${stack}_$name.log" | tail -n 1 | cut -c1-300)"
     [ "$status" -eq 77 ] && continue
     ran=$((ran + 1))
     [ "$name" = original ] && continue  # said above, beside uvm's

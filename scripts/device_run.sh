@@ -61,7 +61,7 @@
 #                                (scripts/device_wheel.sh; the wheel travels in .deps/dist); with
 #                                SWITCHED=1 also the peers moved onto it by its switch
 #                                (tests/peers/run_switched.sh); with SLIME=1 slime's train actor as slime
-#                                starts it (tests/peers/run_train_actors.sh: slime's and AReaL's, .deps/slime, .deps/areal, .deps/wheels)
+#                                starts it, AReaL's and NeMo-RL's too (tests/peers/run_train_actors.sh: .deps/slime, .deps/areal, .deps/nemo-rl, .deps/wheels)
 #   CUDA12=VERSION               builds the library and the GPU suite against CUDA VERSION's headers
 #                                (.deps/cuda-VERSION) and runs that suite on its libcudart.so.12
 #   BUILD=0                      no meson build, no meson tests, no demo (python-only runs: the

@@ -7,7 +7,7 @@
 # the GPU suites of managed and releasable pools, memory_saver in both hook modes, uvm.stream and
 # block lifetimes, against the installed package; with SWITCHED=1 the peers through the switch too
 # (tests/peers/run_switched.sh); with SLIME=1 slime's train actor started as slime starts it
-# and AReaL's (tests/peers/run_train_actors.sh). WHEEL_PYTEST names other test files, or none. Logs under $1 (default $OUT).
+# AReaL's and NeMo-RL's (tests/peers/run_train_actors.sh). WHEEL_PYTEST names other test files, or none. Logs under $1 (default $OUT).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-device-out}}
@@ -53,7 +53,7 @@ if [ "${SWITCHED:-0}" = 1 ]; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if [ "${SLIME:-0}" = 1 ]; then
-  echo "== slime's and AReaL's train actors, started as each starts them (tests/peers/run_train_actors.sh)"
+  echo "== the RL stacks' train actors (slime, AReaL, NeMo-RL), started as each starts them (tests/peers/run_train_actors.sh)"
   env -u CUDA_HOME -u CUDA_PATH "UVM_CXX=/nonexistent/c++" "UVM_CACHE_DIR=$cache/uvm" "OUT=$out" \
     bash tests/peers/run_train_actors.sh "$python" 2>&1 | tee "$out/train_actors.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1

@@ -14,14 +14,17 @@
 #                        actors' lookup of the library to preload: tests/peers/train_actors.py runs it)
 #   AReaL                github.com/inclusionAI/AReaL at 4aef98d8d8: areal/utils/offload.py -> .deps/areal (its
 #                        training workers' lookup, and the saver it pauses: tests/peers/train_actors.py)
+#   NeMo-RL              github.com/NVIDIA-NeMo/RL at 7ea279abfb: nemo_rl/models/megatron/memory_saver.py ->
+#                        .deps/nemo-rl (its Megatron worker's inference weights: tests/peers/train_actors.py)
 #   Catch2               Debian's catch2 .deb (.deps), hypothesis and einops wheels (.whl)
-# The repositories come from local git mirrors (TMS_REPO, MEGATRON_REPO, SLIME_REPO, AREAL_REPO: any clone that has the pinned
+# The repositories come from local git mirrors (TMS_REPO, MEGATRON_REPO, SLIME_REPO, AREAL_REPO, NEMO_RL_REPO: any clone that has the pinned
 # commits; defaults are where the tool library's `fetch` puts them). Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tms_repo=${TMS_REPO:-/work/.mirror/fzyzcjy+torch_memory_saver/repo}
 slime_repo=${SLIME_REPO:-/work/.mirror/THUDM+slime/repo}
 areal_repo=${AREAL_REPO:-/work/.mirror/inclusionAI+AReaL/repo}
+nemo_rl_repo=${NEMO_RL_REPO:-/work/.mirror/NVIDIA-NeMo+RL/repo}
 megatron_repo=${MEGATRON_REPO:-/work/.mirror/NVIDIA+Megatron-LM/repo}
 tms_commit=4a43c97
 megatron_commit=f8837c04ef
@@ -65,6 +68,16 @@ if [ -d "$areal_repo" ]; then
   echo "AReaL's offload.py at $areal_commit"
 else
   echo "AReaL mirror $areal_repo is not here: its offload module is not refreshed (AREAL_REPO: a clone with $areal_commit)"
+fi
+
+nemo_rl_commit=7ea279abfbeb698b092856d0dab61e7cf39bc909
+if [ -d "$nemo_rl_repo" ]; then
+  rm -rf .deps/nemo-rl && mkdir -p .deps/nemo-rl
+  git -C "$nemo_rl_repo" archive "$nemo_rl_commit" nemo_rl/models/megatron/memory_saver.py | tar -x -C .deps/nemo-rl
+  echo "$nemo_rl_commit" >.deps/nemo-rl/COMMIT
+  echo "NeMo-RL's memory_saver.py at $nemo_rl_commit"
+else
+  echo "NeMo-RL mirror $nemo_rl_repo is not here: its memory_saver module is not refreshed (NEMO_RL_REPO: a clone with $nemo_rl_commit)"
 fi
 
 if [ ! -d "$megatron_repo" ]; then

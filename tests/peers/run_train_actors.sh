@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The RL stacks' train actors started as each stack starts them (tests/peers/train_actors.py runs each
 # stack's own lookup of the library to preload: slime's slime/ray/actor_group.py and AReaL's
-# areal/utils/offload.py, at the commits in .deps/slime/COMMIT and .deps/areal/COMMIT:
-# scripts/fetch_peers.sh), on the real torch_memory_saver 0.0.10 (.deps/wheels, installed beside;
+# areal/utils/offload.py; NeMo-RL's Megatron worker preloads nothing, and its
+# nemo_rl/models/megatron/memory_saver.py pauses its inference weights; at the commits in
+# .deps/{slime,areal,nemo-rl}/COMMIT: scripts/fetch_peers.sh), on the real torch_memory_saver 0.0.10 (.deps/wheels, installed beside;
 # UVM_SWITCH=0) and on uvm (UVM_SWITCH=1), in one call, with nothing of uvm's named to the actor.
 #   run_train_actors.sh PYTHON   (a python with the uvm-cuda wheel and torch: scripts/device_wheel.sh's)
 # Needs a GPU; results under $OUT. Ends with "N passed, M failed" (uvm's side: the original's results
@@ -21,7 +22,7 @@ fi
 "$python" -m pip install -q --no-deps --target "$work/real" "$tms_wheel" || { echo "FAIL: installing $tms_wheel"; exit 1; }
 echo "the original: $(basename "$tms_wheel")"
 passed=0 failed=0 ran=0
-for stack in slime areal; do
+for stack in slime areal nemo-rl; do
   echo "$stack $(cat ".deps/$stack/COMMIT" 2>/dev/null || echo 'not fetched')"
   for side in original:0 uvm:1; do
     name=${side%%:*} switch=${side#*:}

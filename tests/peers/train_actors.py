@@ -7,15 +7,18 @@ preload run as written (from the pinned files scripts/fetch_peers.sh puts in .de
 - AReaL (inclusionAI/AReaL, .deps/areal/COMMIT): areal/utils/offload.py, the whole module loaded
   unmodified from its file, and its get_tms_env_vars() called, as AReaL's schedulers do for a
   training worker.
+- NeMo-RL (NVIDIA-NeMo/RL, .deps/nemo-rl/COMMIT): its Megatron worker preloads nothing; its
+  nemo_rl/models/megatron/memory_saver.py (loaded unmodified, hook mode "torch") is what the worker
+  builds its colocated inference model under and pauses and resumes it with.
 Then a child starts with exactly the environment such an actor gets: this process's (where
 UVM_SWITCH decides which torch_memory_saver answers) and the stack's env_vars (LD_PRELOAD,
 TMS_INIT_ENABLE, TMS_INIT_ENABLE_CPU_BACKUP); none of uvm's own (UVM_PRELOAD_*). The child does
 what the stack's actor does with it: torch allocates inside the region TMS_INIT_ENABLE opens
-(AReaL's engine sets torch_memory_saver.hook_mode = "preload" first, from its module's own import),
-pause() must free the memory, slime reads the backup with get_cpu_backup(zero_copy=True), and
-resume() must bring every byte back at the same address.
+(AReaL's engine sets torch_memory_saver.hook_mode = "preload" first, from its module's own import;
+NeMo-RL's region is its module's inference_model_alloc_region()), the pause must free the memory, slime reads the backup with get_cpu_backup(zero_copy=True), and
+the resume must bring every byte back at the same address.
 
-    train_actors.py STACK OUT.json    STACK: slime | areal
+    train_actors.py STACK OUT.json    STACK: slime | areal | nemo-rl
                                       exit 0: passed; 1: failed; 77: skipped (the stack's file or a GPU missing)
 """
 import ast
@@ -28,41 +31,49 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = {"slime": ROOT / ".deps" / "slime" / "slime" / "ray" / "actor_group.py",
-         "areal": ROOT / ".deps" / "areal" / "areal" / "utils" / "offload.py"}
+         "areal": ROOT / ".deps" / "areal" / "areal" / "utils" / "offload.py",
+         "nemo-rl": ROOT / ".deps" / "nemo-rl" / "nemo_rl" / "models" / "megatron" / "memory_saver.py"}
 
 ACTOR = r"""
 import json, os, sys, torch
 MiB = 1 << 20
 stack, stack_file = sys.argv[1], sys.argv[2]
 report = {"LD_PRELOAD": os.environ.get("LD_PRELOAD")}
-if stack == "areal":  # FSDPEngine.initialize, with AReaL's module's own import of the saver
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("areal_offload", stack_file)
-    offload = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(offload)
-    if offload.is_tms_enabled():
-        offload.torch_memory_saver.hook_mode = "preload"
-weights = torch.empty(96 * MiB + 4096, dtype=torch.uint8, device="cuda")  # inside the region: TMS_INIT_ENABLE
+import contextlib, importlib.util
+if stack != "slime":  # the stack's module, unmodified, with its own import of the saver
+    spec = importlib.util.spec_from_file_location(stack.replace("-", "_") + "_saver_module", stack_file)
+    stack_module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stack_module)
+if stack == "areal" and stack_module.is_tms_enabled():  # FSDPEngine.initialize
+    stack_module.torch_memory_saver.hook_mode = "preload"
+# slime and AReaL: the region TMS_INIT_ENABLE opens; NeMo-RL: the Megatron worker builds its colocated
+# inference model inside inference_model_alloc_region() (hook mode torch, set by the module).
+region = stack_module.inference_model_alloc_region() if stack == "nemo-rl" else contextlib.nullcontext()
+with region:
+    weights = torch.empty(96 * MiB + 4096, dtype=torch.uint8, device="cuda")
 for start in range(0, weights.numel(), 16 * MiB):
     count = min(16 * MiB, weights.numel() - start)
     weights[start:start + count] = (torch.arange(count, device="cuda", dtype=torch.int32) * 7 + start // MiB).to(torch.uint8)
 expected = weights.cpu()
 address = weights.data_ptr()
-if stack == "areal":
-    torch_memory_saver = offload.torch_memory_saver  # FSDPEngine.offload / onload use it
-else:
+if stack == "slime":
     from torch_memory_saver import torch_memory_saver  # slime/backends/megatron_utils/actor.py
+    pause, resume = torch_memory_saver.pause, torch_memory_saver.resume
+elif stack == "areal":  # FSDPEngine.offload / onload
+    pause, resume = stack_module.torch_memory_saver.pause, stack_module.torch_memory_saver.resume
+else:  # MegatronPolicyWorker._offload_inference_model and its restore
+    pause, resume = stack_module.pause_inference_weights, stack_module.resume_inference_weights
 import torch_memory_saver as module
 report["module"] = getattr(module, "__uvm_switch__", False) and "uvm.memory_saver" or module.__name__
 torch.cuda.synchronize()
 before = torch.cuda.mem_get_info()[0]
-torch_memory_saver.pause()  # slime's MegatronTrainRayActor.sleep, AReaL's FSDPEngine.offload
+pause()
 torch.cuda.synchronize()
 report["freed"] = torch.cuda.mem_get_info()[0] - before
 if stack == "slime":
     backup = torch_memory_saver.get_cpu_backup(weights, zero_copy=True)  # update_weight/common.py
     report["backup_matches"] = backup is not None and bool(torch.equal(backup.view(torch.uint8).reshape(-1)[:expected.numel()], expected))
-torch_memory_saver.resume()  # slime's MegatronTrainRayActor.wake_up, AReaL's FSDPEngine.onload
+resume()
 report["same_address"] = weights.data_ptr() == address
 report["bytes_back"] = bool(torch.equal(weights.cpu(), expected))
 report["size"] = expected.numel()
@@ -84,6 +95,11 @@ def slime_lookup(path: Path) -> dict:
     return scope["env_vars"]
 
 
+def no_lookup(path: Path) -> dict:
+    """NeMo-RL's Megatron worker preloads nothing: its module sets hook mode "torch"."""
+    return {}
+
+
 def areal_lookup(path: Path) -> dict:
     """Loads AReaL's module as written and returns what its get_tms_env_vars() gives."""
     import importlib.util
@@ -93,7 +109,7 @@ def areal_lookup(path: Path) -> dict:
     return offload.get_tms_env_vars()
 
 
-LOOKUPS = {"slime": slime_lookup, "areal": areal_lookup}
+LOOKUPS = {"slime": slime_lookup, "areal": areal_lookup, "nemo-rl": no_lookup}
 
 
 def finish(report: dict, problems: list, out: Path | None) -> int:
@@ -134,7 +150,7 @@ def main() -> int:
     problems = []
     preloaded = Path(env_vars.get("LD_PRELOAD", ""))
     is_uvms = preloaded.is_file() and b"uvm_preload_active" in preloaded.read_bytes()
-    if switched != is_uvms:
+    if env_vars and switched != is_uvms:
         problems.append(f"{stack} preloads {preloaded}, {'not ' if switched else ''}uvm's interposer, with the switch "
                         f"{'on' if switched else 'off'}")
     if not gpu:

@@ -6,8 +6,8 @@
 # the doctor, the wheel's own GPU tests (hook, runtime, CUDA 12 and 13 builds, no-hook fallback) and
 # the GPU suites of managed and releasable pools, memory_saver in both hook modes, uvm.stream and
 # block lifetimes, against the installed package; with SWITCHED=1 the peers through the switch too
-# (tests/peers/run_switched.sh); with SLIME=1 slime's train actor started as slime starts it
-# AReaL's and NeMo-RL's (tests/peers/run_train_actors.sh). WHEEL_PYTEST names other test files, or none. Logs under $1 (default $OUT).
+# (tests/peers/run_switched.sh); with SLIME=1 the train actors of slime, AReaL and NeMo-RL started as each
+# starts them (tests/peers/run_train_actors.sh). WHEEL_PYTEST names other test files, or none. Logs under $1 (default $OUT).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-device-out}}

@@ -50,35 +50,22 @@ else
   echo "SGLang's adapter is not here: set SGLANG_REPO to a clone with $sglang_commit"
 fi
 
-slime_commit=624b824a898ab0ec1fcb4d373004c7f3852bf515
-if [ -d "$slime_repo" ]; then
-  rm -rf .deps/slime && mkdir -p .deps/slime
-  git -C "$slime_repo" archive "$slime_commit" slime/ray/actor_group.py | tar -x -C .deps/slime
-  echo "$slime_commit" >.deps/slime/COMMIT
-  echo "slime's actor_group.py at $slime_commit"
-else
-  echo "slime mirror $slime_repo is not here: its actor code is not refreshed (SLIME_REPO: a clone with $slime_commit)"
-fi
-
-areal_commit=4aef98d8d818af55b43621aaadba047ae10f4e77
-if [ -d "$areal_repo" ]; then
-  rm -rf .deps/areal && mkdir -p .deps/areal
-  git -C "$areal_repo" archive "$areal_commit" areal/utils/offload.py | tar -x -C .deps/areal
-  echo "$areal_commit" >.deps/areal/COMMIT
-  echo "AReaL's offload.py at $areal_commit"
-else
-  echo "AReaL mirror $areal_repo is not here: its offload module is not refreshed (AREAL_REPO: a clone with $areal_commit)"
-fi
-
-nemo_rl_commit=7ea279abfbeb698b092856d0dab61e7cf39bc909
-if [ -d "$nemo_rl_repo" ]; then
-  rm -rf .deps/nemo-rl && mkdir -p .deps/nemo-rl
-  git -C "$nemo_rl_repo" archive "$nemo_rl_commit" nemo_rl/models/megatron/memory_saver.py | tar -x -C .deps/nemo-rl
-  echo "$nemo_rl_commit" >.deps/nemo-rl/COMMIT
-  echo "NeMo-RL's memory_saver.py at $nemo_rl_commit"
-else
-  echo "NeMo-RL mirror $nemo_rl_repo is not here: its memory_saver module is not refreshed (NEMO_RL_REPO: a clone with $nemo_rl_commit)"
-fi
+# One pinned file of a stack's repository into .deps/NAME, with its commit: fetch_file NAME REPO COMMIT PATH WHY
+fetch_file() {
+  local name=$1 repo=$2 commit=$3 path=$4 why=$5
+  if [ -d "$repo" ]; then
+    rm -rf ".deps/$name" && mkdir -p ".deps/$name"
+    git -C "$repo" archive "$commit" "$path" | tar -x -C ".deps/$name"
+    echo "$commit" >".deps/$name/COMMIT"
+    echo "$name's $(basename "$path") at $commit"
+  else
+    echo "$name mirror $repo is not here: $why is not refreshed (a clone with $commit)"
+  fi
+}
+fetch_file slime "$slime_repo" 624b824a898ab0ec1fcb4d373004c7f3852bf515 slime/ray/actor_group.py "its actor code (SLIME_REPO)"
+fetch_file areal "$areal_repo" 4aef98d8d818af55b43621aaadba047ae10f4e77 areal/utils/offload.py "its offload module (AREAL_REPO)"
+fetch_file nemo-rl "$nemo_rl_repo" 7ea279abfbeb698b092856d0dab61e7cf39bc909 nemo_rl/models/megatron/memory_saver.py \
+  "its memory_saver module (NEMO_RL_REPO)"
 
 if [ ! -d "$megatron_repo" ]; then
   echo "Megatron-LM mirror $megatron_repo is not here: its tests are not refreshed"

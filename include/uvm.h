@@ -631,8 +631,11 @@ UVM_API uvm_status uvm_reserve_staging(size_t bytes);
  * of a block pinned in steps past the last one in use (waits for copies still reading it; if that
  * wait fails, the block is kept and the next call tries again). While an offload on another
  * thread is between pinning room for itself and using it, it frees nothing (an offload must not
- * lose the room it made). Takes no lock the moves need. Returns once a free of empty blocks that
- * an offload started in the background has ended too. */
+ * lose the room it made). Takes no lock the moves need. A block that holds nothing and is still
+ * being pinned in steps (a uvm_prepare_pause's, or the rest of one an offload pinned) stops after
+ * the step in flight, which this waits for (one registration of at most 256 MiB) and gives back
+ * with the rest. Returns once a free of empty blocks that an offload started in the background
+ * has ended too. */
 UVM_API uvm_status uvm_release_staging(void);
 
 /* uvm_release_staging's free of staging memory, started on a thread of uvm's: returns at once
@@ -723,8 +726,9 @@ UVM_API uvm_status uvm_get_allocation_state(const void* ptr, uvm_allocation_stat
  * holds: the bytes the pause will copy, rounded up to a block of at least 256 MiB. Prepares at
  * most `max_bytes` beyond the room already held (0: no bound; a new block is at least 256 MiB, so it
  * may pin up to that), `*pinned` (may be NULL) says how much it added. A
- * uvm_release_staging (or its async form) stops it after the 256 MiB step in flight, and gives back
- * what holds nothing (the step in flight too, before this returns). A pause of any of its
+ * uvm_release_staging stops it after the 256 MiB step in flight and gives back what holds nothing,
+ * that step too, before it returns (its async form stops it the same way; the next release gives
+ * back that step). A pause of any of its
  * allocations that begins meanwhile stops it after the batch in flight, and one under way when it is
  * asked makes it pin nothing (the pause pins what it still needs). Without retained backups
  * (uvm_set_retain_backups) each resume gives the staging back, so only the first pause gains. */

@@ -124,9 +124,10 @@ std::atomic<uint64_t> times_parked{0};
 void wait_for_copies_issued(StepPinning& progress, std::unique_lock<std::mutex>& lock) {
   const size_t pinned = progress.pinned;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kPaceWaitMs);
-  progress.changed.wait_until(lock, deadline, [&] { return progress.pacers == 0 || progress.issued >= pinned; });
+  progress.changed.wait_until(lock, deadline,
+                              [&] { return progress.stop || progress.pacers == 0 || progress.issued >= pinned; });
   progress.changed.wait(lock, [&] {
-    const bool issued = progress.pacers == 0 || progress.issued >= progress.reserved;
+    const bool issued = progress.stop || progress.pacers == 0 || progress.issued >= progress.reserved;
     if (!issued) times_parked.fetch_add(1);  // under the lock, about to wait: nothing registers until notified
     return issued;
   });
@@ -258,6 +259,11 @@ void stop_pinning(StepPinning& pinning) {
   std::lock_guard<std::mutex> lock(pinning.mutex);
   pinning.stop = true;
   pinning.changed.notify_all();
+}
+
+void wait_for_pinning_end(StepPinning& pinning) {
+  std::unique_lock<std::mutex> lock(pinning.mutex);
+  pinning.changed.wait(lock, [&] { return pinning.done; });
 }
 
 bool pinning_stopped(const PinnedMemory& memory) {

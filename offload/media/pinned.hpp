@@ -106,6 +106,8 @@ size_t pinned_bytes_eventually(const PinnedMemory& memory);
 bool pinning_failed(const PinnedMemory& memory);
 // Asks a pinning in steps to stop after the step in flight (returns at once).
 void stop_pinning(StepPinning& pinning);
+// Waits until a pinning in steps has ended: every step pinned, a step failed, or it was stopped.
+void wait_for_pinning_end(StepPinning& pinning);
 // Whether a pinning in steps was stopped before all of it was pinned (then its block holds `pinned`
 // bytes and is given back whole, never cut).
 bool pinning_stopped(const PinnedMemory& memory);

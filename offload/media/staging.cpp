@@ -201,7 +201,9 @@ std::shared_ptr<Staging::Block> Staging::block_holding(const char* host) const {
 bool Staging::still_pinning(const Block& block) {
   if (!block.memory.steps) return false;
   std::lock_guard<std::mutex> progress(block.memory.steps->mutex);
-  return !block.memory.steps->done;
+  // Every step registered: its thread touches the memory no more, though it may not have said it
+  // is done yet (a release right after the pause that paced it found such a block and kept it).
+  return !block.memory.steps->done && block.memory.steps->pinned < block.memory.bytes;
 }
 
 uvm_status Staging::free_block(const Call& call, Block& block) {
@@ -292,12 +294,16 @@ void Staging::keep_as_block(char* host, size_t bytes, int device, std::vector<Ev
   blocks_.push_back(std::move(block));
 }
 
-void Staging::stop_unused_pinnings() {
+std::vector<std::shared_ptr<StepPinning>> Staging::stop_unused_pinnings() {
+  std::vector<std::shared_ptr<StepPinning>> stopped;
   std::lock_guard<std::mutex> lock(mutex_);
-  if (room_claims_ > 0) return;  // an offload is about to take the room
+  if (room_claims_ > 0) return stopped;  // an offload is about to take the room
   for (const auto& block : blocks_) {
-    if (block->live == 0 && still_pinning(*block)) stop_pinning(*block->memory.steps);
+    if (block->live != 0 || !still_pinning(*block)) continue;
+    stop_pinning(*block->memory.steps);
+    stopped.push_back(block->memory.steps);
   }
+  return stopped;
 }
 
 uvm_status Staging::free_unused_now(const Call& call) {
@@ -444,7 +450,9 @@ uvm_status uvm_reserve_staging(size_t bytes) {
 uvm_status uvm_release_staging(void) {
   const uvm::Call call = uvm::Call::of("uvm_release_staging");
   uvm::note_staging_released();
-  uvm::staging().stop_unused_pinnings();
+  // The steps in flight end first (one registration each, at most 256 MiB), so that what they
+  // pinned goes back with the rest before this returns.
+  for (const auto& pinning : uvm::staging().stop_unused_pinnings()) uvm::wait_for_pinning_end(*pinning);
   // Takes no moves lock: the blocks it frees hold nothing staged, so no onload reads them, and
   // they leave the store before any offload could reserve them again.
   return uvm::guarded(call, [&] {
@@ -457,7 +465,7 @@ uvm_status uvm_release_staging(void) {
 uvm_status uvm_release_staging_async(void) {
   const uvm::Call call = uvm::Call::of("uvm_release_staging_async");
   uvm::note_staging_released();
-  uvm::staging().stop_unused_pinnings();
+  uvm::staging().stop_unused_pinnings();  // a block stopped mid-step goes at the next release
   return uvm::guarded(call, [&] {
     uvm::staging().free_unused_in_background();
     return uvm::free_bounce_buffers(call);

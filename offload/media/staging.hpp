@@ -88,9 +88,9 @@ class Staging {
   // uvm_release_staging_async is this.
   void free_unused_in_background();
   // uvm_release_staging: the blocks that hold nothing and are still being pinned in steps (a
-  // uvm_prepare_pause's) stop after the step in flight; the preparation frees them once stopped.
-  // Returns at once.
-  void stop_unused_pinnings();
+  // uvm_prepare_pause's, or the rest of a block an offload pinned more of than it used) stop after
+  // the step in flight. Returns at once, with their pinnings, for a caller to wait for their end.
+  std::vector<std::shared_ptr<StepPinning>> stop_unused_pinnings();
   // How many times free_unused_in_background found something to free (started a thread, or asked
   // the running one to free again): tests check that a call asked for none, without waiting to see.
   uint64_t background_frees_asked() const;

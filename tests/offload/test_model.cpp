@@ -3,7 +3,7 @@
 // uvm_block_allocated / uvm_block_freed as the Python shim does for PyTorch), driven through random
 // sequences of allocate, free, write, offload / onload / discard by tensor, by a set of tensors (a
 // module), by tag and by device (listed, or selected in one call), by pool, uvm_pause and uvm_resume (retaining the host copies or not) of pools made with and without a backup, compressed or not, a releasable tensor shared
-// (exported, imported in this process, read and written through the import, closed), release_staging,
+// (exported, imported in this process, read and written through the import, closed), release_staging, uvm_prepare_pause of a pool's tag,
 // set_limit and empty_cache, on managed (slab and driver allocations) and releasable pools — against
 // a shadow of what every live tensor must hold. After every step each tensor the model says is on
 // the device must hold exactly its bytes.
@@ -572,7 +572,7 @@ class Model {
 
   void step() {
     std::ostringstream what;
-    switch (pick(26)) {
+    switch (pick(27)) {
       case 0: case 1: case 2: case 3: {
         const size_t pool = pick(pools_.size());
         const size_t size = tensor_size();
@@ -726,6 +726,19 @@ class Model {
         share_tensor();
         break;
       }
+      case 26: {
+        // Pinning ahead for a pool's next pause (uvm_prepare_pause), bounded or not: it moves no
+        // byte; a pause after it copies into what it pinned, and in the threaded run a pause or a
+        // release beside it stops it.
+        const size_t p = pick(pools_.size());
+        const size_t bound = pick(2) ? 0 : pick(4) * kSmallSegment;
+        what << "prepare the pause of " << pools_[p].tag << ", bound " << bound;
+        note(what.str());
+        size_t pinned = 0;
+        expect_ok(uvm_prepare_pause(0, pools_[p].tag.c_str(), bound, &pinned), "uvm_prepare_pause");
+        prepared_ += pinned > 0 ? 1 : 0;
+        break;
+      }
       case 16: {
         note("release_staging");
         expect_ok(uvm_release_staging(), "uvm_release_staging");
@@ -798,6 +811,7 @@ class Model {
   size_t shared() const { return shared_; }
   size_t refused() const { return refused_; }
   size_t compressed() const { return compressed_; }
+  size_t prepared() const { return prepared_; }
 
  private:
   std::mt19937_64 rng_;
@@ -807,6 +821,7 @@ class Model {
   size_t sliced_ = 0;   // moves given in slices inside a group of moves
   size_t shared_ = 0;   // tensors read and written through an import
   size_t compressed_ = 0;  // pauses that kept compressed copies
+  size_t prepared_ = 0;    // uvm_prepare_pause calls that pinned something
   size_t refused_ = 0;  // exports refused: bytes of the segment off the device
   bool alone_;
   std::vector<Pool> pools_;
@@ -839,7 +854,12 @@ std::string check_nothing_held(long sequence, long sequences, long every = 25) {
   if (!backup_files(test_disk_dir()).empty()) return "disk backup files left after the teardown";
   if ((sequence + 1) % every != 0 && sequence + 1 != sequences) return "";
   if (uvm_release_staging() != UVM_OK) return std::string("release_staging failed: ") + uvm_last_error();
-  if (uvm_get_staging(&capacity, nullptr) != UVM_OK || capacity != 0) return "pinned memory left after release_staging";
+  if (uvm_get_staging(&capacity, nullptr) != UVM_OK || capacity != 0) {
+    uvm_staging_info info{};
+    uvm_get_staging_info(&info);
+    return "pinned memory left after release_staging: " + std::to_string(info.capacity_bytes) + " bytes in " +
+           std::to_string(info.blocks) + " blocks, " + std::to_string(info.pinning_bytes) + " not pinned yet";
+  }
   return "";
 }
 
@@ -853,13 +873,13 @@ TEST_CASE("random sequences of allocation, reuse and moves keep every tensor's b
   // A model's disk moves have a few files each: UVM_MODEL_FILES_AT_ONCE=1 moves them one file at
   // a time, as a move of more files than a quarter of the descriptor limit would go.
   const FilesAtOnce files_at_once(static_cast<size_t>(env_number("UVM_MODEL_FILES_AT_ONCE", 0)));
-  size_t retained = 0, dropped = 0, sliced = 0, shared = 0, refused = 0, compressed = 0;
+  size_t retained = 0, dropped = 0, sliced = 0, shared = 0, refused = 0, compressed = 0, prepared = 0;
   for (long n = 0; n < sequences; ++n) {
     const uint64_t seed = replay >= 0 ? static_cast<uint64_t>(replay) : static_cast<uint64_t>(n);
     Model model(seed, "model", true);
     std::string failure = model.run(kSteps);
     if (failure.empty()) failure = check_nothing_held(n, sequences);
-    INFO(failure);
+    INFO("sequence " << n << " (seed " << seed << "): " << failure);
     REQUIRE(failure.empty());
     retained += model.retained_checked();
     dropped += model.dropped();
@@ -867,6 +887,7 @@ TEST_CASE("random sequences of allocation, reuse and moves keep every tensor's b
     shared += model.shared();
     refused += model.refused();
     compressed += model.compressed();
+    prepared += model.prepared();
   }
   if (sequences >= 200) CHECK(retained > 0);  // the sequences did reach retained copies
   if (sequences >= 200) CHECK(dropped > 0);   // and clean drops
@@ -874,9 +895,11 @@ TEST_CASE("random sequences of allocation, reuse and moves keep every tensor's b
   if (sequences >= 200) CHECK(shared > 0);    // and tensors shared
   if (sequences >= 200) CHECK(refused > 0);   // and exports refused
   if (sequences >= 200) CHECK(compressed > 0);  // and compressed pauses
+  if (sequences >= 200) CHECK(prepared > 0);    // and pauses prepared ahead
   std::printf("model: %ld sequences of %d steps kept every tensor's bytes (%zu retained copies checked, "
               "%zu tensors dropped clean, %zu moves in slices, %zu tensors shared, %zu exports refused, "
-              "%zu compressed pauses)\n", sequences, kSteps, retained, dropped, sliced, shared, refused, compressed);
+              "%zu compressed pauses, %zu preparations that pinned)\n", sequences, kSteps, retained, dropped, sliced,
+              shared, refused, compressed, prepared);
 }
 
 TEST_CASE("two threads running random sequences on pools of their own keep every tensor's bytes",

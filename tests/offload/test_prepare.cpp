@@ -86,9 +86,15 @@ TEST_CASE("uvm_release_staging stops a preparation after the batch it is pinning
     pinned = got;
   });
   REQUIRE(fake::wait_until_held());
-  REQUIRE(uvm_release_staging() == UVM_OK);  // while the first batch is being pinned
+  std::atomic<int> released{-1};
+  // While the first batch is being pinned. Pinned in steps (UVM_PINNED unset), the release waits for
+  // the step in flight; pinned whole (hostalloc), it returns at once.
+  TestThread releasing([&] { released = uvm_release_staging(); });
+  REQUIRE(threads::wait_until_parked(releasing.id()));
   fake::release_held();
+  releasing.join();
   preparing.join();
+  CHECK(released == UVM_OK);
   CHECK(status == UVM_OK);
   CHECK(pinned >= 400 * kMiB);  // the first batch: the first two allocations
   CHECK(pinned < 600 * kMiB);   // and no more
@@ -236,11 +242,21 @@ TEST_CASE("an allocation larger than a batch is pinned in steps that uvm_release
     fake::reset_ops();
     fake::hold_next("cudaHostRegister");
     std::atomic<int> status{-1};
-    std::thread preparing([&] { status = uvm_prepare_pause(UVM_ANY_DEVICE, "weights", 0, nullptr); });
+    std::atomic<int> released{-1};
+    std::atomic<size_t> after_release{1};
+    TestThread preparing([&] { status = uvm_prepare_pause(UVM_ANY_DEVICE, "weights", 0, nullptr); });
     REQUIRE(fake::wait_until_held());
-    REQUIRE(uvm_release_staging() == UVM_OK);  // returns with the step still being registered
+    TestThread releasing([&] {
+      released = uvm_release_staging();  // waits for the step being registered, then gives it back
+      after_release = staging_capacity();
+    });
+    REQUIRE(threads::wait_until_parked(releasing.id()));
+    CHECK(released == -1);  // not before the step in flight has ended
     fake::release_held();
+    releasing.join();
     preparing.join();
+    CHECK(released == UVM_OK);
+    CHECK(after_release == 0);  // nothing left pinned once the release has returned
     CHECK(status == UVM_OK);
     size_t registrations = 0;
     for (const fake::Op& op : fake::ops()) registrations += op.call == fake::OpKind::host_register;

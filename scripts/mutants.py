@@ -486,8 +486,10 @@ MUTANTS = [
  ("offload/moves/prepare.cpp", "staging().ensure_capacity(call, spans, true, 0, &steps, &block)",
   "staging().ensure_capacity(call, spans, false, 0, &steps, &block)", "offload_tests", "[steps]"),
  ("offload/media/pinned.cpp", "    if (progress->stop) break;\n", "", "offload_tests", "[steps]"),
- ("offload/media/staging.cpp", "    if (block->live == 0 && still_pinning(*block)) stop_pinning(*block->memory.steps);",
-  "    (void)block;", "offload_tests", "[steps]"),
+ ("offload/media/staging.cpp", "    stop_pinning(*block->memory.steps);\n", "", "offload_tests", "[steps]"),
+# A release that returns with the step in flight still pinned (it stayed after the release).
+("offload/media/staging.cpp", "  for (const auto& pinning : uvm::staging().stop_unused_pinnings()) uvm::wait_for_pinning_end(*pinning);",
+ "  uvm::staging().stop_unused_pinnings();", "offload_tests", "[steps]"),
  ("offload/moves/prepare.cpp", "    if (uvm_status s = staging().free_unused(call)) return s;\n", "", "offload_tests", "[prepare]~[steps]"),
 # A preparation going on beside a pause of its allocations (pinning them a second time), or asked
 # while one is under way; a pause of another tag stopping it.
@@ -497,10 +499,6 @@ MUTANTS = [
  "a preparation stops for a pause*"),
 ("offload/moves/prepare.cpp", "  if (a.any_tag || b.any_tag) return true;\n  return std::any_of(", "  return true || std::any_of(",
  "offload_tests", "a preparation stops for a pause*"),
-# A block whose steps are all registered kept by a release as if still pinning (its thread had not
-# said it was done): pinned memory left after uvm_release_staging, which the model's check finds.
-("offload/media/staging.cpp", " && block.memory.steps->pinned < block.memory.bytes;", ";", "offload_tests",
- "random sequences of allocation*"),
  # The shim: anything uvm did not allocate asked of uvm; a close during a capture made at once; a
  # failed offload leaving the tags it moved off the GPU; the preparer's thread stuck after a raise.
  ("python_shim/uvm/sharing.py", "        if getattr(tensor, \"layout\", torch.strided) is not torch.strided or not tensor.is_cuda:",

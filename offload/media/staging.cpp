@@ -201,9 +201,7 @@ std::shared_ptr<Staging::Block> Staging::block_holding(const char* host) const {
 bool Staging::still_pinning(const Block& block) {
   if (!block.memory.steps) return false;
   std::lock_guard<std::mutex> progress(block.memory.steps->mutex);
-  // Every step registered: its thread touches the memory no more, though it may not have said it
-  // is done yet (a release right after the pause that paced it found such a block and kept it).
-  return !block.memory.steps->done && block.memory.steps->pinned < block.memory.bytes;
+  return !block.memory.steps->done;
 }
 
 uvm_status Staging::free_block(const Call& call, Block& block) {

@@ -130,8 +130,7 @@ uvm_status load_coder_ahead(const Call& call, const Selection& selection) {
 // steps meanwhile paces it with its copies.
 void wait_until_pinned(StepPinning& steps) {
   end_pacing(steps);
-  std::unique_lock<std::mutex> lock(steps.mutex);
-  steps.changed.wait(lock, [&] { return steps.done; });
+  wait_for_pinning_end(steps);
 }
 
 uvm_status prepare_pause(const Call& call, int device, const char* tag, size_t max_bytes, size_t* pinned) {
